@@ -1,0 +1,134 @@
+"""Table schemas: a column keeps the role and type it was first written with.
+
+Invariant: once a column of a table has a (role, type), every later write and
+every Kafka partition agrees with it; `TableSchema.merge` is the only way a
+schema grows, and it refuses a conflict without changing anything.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+__all__ = ["Column", "TableSchema", "SchemaRegistry", "ColumnTypeConflict", "SPARK_TYPES",
+           "TIME_NS_COLUMN", "SEQ_COLUMN", "RESERVED_COLUMNS"]
+
+#: Spark SQL type of each column type as stored in chunks.
+#: uinteger is DECIMAL(20,0): Spark has no unsigned 64-bit integer, and this keeps every value exact.
+SPARK_TYPES = {
+    "string": "STRING",
+    "float": "DOUBLE",
+    "integer": "BIGINT",
+    "uinteger": "DECIMAL(20,0)",
+    "boolean": "BOOLEAN",
+}
+#: Chunks store the point time as exact nanoseconds in this column.
+TIME_NS_COLUMN = "time_ns"
+#: Write-buffer order of a row within its table: (offset << 24) | row index in its message.
+SEQ_COLUMN = "_iox_seq"
+#: Names a user cannot use for a tag or field.
+RESERVED_COLUMNS = frozenset({TIME_NS_COLUMN, SEQ_COLUMN})
+
+
+class ColumnTypeConflict(Exception):
+    def __init__(self, table: str, column: str, existing: str, new: str):
+        self.table = table
+        self.column = column
+        self.existing = existing
+        self.new = new
+        super().__init__(f"table {table!r} column {column!r} is {existing}, this write has {new}")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    role: str  # tag | field | time
+    type: str  # string | float | integer | uinteger | boolean | time
+
+    @property
+    def kind(self) -> str:
+        """'tag', 'time', or the field type: what must agree across writes."""
+        return self.role if self.role in ("tag", "time") else f"{self.type} field"
+
+
+class TableSchema:
+    """Columns of one table in first-seen order. Not thread-safe: guarded by SchemaRegistry."""
+
+    def __init__(self, name: str, columns: list[Column] | None = None):
+        self.name = name
+        self._cols: dict[str, Column] = {}
+        for c in columns or []:
+            self._cols[c.name] = c
+
+    @property
+    def columns(self) -> list[Column]:
+        return list(self._cols.values())
+
+    def get(self, name: str) -> Column | None:
+        return self._cols.get(name)
+
+    def tags(self) -> list[str]:
+        return sorted(c.name for c in self._cols.values() if c.role == "tag")
+
+    def fields(self) -> list[Column]:
+        return sorted((c for c in self._cols.values() if c.role == "field"), key=lambda c: c.name)
+
+    def check(self, columns: list[Column]) -> None:
+        for c in columns:
+            have = self._cols.get(c.name)
+            if have is not None and (have.role, have.type) != (c.role, c.type):
+                raise ColumnTypeConflict(self.name, c.name, have.kind, c.kind)
+
+    def merge(self, columns: list[Column]) -> bool:
+        """Adds new columns after checking all of them; returns True when the schema grew."""
+        self.check(columns)
+        grew = False
+        for c in columns:
+            if c.name not in self._cols:
+                self._cols[c.name] = c
+                grew = True
+        return grew
+
+    def to_json(self) -> list:
+        return [[c.name, c.role, c.type] for c in self._cols.values()]
+
+    @classmethod
+    def from_json(cls, name: str, cols: list) -> "TableSchema":
+        return cls(name, [Column(*c) for c in cols])
+
+
+class SchemaRegistry:
+    """Per database: table name -> TableSchema, shared by the write path and the consumer."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._tables: dict[str, TableSchema] = {}
+
+    def check_and_reserve(self, batches: dict[str, list[Column]]) -> None:
+        """Checks every table of a request, then records its new columns, atomically.
+
+        Called by the router before producing: a conflicting request changes nothing.
+        Columns reserved by a request whose produce fails stay reserved (harmless:
+        they only constrain later writes the way the failed one would have).
+        """
+        with self._lock:
+            for table, cols in batches.items():
+                sch = self._tables.get(table)
+                if sch is not None:
+                    sch.check(cols)
+            for table, cols in batches.items():
+                self._tables.setdefault(table, TableSchema(table)).merge(cols)
+
+    def merge(self, table: str, cols: list[Column]) -> TableSchema:
+        with self._lock:
+            sch = self._tables.setdefault(table, TableSchema(table))
+            sch.merge(cols)
+            return TableSchema(table, sch.columns)
+
+    def get(self, table: str) -> TableSchema | None:
+        with self._lock:
+            sch = self._tables.get(table)
+            return None if sch is None else TableSchema(table, sch.columns)
+
+    def tables(self) -> list[str]:
+        with self._lock:
+            return list(self._tables)

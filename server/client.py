@@ -1,0 +1,87 @@
+"""A small Python client for the iox gRPC API (used by the CLI, the demo, tests and benchmarks)."""
+from __future__ import annotations
+
+import time
+
+import grpc
+import pyarrow as pa
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from iox import management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
+
+__all__ = ["IoxClient", "DEFAULT_ADDR"]
+
+DEFAULT_ADDR = "localhost:8082"
+_MAX = 256 * 1024 * 1024
+
+
+class IoxClient:
+    def __init__(self, addr: str = DEFAULT_ADDR):
+        self.addr = addr
+        self.channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", _MAX),
+                                                            ("grpc.max_send_message_length", _MAX)])
+        self.write_stub = write_pb2_grpc.WriteServiceStub(self.channel)
+        self.query_stub = query_pb2_grpc.QueryServiceStub(self.channel)
+        self.mgmt_stub = management_pb2_grpc.ManagementServiceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                r = self.health_stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server at {self.addr} not ready within {timeout_s}s")
+            time.sleep(0.2)
+
+    def write(self, database: str, lines: bytes | str, precision: str = "ns", timeout_s: float = 60.0) -> dict:
+        """Returns the write token {kafka partition: offset}."""
+        if isinstance(lines, str):
+            lines = lines.encode()
+        r = self.write_stub.Write(write_pb2.WriteRequest(database=database, line_protocol=lines,
+                                                         precision=precision), timeout=timeout_s)
+        return dict(r.token.offsets)
+
+    def query(self, database: str, sql: str, timeout_s: float = 120.0) -> pa.Table:
+        tables = []
+        for resp in self.query_stub.Query(query_pb2.QueryRequest(database=database, sql=sql), timeout=timeout_s):
+            tables.append(pa.ipc.open_stream(pa.py_buffer(resp.arrow_ipc)).read_all())
+        return pa.concat_tables(tables) if tables else pa.table({})
+
+    def status(self, database: str = "") -> dict:
+        r = self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database), timeout=30)
+        return MessageToDict(r, preserving_proto_field_name=True)
+
+    def applied(self, database: str) -> dict:
+        """{kafka partition: applied_hi_inclusive}."""
+        st = self.status(database)
+        out = {}
+        for db in st.get("databases", []):
+            for wb in db.get("write_buffer", []):
+                out[int(wb.get("partition", 0))] = int(wb.get("applied_hi_inclusive", -1))
+        return out
+
+    def wait_applied(self, database: str, token: dict, timeout_s: float = 30.0) -> None:
+        """Waits until every offset of a write token is queryable."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            applied = self.applied(database)
+            if all(applied.get(int(p), -1) >= off for p, off in token.items()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"write token {token} not applied within {timeout_s}s (applied: {applied})")
+            time.sleep(0.05)

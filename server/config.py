@@ -1,0 +1,80 @@
+"""Server configuration: one frozen dataclass, every default a named constant.
+
+Invariant: a `ServerConfig` is complete and immutable once built; the CLI and
+the `IOX_*` environment variables are the only ways to set it (see cli.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ServerConfig",
+    "DEFAULT_GRPC_PORT",
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_SPARK_MASTER",
+    "DEFAULT_DRIVER_MEMORY",
+    "DEFAULT_PRODUCE_TIMEOUT_MS",
+    "DEFAULT_TRIGGER_INTERVAL_MS",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_SPARK_CONNECT_PORT",
+    "parse_memory_bytes",
+]
+
+DEFAULT_GRPC_PORT = 8082
+DEFAULT_DATA_DIR = "./data"
+#: Kafka partitions per database topic.
+DEFAULT_PARTITIONS = 4
+DEFAULT_SPARK_MASTER = "local[*]"
+DEFAULT_DRIVER_MEMORY = "4g"
+#: How long a write waits for Kafka's acknowledgement before answering UNAVAILABLE.
+DEFAULT_PRODUCE_TIMEOUT_MS = 10_000
+#: Streaming trigger interval of the write-buffer consumer.
+DEFAULT_TRIGGER_INTERVAL_MS = 100
+#: Largest accepted write request body (after decompression).
+DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+#: Spark Connect endpoint inside the server's Spark application; 0 disables it.
+DEFAULT_SPARK_CONNECT_PORT = 15002
+#: Most write-buffer messages one micro-batch takes per Kafka partition.
+DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH = 2_000
+
+
+def parse_memory_bytes(text: str) -> int:
+    """'4g' / '512m' / '1024k' / '123' (bytes) -> bytes."""
+    t = text.strip().lower()
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if t and t[-1] == "b":
+        t = t[:-1]
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    grpc_port: int = DEFAULT_GRPC_PORT
+    data_dir: str = DEFAULT_DATA_DIR
+    #: Kafka bootstrap servers; None = start (or reuse) the embedded Tansu broker.
+    kafka_bootstrap: str | None = None
+    partitions: int = DEFAULT_PARTITIONS
+    spark_master: str = DEFAULT_SPARK_MASTER
+    driver_memory: str = DEFAULT_DRIVER_MEMORY
+    produce_timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS
+    trigger_interval_ms: int = DEFAULT_TRIGGER_INTERVAL_MS
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
+    spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
+    #: Embedded broker port; 0 = pick a free port.
+    embedded_broker_port: int = 0
+    #: Address the gRPC server binds to.
+    bind_host: str = "0.0.0.0"
+    extra_spark_conf: dict = field(default_factory=dict)
+
+    @property
+    def abs_data_dir(self) -> str:
+        return os.path.abspath(self.data_dir)
+
+    @property
+    def driver_memory_bytes(self) -> int:
+        return parse_memory_bytes(self.driver_memory)

@@ -1,0 +1,107 @@
+"""The write-buffer consumer: one Spark Structured Streaming query over every database topic.
+
+When it runs: started by the server after the catalog is loaded, at the replay
+plan's start offsets; stopped on shutdown. A watchdog restarts the query if it
+dies, from the offsets the catalog has applied (applied_hi_inclusive + 1), so
+nothing is skipped and nothing is applied twice.
+
+Spark's own checkpoint directory is scratch: the catalog, not Spark, decides
+where reading resumes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import uuid
+
+from catalog.catalog import Catalog
+
+from .ingest import Ingestor
+from .kafka_source import SOURCE_NAME
+
+__all__ = ["WriteBufferConsumer"]
+
+log = logging.getLogger(__name__)
+
+#: How often the watchdog checks that the streaming query is alive.
+WATCHDOG_INTERVAL_S = 2.0
+
+
+class WriteBufferConsumer:
+    def __init__(self, spark, catalog: Catalog, ingestor: Ingestor, bootstrap: str, scratch_dir: str,
+                 trigger_interval_ms: int, max_messages_per_partition: int, pause_file: str):
+        self.spark = spark
+        self.catalog = catalog
+        self.ingestor = ingestor
+        self.bootstrap = bootstrap
+        self.scratch_dir = scratch_dir
+        self.trigger_interval_ms = trigger_interval_ms
+        self.max_messages_per_partition = max_messages_per_partition
+        self.pause_file = pause_file
+        self._query = None
+        self._stopping = threading.Event()
+        self._watchdog = None
+        self.restarts = 0
+        self.last_error: str | None = None
+
+    def start(self, start_offsets: dict) -> None:
+        """start_offsets: {topic: {kafka partition (int): first offset to read}}."""
+        self._start_query(start_offsets)
+        self._watchdog = threading.Thread(target=self._watch, name="consumer-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _start_query(self, start_offsets: dict) -> None:
+        import json
+
+        ckpt = os.path.join(self.scratch_dir, f"stream-{uuid.uuid4().hex}")
+        opts = {
+            "bootstrap": self.bootstrap,
+            "start_offsets": json.dumps({t: {str(p): o for p, o in parts.items()}
+                                         for t, parts in start_offsets.items()}),
+            "max_messages_per_partition": str(self.max_messages_per_partition),
+            "pause_file": self.pause_file,
+        }
+        reader = self.spark.readStream.format(SOURCE_NAME)
+        for k, v in opts.items():
+            reader = reader.option(k, v)
+        self._query = (reader.load().writeStream.queryName("iox-write-buffer")
+                       .foreachBatch(self.ingestor.apply_batch)
+                       .option("checkpointLocation", ckpt)
+                       .trigger(processingTime=f"{self.trigger_interval_ms} milliseconds")
+                       .start())
+        self._ckpt = ckpt
+
+    def resume_offsets(self) -> dict:
+        """Per topic and Kafka partition, the first offset not yet applied."""
+        out: dict = {}
+        for db in self.catalog.databases():
+            out[db.topic] = {p: off + 1 for p, off in db.applied_hi_inclusive.items() if off >= 0}
+        return out
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCHDOG_INTERVAL_S):
+            q = self._query
+            if q is not None and not q.isActive and not self._stopping.is_set():
+                exc = q.exception()
+                self.last_error = str(exc) if exc else "stopped"
+                log.error("write-buffer stream stopped (%s); restarting from the applied offsets", self.last_error)
+                self.restarts += 1
+                try:
+                    self._start_query(self.resume_offsets())
+                except Exception:
+                    log.exception("restarting the write-buffer stream failed")
+
+    @property
+    def is_active(self) -> bool:
+        return self._query is not None and self._query.isActive
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._query is not None:
+            try:
+                self._query.stop()
+            except Exception:
+                log.exception("stopping the stream")
+        shutil.rmtree(self.scratch_dir, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""Errors of the server package: one root, one class per cause, structured fields.
+
+Each maps to one gRPC status in grpc_services.py. Shutdown is not an error.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "ServerError",
+    "InvalidDatabaseName",
+    "DatabaseNotFound",
+    "BadLines",
+    "RequestTooLarge",
+    "WriteBufferUnavailable",
+    "SchemaConflict",
+    "InvalidArgument",
+]
+
+
+class ServerError(Exception):
+    """Root of every error the server reports to a client."""
+
+
+class InvalidArgument(ServerError):
+    """A request argument a user can fix."""
+
+
+class InvalidDatabaseName(InvalidArgument):
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"invalid database name {name!r}: {reason}")
+
+
+class DatabaseNotFound(ServerError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"database {name!r} not found")
+
+
+class BadLines(InvalidArgument):
+    """Line protocol with bad lines: the whole request is rejected."""
+
+    def __init__(self, errors: list, total_bad: int):
+        self.errors = errors  # list of (line_number, reason), at most MAX_REPORTED
+        self.total_bad = total_bad
+        first = "; ".join(f"line {n}: {r}" for n, r in errors[:3])
+        more = f" (and {total_bad - 3} more)" if total_bad > 3 else ""
+        super().__init__(f"{total_bad} bad line(s), nothing written: {first}{more}")
+
+
+class SchemaConflict(InvalidArgument):
+    def __init__(self, table: str, column: str, existing: str, new: str):
+        self.table = table
+        self.column = column
+        self.existing = existing
+        self.new = new
+        super().__init__(
+            f"table {table!r} column {column!r} is {existing}, this write has {new}; nothing written"
+        )
+
+
+class RequestTooLarge(ServerError):
+    def __init__(self, size_bytes: int, limit_bytes: int):
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(f"request of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")
+
+
+class WriteBufferUnavailable(ServerError):
+    def __init__(self, reason: str, retry_after_s: float = 1.0):
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        super().__init__(f"write buffer unavailable: {reason}")

@@ -1,0 +1,209 @@
+"""Applies write-buffer micro-batches to the in-memory catalog (Spark foreachBatch).
+
+When it runs: once per micro-batch of the `iox_kafka` stream, in the server's
+driver process (Spark calls back into Python). It stops with the stream.
+
+Invariant: a micro-batch is applied whole or not at all: new chunks are built
+and registered first, table views are swapped next, and only then does
+`applied_hi_inclusive` advance, so a reader that sees an offset as applied sees
+all of its rows. Payload decoding runs on the executors (`_decode_fn`); the
+driver only collects per-message metadata.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import defaultdict
+
+import pyarrow as pa
+
+from catalog.catalog import Catalog, Database
+from catalog.chunk import Chunk
+from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
+
+from .views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
+from .wire_format import FORMAT_VERSION, NS_PER_DAY, WireFormatMismatch, day_numbers
+from .write_buffer import database_of_topic
+
+__all__ = ["Ingestor", "SEQ_ROW_BITS"]
+
+log = logging.getLogger(__name__)
+
+#: `_iox_seq` = (offset << SEQ_ROW_BITS) | row index within the message.
+SEQ_ROW_BITS = 24
+_META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt"]
+
+
+def _arrow_type(typ: str) -> pa.DataType:
+    return {"string": pa.string(), "float": pa.float64(), "integer": pa.int64(),
+            "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
+
+
+def _decode_fn(columns: list, day_lo_hi: tuple | None):
+    """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
+
+    Picklable (captures only plain lists/tuples). `day_lo_hi` = (first, last) day
+    number to keep, or None for all rows.
+    """
+
+    def fn(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from server.wire_format import decode_payload
+
+        for b in batches:
+            offsets = b.column("offset").to_pylist()
+            payloads = b.column("payload")
+            for i, off in enumerate(offsets):
+                t = decode_payload(payloads[i].as_py())
+                n = t.num_rows
+                arrays = []
+                names = []
+                for name, typ in columns:
+                    target = _arrow_type(typ)
+                    if name in t.column_names:
+                        a = t.column(name).combine_chunks()
+                        if a.type != target:
+                            try:
+                                a = pc.cast(a, target)
+                            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                                a = pa.nulls(n, target)  # a conflicting type from a foreign producer
+                    else:
+                        a = pa.nulls(n, target)
+                    arrays.append(a)
+                    names.append(name)
+                time_ns = t.column("time").combine_chunks()
+                arrays.append(time_ns)
+                names.append(TIME_NS_COLUMN)
+                seq = pc.add(pa.array(range(n), pa.int64()), off << SEQ_ROW_BITS)
+                arrays.append(seq)
+                names.append(SEQ_COLUMN)
+                out = pa.RecordBatch.from_arrays(arrays, names=names)
+                if day_lo_hi is not None:
+                    d = day_numbers(time_ns)
+                    mask = pc.and_(pc.greater_equal(d, day_lo_hi[0]), pc.less_equal(d, day_lo_hi[1]))
+                    out = out.filter(mask)
+                if out.num_rows:
+                    yield out
+
+    return fn
+
+
+class Ingestor:
+    """Owns the foreachBatch callback. One per server."""
+
+    def __init__(self, spark, catalog: Catalog, kafka_partitions: int):
+        self.spark = spark
+        self.catalog = catalog
+        self.kafka_partitions = kafka_partitions
+        self.batches_applied = 0
+        self._applied = threading.Condition()
+
+    # foreachBatch entry point
+    def apply_batch(self, df, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        raw = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            meta = raw.select(*_META_COLUMNS).collect()
+            if not meta:
+                return
+            by_table: dict = defaultdict(list)
+            hi: dict = defaultdict(dict)
+            for m in meta:
+                if m["fmt"] != str(FORMAT_VERSION):
+                    raise WireFormatMismatch(FORMAT_VERSION, m["fmt"], m["topic"], m["offset"])
+                hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
+                if m["kind"] == "write":
+                    by_table[(m["topic"], m["tbl"])].append(m)
+            touched = []
+            for (topic, table), msgs in by_table.items():
+                db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+                self._apply_table(raw, db, topic, table, msgs, F)
+                touched.append((db, table))
+            for db, table in touched:
+                self.refresh_table_view(db, table)
+            for topic, parts in hi.items():
+                db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+                self.catalog.advance_applied(db, parts)
+            with self._applied:
+                self.batches_applied += 1
+                self._applied.notify_all()
+        except Exception:
+            log.exception("micro-batch %s failed", batch_id)
+            raise
+        finally:
+            raw.unpersist()
+
+    def _apply_table(self, raw, db: Database, topic: str, table: str, msgs: list, F) -> None:
+        cols: list[Column] = []
+        for m in msgs:
+            for name, role, typ in json.loads(m["schema"]):
+                cols.append(Column(name, role, typ))
+        try:
+            schema = db.schemas.merge(table, _dedupe(cols))
+        except ColumnTypeConflict as e:
+            log.error("write buffer holds a conflicting type (%s); conflicting values read as NULL", e)
+            schema = db.schemas.get(table) or TableSchema(table)
+            schema.merge([c for c in _dedupe(cols) if schema.get(c.name) is None])
+        value_cols = [(c.name, c.type) for c in schema.columns if c.role != "time"]
+        days: dict = {}
+        for m in msgs:
+            for key, (n, lo, hi) in json.loads(m["days"]).items():
+                d = days.setdefault(key, [0, lo, hi, 0])
+                d[0] += n
+                d[1] = min(d[1], lo)
+                d[2] = max(d[2], hi)
+        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & (F.col("kind") == "write"))
+        struct = spark_struct_for(schema)
+        offsets_by_kp: dict = {}
+        for m in msgs:
+            lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
+            offsets_by_kp[m["kp"]] = (min(lo, m["offset"]), max(hi, m["offset"]))
+        chunk_cols = [[c.name, c.role, c.type] for c in schema.columns]
+        for key in sorted(days):
+            rows, lo, hi, _ = days[key]
+            day = lo // NS_PER_DAY
+            bounds = None if len(days) == 1 else (day, day)
+            decoded = sel.select("offset", "payload").mapInArrow(_decode_fn(value_cols, bounds), struct)
+            cdf = decoded.localCheckpoint(eager=True)
+            cid = self.catalog.next_chunk_id()
+            view = chunk_view_name(cid)
+            cdf.createOrReplaceGlobalTempView(view)
+            chunk = Chunk(id=cid, table=table, partition_key=key, order=self.catalog.next_order(), state="open",
+                          rows=rows, size_bytes=_estimate_bytes(rows, len(value_cols)), min_time_ns=lo,
+                          max_time_ns=hi, columns=chunk_cols, view=view, offsets=dict(offsets_by_kp), df=cdf)
+            self.catalog.add_chunk(db, chunk)
+
+    def refresh_table_view(self, db: Database, table: str) -> None:
+        """Replaces the table's view with one over its current chunks."""
+        schema = db.schemas.get(table)
+        chunks = self.catalog.table_chunks(db, table)
+        sources = []
+        for c in chunks:
+            if c.view is not None:
+                sources.append((f"global_temp.{quote(c.view)}", c.column_names()))
+        if not sources:
+            return
+        sql = table_view_sql(schema, sources)
+        name = quote(table_view_name(db.name, table))
+        self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
+
+    def wait_for_batches(self, n: int, timeout_s: float) -> bool:
+        with self._applied:
+            return self._applied.wait_for(lambda: self.batches_applied >= n, timeout_s)
+
+
+def _dedupe(cols: list[Column]) -> list[Column]:
+    seen: dict = {}
+    for c in cols:
+        seen.setdefault(c.name, c)
+    return list(seen.values())
+
+
+def _estimate_bytes(rows: int, value_columns: int) -> int:
+    """Bytes a chunk takes in Spark's block manager, roughly (8 bytes a value + row overhead)."""
+    return rows * (8 * (value_columns + 2) + 16)

@@ -1,0 +1,246 @@
+"""Spark streaming data source `iox_kafka`: the write buffer, read as micro-batches.
+
+There is no Kafka connector jar on this platform, so this is a Python
+`DataSourceStreamReader`. Offsets are {topic: {"<partition>": next_offset}}.
+
+Where each part runs:
+- `IoxKafkaStreamReader.initialOffset/latestOffset/partitions/commit` run in the
+  Python worker Spark starts for the streaming source (driver side, NOT the
+  server's own Python process: no shared state, only options and Kafka).
+- `read` runs on executors, one task per Kafka partition; it must be stateless.
+
+Invariants:
+- A micro-batch covers, per Kafka partition, exactly the offsets [start, end):
+  `read` yields every message in that range once, or fails the batch.
+- `latestOffset` never reports an end beyond what Kafka holds and never stops
+  short of the last message: Tansu reports the high watermark as the base
+  offset of the last record batch + 1, so the true end is found by reading the
+  last batch (exact on Apache Kafka too, where the probe is a no-op).
+- New database topics (prefix `iox.`) are discovered on every trigger and read
+  from their start offset (option `start_offsets`, else the low watermark).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME"]
+
+SOURCE_NAME = "iox_kafka"
+SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
+                 "schema string, nrows long, days string, payload binary, fmt string")
+#: How long `read` waits for a message that Kafka said exists before failing the batch.
+READ_STALL_TIMEOUT_S = 60.0
+_ADMIN_TIMEOUT_S = 10.0
+
+
+class _TopicPartitionRange(InputPartition):
+    def __init__(self, topic: str, partition: int, start: int, end_exclusive: int):
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end_exclusive = end_exclusive
+
+
+def _consumer(bootstrap: str, **extra):
+    from confluent_kafka import Consumer
+
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": "iox-reader-unused",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "fetch.wait.max.ms": 20,
+        "fetch.max.bytes": 256 * 1024 * 1024,
+        "max.partition.fetch.bytes": 64 * 1024 * 1024,
+        "receive.message.max.bytes": 512 * 1024 * 1024,
+        "log_level": 3,
+    }
+    conf.update(extra)
+    return Consumer(conf)
+
+
+class IoxKafkaStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict):
+        self.bootstrap = options["bootstrap"]
+        self.prefix = options.get("topic_prefix", "iox.")
+        self.start_offsets = json.loads(options.get("start_offsets", "{}"))
+        self.max_per_partition = int(options.get("max_messages_per_partition", "2000"))
+        self.pause_file = options.get("pause_file", "")
+        self._probe = None
+        self._admin = None
+        self._true_end: dict[tuple[str, int], int] = {}
+
+    # -- driver-side (streaming source worker) ---------------------------------
+    def _clients(self):
+        if self._probe is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._probe = _consumer(self.bootstrap)
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+        return self._probe, self._admin
+
+    def _topics(self) -> dict[str, int]:
+        _, admin = self._clients()
+        md = admin.list_topics(timeout=_ADMIN_TIMEOUT_S)
+        return {t: len(m.partitions) for t, m in md.topics.items()
+                if t.startswith(self.prefix) and m.error is None and m.partitions}
+
+    def _start_of(self, topic: str, partition: int) -> int:
+        planned = self.start_offsets.get(topic, {}).get(str(partition))
+        if planned is not None:
+            return int(planned)
+        from confluent_kafka import TopicPartition
+
+        probe, _ = self._clients()
+        lo, _hi = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=_ADMIN_TIMEOUT_S)
+        return max(0, lo)
+
+    def _end_of(self, topic: str, partition: int) -> int:
+        """The true end (last offset + 1) of a partition; see the module invariant."""
+        from confluent_kafka import TopicPartition
+
+        probe, _ = self._clients()
+        tp = TopicPartition(topic, partition)
+        _lo, hi = probe.get_watermark_offsets(tp, timeout=_ADMIN_TIMEOUT_S)
+        known = self._true_end.get((topic, partition), 0)
+        if hi <= known:
+            return known
+        end = hi
+        # read the last record batch: its base offset is hi - 1 on Tansu
+        probe.assign([TopicPartition(topic, partition, hi - 1)])
+        deadline = time.monotonic() + 2.0
+        got = False
+        while time.monotonic() < deadline:
+            msgs = probe.consume(1000, timeout=0.1)
+            for m in msgs:
+                if m.error() is None and m.topic() == topic and m.partition() == partition:
+                    end = max(end, m.offset() + 1)
+                    got = True
+            if got and not msgs:
+                break
+        probe.unassign()
+        self._true_end[(topic, partition)] = end
+        return end
+
+    def initialOffset(self) -> dict:
+        out: dict = {}
+        for topic, n in self._topics().items():
+            out[topic] = {str(p): self._start_of(topic, p) for p in range(n)}
+        return out
+
+    def latestOffset(self, start: dict, limit=None) -> dict:
+        import os
+
+        from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+        if self.pause_file and os.path.exists(self.pause_file):
+            return start  # backpressure: the server is over its hard memory limit
+        cap = None if isinstance(limit, ReadAllAvailable) else self.max_per_partition
+        out: dict = {}
+        for topic, n in self._topics().items():
+            prev = start.get(topic, {})
+            parts = {}
+            for p in range(n):
+                s = int(prev[str(p)]) if str(p) in prev else self._start_of(topic, p)
+                e = max(s, self._end_of(topic, p))
+                if cap is not None:
+                    e = min(e, s + cap)
+                parts[str(p)] = e
+            out[topic] = parts
+        for topic, parts in start.items():  # never drop a topic once seen
+            out.setdefault(topic, parts)
+        return out
+
+    def partitions(self, start: dict, end: dict):
+        out = []
+        for topic, parts in end.items():
+            prev = start.get(topic, {})
+            for p, e in parts.items():
+                s = int(prev.get(p, self._start_of(topic, int(p))))
+                if int(e) > s:
+                    out.append(_TopicPartitionRange(topic, int(p), s, int(e)))
+        return out
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    # -- executor side -------------------------------------------------------
+    def read(self, partition: _TopicPartitionRange):
+        import pyarrow as pa
+        from confluent_kafka import TopicPartition
+
+        c = _consumer(self.bootstrap)
+        try:
+            c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
+            next_offset = partition.start
+            cols = {k: [] for k in ("topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows",
+                                    "days", "payload", "fmt")}
+            last_progress = time.monotonic()
+            while next_offset < partition.end_exclusive:
+                msgs = c.consume(500, timeout=0.2)
+                if not msgs:
+                    if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                        raise RuntimeError(
+                            f"{partition.topic}[{partition.partition}]: offset {next_offset} not readable "
+                            f"within {READ_STALL_TIMEOUT_S}s (expected up to {partition.end_exclusive - 1})")
+                    continue
+                for m in msgs:
+                    if m.error() is not None:
+                        continue
+                    off = m.offset()
+                    if off < next_offset or off >= partition.end_exclusive:
+                        continue
+                    next_offset = off + 1
+                    last_progress = time.monotonic()
+                    h = dict(m.headers() or [])
+                    cols["topic"].append(partition.topic)
+                    cols["kp"].append(partition.partition)
+                    cols["offset"].append(off)
+                    cols["ts_ms"].append(m.timestamp()[1])
+                    cols["kind"].append(h.get("iox-kind", b"").decode())
+                    cols["tbl"].append(h.get("iox-table", b"").decode())
+                    cols["schema"].append(h.get("iox-schema", b"[]").decode())
+                    cols["nrows"].append(int(h.get("iox-rows", b"0")))
+                    cols["days"].append(h.get("iox-days", b"{}").decode())
+                    cols["payload"].append(m.value() or b"")
+                    cols["fmt"].append(h.get("iox-format", b"").decode())
+                if len(cols["offset"]) >= 256:
+                    yield _batch(pa, cols)
+                    cols = {k: [] for k in cols}
+            if cols["offset"]:
+                yield _batch(pa, cols)
+        finally:
+            c.close()
+
+
+def _batch(pa, cols: dict):
+    return pa.RecordBatch.from_arrays(
+        [pa.array(cols["topic"], pa.string()), pa.array(cols["kp"], pa.int32()),
+         pa.array(cols["offset"], pa.int64()), pa.array(cols["ts_ms"], pa.int64()),
+         pa.array(cols["kind"], pa.string()), pa.array(cols["tbl"], pa.string()),
+         pa.array(cols["schema"], pa.string()), pa.array(cols["nrows"], pa.int64()),
+         pa.array(cols["days"], pa.string()), pa.array(cols["payload"], pa.binary()),
+         pa.array(cols["fmt"], pa.string())],
+        names=["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "payload", "fmt"])
+
+
+class IoxKafkaDataSource(DataSource):
+    """Options: bootstrap (required), topic_prefix, start_offsets (JSON), max_messages_per_partition, pause_file."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SOURCE_SCHEMA
+
+    def streamReader(self, schema):
+        return IoxKafkaStreamReader(self.options)

@@ -1,0 +1,51 @@
+"""Builds the server's one SparkSession (driver side).
+
+Invariant: exactly one Spark application per server process; Python workers run
+this interpreter (PYSPARK_PYTHON), times are UTC, and the `iox_kafka` source is
+registered before the stream starts. Spark Connect, when enabled, is served
+from this same application so remote clients see the same global temp views.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["build_spark"]
+
+
+def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect_port: int = 0,
+                extra_conf: dict | None = None):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Python workers must import this project's packages
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pp = os.environ.get("PYTHONPATH", "")
+    if root not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
+    from pyspark.sql import SparkSession
+
+    from .kafka_source import IoxKafkaDataSource
+
+    os.makedirs(scratch_dir, exist_ok=True)
+    b = (SparkSession.builder.master(master).appName("iox")
+         .config("spark.driver.memory", driver_memory)
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
+         .config("spark.sql.adaptive.enabled", "true")
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         .config("spark.local.dir", os.path.join(scratch_dir, "local"))
+         .config("spark.sql.warehouse.dir", os.path.join(scratch_dir, "warehouse"))
+         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch_dir}")
+         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+         .config("spark.python.worker.reuse", "true")
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
+    if spark_connect_port:
+        b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+             .config("spark.connect.grpc.binding.port", str(spark_connect_port)))
+    for k, v in (extra_conf or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(IoxKafkaDataSource)
+    return spark

@@ -1,0 +1,200 @@
+"""The Kafka write buffer, producer side: one topic per database, one message per table write.
+
+Invariant: `produce` returns only after Kafka acknowledged every message of the
+request (idempotent producer, acks=all); any failure or timeout raises
+`WriteBufferUnavailable` and the caller answers UNAVAILABLE, never a success.
+A table always goes to the same Kafka partition (stable hash of its name), so
+its writes are totally ordered by offset.
+
+Runs on the driver, in gRPC worker threads (the producer is thread-safe).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .errors import WriteBufferUnavailable
+from .wire_format import EncodedWrite
+
+__all__ = ["WriteBuffer", "topic_for", "database_of_topic", "partition_for", "TOPIC_PREFIX",
+           "PartitionCountMismatch"]
+
+log = logging.getLogger(__name__)
+
+TOPIC_PREFIX = "iox."
+#: How long topic creation / metadata calls may take before the broker counts as unavailable.
+ADMIN_TIMEOUT_S = 10.0
+
+
+class PartitionCountMismatch(Exception):
+    def __init__(self, topic: str, expected: int, actual: int):
+        self.topic = topic
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"topic {topic} has {actual} partitions, the server is configured for {expected}")
+
+
+def topic_for(database: str) -> str:
+    return TOPIC_PREFIX + database
+
+
+def database_of_topic(topic: str) -> str:
+    return topic[len(TOPIC_PREFIX):]
+
+
+def partition_for(table: str, partitions: int) -> int:
+    """Stable across processes and restarts (crc32, not Python's salted hash)."""
+    return zlib.crc32(table.encode("utf-8")) % partitions
+
+
+def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 1,
+        # One message per record batch: Tansu reports the high watermark as the base
+        # offset of the last batch + 1, which is exact only for single-message batches.
+        "batch.num.messages": 1,
+        "message.timeout.ms": produce_timeout_ms,
+        "message.max.bytes": 64 * 1024 * 1024,
+        "socket.timeout.ms": min(produce_timeout_ms, 60_000),
+        "reconnect.backoff.max.ms": 1000,
+        "log_level": 3,
+    }
+
+
+class WriteBuffer:
+    """Producer + topic admin for the database topics. Created once per server."""
+
+    def __init__(self, bootstrap: str, partitions: int, produce_timeout_ms: int):
+        self.bootstrap = bootstrap
+        self.partitions = partitions
+        self.produce_timeout_ms = produce_timeout_ms
+        self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+        self._lock = threading.Lock()
+        self._known_topics: set[str] = set()
+        self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer-poll", daemon=True)
+        self._poller.start()
+
+    # -- topics -----------------------------------------------------------------
+    def ensure_topic(self, database: str) -> str:
+        """Creates the database's topic when missing; checks its partition count."""
+        topic = topic_for(database)
+        if topic in self._known_topics:
+            return topic
+        try:
+            md = self._admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as e:
+            raise WriteBufferUnavailable(f"cannot reach Kafka at {self.bootstrap}: {e}") from e
+        tmd = md.topics.get(topic)
+        if tmd is None or tmd.error is not None:
+            fut = self._admin.create_topics([NewTopic(topic, self.partitions, 1)],
+                                            operation_timeout=ADMIN_TIMEOUT_S,
+                                            request_timeout=ADMIN_TIMEOUT_S)[topic]
+            try:
+                fut.result(timeout=ADMIN_TIMEOUT_S + 1)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise WriteBufferUnavailable(f"cannot create topic {topic}: {e}") from e
+            except Exception as e:  # concurrent.futures.TimeoutError
+                raise WriteBufferUnavailable(f"cannot create topic {topic}: {e!r}") from e
+            actual = self._wait_partitions(topic)
+        else:
+            actual = len(tmd.partitions)
+        if actual != self.partitions:
+            raise PartitionCountMismatch(topic, self.partitions, actual)
+        self._known_topics.add(topic)
+        return topic
+
+    def _wait_partitions(self, topic: str) -> int:
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while True:
+            md = self._admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT_S)
+            tmd = md.topics.get(topic)
+            if tmd is not None and tmd.error is None and tmd.partitions:
+                return len(tmd.partitions)
+            if time.monotonic() > deadline:
+                raise WriteBufferUnavailable(f"topic {topic} did not appear after creation")
+            time.sleep(0.05)
+
+    def list_database_topics(self) -> dict[str, int]:
+        """{topic: partitions} of every database topic on the broker."""
+        md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+        return {t: len(m.partitions) for t, m in md.topics.items()
+                if t.startswith(TOPIC_PREFIX) and m.error is None}
+
+    # -- produce ----------------------------------------------------------------
+    def produce(self, database: str, writes: list[EncodedWrite]) -> dict[int, int]:
+        """Produces every message and waits for all acknowledgements.
+
+        Returns the write token: {kafka partition: highest offset written}.
+        Raises WriteBufferUnavailable when any message was not acknowledged.
+        """
+        topic = self.ensure_topic(database)
+        done = threading.Event()
+        results: list = []
+        pending = [len(writes)]
+        cb_lock = threading.Lock()
+
+        def on_delivery(err, msg):
+            with cb_lock:
+                results.append((err, msg.partition(), msg.offset()))
+                pending[0] -= 1
+                if pending[0] == 0:
+                    done.set()
+
+        producer = self._producer
+        try:
+            for w in writes:
+                self._produce_one(producer, topic, w, on_delivery)
+        except (KafkaException, BufferError) as e:
+            self._forget_topic(topic)
+            raise WriteBufferUnavailable(f"produce to {topic} failed: {e}") from e
+        if not done.wait(self.produce_timeout_ms / 1000.0 + 5.0):
+            self._forget_topic(topic)
+            raise WriteBufferUnavailable(f"no acknowledgement from Kafka within {self.produce_timeout_ms} ms")
+        token: dict[int, int] = {}
+        for err, part, off in results:
+            if err is not None:
+                self._forget_topic(topic)
+                if err.fatal():
+                    self._recreate_producer(producer)
+                raise WriteBufferUnavailable(f"Kafka did not acknowledge the write: {err.str()}")
+            token[part] = max(token.get(part, -1), off)
+        return token
+
+    def _produce_one(self, producer: Producer, topic: str, w: EncodedWrite, on_delivery) -> None:
+        part = partition_for(w.table, self.partitions)
+        while True:
+            try:
+                producer.produce(topic, value=w.value, key=w.key, headers=w.headers, partition=part,
+                                 on_delivery=on_delivery)
+                return
+            except BufferError:  # local queue full: let deliveries drain
+                producer.poll(0.05)
+
+    def _forget_topic(self, topic: str) -> None:
+        self._known_topics.discard(topic)
+
+    def _recreate_producer(self, broken: Producer) -> None:
+        with self._lock:
+            if self._producer is broken:
+                log.warning("idempotent producer hit a fatal error; creating a new one")
+                self._producer = Producer(_producer_conf(self.bootstrap, self.produce_timeout_ms))
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    def close(self) -> None:
+        self._producer.flush(5)
+        self._stop.set()
+        self._poller.join(2)
