@@ -1,0 +1,868 @@
+"""Preserved catalog: an append-only transaction log with exactly one committer.
+
+Invariant kept here (DESIGN.md invariant 8, "One committer"): revision ``N``
+of a database's catalog is the object ``<db>/catalog/<%020d N>.txn``, created
+with the store's atomic ``put_if_absent``.  Of any number of writers that try
+to commit revision ``N + 1`` on top of revision ``N`` exactly one succeeds; the
+others get :class:`RevisionConflict`, are fenced (their catalog object refuses
+every further commit) and must stop.  Every transaction names the uuid of its
+predecessor, so loading verifies an unbroken chain ``0, 1, ..., N`` (or ``c+1,
+..., N`` after the newest full checkpoint ``<%020d c>.ckpt``) and refuses to
+start from anything else.
+
+The state is a pure function of the log: :func:`apply_action` is the only code
+that changes a :class:`CatalogState`, and loading and committing both use it,
+so a freshly loaded catalog equals the one that committed.
+
+File format (JSON, ``FORMAT_VERSION`` in every file; any other version raises
+:class:`FormatVersionMismatch`)::
+
+    transaction: {"format_version": 1, "type": "transaction", "db": ...,
+                  "revision": N, "uuid": ..., "previous_uuid": ... | null,
+                  "timestamp_s": ..., "actions": [{"kind": ..., ...}, ...]}
+    checkpoint:  {"format_version": 1, "type": "checkpoint", "db": ...,
+                  "revision": N, "uuid": <uuid of transaction N>,
+                  "timestamp_s": ..., "state": {...}}
+
+Action kinds (``"kind"`` field) and their dataclasses: ``add_parquet``
+(:class:`AddParquet`), ``remove_parquet`` (:class:`RemoveParquet`),
+``partition_checkpoint`` (:class:`RecordPartitionCheckpoint`),
+``database_checkpoint`` (:class:`RecordDatabaseCheckpoint`),
+``delete_predicate`` (:class:`AddDeletePredicate`), ``schema``
+(:class:`SetTableSchema`).
+
+Everything here runs on the driver.  :class:`PreservedCatalog` is not
+picklable (a committer must never be shipped to an executor); the action
+dataclasses and :class:`CatalogState` are plain picklable values.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+import uuid as _uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from catalog.errors import (
+    AlreadyExists,
+    CorruptCatalogFile,
+    FormatVersionMismatch,
+    InvalidAction,
+    ObjectNotFound,
+    PreviousUuidMismatch,
+    RevisionConflict,
+    RevisionGap,
+)
+from catalog.object_store import ObjectStore, catalog_prefix
+
+__all__ = [
+    "DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT",
+    "FORMAT_VERSION",
+    "Action",
+    "AddDeletePredicate",
+    "AddParquet",
+    "CatalogState",
+    "ColumnSpec",
+    "PreservedCatalog",
+    "PreservedCatalogConfig",
+    "RecordDatabaseCheckpoint",
+    "RecordPartitionCheckpoint",
+    "RemoveParquet",
+    "SetTableSchema",
+    "action_from_json",
+    "apply_action",
+    "checkpoint_key",
+    "transaction_key",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Version written into every catalog file; files with another version are refused.
+FORMAT_VERSION = 1
+#: A full checkpoint file is written once this many revisions passed since the last one.
+DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT = 100
+
+_TXN_SUFFIX = "txn"
+_CKPT_SUFFIX = "ckpt"
+_FILE_RE = re.compile(r"^(\d{20})\.(txn|ckpt)$")
+_TYPE_TRANSACTION = "transaction"
+_TYPE_CHECKPOINT = "checkpoint"
+
+#: One column of a schema: (name, role, type), e.g. ("host", "tag", "string").
+ColumnSpec = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class PreservedCatalogConfig:
+    """Tuning of a :class:`PreservedCatalog`.
+
+    ``transactions_until_checkpoint``: a full ``.ckpt`` snapshot is written
+    after a commit once this many revisions passed since the newest
+    checkpoint (default :data:`DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT`), so a
+    load reads one checkpoint plus fewer than this many transactions.
+    """
+
+    transactions_until_checkpoint: int = DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.transactions_until_checkpoint, int) or self.transactions_until_checkpoint < 1:
+            raise ValueError("transactions_until_checkpoint must be an int >= 1")
+
+
+def transaction_key(db: str, revision: int) -> str:
+    """Object key of transaction ``revision`` of ``db``."""
+    return f"{catalog_prefix(db)}{revision:020d}.{_TXN_SUFFIX}"
+
+
+def checkpoint_key(db: str, revision: int) -> str:
+    """Object key of the full checkpoint at ``revision`` of ``db``."""
+    return f"{catalog_prefix(db)}{revision:020d}.{_CKPT_SUFFIX}"
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+def _int(kind: str, name: str, value: Any, *, minimum: int | None = None, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidAction(kind, f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InvalidAction(kind, f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(kind: str, name: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidAction(kind, f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _columns(kind: str, name: str, value: Any) -> tuple[ColumnSpec, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidAction(kind, f"{name} must be a list of [name, role, type]")
+    out: list[ColumnSpec] = []
+    seen: set[str] = set()
+    for col in value:
+        if isinstance(col, (str, bytes)) or not isinstance(col, Sequence) or len(col) != 3:
+            raise InvalidAction(kind, f"{name}: column {col!r} is not [name, role, type]")
+        spec = tuple(_str(kind, f"{name} entry", part) for part in col)
+        if spec[0] in seen:
+            raise InvalidAction(kind, f"{name}: column {spec[0]!r} appears twice")
+        seen.add(spec[0])
+        out.append(spec)  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _sequencer_numbers(kind: str, value: Any) -> dict[int, tuple[int | None, int]]:
+    """{kafka_partition: (min_unpersisted_offset | None, max_seen_offset)}; JSON keys may be strings."""
+    if not isinstance(value, Mapping):
+        raise InvalidAction(kind, "sequencer_numbers must be a mapping {kafka_partition: [min, max]}")
+    out: dict[int, tuple[int | None, int]] = {}
+    for raw_partition, rng in value.items():
+        try:
+            partition = int(raw_partition)
+        except (TypeError, ValueError):
+            raise InvalidAction(kind, f"sequencer_numbers: kafka partition {raw_partition!r} is not an int") from None
+        if isinstance(raw_partition, bool) or partition < 0:
+            raise InvalidAction(kind, f"sequencer_numbers: bad kafka partition {raw_partition!r}")
+        if isinstance(rng, (str, bytes)) or not isinstance(rng, Sequence) or len(rng) != 2:
+            raise InvalidAction(kind, f"sequencer_numbers[{partition}] must be [min_unpersisted, max_seen]")
+        lo = _int(kind, f"sequencer_numbers[{partition}] min", rng[0], optional=True)
+        hi = _int(kind, f"sequencer_numbers[{partition}] max", rng[1])
+        out[partition] = (lo, hi)  # type: ignore[assignment]
+    return dict(sorted(out.items()))
+
+
+def _sequencer_json(numbers: Mapping[int, tuple[int | None, int]]) -> dict[str, list[int | None]]:
+    return {str(p): [lo, hi] for p, (lo, hi) in sorted(numbers.items())}
+
+
+def _predicate_value(kind: str, value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    raise InvalidAction(kind, f"predicate value {value!r} is not a JSON scalar")
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class AddParquet:
+    """Register a Parquet file: its key, partition, size and the ranges it covers.
+
+    ``min_seq``/``max_seq`` is the range of the file's integer write-buffer
+    ordering column; ``schema`` its columns as (name, role, type).
+    """
+
+    KIND: ClassVar[str] = "add_parquet"
+    key: str
+    table: str
+    partition_key: str
+    row_count: int
+    size_bytes: int
+    min_time_ns: int
+    max_time_ns: int
+    min_seq: int
+    max_seq: int
+    schema: tuple[ColumnSpec, ...]
+
+    def __post_init__(self) -> None:
+        k = self.KIND
+        for name in ("key", "table", "partition_key"):
+            _str(k, name, getattr(self, name))
+        _int(k, "row_count", self.row_count, minimum=0)
+        _int(k, "size_bytes", self.size_bytes, minimum=0)
+        for name in ("min_time_ns", "max_time_ns", "min_seq", "max_seq"):
+            _int(k, name, getattr(self, name))
+        if self.min_time_ns > self.max_time_ns:
+            raise InvalidAction(k, f"min_time_ns {self.min_time_ns} > max_time_ns {self.max_time_ns}")
+        if self.min_seq > self.max_seq:
+            raise InvalidAction(k, f"min_seq {self.min_seq} > max_seq {self.max_seq}")
+        object.__setattr__(self, "schema", _columns(k, "schema", self.schema))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.KIND,
+            "key": self.key,
+            "table": self.table,
+            "partition_key": self.partition_key,
+            "row_count": self.row_count,
+            "size_bytes": self.size_bytes,
+            "min_time_ns": self.min_time_ns,
+            "max_time_ns": self.max_time_ns,
+            "min_seq": self.min_seq,
+            "max_seq": self.max_seq,
+            "schema": [list(c) for c in self.schema],
+        }
+
+
+@dataclass(frozen=True)
+class RemoveParquet:
+    """Unregister a Parquet file (after compaction or retention); cleanup may then delete it."""
+
+    KIND: ClassVar[str] = "remove_parquet"
+    key: str
+
+    def __post_init__(self) -> None:
+        _str(self.KIND, "key", self.key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "key": self.key}
+
+
+@dataclass(frozen=True)
+class RecordPartitionCheckpoint:
+    """What of one table partition is persisted: replay skips rows with offset below
+    the partition's ``min_unpersisted_offset`` and time <= ``flush_timestamp_ns``.
+
+    ``sequencer_numbers``: {kafka_partition: (min_unpersisted_offset or None
+    when nothing is unpersisted, max_seen_offset)}.  Do not mutate it.
+    """
+
+    KIND: ClassVar[str] = "partition_checkpoint"
+    table: str
+    partition_key: str
+    flush_timestamp_ns: int
+    sequencer_numbers: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k = self.KIND
+        _str(k, "table", self.table)
+        _str(k, "partition_key", self.partition_key)
+        _int(k, "flush_timestamp_ns", self.flush_timestamp_ns)
+        object.__setattr__(self, "sequencer_numbers", _sequencer_numbers(k, self.sequencer_numbers))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.KIND,
+            "table": self.table,
+            "partition_key": self.partition_key,
+            "flush_timestamp_ns": self.flush_timestamp_ns,
+            "sequencer_numbers": _sequencer_json(self.sequencer_numbers),
+        }
+
+
+@dataclass(frozen=True)
+class RecordDatabaseCheckpoint:
+    """Write-buffer position of the whole database: {kafka_partition: (min, max)} of ``topic``.
+
+    Do not mutate ``sequencer_numbers``.
+    """
+
+    KIND: ClassVar[str] = "database_checkpoint"
+    topic: str
+    kafka_partitions: int
+    sequencer_numbers: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k = self.KIND
+        _str(k, "topic", self.topic)
+        _int(k, "kafka_partitions", self.kafka_partitions, minimum=1)
+        numbers = _sequencer_numbers(k, self.sequencer_numbers)
+        bad = [p for p in numbers if p >= self.kafka_partitions]
+        if bad:
+            raise InvalidAction(k, f"kafka partitions {bad} >= kafka_partitions {self.kafka_partitions}")
+        object.__setattr__(self, "sequencer_numbers", numbers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.KIND,
+            "topic": self.topic,
+            "kafka_partitions": self.kafka_partitions,
+            "sequencer_numbers": _sequencer_json(self.sequencer_numbers),
+        }
+
+
+@dataclass(frozen=True)
+class AddDeletePredicate:
+    """A delete that must be applied to persisted Parquet files ``applies_to``.
+
+    Deletes rows of ``table`` (every table when ``None``) with
+    ``start_ns <= time < stop_ns_exclusive`` matching all of ``predicate``
+    ((column, op, value) triples); ``seq`` is its write-buffer position.
+    Every key in ``applies_to`` must be a registered file when applied.
+    """
+
+    KIND: ClassVar[str] = "delete_predicate"
+    table: str | None
+    start_ns: int
+    stop_ns_exclusive: int
+    predicate: tuple[tuple[str, str, Any], ...]
+    seq: int
+    applies_to: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        k = self.KIND
+        _str(k, "table", self.table, optional=True)
+        _int(k, "start_ns", self.start_ns)
+        _int(k, "stop_ns_exclusive", self.stop_ns_exclusive)
+        _int(k, "seq", self.seq)
+        if self.start_ns > self.stop_ns_exclusive:
+            raise InvalidAction(k, f"start_ns {self.start_ns} > stop_ns_exclusive {self.stop_ns_exclusive}")
+        if isinstance(self.predicate, (str, bytes)) or not isinstance(self.predicate, Sequence):
+            raise InvalidAction(k, "predicate must be a list of [column, op, value]")
+        preds = []
+        for p in self.predicate:
+            if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or len(p) != 3:
+                raise InvalidAction(k, f"predicate entry {p!r} is not [column, op, value]")
+            preds.append((_str(k, "predicate column", p[0]), _str(k, "predicate op", p[1]), _predicate_value(k, p[2])))
+        object.__setattr__(self, "predicate", tuple(preds))
+        if isinstance(self.applies_to, (str, bytes)) or not isinstance(self.applies_to, Sequence):
+            raise InvalidAction(k, "applies_to must be a list of parquet keys")
+        keys = [_str(k, "applies_to entry", key) for key in self.applies_to]
+        object.__setattr__(self, "applies_to", tuple(dict.fromkeys(keys)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.KIND,
+            "table": self.table,
+            "start_ns": self.start_ns,
+            "stop_ns_exclusive": self.stop_ns_exclusive,
+            "predicate": [list(p) for p in self.predicate],
+            "seq": self.seq,
+            "applies_to": list(self.applies_to),
+        }
+
+
+@dataclass(frozen=True)
+class SetTableSchema:
+    """The persisted schema of ``table``: merged into the known schema.
+
+    Columns already known must keep their (role, type); new columns are
+    appended in the given order, so a schema only grows.
+    """
+
+    KIND: ClassVar[str] = "schema"
+    table: str
+    columns: tuple[ColumnSpec, ...]
+
+    def __post_init__(self) -> None:
+        _str(self.KIND, "table", self.table)
+        object.__setattr__(self, "columns", _columns(self.KIND, "columns", self.columns))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "table": self.table, "columns": [list(c) for c in self.columns]}
+
+
+Action = Union[
+    AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema
+]
+_ACTION_TYPES: dict[str, type] = {
+    t.KIND: t
+    for t in (AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema)
+}
+
+
+def action_from_json(obj: Any) -> Action:
+    """Build an action from its JSON dict (``{"kind": ..., fields...}``); raises InvalidAction."""
+    if isinstance(obj, tuple(_ACTION_TYPES.values())):
+        return obj  # type: ignore[return-value]
+    if not isinstance(obj, Mapping):
+        raise InvalidAction("?", f"action must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("kind")
+    cls = _ACTION_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise InvalidAction(str(kind), f"unknown action kind {kind!r}")
+    fields = {k: v for k, v in obj.items() if k != "kind"}
+    try:
+        return cls(**fields)
+    except TypeError as exc:  # missing / unexpected fields
+        raise InvalidAction(kind, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class CatalogState:
+    """The preserved catalog of one database as of ``revision``.
+
+    A snapshot: the catalog never mutates a state it handed out (each commit
+    builds a new one), so readers may keep and share it.  Picklable.
+
+    * ``files``: key → :class:`AddParquet` of every registered, not removed file.
+    * ``partition_checkpoints``: (table, partition_key) → latest :class:`RecordPartitionCheckpoint`.
+    * ``database_checkpoint``: latest :class:`RecordDatabaseCheckpoint` or None.
+    * ``delete_predicates``: in commit order; ``applies_to`` lists only
+      registered files (removing a file removes it there, and a predicate
+      left applying to nothing is dropped).
+    * ``table_schemas``: table → columns (name, role, type) in first-seen order.
+    """
+
+    db: str
+    revision: int
+    transaction_uuid: str
+    timestamp_s: float
+    files: dict[str, AddParquet] = field(default_factory=dict)
+    partition_checkpoints: dict[tuple[str, str], RecordPartitionCheckpoint] = field(default_factory=dict)
+    database_checkpoint: RecordDatabaseCheckpoint | None = None
+    delete_predicates: list[AddDeletePredicate] = field(default_factory=list)
+    table_schemas: dict[str, tuple[ColumnSpec, ...]] = field(default_factory=dict)
+
+    def copy(self) -> CatalogState:
+        """A copy whose containers can be changed without touching this state (values are immutable)."""
+        return CatalogState(
+            db=self.db,
+            revision=self.revision,
+            transaction_uuid=self.transaction_uuid,
+            timestamp_s=self.timestamp_s,
+            files=dict(self.files),
+            partition_checkpoints=dict(self.partition_checkpoints),
+            database_checkpoint=self.database_checkpoint,
+            delete_predicates=list(self.delete_predicates),
+            table_schemas=dict(self.table_schemas),
+        )
+
+
+def apply_action(state: CatalogState, action: Action, revision: int) -> None:
+    """Apply one action to ``state`` in place; the single definition of catalog semantics.
+
+    Deterministic (no clock, no I/O).  Used by loading (replay) and by
+    :meth:`PreservedCatalog.commit` (on a private copy, before writing).
+    Raises :class:`InvalidAction` if the action cannot apply; ``state`` may
+    then be partially changed, so callers apply to a copy.
+    """
+    if isinstance(action, AddParquet):
+        if action.key in state.files:
+            raise InvalidAction(action.KIND, f"file {action.key!r} is already registered", revision)
+        state.files[action.key] = action
+    elif isinstance(action, RemoveParquet):
+        if action.key not in state.files:
+            raise InvalidAction(action.KIND, f"file {action.key!r} is not registered", revision)
+        del state.files[action.key]
+        kept: list[AddDeletePredicate] = []
+        for pred in state.delete_predicates:
+            if action.key in pred.applies_to:
+                rest = tuple(k for k in pred.applies_to if k != action.key)
+                if not rest:
+                    continue  # applied to removed files only: nothing left to apply to
+                pred = AddDeletePredicate(
+                    table=pred.table,
+                    start_ns=pred.start_ns,
+                    stop_ns_exclusive=pred.stop_ns_exclusive,
+                    predicate=pred.predicate,
+                    seq=pred.seq,
+                    applies_to=rest,
+                )
+            kept.append(pred)
+        state.delete_predicates = kept
+    elif isinstance(action, RecordPartitionCheckpoint):
+        state.partition_checkpoints[(action.table, action.partition_key)] = action
+    elif isinstance(action, RecordDatabaseCheckpoint):
+        state.database_checkpoint = action
+    elif isinstance(action, AddDeletePredicate):
+        missing = [k for k in action.applies_to if k not in state.files]
+        if missing:
+            raise InvalidAction(action.KIND, f"applies_to names unregistered files {missing}", revision)
+        state.delete_predicates.append(action)
+    elif isinstance(action, SetTableSchema):
+        known = {c[0]: c for c in state.table_schemas.get(action.table, ())}
+        for col in action.columns:
+            have = known.get(col[0])
+            if have is not None and have != col:
+                raise InvalidAction(
+                    action.KIND,
+                    f"table {action.table!r} column {col[0]!r} is ({have[1]}, {have[2]}), not ({col[1]}, {col[2]})",
+                    revision,
+                )
+        merged = list(state.table_schemas.get(action.table, ()))
+        merged.extend(c for c in action.columns if c[0] not in known)
+        state.table_schemas[action.table] = tuple(merged)
+    else:
+        raise InvalidAction(type(action).__name__, "not a catalog action", revision)
+
+
+def _state_to_json(state: CatalogState) -> dict[str, Any]:
+    return {
+        "files": [state.files[k].to_json() for k in sorted(state.files)],
+        "partition_checkpoints": [state.partition_checkpoints[k].to_json() for k in sorted(state.partition_checkpoints)],
+        "database_checkpoint": None if state.database_checkpoint is None else state.database_checkpoint.to_json(),
+        "delete_predicates": [p.to_json() for p in state.delete_predicates],
+        "table_schemas": [
+            SetTableSchema(table=t, columns=state.table_schemas[t]).to_json() for t in sorted(state.table_schemas)
+        ],
+    }
+
+
+def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_s: float, key: str) -> CatalogState:
+    if not isinstance(obj, Mapping):
+        raise CorruptCatalogFile(key, "state is not a JSON object")
+    try:
+        files = [action_from_json(a) for a in obj["files"]]
+        parts = [action_from_json(a) for a in obj["partition_checkpoints"]]
+        dbc = obj["database_checkpoint"]
+        dbc_action = None if dbc is None else action_from_json(dbc)
+        preds = [action_from_json(a) for a in obj["delete_predicates"]]
+        schemas = [action_from_json(a) for a in obj["table_schemas"]]
+    except KeyError as exc:
+        raise CorruptCatalogFile(key, f"state lacks {exc.args[0]!r}") from None
+    except (InvalidAction, TypeError) as exc:
+        raise CorruptCatalogFile(key, f"bad state entry: {exc}") from exc
+    expected_kinds = [
+        (files, AddParquet),
+        (parts, RecordPartitionCheckpoint),
+        (preds, AddDeletePredicate),
+        (schemas, SetTableSchema),
+        ([] if dbc_action is None else [dbc_action], RecordDatabaseCheckpoint),
+    ]
+    for items, cls in expected_kinds:
+        if any(not isinstance(a, cls) for a in items):
+            raise CorruptCatalogFile(key, f"state entry of wrong kind where {cls.KIND} expected")
+    state = CatalogState(db=db, revision=revision, transaction_uuid=txn_uuid, timestamp_s=timestamp_s)
+    state.files = {a.key: a for a in files}  # type: ignore[union-attr]
+    state.partition_checkpoints = {(a.table, a.partition_key): a for a in parts}  # type: ignore[union-attr]
+    state.database_checkpoint = dbc_action  # type: ignore[assignment]
+    state.delete_predicates = list(preds)  # type: ignore[arg-type]
+    state.table_schemas = {a.table: a.columns for a in schemas}  # type: ignore[union-attr]
+    return state
+
+
+# --------------------------------------------------------------------------- file codec
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _decode(data: bytes, key: str, expected_type: str, db: str, revision: int) -> dict[str, Any]:
+    """Parse and check the envelope of a catalog file (version first, then the rest)."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCatalogFile(key, f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CorruptCatalogFile(key, "not a JSON object")
+    version = obj.get("format_version")
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        raise FormatVersionMismatch(expected=FORMAT_VERSION, actual=version, key=key)
+    if obj.get("type") != expected_type:
+        raise CorruptCatalogFile(key, f"type is {obj.get('type')!r}, expected {expected_type!r}")
+    if obj.get("db") != db:
+        raise CorruptCatalogFile(key, f"belongs to database {obj.get('db')!r}, expected {db!r}")
+    if obj.get("revision") != revision or isinstance(obj.get("revision"), bool):
+        raise CorruptCatalogFile(key, f"holds revision {obj.get('revision')!r}, its name says {revision}")
+    if not isinstance(obj.get("uuid"), str) or not obj["uuid"]:
+        raise CorruptCatalogFile(key, "uuid missing")
+    ts = obj.get("timestamp_s")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        raise CorruptCatalogFile(key, "timestamp_s missing")
+    return obj
+
+
+def _check_now(now_s: Any) -> float:
+    if isinstance(now_s, bool) or not isinstance(now_s, (int, float)) or not math.isfinite(now_s):
+        raise ValueError(f"now_s must be a finite number of seconds, got {now_s!r}")
+    return float(now_s)
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+class PreservedCatalog:
+    """The committer of one database's preserved catalog.
+
+    Created on the driver by :meth:`create_or_load`; one instance per
+    process and database.  ``commit`` is thread-safe (serialized).  Once a
+    commit lost the race for its revision the instance is fenced: it raises
+    :class:`RevisionConflict` on every further commit, and the caller must
+    stop ingesting (another ingester owns the database now).  Not picklable.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        db: str,
+        state: CatalogState,
+        last_checkpoint_revision: int,
+        config: PreservedCatalogConfig,
+    ) -> None:
+        """Use :meth:`create_or_load`; this constructor trusts its arguments."""
+        self._store = store
+        self._db = db
+        self._state = state
+        self._last_checkpoint_revision = last_checkpoint_revision
+        self._config = config
+        self._lock = threading.Lock()
+        self._fenced_at: int | None = None
+
+    def __reduce__(self) -> Any:
+        raise TypeError("PreservedCatalog is driver-only and must not be pickled")
+
+    # -- loading ---------------------------------------------------------------
+
+    @classmethod
+    def create_or_load(
+        cls,
+        store: ObjectStore,
+        db: str,
+        now_s: float,
+        config: PreservedCatalogConfig | None = None,
+    ) -> tuple[PreservedCatalog, CatalogState]:
+        """Load the catalog of ``db``, creating revision 0 (no actions) if there is none.
+
+        ``now_s`` (seconds since the epoch, from the caller's clock) becomes
+        the timestamp of revision 0 when it is created.  If another process
+        creates revision 0 concurrently, its catalog is loaded instead.
+        Raises :class:`FormatVersionMismatch`, :class:`RevisionGap`,
+        :class:`PreviousUuidMismatch`, :class:`CorruptCatalogFile`.
+        """
+        config = config or PreservedCatalogConfig()
+        now_s = _check_now(now_s)
+        catalog_prefix(db)  # validates the name
+        loaded = _load(store, db)
+        if loaded is None:
+            txn_uuid = str(_uuid.uuid4())
+            txn = {
+                "format_version": FORMAT_VERSION,
+                "type": _TYPE_TRANSACTION,
+                "db": db,
+                "revision": 0,
+                "uuid": txn_uuid,
+                "previous_uuid": None,
+                "timestamp_s": now_s,
+                "actions": [],
+            }
+            try:
+                store.put_if_absent(transaction_key(db, 0), _encode(txn))
+                state = CatalogState(db=db, revision=0, transaction_uuid=txn_uuid, timestamp_s=now_s)
+                loaded = (state, 0)
+            except AlreadyExists:
+                loaded = _load(store, db)
+                if loaded is None:
+                    raise RevisionGap(db, 0, None, transaction_key(db, 0)) from None
+        state, last_ckpt = loaded
+        return cls(store, db, state, last_ckpt, config), state
+
+    # -- accessors -------------------------------------------------------------
+
+    @property
+    def db(self) -> str:
+        return self._db
+
+    @property
+    def store(self) -> ObjectStore:
+        return self._store
+
+    @property
+    def config(self) -> PreservedCatalogConfig:
+        return self._config
+
+    @property
+    def state(self) -> CatalogState:
+        """The state after the last successful commit (a snapshot; never mutated)."""
+        return self._state
+
+    @property
+    def revision(self) -> int:
+        return self._state.revision
+
+    @property
+    def fenced(self) -> bool:
+        """True once a commit lost its revision to another writer; all later commits fail."""
+        return self._fenced_at is not None
+
+    # -- committing ------------------------------------------------------------
+
+    def commit(self, actions: Sequence[Action | Mapping[str, Any]], now_s: float) -> int:
+        """Append one transaction with ``actions`` as revision ``revision + 1``; return it.
+
+        Called by the single committer on the driver (the persist's
+        ``append_batches`` step) after the Parquet files it registers are
+        written.  ``actions`` are action dataclasses or their JSON dicts;
+        they are applied in order to a copy of the state first, so an action
+        that cannot apply raises :class:`InvalidAction` and writes nothing.
+        ``now_s`` is the caller's clock (stored, never read here).
+
+        On a lost race raises :class:`RevisionConflict`: the state is
+        unchanged, the instance is fenced, and the caller must stop.  Other
+        store errors propagate with the state unchanged; the transaction may
+        or may not have been written.  Retrying ``commit`` is then safe: it
+        either commits (the first attempt did not land) or raises
+        :class:`RevisionConflict` (it did, or another writer won), after
+        which the caller stops and a restart reloads whatever was written.
+        """
+        now_s = _check_now(now_s)
+        with self._lock:
+            if self._fenced_at is not None:
+                raise RevisionConflict(self._db, self._fenced_at, transaction_key(self._db, self._fenced_at))
+            revision = self._state.revision + 1
+            parsed: list[Action] = []
+            for a in actions:
+                try:
+                    parsed.append(action_from_json(a))
+                except InvalidAction as exc:
+                    raise InvalidAction(exc.kind, exc.reason, revision) from None
+            new_state = self._state.copy()
+            for a in parsed:
+                apply_action(new_state, a, revision)
+            txn_uuid = str(_uuid.uuid4())
+            txn = {
+                "format_version": FORMAT_VERSION,
+                "type": _TYPE_TRANSACTION,
+                "db": self._db,
+                "revision": revision,
+                "uuid": txn_uuid,
+                "previous_uuid": self._state.transaction_uuid,
+                "timestamp_s": now_s,
+                "actions": [a.to_json() for a in parsed],
+            }
+            key = transaction_key(self._db, revision)
+            try:
+                self._store.put_if_absent(key, _encode(txn))
+            except AlreadyExists:
+                self._fenced_at = revision
+                raise RevisionConflict(self._db, revision, key) from None
+            new_state.revision = revision
+            new_state.transaction_uuid = txn_uuid
+            new_state.timestamp_s = now_s
+            self._state = new_state
+            self._maybe_write_checkpoint(new_state)
+            return revision
+
+    def _maybe_write_checkpoint(self, state: CatalogState) -> None:
+        """Write ``<revision>.ckpt`` when due; a failure only delays it to the next commit."""
+        if state.revision - self._last_checkpoint_revision < self._config.transactions_until_checkpoint:
+            return
+        ckpt = {
+            "format_version": FORMAT_VERSION,
+            "type": _TYPE_CHECKPOINT,
+            "db": self._db,
+            "revision": state.revision,
+            "uuid": state.transaction_uuid,
+            "timestamp_s": state.timestamp_s,
+            "state": _state_to_json(state),
+        }
+        try:
+            # Only the winner of transaction N writes checkpoint N, so a plain put is safe.
+            self._store.put(checkpoint_key(self._db, state.revision), _encode(ckpt))
+        except Exception:  # noqa: BLE001 - the transaction is committed; the checkpoint is an optimisation
+            _log.warning(
+                "preserved catalog %r: writing checkpoint at revision %d failed; retrying on next commit",
+                self._db,
+                state.revision,
+                exc_info=True,
+            )
+            return
+        self._last_checkpoint_revision = state.revision
+
+
+def _load(store: ObjectStore, db: str) -> tuple[CatalogState, int] | None:
+    """Load ``db`` from the newest checkpoint plus later transactions; None if no catalog.
+
+    Returns the state and the revision of the checkpoint used (0 if none).
+    Verifies revisions are contiguous and every transaction links to its
+    predecessor's uuid.
+    """
+    prefix = catalog_prefix(db)
+    txns: dict[int, str] = {}
+    ckpts: dict[int, str] = {}
+    for meta in store.list(prefix):
+        m = _FILE_RE.match(meta.key[len(prefix) :])
+        if m is None:
+            continue  # not a catalog file (nothing else is written under the prefix)
+        (txns if m.group(2) == _TXN_SUFFIX else ckpts)[int(m.group(1))] = meta.key
+    if not txns and not ckpts:
+        return None
+
+    state: CatalogState | None = None
+    last_ckpt = 0
+    if ckpts:
+        last_ckpt = max(ckpts)
+        state = _read_checkpoint(store, db, last_ckpt, ckpts[last_ckpt])
+    expected = last_ckpt + 1 if ckpts else 0
+    for revision in sorted(r for r in txns if r >= expected):
+        if revision != expected:
+            raise RevisionGap(db, expected, revision, txns[revision])
+        state = _read_and_apply_transaction(store, db, state, revision, txns[revision])
+        expected += 1
+    if state is None:  # only possible if transaction 0 is missing and nothing else exists
+        first = min(txns)
+        raise RevisionGap(db, 0, first, txns[first])
+    return state, last_ckpt
+
+
+def _get(store: ObjectStore, db: str, revision: int, key: str) -> bytes:
+    try:
+        return store.get(key)
+    except ObjectNotFound:  # listed but deleted since: the chain is broken under us
+        raise RevisionGap(db, revision, None, key) from None
+
+
+def _read_checkpoint(store: ObjectStore, db: str, revision: int, key: str) -> CatalogState:
+    obj = _decode(_get(store, db, revision, key), key, _TYPE_CHECKPOINT, db, revision)
+    return _state_from_json(obj.get("state"), db, revision, obj["uuid"], float(obj["timestamp_s"]), key)
+
+
+def _read_and_apply_transaction(
+    store: ObjectStore, db: str, state: CatalogState | None, revision: int, key: str
+) -> CatalogState:
+    """Verify transaction ``revision`` links to ``state`` and apply it (in place)."""
+    obj = _decode(_get(store, db, revision, key), key, _TYPE_TRANSACTION, db, revision)
+    expected_previous = None if state is None else state.transaction_uuid
+    if obj.get("previous_uuid") != expected_previous:
+        raise PreviousUuidMismatch(db, revision, expected_previous, obj.get("previous_uuid"), key)
+    raw_actions = obj.get("actions")
+    if not isinstance(raw_actions, list):
+        raise CorruptCatalogFile(key, "actions is not a list")
+    if state is None:
+        state = CatalogState(db=db, revision=revision, transaction_uuid=obj["uuid"], timestamp_s=0.0)
+    # ``state`` is private to the load in progress, so it is changed in place.
+    try:
+        for raw in raw_actions:
+            apply_action(state, action_from_json(raw), revision)
+    except InvalidAction as exc:
+        raise CorruptCatalogFile(key, f"action does not apply: {exc}") from exc
+    state.revision = revision
+    state.transaction_uuid = obj["uuid"]
+    state.timestamp_s = float(obj["timestamp_s"])
+    return state

@@ -1,0 +1,404 @@
+"""The lifecycle policy: from a snapshot of a database and ``now``, the actions to take.
+
+A pure port of IOx ``lifecycle/src/policy.rs`` (``check_for_work``,
+``maybe_persist_chunks``, ``maybe_compact_chunks``, ``maybe_free_memory``,
+``can_move``, ``select_persistable_chunks``): :func:`decide` reads no clock,
+no catalog and no Spark; it maps a frozen :class:`DatabaseState` to a list of
+frozen actions that an executor carries out.
+
+Invariants kept here:
+
+* At most one action per partition per decision, and none on a partition that
+  is already persisting or compacting (chunks of it in state ``persisting`` /
+  ``compacting`` count); memory relief may still unload its persisted chunks.
+* A :class:`CompactChunks` names a run of >= 2 unpersisted chunks that are
+  contiguous in chunk order, so compaction never reorders writes.
+* At most ``max_active_compactions`` compactions run at once.
+* While ``replaying``, nothing is persisted or compacted unless the buffer is
+  above the hard limit.
+* :class:`Backpressure` is emitted only when its state changes: engaged above
+  ``buffer_size_hard_bytes``, released once at or below it.
+
+Order of the returned actions: backpressure, then per partition (input order)
+a persist or a compaction, then memory relief (unload/drop, oldest first, then
+at most one forced persist).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Literal, Union
+
+from .errors import InvalidLifecycleState
+from .rules import LifecycleRules
+
+__all__ = [
+    "CHUNK_STATES",
+    "ChunkStateName",
+    "ChunkState",
+    "PartitionState",
+    "DatabaseState",
+    "PersistReason",
+    "CompactChunks",
+    "PersistChunks",
+    "UnloadChunk",
+    "DropChunk",
+    "Backpressure",
+    "Action",
+    "PersistSelection",
+    "can_compact_open_chunk",
+    "select_compaction_run",
+    "select_persistable_chunks",
+    "persist_reason",
+    "decide",
+]
+
+ChunkStateName = Literal["open", "closed", "compacting", "persisting", "persisted", "unloaded"]
+#: open: newest chunk, still written to; closed: older in-memory chunk; compacting/persisting:
+#: a lifecycle action reads it; persisted: in memory and in Parquet; unloaded: in Parquet only.
+CHUNK_STATES: tuple[str, ...] = ("open", "closed", "compacting", "persisting", "persisted", "unloaded")
+_UNPERSISTED = ("open", "closed")
+_WITH_ACTION = ("compacting", "persisting")
+_IN_OBJECT_STORE = ("persisted", "unloaded")
+
+PersistReason = Literal["row_threshold", "age_threshold", "memory"]
+
+
+def _decimal(seconds: float) -> Decimal:
+    return Decimal(repr(float(seconds)))
+
+
+def _elapsed_at_least(now: float, since: float, threshold_s: float) -> bool:
+    """``now - since >= threshold_s`` on the decimal values of the floats (no binary rounding at boundaries)."""
+    return _decimal(now) - _decimal(since) >= _decimal(threshold_s)
+
+
+# ----------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class ChunkState:
+    """One chunk as the policy sees it."""
+
+    chunk_id: int
+    #: write-buffer order of the chunk in its partition (lower = older writes)
+    order: int
+    state: ChunkStateName
+    row_count: int
+    #: bytes the chunk holds in memory (0 once unloaded)
+    size_bytes: int
+    min_time_ns: int
+    max_time_ns: int
+    #: wall time (s) of the last write into the chunk
+    time_of_last_write: float
+    #: wall time (s) the chunk was last read; memory relief unloads least recently used first
+    time_of_last_access: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in CHUNK_STATES:
+            raise InvalidLifecycleState("chunk.state", self.state, f"must be one of {CHUNK_STATES}")
+
+    @property
+    def has_action(self) -> bool:
+        """A lifecycle action (compaction or persist) is reading this chunk."""
+        return self.state in _WITH_ACTION
+
+    @property
+    def _lru_time(self) -> float:
+        return self.time_of_last_access if self.time_of_last_access is not None else self.time_of_last_write
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One table partition as the policy sees it; the persistence fields come from its PersistenceWindows."""
+
+    table: str
+    partition_key: str
+    #: chunks in any order; stored sorted by (order, chunk_id)
+    chunks: tuple[ChunkState, ...] = ()
+    #: ``PersistenceWindows.persistable_row_count(now)``
+    persistable_row_count: int = 0
+    #: ``PersistenceWindows.unpersisted_row_count()``
+    unpersisted_row_count: int = 0
+    #: ``PersistenceWindows.time_of_first_unpersisted_write()`` (IOx ``minimum_unpersisted_age``)
+    time_of_first_unpersisted_write: float | None = None
+    #: ``PersistenceWindows.peek_flush_timestamp_ns(now)``: None = a flush handle now would be None
+    flush_timestamp_ns: int | None = None
+    #: a persist (flush handle) is in progress on this partition
+    persisting: bool = False
+    #: a compaction is in progress on this partition
+    compacting: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunks", tuple(sorted(self.chunks, key=lambda c: (c.order, c.chunk_id))))
+
+    @property
+    def is_persisting(self) -> bool:
+        return self.persisting or any(c.state == "persisting" for c in self.chunks)
+
+    @property
+    def is_compacting(self) -> bool:
+        return self.compacting or any(c.state == "compacting" for c in self.chunks)
+
+    @property
+    def is_busy(self) -> bool:
+        return self.is_persisting or self.is_compacting
+
+
+@dataclass(frozen=True)
+class DatabaseState:
+    """The whole database as the policy sees it at one instant."""
+
+    #: bytes of chunk data held in memory
+    buffer_size_bytes: int
+    partitions: tuple[PartitionState, ...] = ()
+    #: replay after a restart is running
+    replaying: bool = False
+    #: the executor currently applies backpressure (the last Backpressure action emitted)
+    backpressure_engaged: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partitions", tuple(self.partitions))
+
+
+# ------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class CompactChunks:
+    """Merge a contiguous (in chunk order) run of >= 2 unpersisted chunks into one closed chunk."""
+
+    table: str
+    partition_key: str
+    chunk_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PersistChunks:
+    """Persist a partition: take a flush handle (``flush_all_handle`` if ``force``), split and write Parquet.
+
+    The executor picks the chunks with :func:`select_persistable_chunks` and the
+    handle's real flush timestamp.
+    """
+
+    table: str
+    partition_key: str
+    force: bool = False
+    reason: PersistReason = "row_threshold"
+
+
+@dataclass(frozen=True)
+class UnloadChunk:
+    """Drop the in-memory copy of a persisted chunk; its rows stay queryable from Parquet."""
+
+    table: str
+    partition_key: str
+    chunk_id: int
+
+
+@dataclass(frozen=True)
+class DropChunk:
+    """Drop an unpersisted chunk to free memory; only with ``persist=False`` (data is lost, as IOx)."""
+
+    table: str
+    partition_key: str
+    chunk_id: int
+
+
+@dataclass(frozen=True)
+class Backpressure:
+    """Engage (slow the consumer, reject writes with RESOURCE_EXHAUSTED) or release backpressure."""
+
+    engaged: bool
+
+
+Action = Union[CompactChunks, PersistChunks, UnloadChunk, DropChunk, Backpressure]
+
+
+# --------------------------------------------------------------------- rules
+
+
+def can_compact_open_chunk(rules: LifecycleRules, chunk: ChunkState, now: float) -> bool:
+    """IOx ``can_move``: an open chunk is cold once full or unwritten for the late-arrival window."""
+    if chunk.row_count >= rules.mub_row_threshold:
+        return True
+    return _elapsed_at_least(now, chunk.time_of_last_write, rules.late_arrive_window_s)
+
+
+def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:
+    """The first run of >= 2 compactable chunks, contiguous in chunk order (IOx ``maybe_compact_chunks``).
+
+    Compactable: closed chunks and the open chunk once cold.  A run's rows stay
+    below ``persist_row_threshold`` (IOx's ``rows_left``); any chunk that is not
+    compactable (persisted, unloaded, under an action, warm, or too big) ends the run.
+    """
+    run: list[int] = []
+    rows_left = rules.persist_row_threshold
+    for chunk in partition.chunks:
+        compactable = chunk.state == "closed" or (
+            chunk.state == "open" and can_compact_open_chunk(rules, chunk, now)
+        )
+        if compactable and chunk.row_count < rows_left:
+            run.append(chunk.chunk_id)
+            rows_left -= chunk.row_count
+            continue
+        if len(run) >= 2:
+            return tuple(run)
+        run, rows_left = [], rules.persist_row_threshold
+        if compactable and chunk.row_count < rows_left:  # too big for the run, may start the next one
+            run.append(chunk.chunk_id)
+            rows_left -= chunk.row_count
+    return tuple(run) if len(run) >= 2 else None
+
+
+@dataclass(frozen=True)
+class PersistSelection:
+    """Result of :func:`select_persistable_chunks`.
+
+    ``blocked_by_chunk_id`` is set when a chunk holding rows to persist is under
+    another action; ``stall_compaction`` then says that action is a compaction.
+    """
+
+    chunk_ids: tuple[int, ...]
+    blocked_by_chunk_id: int | None = None
+    stall_compaction: bool = False
+
+    @property
+    def blocked(self) -> bool:
+        return self.blocked_by_chunk_id is not None
+
+
+def select_persistable_chunks(chunks: Iterable[ChunkState], flush_timestamp_ns: int) -> PersistSelection:
+    """Chunks a persist with this flush timestamp must read (IOx ``select_persistable_chunks``).
+
+    Every unpersisted chunk with rows at or before the flush timestamp, plus the
+    chunks between them in chunk order (so the split keeps order contiguous);
+    trailing chunks with only later rows are left out.
+    """
+    to_persist: list[int] = []
+    gap: list[int] = []
+    for chunk in sorted(chunks, key=lambda c: (c.order, c.chunk_id)):
+        if chunk.state in _IN_OBJECT_STORE:
+            continue
+        if chunk.min_time_ns > flush_timestamp_ns:
+            # nothing to persist in it, but it may be needed to close an order gap
+            if not chunk.has_action:
+                gap.append(chunk.chunk_id)
+            continue
+        if chunk.has_action:
+            return PersistSelection((), chunk.chunk_id, chunk.state == "compacting")
+        to_persist.extend(gap)
+        gap.clear()
+        to_persist.append(chunk.chunk_id)
+    return PersistSelection(tuple(to_persist))
+
+
+def persist_reason(partition: PartitionState, rules: LifecycleRules, now: float) -> PersistReason | None:
+    """Why the partition should be persisted now, if at all (IOx ``maybe_persist_chunks`` thresholds)."""
+    if partition.persistable_row_count >= rules.persist_row_threshold:
+        return "row_threshold"
+    first = partition.time_of_first_unpersisted_write
+    if first is not None and _elapsed_at_least(now, first, rules.persist_age_threshold_s):
+        return "age_threshold"
+    return None
+
+
+# -------------------------------------------------------------------- decide
+
+
+def _free_memory(
+    state: DatabaseState, rules: LifecycleRules, soft_limit: int, claimed: set[tuple[str, str, int]]
+) -> tuple[list[Action], int]:
+    """IOx ``maybe_free_memory``: unload persisted (or, without persist, drop closed) chunks, LRU first."""
+    candidates: list[tuple[int, float, str, str, int, int, ChunkState]] = []
+    for p in state.partitions:
+        for c in p.chunks:
+            if c.state == "persisted":
+                rank = 0  # unload first
+            elif not rules.persist and c.state == "closed" and (p.table, p.partition_key, c.chunk_id) not in claimed:
+                rank = 1  # then drop
+            else:
+                continue
+            candidates.append((rank, c._lru_time, p.table, p.partition_key, c.order, c.chunk_id, c))
+    candidates.sort(key=lambda x: x[:6])
+
+    actions: list[Action] = []
+    projected = state.buffer_size_bytes
+    for rank, _, table, key, _, chunk_id, chunk in candidates:
+        if projected < soft_limit:
+            break
+        actions.append(UnloadChunk(table, key, chunk_id) if rank == 0 else DropChunk(table, key, chunk_id))
+        projected -= chunk.size_bytes
+    return actions, projected
+
+
+def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Action]:
+    """The actions to take now (IOx ``LifecyclePolicy::check_for_work``, pure).
+
+    1. Backpressure when crossing ``buffer_size_hard_bytes`` (either way).
+    2. Per partition not busy: persist if ``persistable_row_count >=
+       persist_row_threshold`` or the oldest unpersisted write is at least
+       ``persist_age_threshold_s`` old (and a flush handle would be granted);
+       otherwise compact the first contiguous run of >= 2 small unpersisted
+       chunks, while fewer than ``max_active_compactions`` run.
+    3. At or above ``buffer_size_soft_bytes``: unload persisted chunks, least
+       recently used first, until under; if that is not enough and no persist
+       is running, force-persist the idle partition with the most unpersisted
+       rows (a forced persist writes them all).
+    """
+    soft, hard = rules.buffer_size_soft_bytes, rules.buffer_size_hard_bytes
+    over_soft = soft is not None and state.buffer_size_bytes >= soft
+    over_hard = hard is not None and state.buffer_size_bytes > hard
+    # IOx suppresses persistence during replay; we also hold compaction unless memory demands it
+    background_allowed = not state.replaying or over_hard
+
+    actions: list[Action] = []
+    if over_hard != state.backpressure_engaged:
+        actions.append(Backpressure(over_hard))
+
+    active_compactions = sum(1 for p in state.partitions if p.is_compacting)
+    persist_running = any(p.is_persisting for p in state.partitions)
+    acted: set[tuple[str, str]] = set()
+    claimed: set[tuple[str, str, int]] = set()
+
+    for p in state.partitions:
+        if p.is_busy:
+            continue
+        if rules.persist and not state.replaying:
+            reason = persist_reason(p, rules, now)
+            if reason is not None and p.flush_timestamp_ns is not None:
+                actions.append(PersistChunks(p.table, p.partition_key, force=False, reason=reason))
+                acted.add((p.table, p.partition_key))
+                persist_running = True
+                continue
+        if background_allowed and active_compactions < rules.max_active_compactions:
+            run = select_compaction_run(p, rules, now)
+            if run is not None:
+                actions.append(CompactChunks(p.table, p.partition_key, run))
+                acted.add((p.table, p.partition_key))
+                claimed.update((p.table, p.partition_key, cid) for cid in run)
+                active_compactions += 1
+
+    if over_soft:
+        assert soft is not None
+        freed, projected = _free_memory(state, rules, soft, claimed)
+        actions.extend(freed)
+        if projected >= soft and rules.persist and background_allowed and not persist_running:
+            target = _force_persist_target(state.partitions, acted)
+            if target is not None:
+                actions.append(PersistChunks(target.table, target.partition_key, force=True, reason="memory"))
+    return actions
+
+
+def _force_persist_target(partitions: Sequence[PartitionState], acted: set[tuple[str, str]]) -> PartitionState | None:
+    best: PartitionState | None = None
+    for p in partitions:
+        if p.is_busy or (p.table, p.partition_key) in acted or p.unpersisted_row_count <= 0:
+            continue
+        if best is None or (p.unpersisted_row_count, p.persistable_row_count) > (
+            best.unpersisted_row_count, best.persistable_row_count
+        ):
+            best = p
+    return best

@@ -1,0 +1,175 @@
+"""Lifecycle rules of a database: when to compact, persist, unload and push back on writers.
+
+Invariant kept here: a :class:`LifecycleRules` value is immutable and valid by
+construction (positive thresholds, ``buffer_size_soft_bytes <=
+buffer_size_hard_bytes``).  Defaults are IOx's (``data_types/src/database_rules.rs``,
+``DEFAULT_*`` constants) except:
+
+* ``persist`` defaults to ``True`` (IOx: ``false``): this server always has an
+  object store;
+* ``buffer_size_soft_bytes`` / ``buffer_size_hard_bytes`` default to
+  :func:`default_buffer_sizes` of Spark's default driver memory (IOx: no limit);
+* ``max_active_compactions`` defaults to 1 (IOx: one per CPU): a compaction
+  here is a Spark job that already uses every executor core; use
+  :func:`max_active_compactions_for_cpus` for IOx's rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S
+
+from .errors import InvalidLifecycleRule
+
+__all__ = [
+    "DEFAULT_PERSIST",
+    "DEFAULT_PERSIST_ROW_THRESHOLD",
+    "DEFAULT_PERSIST_AGE_THRESHOLD_S",
+    "DEFAULT_LATE_ARRIVE_WINDOW_S",
+    "DEFAULT_MUB_ROW_THRESHOLD",
+    "DEFAULT_WORKER_BACKOFF_MS",
+    "DEFAULT_MAX_ACTIVE_COMPACTIONS",
+    "DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT",
+    "DEFAULT_CATALOG_TRANSACTION_PRUNE_AGE_S",
+    "DEFAULT_DRIVER_MEMORY_BYTES",
+    "BUFFER_SIZE_SOFT_FRACTION",
+    "BUFFER_SIZE_HARD_FRACTION",
+    "BufferSizes",
+    "default_buffer_sizes",
+    "max_active_compactions_for_cpus",
+    "LifecycleRules",
+]
+
+#: Persist chunks to the object store (IOx default ``false``, see module docstring).
+DEFAULT_PERSIST = True
+#: IOx ``DEFAULT_PERSIST_ROW_THRESHOLD``: persist a partition once this many rows are persistable.
+DEFAULT_PERSIST_ROW_THRESHOLD = 1_000_000
+#: IOx ``DEFAULT_PERSIST_AGE_THRESHOLD_SECONDS``: persist once the oldest unpersisted write is this old.
+DEFAULT_PERSIST_AGE_THRESHOLD_S = 30 * 60.0
+#: IOx ``DEFAULT_MUB_ROW_THRESHOLD``: an open chunk with this many rows may be compacted at once.
+DEFAULT_MUB_ROW_THRESHOLD = 100_000
+#: IOx ``DEFAULT_WORKER_BACKOFF_MILLIS``: the policy loop runs again after this long.
+DEFAULT_WORKER_BACKOFF_MS = 1_000
+#: Concurrent compactions (IOx: number of CPUs, see module docstring).
+DEFAULT_MAX_ACTIVE_COMPACTIONS = 1
+#: IOx ``DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT``: full preserved-catalog checkpoint every N transactions.
+DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT = 100
+#: IOx ``DEFAULT_CATALOG_TRANSACTION_PRUNE_AGE``: preserved-catalog transactions older than this may be pruned.
+DEFAULT_CATALOG_TRANSACTION_PRUNE_AGE_S = 24 * 60 * 60.0
+#: Spark's default ``spark.driver.memory`` (1g).
+DEFAULT_DRIVER_MEMORY_BYTES = 1024**3
+#: Soft buffer limit as a fraction of driver memory: Spark's unified memory is
+#: ``spark.memory.fraction`` (0.6) of the heap and half of it
+#: (``spark.memory.storageFraction`` 0.5) is storage that execution cannot evict,
+#: i.e. 30 %: cached chunks below it stay put.
+BUFFER_SIZE_SOFT_FRACTION = 0.30
+#: Hard buffer limit: 75 % of the unified region (0.6 * 0.75 = 45 %), leaving a
+#: quarter of it to the execution memory that compaction and persist need.
+BUFFER_SIZE_HARD_FRACTION = 0.45
+
+
+@dataclass(frozen=True)
+class BufferSizes:
+    """A soft and a hard in-memory buffer limit, in bytes."""
+
+    soft_bytes: int
+    hard_bytes: int
+
+
+def default_buffer_sizes(driver_memory_bytes: int) -> BufferSizes:
+    """Soft = 30 %, hard = 45 % of the Spark driver's memory (see the fractions above).
+
+    Above the soft limit the policy unloads persisted chunks (and force-persists
+    if nothing is unloadable); above the hard limit writers get backpressure.
+    """
+    if isinstance(driver_memory_bytes, bool) or not isinstance(driver_memory_bytes, int) or driver_memory_bytes <= 0:
+        raise InvalidLifecycleRule("driver_memory_bytes", driver_memory_bytes, "must be a positive integer")
+    return BufferSizes(
+        soft_bytes=max(1, int(driver_memory_bytes * BUFFER_SIZE_SOFT_FRACTION)),
+        hard_bytes=max(1, int(driver_memory_bytes * BUFFER_SIZE_HARD_FRACTION)),
+    )
+
+
+def max_active_compactions_for_cpus(cpu_count: int, fraction: float = 1.0) -> int:
+    """IOx ``MaxActiveCompactions::new(fraction)``: ``cpu_count * fraction`` rounded down, at least 1."""
+    if cpu_count < 1 or not math.isfinite(fraction) or fraction <= 0:
+        raise InvalidLifecycleRule("max_active_compactions", (cpu_count, fraction), "needs cpu_count >= 1, fraction > 0")
+    return max(1, int(cpu_count * fraction))
+
+
+_DEFAULT_BUFFER_SIZES = default_buffer_sizes(DEFAULT_DRIVER_MEMORY_BYTES)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidLifecycleRule(name, value, "must be a positive integer")
+
+
+def _positive_seconds(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidLifecycleRule(name, value, "must be a positive finite number of seconds")
+
+
+@dataclass(frozen=True)
+class LifecycleRules:
+    """How data flows through a database (IOx ``LifecycleRules``)."""
+
+    #: Persist chunks to the object store; when False, memory is freed by dropping unpersisted chunks.
+    persist: bool = DEFAULT_PERSIST
+    #: Persist a partition once its persistable windows hold at least this many rows.
+    persist_row_threshold: int = DEFAULT_PERSIST_ROW_THRESHOLD
+    #: Persist a partition once its oldest unpersisted write is at least this old (seconds).
+    persist_age_threshold_s: float = DEFAULT_PERSIST_AGE_THRESHOLD_S
+    #: Writers may send rows this late (seconds); younger writes are not persisted and the
+    #: open chunk counts as cold once it had no write for this long.
+    late_arrive_window_s: float = DEFAULT_LATE_ARRIVE_WINDOW_S
+    #: An open chunk with at least this many rows may be compacted even if still written to.
+    mub_row_threshold: int = DEFAULT_MUB_ROW_THRESHOLD
+    #: At or above this buffer size, unload/drop chunks (None: no limit).
+    buffer_size_soft_bytes: int | None = _DEFAULT_BUFFER_SIZES.soft_bytes
+    #: Above this buffer size, push back on writers (None: no limit).
+    buffer_size_hard_bytes: int | None = _DEFAULT_BUFFER_SIZES.hard_bytes
+    #: The policy loop runs again after this many milliseconds.
+    worker_backoff_ms: int = DEFAULT_WORKER_BACKOFF_MS
+    #: At most this many compactions run at once.
+    max_active_compactions: int = DEFAULT_MAX_ACTIVE_COMPACTIONS
+    #: Write a full preserved-catalog checkpoint every this many transactions.
+    catalog_transactions_until_checkpoint: int = DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT
+    #: Preserved-catalog transactions older than this (seconds) may be pruned.
+    catalog_transaction_prune_age_s: float = DEFAULT_CATALOG_TRANSACTION_PRUNE_AGE_S
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.persist, bool):
+            raise InvalidLifecycleRule("persist", self.persist, "must be a bool")
+        for name in ("persist_row_threshold", "mub_row_threshold", "worker_backoff_ms", "max_active_compactions",
+                     "catalog_transactions_until_checkpoint"):
+            _positive_int(name, getattr(self, name))
+        for name in ("persist_age_threshold_s", "late_arrive_window_s", "catalog_transaction_prune_age_s"):
+            _positive_seconds(name, getattr(self, name))
+        for name in ("buffer_size_soft_bytes", "buffer_size_hard_bytes"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive_int(name, value)
+        soft, hard = self.buffer_size_soft_bytes, self.buffer_size_hard_bytes
+        if soft is not None and hard is not None and soft > hard:
+            raise InvalidLifecycleRule("buffer_size_soft_bytes", soft, f"must not exceed buffer_size_hard_bytes ({hard})")
+
+    @classmethod
+    def for_driver_memory(cls, driver_memory_bytes: int, **overrides: Any) -> LifecycleRules:
+        """Rules whose buffer limits come from :func:`default_buffer_sizes` of ``driver_memory_bytes``."""
+        sizes = default_buffer_sizes(driver_memory_bytes)
+        fields: dict[str, Any] = {"buffer_size_soft_bytes": sizes.soft_bytes, "buffer_size_hard_bytes": sizes.hard_bytes}
+        fields.update(overrides)
+        return cls(**fields)
+
+    def replace(self, **changes: Any) -> LifecycleRules:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def worker_backoff_s(self) -> float:
+        return self.worker_backoff_ms / 1000.0

@@ -1,0 +1,392 @@
+"""Preserved catalog on a local directory: format, chain verification, checkpoints, fencing."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from catalog.errors import (
+    BrokenChain,
+    CatalogError,
+    CorruptCatalogFile,
+    FormatVersionMismatch,
+    InvalidAction,
+    InvalidKey,
+    PreviousUuidMismatch,
+    RevisionConflict,
+    RevisionGap,
+)
+from catalog.object_store import LocalObjectStore, catalog_prefix, data_prefix, parquet_key
+from catalog.preserved_catalog import (
+    FORMAT_VERSION,
+    AddDeletePredicate,
+    AddParquet,
+    CatalogState,
+    PreservedCatalog,
+    PreservedCatalogConfig,
+    RecordDatabaseCheckpoint,
+    RecordPartitionCheckpoint,
+    RemoveParquet,
+    SetTableSchema,
+    action_from_json,
+    checkpoint_key,
+    transaction_key,
+)
+
+DB = "mydb"
+NOW_S = 1_700_000_000.5
+SCHEMA = [["host", "tag", "string"], ["usage", "field", "float"], ["time", "time", "time"]]
+
+
+def _add(i: int, table: str = "cpu", partition: str = "2024-01-01") -> AddParquet:
+    return AddParquet(
+        key=parquet_key(DB, table, partition, f"00000000-0000-0000-0000-{i:012d}"),
+        table=table,
+        partition_key=partition,
+        row_count=10 + i,
+        size_bytes=1000 + i,
+        min_time_ns=1_000 * i,
+        max_time_ns=1_000 * i + 999,
+        min_seq=100 * i,
+        max_seq=100 * i + 9,
+        schema=SCHEMA,
+    )
+
+
+class _RecordingStore(LocalObjectStore):
+    """Local store that records the keys read with ``get``."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.gets: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        self.gets.append(key)
+        return super().get(key)
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalObjectStore:
+    return LocalObjectStore(tmp_path / "objects")
+
+
+def _load(store, config=None) -> tuple[PreservedCatalog, CatalogState]:
+    return PreservedCatalog.create_or_load(store, DB, now_s=NOW_S + 1e6, config=config)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def test_layout_keys() -> None:
+    assert parquet_key("mydb", "cpu", "2024-01-01", "u-1") == "mydb/data/cpu/2024-01-01/u-1.parquet"
+    assert catalog_prefix("mydb") == "mydb/catalog/"
+    assert data_prefix("mydb") == "mydb/data/"
+    assert transaction_key("mydb", 7) == "mydb/catalog/00000000000000000007.txn"
+    assert checkpoint_key("mydb", 7) == "mydb/catalog/00000000000000000007.ckpt"
+    # Any name is exactly one segment, and distinct names stay distinct.
+    assert parquet_key("d", "a/b", "..", "u") == "d/data/a%2Fb/%2E./u.parquet"
+    assert parquet_key("d", "a b", "p", "u") != parquet_key("d", "a%20b", "p", "u")
+    with pytest.raises(InvalidKey):
+        catalog_prefix("")
+
+
+# --------------------------------------------------------------------------- create / round trip
+
+
+def test_create_writes_revision_zero_once(store) -> None:
+    cat, state = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
+    assert (state.revision, state.timestamp_s, state.files) == (0, NOW_S, {})
+    assert store.exists(transaction_key(DB, 0))
+    raw = json.loads(store.get(transaction_key(DB, 0)))
+    assert raw["format_version"] == FORMAT_VERSION and raw["previous_uuid"] is None and raw["actions"] == []
+    cat2, state2 = _load(store)
+    assert state2 == state  # loaded, not re-created: same uuid and timestamp
+    assert [m.key for m in store.list(catalog_prefix(DB))] == [transaction_key(DB, 0)]
+
+
+def test_round_trip_of_every_action_type(store) -> None:
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
+    a1, a2 = _add(1), _add(2, partition="2024-01-02")
+    actions = [
+        a1,
+        a2.to_json(),  # plain JSON dicts are accepted as well
+        SetTableSchema(table="cpu", columns=SCHEMA),
+        RecordPartitionCheckpoint(
+            table="cpu", partition_key="2024-01-01", flush_timestamp_ns=5_000, sequencer_numbers={0: (11, 20), 1: (None, 7)}
+        ),
+        {
+            "kind": "database_checkpoint",
+            "topic": "iox-mydb",
+            "kafka_partitions": 2,
+            "sequencer_numbers": {"0": [11, 20], "1": [8, 7]},
+        },
+        AddDeletePredicate(
+            table="cpu",
+            start_ns=0,
+            stop_ns_exclusive=10_000,
+            predicate=[["host", "=", "a"], ["region", "!=", "eu"]],
+            seq=15,
+            applies_to=[a1.key, a2.key],
+        ),
+        AddDeletePredicate(table=None, start_ns=5, stop_ns_exclusive=6, predicate=[], seq=16, applies_to=[a2.key]),
+    ]
+    assert cat.commit(actions, now_s=NOW_S + 1) == 1
+    a3 = _add(3)
+    rev = cat.commit(
+        [
+            RemoveParquet(key=a1.key),
+            a3,
+            SetTableSchema(table="cpu", columns=[["usage", "field", "float"], ["region", "tag", "string"]]),
+            SetTableSchema(table="mem", columns=[["free", "field", "integer"]]),
+            RecordPartitionCheckpoint(
+                table="cpu", partition_key="2024-01-01", flush_timestamp_ns=9_000, sequencer_numbers={0: (30, 40)}
+            ),
+        ],
+        now_s=NOW_S + 2,
+    )
+    assert rev == 2
+    committed = cat.state
+
+    _, loaded = _load(store)
+    assert loaded == committed
+    assert loaded.revision == 2 and loaded.timestamp_s == NOW_S + 2
+    assert set(loaded.files) == {a2.key, a3.key}
+    assert loaded.files[a2.key] == a2 and loaded.files[a3.key].schema == tuple(tuple(c) for c in SCHEMA)
+    assert loaded.partition_checkpoints == {
+        ("cpu", "2024-01-01"): RecordPartitionCheckpoint(
+            table="cpu", partition_key="2024-01-01", flush_timestamp_ns=9_000, sequencer_numbers={0: (30, 40)}
+        ),
+    }
+    dbc = loaded.database_checkpoint
+    assert dbc is not None and dbc.topic == "iox-mydb" and dbc.kafka_partitions == 2
+    assert dbc.sequencer_numbers == {0: (11, 20), 1: (8, 7)}
+    # Removing a1 dropped it from the first predicate's applies_to; the second never named it.
+    assert [p.applies_to for p in loaded.delete_predicates] == [(a2.key,), (a2.key,)]
+    assert loaded.delete_predicates[0].predicate == (("host", "=", "a"), ("region", "!=", "eu"))
+    assert loaded.delete_predicates[1].table is None
+    assert loaded.table_schemas == {
+        "cpu": (*(tuple(c) for c in SCHEMA), ("region", "tag", "string")),
+        "mem": (("free", "field", "integer"),),
+    }
+    # Every action survives its JSON form unchanged.
+    for action in actions[:1] + actions[2:4] + actions[5:]:
+        assert action_from_json(json.loads(json.dumps(action.to_json()))) == action
+    # The state is picklable (shipped to query planning), the committer is not.
+    assert pickle.loads(pickle.dumps(loaded)) == loaded
+    with pytest.raises(TypeError):
+        pickle.dumps(cat)
+
+
+def test_predicate_dropped_when_all_its_files_are_removed(store) -> None:
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
+    a1 = _add(1)
+    pred = AddDeletePredicate(table="cpu", start_ns=0, stop_ns_exclusive=1, predicate=[], seq=3, applies_to=[a1.key])
+    cat.commit([a1, pred], now_s=NOW_S)
+    cat.commit([RemoveParquet(key=a1.key)], now_s=NOW_S)
+    assert cat.state.delete_predicates == [] and cat.state.files == {}
+    assert _load(store)[1] == cat.state
+
+
+def test_states_handed_out_are_snapshots(store) -> None:
+    cat, state0 = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
+    cat.commit([_add(1)], now_s=NOW_S)
+    assert state0.revision == 0 and state0.files == {}
+    assert cat.state.revision == 1 and len(cat.state.files) == 1
+
+
+@pytest.mark.parametrize(
+    "bad_actions",
+    [
+        [RemoveParquet(key="mydb/data/cpu/x/never.parquet")],
+        [_add(1), _add(1)],
+        [AddDeletePredicate(table="cpu", start_ns=0, stop_ns_exclusive=1, predicate=[], seq=1, applies_to=["nope"])],
+        [SetTableSchema(table="cpu", columns=[["host", "field", "string"]])],  # host is a tag
+        [{"kind": "no_such_action"}],
+        [{"kind": "remove_parquet"}],  # missing field
+    ],
+)
+def test_invalid_action_writes_nothing(store, bad_actions) -> None:
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
+    cat.commit([SetTableSchema(table="cpu", columns=SCHEMA)], now_s=NOW_S)
+    before = cat.state
+    with pytest.raises(InvalidAction) as info:
+        cat.commit(bad_actions, now_s=NOW_S)
+    assert info.value.revision == 2 and isinstance(info.value, CatalogError)
+    assert cat.state is before and not store.exists(transaction_key(DB, 2))
+    assert cat.commit([], now_s=NOW_S) == 2  # not fenced: the catalog is still usable
+
+
+def test_action_validation() -> None:
+    fields = {k: v for k, v in _add(1).to_json().items() if k != "kind"}
+    for bad in ({"min_time_ns": 5, "max_time_ns": 4}, {"row_count": -1}, {"min_seq": True}, {"schema": [["a", "tag"]]}):
+        with pytest.raises(InvalidAction):
+            AddParquet(**{**fields, **bad})
+    with pytest.raises(InvalidAction):
+        RecordDatabaseCheckpoint(topic="t", kafka_partitions=1, sequencer_numbers={1: (0, 0)})
+    with pytest.raises(InvalidAction):
+        RecordPartitionCheckpoint(table="t", partition_key="p", flush_timestamp_ns=1, sequencer_numbers={"x": [1, 2]})
+    with pytest.raises(InvalidAction):
+        AddDeletePredicate(table="t", start_ns=2, stop_ns_exclusive=1, predicate=[], seq=0, applies_to=[])
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_load_uses_newest_checkpoint_plus_later_transactions(tmp_path) -> None:
+    root = tmp_path / "objects"
+    store = LocalObjectStore(root)
+    config = PreservedCatalogConfig(transactions_until_checkpoint=3)
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S, config=config)
+    added: list[AddParquet] = []
+    for i in range(1, 11):
+        actions: list = [_add(i), SetTableSchema(table="cpu", columns=SCHEMA[: 1 + i % 3])]
+        if i % 2 == 0:
+            actions.append(RemoveParquet(key=added.pop(0).key))
+        if i % 4 == 0:
+            actions.append(
+                AddDeletePredicate(
+                    table="cpu", start_ns=0, stop_ns_exclusive=i, predicate=[["host", "=", f"h{i}"]], seq=i,
+                    applies_to=[a.key for a in added],
+                )
+            )
+        actions.append(
+            RecordPartitionCheckpoint(
+                table="cpu", partition_key="2024-01-01", flush_timestamp_ns=i, sequencer_numbers={0: (i, i + 1)}
+            )
+        )
+        actions.append(RecordDatabaseCheckpoint(topic="t", kafka_partitions=1, sequencer_numbers={0: (i, i + 1)}))
+        added.append(actions[0])
+        assert cat.commit(actions, now_s=NOW_S + i) == i
+    names = sorted(m.key.rsplit("/", 1)[1] for m in store.list(catalog_prefix(DB)))
+    assert [n for n in names if n.endswith(".ckpt")] == [f"{r:020d}.ckpt" for r in (3, 6, 9)]
+    assert len([n for n in names if n.endswith(".txn")]) == 11
+
+    recording = _RecordingStore(root)
+    _, via_checkpoint = PreservedCatalog.create_or_load(recording, DB, now_s=NOW_S, config=config)
+    assert recording.gets == [checkpoint_key(DB, 9), transaction_key(DB, 10)]
+    assert via_checkpoint == cat.state
+
+    for r in (3, 6, 9):
+        store.delete(checkpoint_key(DB, r))
+    recording.gets.clear()
+    _, via_replay = PreservedCatalog.create_or_load(recording, DB, now_s=NOW_S, config=config)
+    assert recording.gets == [transaction_key(DB, r) for r in range(11)]
+    assert via_replay == via_checkpoint
+
+
+def test_checkpoint_then_more_commits_continue_the_chain(store) -> None:
+    config = PreservedCatalogConfig(transactions_until_checkpoint=2)
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S, config=config)
+    for i in range(1, 4):
+        cat.commit([_add(i)], now_s=NOW_S)
+    cat2, state = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S, config=config)
+    assert state.revision == 3
+    cat2.commit([_add(4)], now_s=NOW_S)  # links to the uuid restored from checkpoint 2 + txn 3
+    _, again = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S, config=config)
+    assert again == cat2.state and len(again.files) == 4
+    assert store.exists(checkpoint_key(DB, 4))
+
+
+# --------------------------------------------------------------------------- broken files
+
+
+def _rewrite(store, key: str, **changes) -> None:
+    obj = json.loads(store.get(key))
+    obj.update(changes)
+    store.put(key, json.dumps(obj).encode())
+
+
+def _catalog_with_revisions(store, n: int, config=None) -> PreservedCatalog:
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S, config=config)
+    for i in range(1, n + 1):
+        cat.commit([_add(i)], now_s=NOW_S + i)
+    return cat
+
+
+@pytest.mark.parametrize("which", ["txn", "ckpt"])
+def test_format_version_mismatch(store, which) -> None:
+    # Checkpoint at 3, so a load reads checkpoint 3 and transaction 4.
+    _catalog_with_revisions(store, 4, PreservedCatalogConfig(transactions_until_checkpoint=3))
+    key = transaction_key(DB, 4) if which == "txn" else checkpoint_key(DB, 3)
+    _rewrite(store, key, format_version=999)
+    with pytest.raises(FormatVersionMismatch) as info:
+        _load(store)
+    assert (info.value.expected, info.value.actual, info.value.key) == (FORMAT_VERSION, 999, key)
+
+
+def test_missing_transaction_is_a_revision_gap(store) -> None:
+    _catalog_with_revisions(store, 4)
+    store.delete(transaction_key(DB, 2))
+    with pytest.raises(RevisionGap) as info:
+        _load(store)
+    assert (info.value.expected_revision, info.value.found_revision) == (2, 3)
+    assert isinstance(info.value, BrokenChain)
+
+
+def test_missing_first_transaction_is_a_revision_gap(store) -> None:
+    _catalog_with_revisions(store, 2)
+    store.delete(transaction_key(DB, 0))
+    with pytest.raises(RevisionGap) as info:
+        _load(store)
+    assert (info.value.expected_revision, info.value.found_revision) == (0, 1)
+
+
+def test_wrong_previous_uuid_breaks_the_chain(store) -> None:
+    _catalog_with_revisions(store, 4)
+    _rewrite(store, transaction_key(DB, 3), previous_uuid="not-the-uuid-of-2")
+    with pytest.raises(PreviousUuidMismatch) as info:
+        _load(store)
+    expected_uuid = json.loads(store.get(transaction_key(DB, 2)))["uuid"]
+    assert (info.value.revision, info.value.expected_uuid, info.value.actual_uuid) == (
+        3,
+        expected_uuid,
+        "not-the-uuid-of-2",
+    )
+
+
+def test_transaction_copied_to_another_revision_is_detected(store) -> None:
+    _catalog_with_revisions(store, 3)
+    store.put(transaction_key(DB, 4), store.get(transaction_key(DB, 3)))
+    with pytest.raises(CorruptCatalogFile) as info:
+        _load(store)
+    assert info.value.key == transaction_key(DB, 4)
+
+
+def test_unparsable_and_inapplicable_files_are_corrupt(store) -> None:
+    _catalog_with_revisions(store, 2)
+    store.put(transaction_key(DB, 2), b"{not json")
+    with pytest.raises(CorruptCatalogFile):
+        _load(store)
+    obj = json.loads(store.get(transaction_key(DB, 1)))
+    obj.update(revision=2, previous_uuid=obj["uuid"], uuid="u2")  # re-adds the file of revision 1
+    store.put(transaction_key(DB, 2), json.dumps(obj).encode())
+    with pytest.raises(CorruptCatalogFile) as info:
+        _load(store)
+    assert isinstance(info.value.__cause__, InvalidAction)
+
+
+# --------------------------------------------------------------------------- fencing
+
+
+def test_loser_of_a_revision_gets_revision_conflict_and_is_fenced(store) -> None:
+    a, _ = _load(store)
+    b, _ = _load(store)
+    assert a.commit([_add(1)], now_s=NOW_S) == 1
+    before = b.state
+    with pytest.raises(RevisionConflict) as info:
+        b.commit([_add(2)], now_s=NOW_S)
+    assert (info.value.db, info.value.revision, info.value.key) == (DB, 1, transaction_key(DB, 1))
+    assert b.fenced and b.state is before
+    with pytest.raises(RevisionConflict):  # a fenced writer never commits again
+        b.commit([], now_s=NOW_S)
+    assert a.commit([_add(3)], now_s=NOW_S) == 2
+    _, state = _load(store)
+    assert set(state.files) == {_add(1).key, _add(3).key}
+
+
+def test_now_must_be_a_finite_number(store) -> None:
+    cat, _ = _load(store)
+    with pytest.raises(ValueError):
+        cat.commit([], now_s=float("nan"))
