@@ -64,6 +64,10 @@ class IoxServer:
         self.bootstrap = bootstrap
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms)
         scratch = os.path.join(data_dir, "spark")
+        from pyspark.sql import SparkSession
+
+        # a server stops only the Spark application it created (tests run several servers on one)
+        self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, cfg.spark_connect_port,
                                  cfg.extra_spark_conf)
         self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions)
@@ -109,7 +113,7 @@ class IoxServer:
                 self.consumer.stop()
             if self.write_buffer is not None:
                 self.write_buffer.close()
-            if self.spark is not None:
+            if self.spark is not None and getattr(self, "_owns_spark", False):
                 try:
                     self.spark.stop()
                 except Exception:

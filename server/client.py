@@ -62,17 +62,20 @@ class IoxClient:
             tables.append(pa.ipc.open_stream(pa.py_buffer(resp.arrow_ipc)).read_all())
         return pa.concat_tables(tables) if tables else pa.table({})
 
+    def status_proto(self, database: str = "") -> management_pb2.GetStatusResponse:
+        return self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database), timeout=30)
+
     def status(self, database: str = "") -> dict:
-        r = self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database), timeout=30)
-        return MessageToDict(r, preserving_proto_field_name=True)
+        """GetStatus as a dict; every field present (zeros included), int64 as int."""
+        return MessageToDict(self.status_proto(database), preserving_proto_field_name=True,
+                             always_print_fields_with_no_presence=True)
 
     def applied(self, database: str) -> dict:
         """{kafka partition: applied_hi_inclusive}."""
-        st = self.status(database)
         out = {}
-        for db in st.get("databases", []):
-            for wb in db.get("write_buffer", []):
-                out[int(wb.get("partition", 0))] = int(wb.get("applied_hi_inclusive", -1))
+        for db in self.status_proto(database).databases:
+            for wb in db.write_buffer:
+                out[wb.partition] = wb.applied_hi_inclusive
         return out
 
     def wait_applied(self, database: str, token: dict, timeout_s: float = 30.0) -> None:

@@ -66,7 +66,7 @@ class WriteBufferConsumer:
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():
             reader = reader.option(k, v)
-        self._query = (reader.load().writeStream.queryName("iox-write-buffer")
+        self._query = (reader.load().writeStream.queryName(f"iox-write-buffer-{uuid.uuid4().hex[:8]}")
                        .foreachBatch(self.ingestor.apply_batch)
                        .option("checkpointLocation", ckpt)
                        .trigger(processingTime=f"{self.trigger_interval_ms} milliseconds")

@@ -109,6 +109,7 @@ class Ingestor:
         raw = df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             meta = raw.select(*_META_COLUMNS).collect()
+            log.debug("batch %s: %d messages", batch_id, len(meta))
             if not meta:
                 return
             by_table: dict = defaultdict(list)
@@ -124,8 +125,10 @@ class Ingestor:
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self._apply_table(raw, db, topic, table, msgs, F)
                 touched.append((db, table))
+            log.debug("batch %s: chunks built", batch_id)
             for db, table in touched:
                 self.refresh_table_view(db, table)
+            log.debug("batch %s: views swapped", batch_id)
             for topic, parts in hi.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self.catalog.advance_applied(db, parts)

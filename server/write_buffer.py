@@ -52,6 +52,16 @@ def partition_for(table: str, partitions: int) -> int:
     return zlib.crc32(table.encode("utf-8")) % partitions
 
 
+def _fatal_error(producer: Producer):
+    """The producer's fatal error, or None. A fatal idempotent producer never recovers."""
+    try:
+        producer.poll(0)
+    except KafkaException as e:
+        if e.args and e.args[0].fatal():
+            return e.args[0]
+    return None
+
+
 def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
     return {
         "bootstrap.servers": bootstrap,
@@ -152,11 +162,15 @@ class WriteBuffer:
                     done.set()
 
         producer = self._producer
+        if _fatal_error(producer) is not None:
+            producer = self._recreate_producer(producer)
         try:
             for w in writes:
                 self._produce_one(producer, topic, w, on_delivery)
         except (KafkaException, BufferError) as e:
             self._forget_topic(topic)
+            if isinstance(e, KafkaException) and e.args and e.args[0].fatal():
+                self._recreate_producer(producer)
             raise WriteBufferUnavailable(f"produce to {topic} failed: {e}") from e
         if not done.wait(self.produce_timeout_ms / 1000.0 + 5.0):
             self._forget_topic(topic)
@@ -184,15 +198,28 @@ class WriteBuffer:
     def _forget_topic(self, topic: str) -> None:
         self._known_topics.discard(topic)
 
-    def _recreate_producer(self, broken: Producer) -> None:
+    def _recreate_producer(self, broken: Producer) -> Producer:
+        """Replaces a producer that hit a fatal error (e.g. the broker lost its producer id).
+
+        Messages the broken producer had not delivered were answered UNAVAILABLE by
+        their requests; the new producer starts a fresh idempotence session.
+        """
         with self._lock:
             if self._producer is broken:
                 log.warning("idempotent producer hit a fatal error; creating a new one")
                 self._producer = Producer(_producer_conf(self.bootstrap, self.produce_timeout_ms))
+            return self._producer
 
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            p = self._producer
+            try:
+                p.poll(0.05)
+            except KafkaException as e:
+                if e.args and e.args[0].fatal():
+                    self._recreate_producer(p)
+                else:
+                    log.warning("producer poll: %s", e)
 
     def close(self) -> None:
         self._producer.flush(5)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sets up everything on a fresh Debian machine with Python 3.11 (idempotent):
+# Java 17+ (apt, only where missing), .venv/ at the repository root, the project
+# (console script `iox`, generated gRPC stubs) and its test dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_java17() {
+  command -v java >/dev/null 2>&1 || return 1
+  local v
+  v=$(java -version 2>&1 | sed -nE 's/.*version "([0-9]+).*/\1/p' | head -n1)
+  [ -n "$v" ] && [ "$v" -ge 17 ]
+}
+if ! have_java17; then
+  echo "setup: installing openjdk-17-jre-headless" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q openjdk-17-jre-headless
+fi
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  if command -v python3.11 >/dev/null 2>&1; then PY=python3.11; else PY=python3; fi
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv || { echo "setup: python venv failed; on Debian: apt-get install python3-venv" >&2; exit 1; }
+fi
+
+# reinstall only when what the install depends on changed
+stamp=".venv/.iox-installed-$(cat pyproject.toml setup.py proto/build_stubs.py proto/iox/*.proto | sha1sum | cut -c1-16)"
+if [ ! -f "$stamp" ] || [ ! -f iox/__init__.py ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test]"
+  rm -f .venv/.iox-installed-*
+  touch "$stamp"
+fi

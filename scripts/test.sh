@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# README command 2: set everything up, then run the whole test suite.
+# pytest's exit code 5 (nothing collected) is a failure here, not a pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+.venv/bin/python -m pytest tests "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests: failing loudly" >&2
+  exit 1
+fi
+exit "$rc"

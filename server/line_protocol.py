@@ -1,0 +1,856 @@
+"""InfluxDB line protocol -> per-table Arrow batches.
+
+Grammar and semantics follow IOx (the Rust crates ``influxdb_line_protocol``
+and ``mutable_batch_lp``) wherever InfluxDB 2.x (Go) differs:
+
+* Lines are split like IOx ``split_lines`` (a port of Go ``scanLine``): a
+  newline inside a quoted string field value, or right after a backslash, does
+  not end the line.  Leading spaces, tabs and newlines are skipped; a line whose
+  first non-whitespace character is ``#`` is a comment.  Blank and comment
+  lines are not counted: ``LineError.line_number`` is the 1-based index among
+  the remaining lines (that is what IOx reports).  A trailing ``\\r`` (CRLF
+  line ending) is removed before parsing (an addition: IOx rejects it).
+* Measurement: characters other than space, tab, newline, NUL, ``,`` and ``\\``;
+  ``\\,`` ``\\ `` and ``\\\\`` are escapes.  Tag keys, tag values and field keys:
+  characters other than space, tab, newline, ``\\`` and the delimiter (``=``
+  for keys, ``,`` for tag values); ``\\,`` ``\\=`` ``\\ `` ``\\\\`` are escapes.
+  A backslash before any other character is kept literally, and a name whose
+  unescaped form ends with a backslash is rejected.  Tag values must not be
+  empty.  Each name/value is at most 64 KiB (UTF-8 bytes).
+* Field values: ``-?\\d+i`` (int64), ``\\d+u`` (uint64), float
+  ``-?\\d+(\\.\\d+)?([eE][+-]?\\d+)?`` (so ``1.``, ``.5``, ``+1``, ``inf`` and
+  ``NaN`` are rejected; huge exponents give +/-inf like IOx), strings in double
+  quotes (only ``\\"`` and ``\\\\`` are escapes, at most 64 KiB) and booleans
+  ``t T true True TRUE f F false False FALSE``.
+* The timestamp is an optional signed integer after one or more spaces
+  (trailing spaces are allowed only after a timestamp, like IOx); it is scaled
+  by the precision and must fit int64 nanoseconds.  A missing timestamp takes
+  ``default_time_ns``.
+* Write-step checks (``mutable_batch_lp``): a tag key repeated in a line, a
+  name used as both tag and field in a line, a tag or field named ``time``, and
+  a field repeated with different types are errors; a field repeated with the
+  same type keeps the last value.  Within one request a table's columns keep
+  the (role, type) of the first good line that wrote them; later lines that
+  disagree are bad lines.
+
+Speed: lines without backslashes whose "shape" (measurement, tag keys, field
+keys and types) was seen before are matched by one compiled regular expression
+per shape; the captured strings are converted per column at the end.  Every
+other line goes through the full parser.  Both paths give the same result.
+"""
+from __future__ import annotations
+
+import re
+import time as _time
+from dataclasses import dataclass
+from bisect import bisect_right
+from itertools import chain
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "PRECISIONS",
+    "MAX_NAME_BYTES",
+    "ColumnRole",
+    "ColumnType",
+    "ColumnSpec",
+    "LineError",
+    "TableBatch",
+    "ParseResult",
+    "parse_lines",
+]
+
+ColumnRole = Literal["tag", "field", "time"]
+ColumnType = Literal["string", "float", "integer", "uinteger", "boolean", "time"]
+
+PRECISIONS = ("ns", "us", "ms", "s")
+#: Longest measurement, tag key, tag value, field key or string value, in UTF-8 bytes.
+MAX_NAME_BYTES = 65536
+
+_MULTIPLIER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+_U64_MAX = (1 << 64) - 1
+
+_ARROW_TYPE = {
+    "string": pa.string(),
+    "float": pa.float64(),
+    "integer": pa.int64(),
+    "uinteger": pa.uint64(),
+    "boolean": pa.bool_(),
+    "time": pa.int64(),
+}
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    role: str  # "tag" | "field" | "time"
+    type: str  # "string" | "float" | "integer" | "uinteger" | "boolean" | "time"
+
+
+@dataclass(frozen=True)
+class LineError:
+    line_number: int  # 1-based, blank and comment lines not counted
+    reason: str
+
+
+@dataclass
+class TableBatch:
+    name: str
+    columns: list[ColumnSpec]
+    data: pa.Table
+
+
+@dataclass
+class ParseResult:
+    tables: dict[str, TableBatch]
+    errors: list[LineError]
+    lines: int
+
+
+class _Bad(Exception):
+    """A line is invalid; args[0] is the reason."""
+
+
+# --------------------------------------------------------------------------
+# The full parser (one logical line, leading whitespace/comments removed)
+# --------------------------------------------------------------------------
+
+_MEAS_RUN = re.compile(r"[^ \t\n\x00,\\]+")
+_KEY_RUN = re.compile(r"[^ \t\n=\\]+")  # tag keys and field keys
+_TAGVAL_RUN = re.compile(r"[^ \t\n,\\]+")
+_MEAS_ESCAPES = frozenset(", \\")
+_KEY_ESCAPES = frozenset("\\,= ")
+_SPACES = re.compile(r" +")
+_INT_VALUE = re.compile(r"-?[0-9]+i")
+_UINT_VALUE = re.compile(r"[0-9]+u")
+_FLOAT_VALUE = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# possessive: like nom's many0 it never gives back a consumed escape
+_STRING_VALUE = re.compile(r'"((?:[^"\\]+|\\["\\]?)*+)"')
+_STRING_UNESCAPE = re.compile(r'\\(["\\])')
+_BOOL_VALUE = re.compile(r"true|True|TRUE|t|T|false|False|FALSE|f|F")
+_BOOLS = {
+    "t": True, "T": True, "true": True, "True": True, "TRUE": True,
+    "f": False, "F": False, "false": False, "False": False, "FALSE": False,
+}
+_TIMESTAMP = re.compile(r"-?[0-9]+")
+_TRUE_STRINGS = pa.array(["t", "T", "true", "True", "TRUE"], pa.string())
+
+
+def _ctx(s: str, pos: int) -> str:
+    if pos >= len(s):
+        return "end of line"
+    rest = s[pos:]
+    if len(rest) > 24:
+        rest = rest[:24] + "..."
+    return repr(rest)
+
+
+def _too_long(v: str) -> bool:
+    return len(v) > MAX_NAME_BYTES // 4 and len(v.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+
+
+def _scan(s: str, pos: int, run, escapes, what: str):
+    """IOx ``escape_or_fallback``: returns (unescaped value or None if empty, end)."""
+    m = run.match(s, pos)
+    if m is not None:
+        end = m.end()
+        if end == len(s) or s[end] != "\\":  # common case: no escapes at all
+            v = m.group()
+            if _too_long(v):
+                raise _Bad(f"{what} is longer than {MAX_NAME_BYTES} bytes")
+            return v, end
+        parts = [m.group()]
+        pos = end
+    else:
+        if pos >= len(s) or s[pos] != "\\":
+            return None, pos
+        parts = []
+    n = len(s)
+    while True:
+        m = run.match(s, pos)
+        if m is not None:
+            parts.append(m.group())
+            pos = m.end()
+            continue
+        if pos < n and s[pos] == "\\":
+            nxt = pos + 1
+            if nxt < n and s[nxt] in escapes:
+                parts.append(s[nxt])
+                pos = nxt + 1
+            else:
+                # unknown escape: keep the backslash and the next character as they are
+                parts.append("\\")
+                if nxt < n:
+                    parts.append(s[nxt])
+                    pos = nxt + 1
+                else:
+                    pos = nxt
+                    break
+            continue
+        break
+    v = "".join(parts)
+    if v.endswith("\\"):
+        raise _Bad(f"{what} {v!r} ends with a backslash; measurements, tag keys, tag values "
+                   "and field keys may not end with a backslash")
+    if _too_long(v):
+        raise _Bad(f"{what} is longer than {MAX_NAME_BYTES} bytes")
+    return v, pos
+
+
+def _int_of(text: str, lo: int, hi: int):
+    """int(text) if lo <= value <= hi else None (never trips Python's digit limit)."""
+    digits = text.lstrip("-").lstrip("0")
+    if len(digits) > 20:
+        return None
+    v = int(text)
+    return v if lo <= v <= hi else None
+
+
+def _field_value(s: str, pos: int):
+    """IOx ``field_value``: (type, value, end), None if no value parses (a nom Error);
+    raises _Bad where IOx fails hard (range / size)."""
+    m = _INT_VALUE.match(s, pos)
+    if m is not None:
+        text = m.group()[:-1]
+        v = _int_of(text, _I64_MIN, _I64_MAX)
+        if v is None:
+            raise _Bad(f"integer field value {_short(text)}i is out of the int64 range "
+                       f"[{_I64_MIN}, {_I64_MAX}]")
+        return "integer", v, m.end()
+    m = _UINT_VALUE.match(s, pos)
+    if m is not None:
+        text = m.group()[:-1]
+        v = _int_of(text, 0, _U64_MAX)
+        if v is None:
+            raise _Bad(f"unsigned field value {_short(text)}u is out of the uint64 range [0, {_U64_MAX}]")
+        return "uinteger", v, m.end()
+    m = _FLOAT_VALUE.match(s, pos)
+    if m is not None:
+        return "float", float(m.group()), m.end()
+    if pos < len(s) and s[pos] == '"':
+        m = _STRING_VALUE.match(s, pos)
+        if m is None:
+            return None
+        v = m.group(1)
+        if "\\" in v:
+            v = _STRING_UNESCAPE.sub(r"\1", v)
+        if _too_long(v):
+            raise _Bad(f"string field value is longer than {MAX_NAME_BYTES} bytes")
+        return "string", v, m.end()
+    m = _BOOL_VALUE.match(s, pos)
+    if m is not None:
+        return "boolean", _BOOLS[m.group()], m.end()
+    return None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+_FIELD_HINT = ("a field is key=value, the value a float (1.5, -2, 1e3), integer (7i), "
+               "unsigned (7u), string (\"text\") or boolean (true/false)")
+
+
+def _parse_line(s: str):
+    """Parse one logical line (non-empty, no leading whitespace, not a comment).
+
+    Returns (measurement, [(tag key, value)], [(field key, type, value)], timestamp or None).
+    Raises _Bad with the reason.
+    """
+    n = len(s)
+    meas, pos = _scan(s, 0, _MEAS_RUN, _MEAS_ESCAPES, "measurement")
+    if meas is None:
+        if s[0] == ",":
+            raise _Bad("missing measurement name before the first ','")
+        raise _Bad(f"invalid measurement name at {_ctx(s, 0)} (NUL characters are not allowed)")
+    tags = []
+    if pos < n and s[pos] == ",":
+        while True:
+            pos += 1
+            key, p = _scan(s, pos, _KEY_RUN, _KEY_ESCAPES, "tag key")
+            if key is None:
+                raise _Bad(f"expected a tag key after ',', got {_ctx(s, pos)}")
+            if p >= n or s[p] != "=":
+                raise _Bad(f"tag set malformed: no '=' after tag key {key!r} "
+                           f"(tags are key=value; escape ',', '=' and ' ' with '\\')")
+            val, p2 = _scan(s, p + 1, _TAGVAL_RUN, _KEY_ESCAPES, "tag value")
+            if val is None:
+                raise _Bad(f"tag {key!r} has an empty value, got {_ctx(s, p + 1)} after '=' "
+                           "(empty tag values are not allowed; omit the tag instead)")
+            tags.append((key, val))
+            pos = p2
+            if pos >= n or s[pos] != ",":
+                break
+    m = _SPACES.match(s, pos)
+    if m is None:
+        if pos >= n:
+            raise _Bad(f"no field set: a line needs a space and at least one field after the "
+                       f"measurement/tags ({_FIELD_HINT})")
+        raise _Bad(f"expected a space between the measurement/tags and the field set, got {_ctx(s, pos)}")
+    pos = m.end()
+    fields = []
+    while True:
+        start = pos
+        key, p = _scan(s, pos, _KEY_RUN, _KEY_ESCAPES, "field key")
+        val = None
+        if key is not None and p < n and s[p] == "=":
+            val = _field_value(s, p + 1)
+        if val is None:
+            # IOx: "No fields were provided" for the first field, trailing content after
+            # a later one; either way the line is invalid.
+            if key is None:
+                where = "after ','" if fields else "at the start of the field set"
+                raise _Bad(f"expected a field key {where}, got {_ctx(s, start)}; {_FIELD_HINT}")
+            if p >= n or s[p] != "=":
+                raise _Bad(f"field {key!r} has no '=' and value (got {_ctx(s, p)}); {_FIELD_HINT}")
+            raise _Bad(f"invalid value for field {key!r}: {_ctx(s, p + 1)}; {_FIELD_HINT}")
+        fields.append((key, val[0], val[1]))
+        pos = val[2]
+        if pos < n and s[pos] == ",":
+            pos += 1
+            continue
+        break
+    ts = None
+    if pos < n:
+        m = _SPACES.match(s, pos)
+        if m is None:
+            raise _Bad(f"invalid value for field {key!r}: unexpected {_ctx(s, pos)} after "
+                       f"{s[p + 1:pos]!r}; {_FIELD_HINT}")
+        m2 = _TIMESTAMP.match(s, m.end())
+        if m2 is None:
+            if m.end() == n:
+                raise _Bad("trailing space after the field set: spaces may only follow a timestamp")
+            raise _Bad(f"expected an integer timestamp after the field set, got {_ctx(s, m.end())}")
+        text = m2.group()
+        ts = _int_of(text, _I64_MIN, _I64_MAX)
+        if ts is None:
+            raise _Bad(f"timestamp {_short(text)} does not fit in a signed 64-bit integer")
+        pos = m2.end()
+        m3 = _SPACES.match(s, pos)
+        if m3 is not None:
+            pos = m3.end()
+        if pos < n:
+            if m3 is None:
+                raise _Bad(f"invalid timestamp: unexpected {_ctx(s, pos)} after {text!r} "
+                           "(timestamps are integers)")
+            raise _Bad(f"unexpected {_ctx(s, pos)} after the timestamp")
+    return meas, tags, fields, ts
+
+
+# --------------------------------------------------------------------------
+# Line splitting (IOx split_lines) and trimming
+# --------------------------------------------------------------------------
+
+_SPLIT_TOKEN = re.compile(r'[\\ =,"]')
+
+
+def _split_state(seg: str, quoted: bool, fields: bool, equals: int, commas: int):
+    """Run IOx's split_lines state machine over one newline-free segment.
+
+    Returns (quoted, fields, equals, commas, ends_in_escape)."""
+    skip = -1
+    for m in _SPLIT_TOKEN.finditer(seg):
+        p = m.start()
+        if p == skip:
+            continue
+        c = seg[p]
+        if c == "\\":
+            skip = p + 1
+        elif c == " ":
+            fields = True
+        elif fields:
+            if c == '"':
+                if equals > commas:
+                    quoted = not quoted
+            elif not quoted:
+                if c == "=":
+                    equals += 1
+                else:
+                    commas += 1
+    return quoted, fields, equals, commas, skip == len(seg)
+
+
+def _trim_leading(s: str) -> str:
+    """IOx trim_leading: drop leading spaces/tabs/newlines and whole comments."""
+    while True:
+        s = s.lstrip(" \t\n")
+        if s[:1] != "#":
+            return s
+        i = s.find("\n")
+        if i < 0:
+            return ""
+        s = s[i:]
+
+
+_SURROGATE = re.compile("[\udc80-\udcff]")
+
+
+# --------------------------------------------------------------------------
+# Shapes: one compiled regular expression per (measurement, tag keys, field keys+types)
+# --------------------------------------------------------------------------
+
+# The groups are possessive (nothing after them could match what they give back, so
+# this changes no match, it only saves backtracking) and, for speed, not bounded:
+# lengths (64 KiB) and integer/timestamp ranges are checked per column at the end,
+# and the rows that fail are parsed again by the full parser for the exact error.
+_TAGVAL_GROUP = r"([^ \t\n,\\]++)"
+_VALUE_GROUP = {
+    "float": r"(-?[0-9]++(?:\.[0-9]++)?+(?:[eE][+-]?[0-9]++)?+)",
+    "integer": r"(-?[0-9]++)i",
+    "uinteger": r"([0-9]++)u",
+    "string": r'"([^"\\]*+)"',
+    "boolean": r"(t(?:rue)?+|T(?:rue|RUE)?+|f(?:alse)?+|F(?:alse|ALSE)?+)",
+}
+_TS_GROUP = r"(?: ++(-?[0-9]++) *+)?+\r?"
+_MAX_SHAPES = 512  # per request
+_MAX_SHAPES_PER_MEASUREMENT = 32
+_PATTERN_CACHE: dict[str, object] = {}
+_PATTERN_CACHE_SIZE = 4096
+_RANGE = {"integer": (_I64_MIN, _I64_MAX), "uinteger": (0, _U64_MAX), "time": (_I64_MIN, _I64_MAX)}
+_CAST = {"integer": pa.int64(), "uinteger": pa.uint64(), "time": pa.int64()}
+
+
+def _shape_matcher(meas: str, tag_keys, fields):
+    parts = [re.escape(meas)]
+    for k in tag_keys:
+        parts.append("," + re.escape(k) + "=" + _TAGVAL_GROUP)
+    parts.append(" ++")
+    for i, (k, t) in enumerate(fields):
+        parts.append(("," if i else "") + re.escape(k) + "=" + _VALUE_GROUP[t])
+    parts.append(_TS_GROUP)
+    src = "".join(parts)
+    fm = _PATTERN_CACHE.get(src)
+    if fm is None:
+        if len(_PATTERN_CACHE) >= _PATTERN_CACHE_SIZE:
+            _PATTERN_CACHE.clear()
+        fm = _PATTERN_CACHE[src] = re.compile(src).fullmatch
+    return fm
+
+
+class _Shape:
+    __slots__ = ("table", "fm", "spec", "rows", "ids")
+
+    def __init__(self, table, fm, spec):
+        self.table = table
+        self.fm = fm
+        self.spec = spec  # [(column, role, type)] per regex group, the timestamp last
+        self.rows = []  # captured strings, len(spec) per row, flattened
+        self.ids = []  # index of the line's segment in the body (row order, recheck)
+
+    def arrays(self, req):
+        """Validate and convert the captured strings: {column: pa.Array}."""
+        k = len(self.spec)
+        rows = self.rows
+        cols = [pa.array(rows[j::k], pa.string()) for j in range(k)]
+        suspects = set()
+        mult = req.mult
+        for j, (name, role, typ) in enumerate(self.spec):
+            arr = cols[j]
+            if typ == "string":  # tags and string fields: 64 KiB
+                if arr.nbytes > MAX_NAME_BYTES:
+                    lens = pc.binary_length(arr)
+                    if pc.max(lens).as_py() > MAX_NAME_BYTES:
+                        suspects.update(pc.indices_nonzero(pc.greater(lens, MAX_NAME_BYTES)).to_pylist())
+            elif typ in _CAST:  # integer, uinteger, time: range
+                try:
+                    arr = arr.cast(_CAST[typ])
+                except (pa.ArrowInvalid, OverflowError):
+                    lo, hi = _RANGE[typ]
+                    for r, text in enumerate(rows[j::k]):
+                        if text is not None and len(text) > 18 and _int_of(text, lo, hi) is None:
+                            suspects.add(r)
+                    continue
+                if typ == "time" and mult != 1 and len(arr) > arr.null_count:
+                    lo, hi = -(_I64_MAX // mult), _I64_MAX // mult
+                    mm = pc.min_max(arr)
+                    if mm["min"].as_py() < lo or mm["max"].as_py() > hi:
+                        out_of_range = pc.or_(pc.less(arr, lo), pc.greater(arr, hi))
+                        suspects.update(pc.indices_nonzero(pc.fill_null(out_of_range, False)).to_pylist())
+        if suspects:
+            bad = set()
+            for r in sorted(suspects):
+                reason = req.recheck(self.ids[r])
+                if reason is not None:
+                    bad.add(r)
+                    req.errors.append(LineError(req.line_number(self.ids[r]), reason))
+            if bad:
+                keep = pa.array([r not in bad for r in range(len(self.ids))], pa.bool_())
+                cols = [c.filter(keep) for c in cols]
+                self.ids = [i for r, i in enumerate(self.ids) if r not in bad]
+        out = {}
+        for j, (name, role, typ) in enumerate(self.spec[:-1]):
+            arr = cols[j]
+            if typ == "float":
+                try:
+                    arr = arr.cast(pa.float64())
+                except (pa.ArrowInvalid, ValueError):
+                    # over/underflow: Python's float() gives +/-inf or 0.0 like IOx
+                    arr = pa.array([float(v) for v in arr.to_pylist()], pa.float64())
+            elif typ == "integer":
+                arr = arr.cast(pa.int64())
+            elif typ == "uinteger":
+                arr = arr.cast(pa.uint64())
+            elif typ == "boolean":
+                arr = pc.is_in(arr, value_set=_TRUE_STRINGS)
+            out[name] = arr
+        ts = cols[-1].cast(pa.int64())
+        if mult != 1:
+            ts = pc.multiply(ts, pa.scalar(mult, pa.int64()))
+        if ts.null_count:
+            ts = pc.fill_null(ts, pa.scalar(req.default_time, pa.int64()))
+        out["time"] = ts
+        return out
+
+
+class _Table:
+    __slots__ = ("name", "schema", "shapes", "gen_ids", "gen_cols", "gen_time")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.schema = {"time": ("time", "time")}  # column -> (role, type)
+        self.shapes = []
+        self.gen_ids = []  # rows from the full parser: segment index (row order)
+        self.gen_cols = {}  # column -> values (None-padded up to the row they appear in)
+        self.gen_time = []
+
+    def add_generic(self, order: int, tags, fields, ts: int):
+        n = len(self.gen_ids)
+        cols = self.gen_cols
+        for k, v in chain(tags, ((k, v) for k, _, v in fields)):
+            lst = cols.get(k)
+            if lst is None:
+                lst = cols[k] = [None] * n
+            elif len(lst) < n:
+                lst.extend([None] * (n - len(lst)))
+            lst.append(v)
+        self.gen_ids.append(order)
+        self.gen_time.append(ts)
+
+    def generic_arrays(self):
+        n = len(self.gen_ids)
+        out = {}
+        for k, lst in self.gen_cols.items():
+            if len(lst) < n:
+                lst.extend([None] * (n - len(lst)))
+            out[k] = pa.array(lst, _ARROW_TYPE[self.schema[k][1]])
+        out["time"] = pa.array(self.gen_time, pa.int64())
+        return out
+
+    def finish(self, req) -> tuple[TableBatch | None, int]:
+        schema = self.schema
+        tag_names = sorted(k for k, (r, _) in schema.items() if r == "tag")
+        field_names = sorted(k for k, (r, _) in schema.items() if r == "field")
+        specs = ([ColumnSpec(k, "tag", "string") for k in tag_names]
+                 + [ColumnSpec(k, "field", schema[k][1]) for k in field_names]
+                 + [ColumnSpec("time", "time", "time")])
+        parts = []
+        for sh in self.shapes:
+            if sh.ids:
+                arrays = sh.arrays(req)
+                if sh.ids:
+                    parts.append((sh.ids, arrays))
+        if self.gen_ids:
+            parts.append((self.gen_ids, self.generic_arrays()))
+        if not parts:
+            return None, 0
+        parts.sort(key=lambda p: p[0][0])
+        in_order = all(parts[i][0][-1] < parts[i + 1][0][0] for i in range(len(parts) - 1))
+        arrays = []
+        for spec in specs:
+            typ = _ARROW_TYPE[spec.type]
+            chunks = []
+            for ids, arrs in parts:
+                a = arrs.get(spec.name)
+                chunks.append(a if a is not None else pa.nulls(len(ids), typ))
+            arrays.append(chunks[0] if len(chunks) == 1 else pa.chunked_array(chunks, typ))
+        data = pa.Table.from_arrays(arrays, names=[s.name for s in specs])
+        if not in_order:
+            ids = pa.array(list(chain.from_iterable(p[0] for p in parts)), pa.int64())
+            data = data.take(pc.sort_indices(ids))
+        return TableBatch(self.name, specs, data), data.num_rows
+
+
+# --------------------------------------------------------------------------
+# The request-level driver
+# --------------------------------------------------------------------------
+
+def _describe(role: str, typ: str) -> str:
+    if role == "tag":
+        return "a tag"
+    if role == "time":
+        return "the time column"
+    return f"a {typ} field"
+
+
+class _Request:
+    def __init__(self, segs, precision: str, default_time: int, shapes: bool):
+        self.segs = segs
+        self.mult = _MULTIPLIER[precision]
+        self.precision = precision
+        self.default_time = default_time
+        self.use_shapes = shapes
+        self.tables: dict[str, _Table] = {}
+        self.errors: list[LineError] = []
+        self.shape_by_key: dict = {}
+        self.shapes_by_meas: dict[str, list[_Shape]] = {}
+        self.n_shapes = 0
+        # segments that are not counted as lines (blank, comment, continuation):
+        # (index of the next segment, number of such segments before it)
+        self.skip_index: list[int] = []
+        self.skip_count: list[int] = []
+
+    def line_number(self, seg_index: int) -> int:
+        """1-based line number of the line starting at segment ``seg_index``."""
+        k = bisect_right(self.skip_index, seg_index)
+        return seg_index + 1 - (self.skip_count[k - 1] if k else 0)
+
+    def _parse(self, s: str):
+        meas, tags, fields, ts = _parse_line(s)
+        if ts is None:
+            ts = self.default_time
+        elif self.mult != 1:
+            ts *= self.mult
+            if not _I64_MIN <= ts <= _I64_MAX:
+                raise _Bad(f"timestamp {ts // self.mult} with precision '{self.precision}' "
+                           "does not fit in signed 64-bit nanoseconds")
+        return meas, tags, fields, ts
+
+    def recheck(self, seg_index: int):
+        """The full parser's verdict on a line the fast path matched: reason or None."""
+        s = self.segs[seg_index]
+        if s[-1:] == "\r":
+            s = s[:-1]
+        s = _trim_leading(s)
+        try:
+            self._parse(s)
+        except _Bad as e:
+            return e.args[0]
+        return None
+
+    def line(self, s: str, ln: int, order: int):
+        """Full path for one trimmed, non-empty logical line. Returns the _Shape the
+        row went to (for the caller's fast path) or None."""
+        try:
+            meas, tags, fields, ts = self._parse(s)
+            table = self.tables.get(meas)
+            nf = len(fields)
+            fields = self._check(meas, table, tags, fields)
+        except _Bad as e:
+            self.errors.append(LineError(ln, e.args[0]))
+            return None
+        if table is None:
+            table = self.tables[meas] = _Table(meas)
+        schema = table.schema
+        for k, _ in tags:
+            schema[k] = ("tag", "string")
+        for k, t, _ in fields:
+            schema[k] = ("field", t)
+        shape = None
+        if self.use_shapes and len(fields) == nf and "\\" not in s:
+            shape = self._shape(table, meas, tags, fields)
+        if shape is not None and "\n" not in s:
+            m = shape.fm(s)
+            if m is not None:
+                shape.rows.extend(m.groups())
+                shape.ids.append(order)
+                return shape
+        table.add_generic(order, tags, fields, ts)
+        return shape
+
+    def _check(self, meas: str, table, tags, fields):
+        """The write-step checks; returns the fields with duplicates resolved."""
+        schema = table.schema if table is not None else None
+        seen = set()
+        for k, _ in tags:
+            if k in seen:
+                raise _Bad(f"tag key {k!r} appears more than once in the line")
+            seen.add(k)
+            if k == "time":
+                raise _Bad("tag key 'time' is not allowed: 'time' is the timestamp column")
+            if schema is not None:
+                ex = schema.get(k)
+                if ex is not None and ex[0] != "tag":
+                    raise _Bad(f"table {meas!r}: column {k!r} is {_describe(*ex)} in earlier lines "
+                               f"of this request but a tag (string) in this line")
+        if len(fields) == 1:
+            k, t, _ = fields[0]
+            self._check_field(meas, schema, seen, k, t)
+            return fields
+        fseen = {}
+        out = []
+        for k, t, v in reversed(fields):
+            prev = fseen.get(k)
+            if prev is not None:
+                if prev == t:
+                    continue  # the last occurrence wins
+                raise _Bad(f"field {k!r} appears more than once in the line with different "
+                           f"types ({t} and {prev})")
+            fseen[k] = t
+            self._check_field(meas, schema, seen, k, t)
+            out.append((k, t, v))
+        out.reverse()
+        return out
+
+    @staticmethod
+    def _check_field(meas, schema, tag_keys, k, t):
+        if k in tag_keys:
+            raise _Bad(f"{k!r} is used as both a tag and a field in the line")
+        if k == "time":
+            raise _Bad("field key 'time' is not allowed: 'time' is the timestamp column")
+        if schema is not None:
+            ex = schema.get(k)
+            if ex is not None and (ex[0] != "field" or ex[1] != t):
+                raise _Bad(f"table {meas!r}: column {k!r} is {_describe(*ex)} in earlier lines "
+                           f"of this request but a {t} field in this line")
+
+    def _shape(self, table, meas, tags, fields):
+        tag_keys = tuple(k for k, _ in tags)
+        fkeys = tuple((k, t) for k, t, _ in fields)
+        key = (meas, tag_keys, fkeys)
+        shape = self.shape_by_key.get(key)
+        if shape is not None or key in self.shape_by_key:
+            return shape
+        lst = self.shapes_by_meas.setdefault(meas, [])
+        if self.n_shapes >= _MAX_SHAPES or len(lst) >= _MAX_SHAPES_PER_MEASUREMENT:
+            self.shape_by_key[key] = None
+            return None
+        spec = [(k, "tag", "string") for k in tag_keys] + [(k, "field", t) for k, t in fkeys]
+        spec.append(("time", "time", "time"))
+        shape = _Shape(table, _shape_matcher(meas, tag_keys, fkeys), spec)
+        self.shape_by_key[key] = shape
+        lst.append(shape)
+        table.shapes.append(shape)
+        self.n_shapes += 1
+        return shape
+
+    def result(self) -> ParseResult:
+        tables = {}
+        lines = 0
+        for name, t in self.tables.items():
+            batch, n = t.finish(self)
+            if batch is not None:
+                tables[name] = batch
+                lines += n
+        self.errors.sort(key=lambda e: e.line_number)
+        return ParseResult(tables, self.errors, lines)
+
+
+_MEAS_PREFIX = re.compile(r"[^ ,]*")
+_NO_MATCH = re.compile(r"(?!)").fullmatch
+
+
+def _run(text: str, precision: str, default_time: int, fast: bool, bad_utf8: bool) -> ParseResult:
+    segs = text.split("\n")
+    req = _Request(segs, precision, default_time, fast and not bad_utf8)
+    use_shapes = req.use_shapes
+    special = '"' in text or "\\" in text
+    skipped = 0  # segments so far that are not counted as lines
+    fm = _NO_MATCH
+    rows_extend = ids_append = None
+    shapes_by_meas = req.shapes_by_meas
+    it = iter(segs)
+    i = -1
+    for line in it:
+        i += 1
+        if use_shapes:
+            m = fm(line)
+            if m is not None:
+                rows_extend(m.groups())
+                ids_append(i)
+                continue
+            cands = shapes_by_meas.get(_MEAS_PREFIX.match(line).group())
+            if cands:
+                for sh in cands:
+                    m = sh.fm(line)
+                    if m is not None:
+                        fm = sh.fm
+                        rows_extend = sh.rows.extend
+                        ids_append = sh.ids.append
+                        rows_extend(m.groups())
+                        ids_append(i)
+                        break
+                if m is not None:
+                    continue
+        # the full path
+        first = i
+        if special and ('"' in line or "\\" in line):
+            line, extra = _join_continuations(line, it)
+            i += extra
+        else:
+            extra = 0
+        if line[-1:] == "\r":
+            line = line[:-1]
+        s = _trim_leading(line)
+        if not s:
+            skipped += 1 + extra
+            req.skip_index.append(i + 1)
+            req.skip_count.append(skipped)
+            continue
+        ln = first + 1 - skipped
+        if extra:
+            skipped += extra
+            req.skip_index.append(i + 1)
+            req.skip_count.append(skipped)
+        if bad_utf8 and _SURROGATE.search(s):
+            req.errors.append(LineError(ln, "the line is not valid UTF-8"))
+            continue
+        sh = req.line(s, ln, first)
+        if sh is not None:
+            fm = sh.fm
+            rows_extend = sh.rows.extend
+            ids_append = sh.ids.append
+    return req.result()
+
+
+def _join_continuations(line: str, it):
+    """IOx split_lines: extend ``line`` with the following segments while it is inside
+    a quoted string or ends in a backslash. Returns (logical line, segments added)."""
+    st = _split_state(line, False, False, 0, 0)
+    if not (st[0] or st[4]):
+        return line, 0
+    buf = [line]
+    for nxt in it:
+        buf.append(nxt)
+        st = _split_state(nxt, st[0], st[1], st[2], st[3])
+        if not (st[0] or st[4]):
+            break
+    return "\n".join(buf), len(buf) - 1
+
+
+def parse_lines(body: bytes | str, precision: str = "ns", default_time_ns: int | None = None) -> ParseResult:
+    """Parse a line protocol request body into per-table Arrow batches.
+
+    ``precision`` scales timestamps to nanoseconds; a line without a timestamp
+    gets ``default_time_ns`` (the time of receipt; ``time.time_ns()`` if None).
+    Every bad line is reported in ``errors`` (callers reject the request then;
+    ``tables`` may be partial).
+    """
+    return _parse(body, precision, default_time_ns, fast=True)
+
+
+def _parse(body, precision, default_time_ns, fast: bool) -> ParseResult:
+    if precision not in _MULTIPLIER:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if default_time_ns is None:
+        default_time_ns = _time.time_ns()
+    bad_utf8 = False
+    if isinstance(body, str):
+        text = body
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # lone surrogates
+                bad_utf8 = True
+    else:
+        if not isinstance(body, bytes):
+            body = bytes(body)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = body.decode("utf-8", "surrogateescape")
+            bad_utf8 = True
+    return _run(text, precision, int(default_time_ns), fast, bad_utf8)
