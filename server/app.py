@@ -85,6 +85,12 @@ class IoxServer:
         self.consumer.start({})
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
         self.grpc.start()
+        self.http = None
+        if cfg.http_port:
+            from .http_api import HttpWriteServer
+
+            self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port)
+            self.http.start()
         for name in ("",) + SERVICE_NAMES:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.started_at = time.time()
@@ -109,6 +115,8 @@ class IoxServer:
                 self._health.enter_graceful_shutdown()
             if self.grpc is not None:
                 self.grpc.stop(grace=5).wait(10)
+            if getattr(self, "http", None) is not None:
+                self.http.stop()
             if self.consumer is not None:
                 self.consumer.stop()
             if self.write_buffer is not None:

@@ -16,13 +16,14 @@ import sys
 
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_SPARK_CONNECT_PORT,
-                     DEFAULT_SPARK_MASTER, DEFAULT_TRIGGER_INTERVAL_MS, ServerConfig)
+                     DEFAULT_SPARK_MASTER, DEFAULT_TRIGGER_INTERVAL_MS, DEFAULT_HTTP_PORT, ServerConfig)
 
 __all__ = ["main", "build_parser", "SERVE_OPTIONS"]
 
 #: (flag, type, default, help) of `iox serve`; each also read from IOX_<FLAG>.
 SERVE_OPTIONS = [
     ("--grpc-port", int, DEFAULT_GRPC_PORT, "gRPC port"),
+    ("--http-port", int, DEFAULT_HTTP_PORT, "InfluxDB v2 compatible HTTP write API port (0 disables)"),
     ("--data-dir", str, DEFAULT_DATA_DIR, "data directory (embedded broker record, scratch, objects)"),
     ("--kafka-bootstrap", str, None, "Kafka bootstrap servers; absent = embedded Tansu broker"),
     ("--partitions", int, DEFAULT_PARTITIONS, "Kafka partitions per database topic"),
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(a) -> ServerConfig:
-    return ServerConfig(grpc_port=a.grpc_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
+    return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
                         partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, trigger_interval_ms=a.trigger_interval_ms,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_TRIGGER_INTERVAL_MS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_SPARK_CONNECT_PORT",
+    "DEFAULT_HTTP_PORT",
     "parse_memory_bytes",
 ]
 
@@ -34,6 +35,8 @@ DEFAULT_PRODUCE_TIMEOUT_MS = 10_000
 DEFAULT_TRIGGER_INTERVAL_MS = 100
 #: Largest accepted write request body (after decompression).
 DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+#: InfluxDB v2 compatible HTTP write API; 0 disables it.
+DEFAULT_HTTP_PORT = 8086
 #: Spark Connect endpoint inside the server's Spark application; 0 disables it.
 DEFAULT_SPARK_CONNECT_PORT = 15002
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
@@ -65,6 +68,7 @@ class ServerConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
+    http_port: int = DEFAULT_HTTP_PORT
     #: Embedded broker port; 0 = pick a free port.
     embedded_broker_port: int = 0
     #: Address the gRPC server binds to.

@@ -650,7 +650,12 @@ class _Request:
         for k, t, _ in fields:
             schema[k] = ("field", t)
         shape = None
-        if self.use_shapes and len(fields) == nf and "\\" not in s:
+        # Shapes only for lines without backslashes and without ',' in a field key: then a
+        # segment that a shape's regex matches is a whole line for IOx's line splitter too
+        # (an unescaped ',' in a field key upsets its quote tracking, which counts '=' and
+        # ',' to tell a string value's opening quote).
+        if (self.use_shapes and len(fields) == nf and "\\" not in s
+                and not any("," in k for k, _, _ in fields)):
             shape = self._shape(table, meas, tags, fields)
         if shape is not None and "\n" not in s:
             m = shape.fm(s)

@@ -36,7 +36,7 @@ def session_tmp():
 
 
 def make_config(data_dir: str, bootstrap: str | None, **kw) -> ServerConfig:
-    base = dict(grpc_port=free_port(), data_dir=data_dir, kafka_bootstrap=bootstrap, partitions=4,
+    base = dict(grpc_port=free_port(), http_port=free_port(), data_dir=data_dir, kafka_bootstrap=bootstrap, partitions=4,
                 driver_memory="3g", spark_connect_port=0, bind_host="127.0.0.1", trigger_interval_ms=100,
                 produce_timeout_ms=5000)
     base.update(kw)
