@@ -16,9 +16,13 @@ import threading
 from dataclasses import dataclass, field
 
 from .chunk import Chunk
+from .persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
 from .schema import SchemaRegistry, TableSchema
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError"]
+
+
+_CHUNK_IDS = itertools.count(1)
 
 
 class DatabaseNotFoundError(KeyError):
@@ -29,12 +33,28 @@ class DatabaseNotFoundError(KeyError):
 
 @dataclass
 class TablePartition:
+    """One table partition. `windows` tracks what is not persisted yet (None until the first write)."""
+
     table: str
     key: str
     chunks: list = field(default_factory=list)
+    windows: PersistenceWindows | None = None
+    #: a lifecycle action (persist / compaction) holds this partition
+    persisting: bool = False
+    compacting: bool = False
+    #: Parquet files of this partition registered in the preserved catalog
+    files: list = field(default_factory=list)
+    #: the last partition checkpoint committed for it (RecordPartitionCheckpoint) or None
+    checkpoint: object = None
 
     def live_chunks(self) -> list:
         return sorted(self.chunks, key=lambda c: c.order)
+
+    def chunk(self, chunk_id: int) -> Chunk | None:
+        for c in self.chunks:
+            if c.id == chunk_id:
+                return c
+        return None
 
 
 @dataclass
@@ -54,18 +74,20 @@ class Database:
 class Catalog:
     """Thread-safe registry of databases and their chunks."""
 
-    def __init__(self):
+    def __init__(self, late_arrive_window_s: float = DEFAULT_LATE_ARRIVE_WINDOW_S):
+        self.late_arrive_window_s = late_arrive_window_s
         self._lock = threading.RLock()
         self._dbs: dict[str, Database] = {}
-        self._chunk_ids = itertools.count(1)
         self._orders = itertools.count(1)
+        self._retired: list = []
 
     @property
     def lock(self) -> threading.RLock:
         return self._lock
 
     def next_chunk_id(self) -> int:
-        return next(self._chunk_ids)
+        """Unique in the process (chunk views live in the Spark application, which may host several catalogs)."""
+        return next(_CHUNK_IDS)
 
     def next_order(self) -> int:
         return next(self._orders)
@@ -94,19 +116,77 @@ class Catalog:
         with self._lock:
             return [self._dbs[k] for k in sorted(self._dbs)]
 
-    def add_chunk(self, db: Database, chunk: Chunk) -> list[Chunk]:
+    def partition(self, db: Database, table: str, key: str) -> TablePartition:
+        with self._lock:
+            parts = db.partitions.setdefault(table, {})
+            part = parts.get(key)
+            if part is None:
+                part = parts[key] = TablePartition(table, key)
+            return part
+
+    def get_partition(self, db: Database, table: str, key: str) -> TablePartition | None:
+        with self._lock:
+            return db.partitions.get(table, {}).get(key)
+
+    def add_chunk(self, db: Database, chunk: Chunk, now: float | None = None) -> list[Chunk]:
         """Adds a chunk as the newest of its partition; the previous open chunk becomes closed.
 
+        With `now` (wall seconds) the chunk's rows are also recorded in the
+        partition's persistence windows (what replay must cover until persisted).
         Returns the chunks of the partition after the change.
         """
         with self._lock:
-            parts = db.partitions.setdefault(chunk.table, {})
-            part = parts.setdefault(chunk.partition_key, TablePartition(chunk.table, chunk.partition_key))
+            part = self.partition(db, chunk.table, chunk.partition_key)
             for c in part.chunks:
                 if c.state == "open":
                     c.state = "closed"
             part.chunks.append(chunk)
+            if now is not None:
+                if part.windows is None:
+                    part.windows = PersistenceWindows(chunk.table, chunk.partition_key,
+                                                      late_arrive_window_s=self.late_arrive_window_s, now=now)
+                part.windows.add_range(dict(chunk.offsets), chunk.rows, chunk.min_time_ns, chunk.max_time_ns, now)
             return part.live_chunks()
+
+    def replace_chunks(self, db: Database, table: str, key: str, old_ids: list, new_chunks: list) -> None:
+        """Atomically swaps chunks `old_ids` for `new_chunks` (which take the first old chunk's order)."""
+        with self._lock:
+            part = self.partition(db, table, key)
+            olds = [c for c in part.chunks if c.id in set(old_ids)]
+            base = min((c.order for c in olds), default=self.next_order())
+            part.chunks = [c for c in part.chunks if c.id not in set(old_ids)]
+            for i, c in enumerate(new_chunks):
+                c.order = base + i / (len(new_chunks) + 1)
+                part.chunks.append(c)
+
+    def retire(self, chunks: list, now: float | None = None) -> None:
+        """Chunks replaced by a lifecycle action: their data is released later (see take_retired),
+        so a query planned before the swap still finds it."""
+        import time as _time
+
+        at = _time.time() if now is None else now
+        with self._lock:
+            self._retired.extend((at, c) for c in chunks)
+
+    def take_retired(self, older_than: float) -> list:
+        """Removes and returns retired chunks retired before `older_than` (wall seconds)."""
+        with self._lock:
+            out = [c for at, c in self._retired if at < older_than]
+            self._retired = [(at, c) for at, c in self._retired if at >= older_than]
+            return out
+
+    def all_chunks(self) -> list:
+        with self._lock:
+            out = []
+            for db in self._dbs.values():
+                for parts in db.partitions.values():
+                    for part in parts.values():
+                        out.extend(part.chunks)
+            return out
+
+    def memory_bytes(self) -> int:
+        """Bytes of chunk data held in memory (every chunk that has an in-memory copy)."""
+        return sum(c.size_bytes for c in self.all_chunks() if c.df is not None)
 
     def advance_applied(self, db: Database, hi_inclusive: dict) -> None:
         with self._lock:

@@ -41,6 +41,8 @@ class Chunk:
     df: Any = None
     #: Parquet object keys holding the same rows (persisted/unloaded chunks)
     parquet_keys: list = field(default_factory=list)
+    #: wall time (s) the chunk was created (its last write)
+    created_at: float = 0.0
 
     def column_names(self) -> set:
         return {c[0] for c in self.columns}

@@ -611,7 +611,10 @@ def object_store_from_url(url: str, s3_endpoint: str | None = None) -> ObjectSto
         endpoint = s3_endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_S3_REGION
         return S3ObjectStore(
-            S3Config(bucket=parts.netloc, prefix=parts.path.strip("/"), endpoint_url=endpoint, region=region)
+            S3Config(bucket=parts.netloc, prefix=parts.path.strip("/"), endpoint_url=endpoint, region=region,
+                     # resolved on the driver: executors (Spark Python workers) may not share its environment
+                     access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
+                     secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"))
         )
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):

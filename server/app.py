@@ -27,7 +27,7 @@ from .ingest import Ingestor
 from .query import QueryEngine
 from .router import Router
 from .spark import build_spark
-from .write_buffer import WriteBuffer
+from .write_buffer import WriteBuffer, topic_for
 
 __all__ = ["IoxServer"]
 
@@ -48,6 +48,8 @@ class IoxServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.started_at = None
+        self.lifecycle = None
+        self._replay_until: dict = {}
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -70,19 +72,42 @@ class IoxServer:
         self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, cfg.spark_connect_port,
                                  cfg.extra_spark_conf)
-        self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions)
+        from catalog.object_store import object_store_from_url
+        from lifecycle.worker import LifecycleWorker
+
+        from .recovery import list_catalog_databases, recover
+        from .write_buffer import PartitionCountMismatch, database_of_topic
+
+        self.rules = cfg.lifecycle_rules()
+        self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
+        self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
+        topics = self.write_buffer.list_database_topics()
+        for topic, n in topics.items():
+            if n != cfg.partitions:
+                raise PartitionCountMismatch(topic, cfg.partitions, n)
+        databases = sorted(set(list_catalog_databases(self.store)) | {database_of_topic(t) for t in topics})
+        rec = recover(self.spark, self.catalog, self.store, cfg.partitions, time.time(),
+                      self.rules.catalog_transactions_until_checkpoint, databases)
+        for name in databases:
+            self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
+        self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
+        self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions, rec.row_filters)
+        for db in self.catalog.databases():
+            for table in db.table_names():
+                self.ingestor.refresh_table_view(db, table)
         self.query_engine = QueryEngine(self.spark, self.catalog)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
-        # databases that already exist on the broker are known before their first batch
-        for topic, n in self.write_buffer.list_database_topics().items():
-            from .write_buffer import database_of_topic
-
-            self.catalog.ensure_database(database_of_topic(topic), topic, n)
+        self.pause_file = os.path.join(data_dir, "backpressure")
+        if os.path.exists(self.pause_file):
+            os.unlink(self.pause_file)
         self.consumer = WriteBufferConsumer(
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
-            cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch,
-            os.path.join(data_dir, "backpressure"))
-        self.consumer.start({})
+            cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file)
+        self.consumer.start(rec.start_offsets)
+        self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
+                                         self.ingestor.refresh_table_view, self.pause_file,
+                                         is_replaying=self.is_replaying, on_fenced=self._on_fenced)
+        self.lifecycle.start()
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
         self.grpc.start()
         self.http = None
@@ -117,6 +142,8 @@ class IoxServer:
                 self.grpc.stop(grace=5).wait(10)
             if getattr(self, "http", None) is not None:
                 self.http.stop()
+            if self.lifecycle is not None:
+                self.lifecycle.stop()
             if self.consumer is not None:
                 self.consumer.stop()
             if self.write_buffer is not None:
@@ -131,6 +158,45 @@ class IoxServer:
             self._stopped.set()
             log.info("iox stopped")
 
+    # -- replay -------------------------------------------------------------------------
+    def is_replaying(self) -> bool:
+        """True until every Kafka partition caught up with where the previous run stopped."""
+        if not self._replay_until:
+            return False
+        for topic, until in list(self._replay_until.items()):
+            db = next((d for d in self.catalog.databases() if d.topic == topic), None)
+            if db is None or any(db.applied_hi_inclusive.get(kp, -1) < off for kp, off in until.items()):
+                return True
+            del self._replay_until[topic]
+        self.ingestor.row_filters = {}
+        log.info("replay caught up")
+        return False
+
+    def _on_fenced(self, err: Exception) -> None:
+        threading.Thread(target=self.stop, name="fenced-shutdown", daemon=True).start()
+
+    # -- management ---------------------------------------------------------------------
+    def persist_now(self, database: str, table: str = "", partition_key: str = ""):
+        try:
+            db = self.catalog.database(database)
+        except DatabaseNotFoundError:
+            raise DatabaseNotFound(database) from None
+        resp = management_pb2.PersistResponse()
+        for r in self.lifecycle.persist_now(db, table or None, partition_key or None, time.time()):
+            resp.persisted.add(table=r.table, partition_key=r.partition_key, rows=r.rows_persisted,
+                               files=list(r.files), revision=r.revision, flush_timestamp_ns=r.flush_timestamp_ns)
+        return resp
+
+    def compact_now(self, database: str, table: str, partition_key: str):
+        try:
+            db = self.catalog.database(database)
+        except DatabaseNotFoundError:
+            raise DatabaseNotFound(database) from None
+        c = self.lifecycle.compact_now(db, table, partition_key, time.time())
+        if c is None:
+            return management_pb2.CompactResponse(compacted=False)
+        return management_pb2.CompactResponse(compacted=True, chunk_id=c.id, rows=c.rows)
+
     # -- status -----------------------------------------------------------------------
     def status(self, database: str = "") -> management_pb2.GetStatusResponse:
         if database:
@@ -141,9 +207,15 @@ class IoxServer:
         else:
             dbs = self.catalog.databases()
         resp = management_pb2.GetStatusResponse()
+        self.is_replaying()  # retires finished replays
         with self.catalog.lock:
             for db in dbs:
-                d = resp.databases.add(name=db.name, topic=db.topic, kafka_partitions=db.kafka_partitions)
+                pc = self.lifecycle.preserved.get(db.name) if self.lifecycle else None
+                d = resp.databases.add(name=db.name, topic=db.topic, kafka_partitions=db.kafka_partitions,
+                                       catalog_revision=pc.revision if pc is not None else -1,
+                                       replaying=db.topic in self._replay_until)
+                for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
+                    d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 for kp in sorted(db.applied_hi_inclusive):
                     d.write_buffer.add(partition=kp, applied_hi_inclusive=db.applied_hi_inclusive[kp])
                 for table in sorted(set(db.schemas.tables()) | set(db.partitions)):
@@ -152,8 +224,18 @@ class IoxServer:
                     for c in (sch.columns if sch else []):
                         t.columns.add(name=c.name, role=c.role, type=c.type)
                     for key in sorted(db.partitions.get(table, {})):
-                        p = t.partitions.add(key=key)
-                        for c in db.partitions[table][key].live_chunks():
+                        part = db.partitions[table][key]
+                        p = t.partitions.add(key=key, unpersisted_rows=part.windows.unpersisted_row_count()
+                                             if part.windows else 0)
+                        for f in part.files:
+                            p.files.add(key=f.key, rows=f.row_count, size_bytes=f.size_bytes,
+                                        min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns)
+                        if part.checkpoint is not None:
+                            p.checkpoint.flush_timestamp_ns = part.checkpoint.flush_timestamp_ns
+                            for kp, (lo, hi) in sorted(part.checkpoint.sequencer_numbers.items()):
+                                p.checkpoint.offsets.add(partition=kp, min_unpersisted=-1 if lo is None else lo,
+                                                         max_seen=hi)
+                        for c in part.live_chunks():
                             p.chunks.add(id=c.id, state=c.state, rows=c.rows, size_bytes=c.size_bytes,
                                          min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns)
         return resp

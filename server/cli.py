@@ -34,6 +34,20 @@ SERVE_OPTIONS = [
     ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
     ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
+    ("--object-store", str, None, "directory or s3://bucket/prefix for Parquet + catalog (default <data-dir>/objects)"),
+    ("--s3-endpoint", str, None, "S3 endpoint URL (MinIO, moto); credentials from the usual AWS variables"),
+]
+#: lifecycle rule options of `iox serve` -> LifecycleRules field (default: IOx's, see lifecycle/rules.py)
+LIFECYCLE_OPTIONS = [
+    ("--persist-row-threshold", int, "persist_row_threshold"),
+    ("--persist-age-threshold-s", float, "persist_age_threshold_s"),
+    ("--late-arrive-window-s", float, "late_arrive_window_s"),
+    ("--mub-row-threshold", int, "mub_row_threshold"),
+    ("--buffer-size-soft-bytes", int, "buffer_size_soft_bytes"),
+    ("--buffer-size-hard-bytes", int, "buffer_size_hard_bytes"),
+    ("--worker-backoff-ms", int, "worker_backoff_ms"),
+    ("--catalog-transactions-until-checkpoint", int, "catalog_transactions_until_checkpoint"),
+    ("--max-active-compactions", int, "max_active_compactions"),
 ]
 
 
@@ -54,7 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
         env = os.environ.get(_env_name(flag))
         s.add_argument(flag, type=typ, default=typ(env) if env is not None else default,
                        help=f"{help_} (env {_env_name(flag)}; default {default})")
+    for flag, typ, fld in LIFECYCLE_OPTIONS:
+        env = os.environ.get(_env_name(flag))
+        s.add_argument(flag, type=typ, default=typ(env) if env is not None else None, dest=fld,
+                       help=f"lifecycle rule {fld} (env {_env_name(flag)}; default: IOx's)")
     s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"))
+
+    pe = sub.add_parser("persist", help="persist now (all partitions of the scope) and wait for the commit")
+    _add_addr(pe)
+    pe.add_argument("--db", required=True)
+    pe.add_argument("--table", default="")
+    pe.add_argument("--partition", default="")
+
+    co = sub.add_parser("compact", help="compact the in-memory chunks of one partition")
+    _add_addr(co)
+    co.add_argument("--db", required=True)
+    co.add_argument("--table", required=True)
+    co.add_argument("--partition", required=True)
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
@@ -88,7 +118,10 @@ def _config_from_args(a) -> ServerConfig:
                         partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, trigger_interval_ms=a.trigger_interval_ms,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
-                        embedded_broker_port=a.broker_port)
+                        embedded_broker_port=a.broker_port, object_store=a.object_store,
+                        s3_endpoint=a.s3_endpoint,
+                        lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
+                                   if getattr(a, fld) is not None})
 
 
 def _print_table(table, fmt: str, out=sys.stdout) -> None:
@@ -158,6 +191,14 @@ def main(argv=None) -> int:
     if a.cmd == "sql":
         table = _client_call(lambda: client.query(a.db, a.query))
         _print_table(table, a.format)
+        return 0
+    if a.cmd == "persist":
+        r = _client_call(lambda: client.persist(a.db, a.table, a.partition))
+        print(json.dumps(r, indent=2))
+        return 0
+    if a.cmd == "compact":
+        r = _client_call(lambda: client.compact(a.db, a.table, a.partition))
+        print(json.dumps(r, indent=2))
         return 0
     if a.cmd == "status":
         print(json.dumps(_client_call(lambda: client.status(a.db)), indent=2))

@@ -74,6 +74,21 @@ class ServerConfig:
     #: Address the gRPC server binds to.
     bind_host: str = "0.0.0.0"
     extra_spark_conf: dict = field(default_factory=dict)
+    #: object store: a directory, or s3://bucket/prefix; None = <data_dir>/objects
+    object_store: str | None = None
+    #: S3 endpoint URL (MinIO, moto); None = AWS's
+    s3_endpoint: str | None = None
+    #: lifecycle rule overrides (LifecycleRules field -> value); absent = IOx defaults
+    lifecycle: dict = field(default_factory=dict)
+
+    @property
+    def object_store_url(self) -> str:
+        return self.object_store or os.path.join(self.abs_data_dir, "objects")
+
+    def lifecycle_rules(self):
+        from lifecycle.rules import LifecycleRules
+
+        return LifecycleRules.for_driver_memory(self.driver_memory_bytes, **self.lifecycle)
 
     @property
     def abs_data_dir(self) -> str:

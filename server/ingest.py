@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -22,6 +23,9 @@ from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
+from lifecycle.chunk_data import estimate_bytes, release_df
+
+from .recovery import keep_mask_fn
 from .views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
 from .wire_format import FORMAT_VERSION, NS_PER_DAY, WireFormatMismatch, day_numbers
 from .write_buffer import database_of_topic
@@ -40,11 +44,12 @@ def _arrow_type(typ: str) -> pa.DataType:
             "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
 
 
-def _decode_fn(columns: list, day_lo_hi: tuple | None):
+def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
 
     Picklable (captures only plain lists/tuples). `day_lo_hi` = (first, last) day
-    number to keep, or None for all rows.
+    number to keep, or None for all rows. `keep_mask(kp, offset, days, times)`
+    (replay after a restart) drops rows the preserved catalog already holds.
     """
 
     def fn(batches):
@@ -55,6 +60,7 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None):
 
         for b in batches:
             offsets = b.column("offset").to_pylist()
+            kps = b.column("kp").to_pylist()
             payloads = b.column("payload")
             for i, off in enumerate(offsets):
                 t = decode_payload(payloads[i].as_py())
@@ -81,9 +87,13 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None):
                 arrays.append(seq)
                 names.append(SEQ_COLUMN)
                 out = pa.RecordBatch.from_arrays(arrays, names=names)
-                if day_lo_hi is not None:
+                if day_lo_hi is not None or keep_mask is not None:
                     d = day_numbers(time_ns)
-                    mask = pc.and_(pc.greater_equal(d, day_lo_hi[0]), pc.less_equal(d, day_lo_hi[1]))
+                    mask = pa.array([True] * n)
+                    if day_lo_hi is not None:
+                        mask = pc.and_(pc.greater_equal(d, day_lo_hi[0]), pc.less_equal(d, day_lo_hi[1]))
+                    if keep_mask is not None:
+                        mask = pc.and_(mask, keep_mask(kps[i], off, d, time_ns))
                     out = out.filter(mask)
                 if out.num_rows:
                     yield out
@@ -94,8 +104,10 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None):
 class Ingestor:
     """Owns the foreachBatch callback. One per server."""
 
-    def __init__(self, spark, catalog: Catalog, kafka_partitions: int):
+    def __init__(self, spark, catalog: Catalog, kafka_partitions: int, row_filters: dict | None = None):
         self.spark = spark
+        #: (database, table) -> replay filter (see server/recovery.py); empty once replay is done
+        self.row_filters = row_filters or {}
         self.catalog = catalog
         self.kafka_partitions = kafka_partitions
         self.batches_applied = 0
@@ -171,15 +183,25 @@ class Ingestor:
             rows, lo, hi, _ = days[key]
             day = lo // NS_PER_DAY
             bounds = None if len(days) == 1 else (day, day)
-            decoded = sel.select("offset", "payload").mapInArrow(_decode_fn(value_cols, bounds), struct)
+            filters = self.row_filters.get((db.name, table))
+            keep = keep_mask_fn(filters) if filters else None
+            decoded = sel.select("kp", "offset", "payload").mapInArrow(_decode_fn(value_cols, bounds, keep), struct)
             cdf = decoded.localCheckpoint(eager=True)
+            if keep is not None:  # replayed rows were filtered: count what is left
+                st = cdf.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
+                                    f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+                if st["n"] == 0:
+                    release_df(cdf)
+                    continue
+                rows, lo, hi = st["n"], st["lo"], st["hi"]
             cid = self.catalog.next_chunk_id()
             view = chunk_view_name(cid)
             cdf.createOrReplaceGlobalTempView(view)
             chunk = Chunk(id=cid, table=table, partition_key=key, order=self.catalog.next_order(), state="open",
-                          rows=rows, size_bytes=_estimate_bytes(rows, len(value_cols)), min_time_ns=lo,
-                          max_time_ns=hi, columns=chunk_cols, view=view, offsets=dict(offsets_by_kp), df=cdf)
-            self.catalog.add_chunk(db, chunk)
+                          rows=rows, size_bytes=estimate_bytes(rows, len(value_cols)), min_time_ns=lo,
+                          max_time_ns=hi, columns=chunk_cols, view=view, offsets=dict(offsets_by_kp), df=cdf,
+                          created_at=time.time())
+            self.catalog.add_chunk(db, chunk, now=time.time())
 
     def refresh_table_view(self, db: Database, table: str) -> None:
         """Replaces the table's view with one over its current chunks."""
@@ -205,8 +227,3 @@ def _dedupe(cols: list[Column]) -> list[Column]:
     for c in cols:
         seen.setdefault(c.name, c)
     return list(seen.values())
-
-
-def _estimate_bytes(rows: int, value_columns: int) -> int:
-    """Bytes a chunk takes in Spark's block manager, roughly (8 bytes a value + row overhead)."""
-    return rows * (8 * (value_columns + 2) + 16)

@@ -48,4 +48,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(IoxKafkaDataSource)
+    from .parquet_source import IoxParquetDataSource
+
+    spark.dataSource.register(IoxParquetDataSource)
     return spark

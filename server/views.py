@@ -45,8 +45,14 @@ def chunk_select_sql(source_sql: str, chunk_columns: set, schema: TableSchema) -
     return f"SELECT {', '.join(parts)} FROM {source_sql}"
 
 
-def table_view_sql(schema: TableSchema, chunk_sources: list) -> str:
-    """The deduplicating view over `chunk_sources`: [(source_sql, chunk_columns)]."""
+def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = False) -> str:
+    """The deduplicating view over `chunk_sources`: [(source_sql, chunk_columns)].
+
+    as_chunk=False: what users query (tags, fields, `time` TIMESTAMP, `time_ns`).
+    as_chunk=True: the chunk layout (tags, fields, `time_ns`, `_iox_seq` = the
+    newest write merged into the row), used by compaction and persist so a
+    merged chunk orders exactly like the chunks it replaces.
+    """
     union = "\nUNION ALL\n".join(chunk_select_sql(src, cols, schema) for src, cols in chunk_sources)
     tags = [quote(t) for t in schema.tags()]
     fields = schema.fields()
@@ -57,8 +63,12 @@ def table_view_sql(schema: TableSchema, chunk_sources: list) -> str:
         q = quote(f.name)
         sel.append(f"max_by({q}, CASE WHEN {q} IS NOT NULL THEN {s} END) AS {q}")
     # exact floor division: time is TIMESTAMP (microseconds), time_ns keeps every digit
-    sel.append(f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS `time`")
-    sel.append(t)
+    if as_chunk:
+        sel.append(t)
+        sel.append(f"max({s}) AS {s}")
+    else:
+        sel.append(f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS `time`")
+        sel.append(t)
     group = ", ".join(tags + [t])
     return f"SELECT {', '.join(sel)} FROM (\n{union}\n) GROUP BY {group}"
 

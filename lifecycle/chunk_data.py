@@ -1,0 +1,92 @@
+"""Spark-side chunk data: merge chunks, register chunk views, read Parquet chunks.
+
+Invariant: a chunk's data is registered exactly once under its own global temp
+view (`iox_chunk_<id>`) and never changed; merging keeps write-buffer order by
+deduplicating on (tags, time) with the last non-null value per field by
+`_iox_seq` and keeping the newest `_iox_seq` of every merged row.
+
+Runs on the driver (builds plans); the work runs on the executors.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+
+from catalog.chunk import Chunk
+from catalog.schema import TableSchema
+from server.views import chunk_view_name, quote, spark_struct_for, table_view_sql
+
+__all__ = ["release_chunk_data", "release_df", "chunk_source_sql", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes",
+           "PARQUET_SOURCE_NAME"]
+
+PARQUET_SOURCE_NAME = "iox_parquet"
+
+
+def estimate_bytes(rows: int, value_columns: int) -> int:
+    """Bytes a chunk takes in Spark's block manager, roughly (8 bytes a value + row overhead)."""
+    return rows * (8 * (value_columns + 2) + 16)
+
+
+def chunk_source_sql(chunk: Chunk) -> str:
+    return f"global_temp.{quote(chunk.view)}"
+
+
+def merged_df(spark, schema: TableSchema, chunks: list, extra_where: str = ""):
+    """One deduplicated DataFrame (chunk layout) over `chunks`, in their order."""
+    sources = [(chunk_source_sql(c), c.column_names()) for c in chunks]
+    sql = table_view_sql(schema, sources, as_chunk=True)
+    if extra_where:
+        sql = f"SELECT * FROM ({sql}) WHERE {extra_where}"
+    return spark.sql(sql)
+
+
+def register_df_chunk(df, chunk_id: int) -> str:
+    """Registers an (already checkpointed) DataFrame as the chunk's view; returns the view name."""
+    view = chunk_view_name(chunk_id)
+    df.createOrReplaceGlobalTempView(view)
+    return view
+
+
+def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id: int) -> str:
+    """Registers a view reading the chunk's Parquet files (an unloaded or not-yet-loaded chunk).
+
+    Local store: Spark's native Parquet reader. S3: the `iox_parquet` Python source
+    (no hadoop-aws here), reading through pyarrow on the executors.
+    """
+    view = chunk_view_name(chunk_id)
+    from catalog.object_store import LocalObjectStore
+
+    if isinstance(store, LocalObjectStore):
+        df = spark.read.parquet(*[store.arrow_path(k) for k in keys])
+    else:
+        struct = spark_struct_for(TableSchema("_", [_col(c) for c in schema_cols]))
+        df = (spark.read.format(PARQUET_SOURCE_NAME).schema(struct)
+              .option("store", base64.b64encode(pickle.dumps(store)).decode())
+              .option("keys", json.dumps(keys)).load())
+    df.createOrReplaceGlobalTempView(view)
+    return view
+
+
+def release_chunk_data(spark, chunk: Chunk) -> None:
+    """Drops a chunk's view and frees its checkpointed blocks. Driver only."""
+    if chunk.view is not None:
+        spark.catalog.dropGlobalTempView(chunk.view)
+    release_df(chunk.df)
+
+
+def release_df(df) -> None:
+    """Frees the blocks of a locally checkpointed DataFrame (Dataset.unpersist does not reach them)."""
+    if df is None:
+        return
+    plan = df._jdf.queryExecution().analyzed()
+    if plan.getClass().getName().endswith("LogicalRDD"):
+        plan.rdd().unpersist(False)
+    else:
+        df.unpersist()
+
+
+def _col(c):
+    from catalog.schema import Column
+
+    return Column(*c) if not isinstance(c, Column) else c

@@ -1,0 +1,226 @@
+"""Persist one table partition: flush handle -> split -> Parquet (executors) -> one catalog commit (driver).
+
+When it runs: the lifecycle worker executes a `PersistChunks` action, or a user
+calls `iox persist`. It stops when the commit is done (or the action failed and
+was rolled back: the flush handle aborted, the chunks back to their state).
+
+Invariants (IOx persist + persist_sink's many writers / one committer):
+- Rows with time <= the flush timestamp go to Parquet, the rest stay in memory.
+- Parquet files are written by Spark executors; the driver alone commits ONE
+  preserved-catalog transaction naming the files, the partition checkpoint,
+  the database checkpoint and the table schema.
+- Only after that commit are the flush handle committed and the chunks
+  swapped in the catalog; before it, a crash leaves at most orphan files
+  (which cleanup deletes) and the write buffer still covers every row.
+- While the files are written they are registered as in-flight, so cleanup
+  never deletes them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+
+from catalog.catalog import Catalog, Database
+from catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
+from catalog.chunk import Chunk
+from catalog.object_store import ObjectStore, parquet_key
+from catalog.preserved_catalog import (AddParquet, RecordDatabaseCheckpoint, RecordPartitionCheckpoint,
+                                       SetTableSchema)
+from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+
+from .chunk_data import estimate_bytes, merged_df, register_df_chunk
+from .policy import ChunkState, select_persistable_chunks
+
+__all__ = ["PersistOutcome", "persist_partition", "InFlightFiles"]
+
+log = logging.getLogger(__name__)
+
+_META_SCHEMA = "key string, rows long, size long, min_t long, max_t long, min_seq long, max_seq long"
+
+
+class InFlightFiles:
+    """Keys written by a persist that is not committed yet (cleanup must not delete them)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._keys: set = set()
+
+    def add(self, keys) -> None:
+        with self._lock:
+            self._keys.update(keys)
+
+    def discard(self, keys) -> None:
+        with self._lock:
+            self._keys.difference_update(keys)
+
+    def snapshot(self) -> set:
+        with self._lock:
+            return set(self._keys)
+
+
+@dataclass(frozen=True)
+class PersistOutcome:
+    table: str
+    partition_key: str
+    rows_persisted: int
+    files: tuple
+    revision: int
+    flush_timestamp_ns: int
+
+
+def _writer_fn(store: ObjectStore, key: str):
+    """Executor side: writes every batch it gets into ONE Parquet file at `key`; yields its metadata.
+
+    Picklable (captures the store config and a key).
+    """
+
+    def fn(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        writer = None
+        rows = 0
+        min_t = max_t = min_s = max_s = None
+        fs, path = store.arrow_prepare_write(key)
+        try:
+            for b in batches:
+                if b.num_rows == 0:
+                    continue
+                if writer is None:
+                    writer = pq.ParquetWriter(path, b.schema, filesystem=fs, compression="zstd")
+                writer.write_batch(b)
+                rows += b.num_rows
+                t = pc.min_max(b.column(TIME_NS_COLUMN))
+                s = pc.min_max(b.column(SEQ_COLUMN))
+                min_t = t["min"].as_py() if min_t is None else min(min_t, t["min"].as_py())
+                max_t = t["max"].as_py() if max_t is None else max(max_t, t["max"].as_py())
+                min_s = s["min"].as_py() if min_s is None else min(min_s, s["min"].as_py())
+                max_s = s["max"].as_py() if max_s is None else max(max_s, s["max"].as_py())
+        finally:
+            if writer is not None:
+                writer.close()
+        if rows:
+            size = fs.get_file_info(path).size
+            yield pa.RecordBatch.from_pylist([{"key": key, "rows": rows, "size": size, "min_t": min_t,
+                                               "max_t": max_t, "min_seq": min_s, "max_seq": max_s}])
+
+    return fn
+
+
+def chunk_states(part) -> list:
+    return [ChunkState(chunk_id=c.id, order=int(c.order * 1000), state=c.state, row_count=c.rows,
+                       size_bytes=c.size_bytes if c.df is not None else 0, min_time_ns=c.min_time_ns,
+                       max_time_ns=c.max_time_ns, time_of_last_write=c.created_at)
+            for c in part.live_chunks()]
+
+
+def persist_partition(spark, catalog: Catalog, db: Database, table: str, partition_key: str, store: ObjectStore,
+                      preserved, in_flight: InFlightFiles, now: float, force: bool,
+                      refresh_view) -> PersistOutcome | None:
+    """Persists one partition. Returns None when there is nothing to persist.
+
+    `preserved` is the database's PreservedCatalog (the one committer);
+    `refresh_view(db, table)` swaps the table view after the catalog changed.
+    Raises what the commit raises (e.g. RevisionConflict: the caller must stop).
+    """
+    with catalog.lock:
+        part = catalog.get_partition(db, table, partition_key)
+        if part is None or part.windows is None or part.persisting or part.compacting:
+            return None
+        handle = part.windows.flush_all_handle() if force else part.windows.flush_handle(now)
+        if handle is None:
+            return None
+        flush_ts = handle.timestamp_ns
+        sel = select_persistable_chunks(chunk_states(part), flush_ts)
+        if sel.blocked or not sel.chunk_ids:
+            part.windows.abort(handle)
+            return None
+        chunks = [part.chunk(cid) for cid in sel.chunk_ids]
+        for c in chunks:
+            c.state = "persisting"
+        part.persisting = True
+    keys_written: list = []
+    try:
+        schema = db.schemas.get(table)
+        merged = merged_df(spark, schema, chunks).localCheckpoint(eager=True)
+        to_persist = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
+        remainder = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
+        key = parquet_key(db.name, table, partition_key, uuid.uuid4())
+        in_flight.add([key])
+        keys_written.append(key)
+        meta = to_persist.coalesce(1).mapInArrow(_writer_fn(store, key), _META_SCHEMA).collect()
+        rem_stats = remainder.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
+                                         f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+        value_cols = len([c for c in schema.columns if c.role != "time"])
+        # one committer: the driver builds and commits the transaction
+        with catalog.lock:
+            applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
+            builder = PersistCheckpointBuilder(handle.checkpoint())
+            for other_key, other in db.partitions.get(table, {}).items():
+                if other_key != partition_key and other.windows is not None:
+                    builder.register_other_partition(other.windows.offset_ranges())
+            for other_table, parts in db.partitions.items():
+                if other_table == table:
+                    continue
+                for other in parts.values():
+                    if other.windows is not None:
+                        builder.register_other_partition(other.windows.offset_ranges())
+            builder.register_other_partition({kp: UnpersistedOffsets(None, hi) for kp, hi in applied.items()
+                                              if hi >= 0})
+            part_ckpt, db_ckpt = builder.build()
+        actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
+        files = []
+        for m in meta:
+            add = AddParquet(key=m["key"], table=table, partition_key=partition_key, row_count=m["rows"],
+                             size_bytes=m["size"], min_time_ns=m["min_t"], max_time_ns=m["max_t"],
+                             min_seq=m["min_seq"], max_seq=m["max_seq"], schema=tuple(tuple(c) for c in schema.to_json()))
+            actions.append(add)
+            files.append(add)
+        actions.append(RecordPartitionCheckpoint(
+            table=table, partition_key=partition_key, flush_timestamp_ns=flush_ts,
+            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in part_ckpt.offsets.items()}))
+        actions.append(RecordDatabaseCheckpoint(
+            topic=db.topic, kafka_partitions=db.kafka_partitions,
+            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()}))
+        revision = preserved.commit(actions, now)
+    except BaseException:
+        with catalog.lock:
+            part.windows.abort(handle)
+            for c in chunks:
+                c.state = "closed"
+            part.persisting = False
+        in_flight.discard(keys_written)
+        raise
+    in_flight.discard(keys_written)
+    # committed: now the flush handle, then the in-memory swap
+    with catalog.lock:
+        part.windows.flush(handle)
+        new_chunks = []
+        rows = sum(f.row_count for f in files)
+        if rows:
+            cid = catalog.next_chunk_id()
+            pc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="persisted", rows=rows,
+                       size_bytes=estimate_bytes(rows, value_cols), min_time_ns=min(f.min_time_ns for f in files),
+                       max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
+                       view=register_df_chunk(to_persist, cid), offsets={}, df=to_persist,
+                       parquet_keys=[f.key for f in files], created_at=now)
+            new_chunks.append(pc)
+        if rem_stats["n"]:
+            cid = catalog.next_chunk_id()
+            rc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rem_stats["n"],
+                       size_bytes=estimate_bytes(rem_stats["n"], value_cols), min_time_ns=rem_stats["lo"],
+                       max_time_ns=rem_stats["hi"], columns=schema.to_json(), view=register_df_chunk(remainder, cid),
+                       offsets={}, df=remainder, created_at=now)
+            new_chunks.append(rc)
+        catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], new_chunks)
+        part.files.extend(files)
+        part.checkpoint = actions[-2]
+        part.persisting = False
+    refresh_view(db, table)
+    catalog.retire([c for c in chunks])
+    log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d", db.name, table, partition_key, rows,
+             len(files), revision)
+    return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts)

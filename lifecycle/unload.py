@@ -1,0 +1,35 @@
+"""Unload a persisted chunk from memory: its rows stay queryable from its Parquet files.
+
+When it runs: the lifecycle worker executes an `UnloadChunk` action under
+memory pressure. Invariant: the chunk's view is re-pointed at its Parquet files
+(same rows) before its in-memory blocks are released, so no query sees a gap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from catalog.catalog import Catalog, Database
+
+from .chunk_data import register_parquet_chunk
+
+__all__ = ["unload_chunk"]
+
+log = logging.getLogger(__name__)
+
+
+def unload_chunk(spark, catalog: Catalog, db: Database, table: str, partition_key: str, chunk_id: int, store) -> bool:
+    with catalog.lock:
+        part = catalog.get_partition(db, table, partition_key)
+        chunk = part.chunk(chunk_id) if part else None
+        if chunk is None or chunk.state != "persisted" or not chunk.parquet_keys:
+            return False
+        df = chunk.df
+    register_parquet_chunk(spark, store, chunk.parquet_keys, chunk.columns, chunk.id)
+    with catalog.lock:
+        chunk.df = None
+        chunk.state = "unloaded"
+    # the in-memory blocks go after the grace period: a query planned before may still read them
+    catalog.retire([dataclasses.replace(chunk, view=None, df=df)])
+    log.info("unloaded chunk %d of %s/%s/%s", chunk_id, db.name, table, partition_key)
+    return True

@@ -1,0 +1,242 @@
+"""Persistence on real parts, against BOTH object stores (local directory, S3 on moto_server):
+persist / compaction / unload keep every answer identical, automatic persist by rows and by age,
+memory pressure unloads, restart recovers Parquet and replays the rest exactly once, cleanup.
+
+Each backend gets a server of its own (sharing the session's Spark application) on a broker of
+its own, with small lifecycle thresholds where the test needs the policy to act.
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+
+from catalog.object_store import object_store_from_url
+from server.broker import start_broker
+from server.client import IoxClient
+from tests.conftest import make_config
+from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
+
+T0 = 1_700_000_000_000_000_000
+Q = "SELECT host, count(*) AS n, sum(v) AS s, max(w) AS w FROM cpu GROUP BY host ORDER BY host"
+Q2 = "SELECT host, count(*) AS n, sum(v) AS s FROM cpu GROUP BY host ORDER BY host"
+
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def backend(request, session_tmp, moto_s3):  # noqa: F811
+    if request.param == "local":
+        return {"object_store": os.path.join(session_tmp, f"objects-{uuid.uuid4().hex[:6]}"), "s3_endpoint": None}
+    bucket = f"iox-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=moto_s3, region_name="us-east-1", aws_access_key_id="test",
+                 aws_secret_access_key="test").create_bucket(Bucket=bucket)
+    return {"object_store": f"s3://{bucket}/prefix", "s3_endpoint": moto_s3}
+
+
+@pytest.fixture(scope="module")
+def aws_env():
+    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+class _Running:
+    def __init__(self, server, broker, cfg):
+        self.server = server
+        self.broker = broker
+        self.cfg = cfg
+        self.client = IoxClient(f"127.0.0.1:{server.grpc_port}")
+        self.client.wait_ready(60)
+
+    def restart(self):
+        """Stops this server (not its broker) and starts a new one on the same data."""
+        from server.app import IoxServer
+
+        self.client.close()
+        self.server.stop()
+        import dataclasses
+
+        from server.broker import free_port
+
+        cfg = dataclasses.replace(self.cfg, grpc_port=free_port(), http_port=0)
+        srv = IoxServer(cfg)
+        srv.start()
+        return _Running(srv, self.broker, cfg)
+
+    def stop(self):
+        self.client.close()
+        self.server.stop()
+
+
+def _start(session_tmp, backend, **lifecycle):
+    from server.app import IoxServer
+
+    b = start_broker()
+    cfg = make_config(os.path.join(session_tmp, f"srv-{uuid.uuid4().hex[:6]}"), b.bootstrap, http_port=0,
+                      lifecycle=lifecycle, **backend)
+    srv = IoxServer(cfg)
+    srv.start()
+    return _Running(srv, b, cfg)
+
+
+@pytest.fixture(scope="module")
+def manual(iox_server, session_tmp, backend, aws_env):
+    """The policy never runs (one round an hour): only explicit persist/compact act."""
+    r = _start(session_tmp, backend, worker_backoff_ms=3_600_000)
+    yield r
+    r.stop()
+    r.broker.stop()
+
+
+@pytest.fixture(scope="module")
+def auto(iox_server, session_tmp, backend, aws_env):
+    """Small thresholds and a tiny soft memory limit: the policy persists and unloads on its own."""
+    r = _start(session_tmp, backend, worker_backoff_ms=200, persist_row_threshold=50, persist_age_threshold_s=2.0,
+               late_arrive_window_s=1.0, buffer_size_soft_bytes=1, buffer_size_hard_bytes=1 << 40)
+    yield r
+    r.stop()
+    r.broker.stop()
+
+
+def _write(c, db, lines):
+    tok = c.write(db, "\n".join(lines) + "\n")
+    c.wait_applied(db, tok, timeout_s=90)
+    return tok
+
+
+def _partitions(c, db, table="cpu"):
+    st = c.status(db)["databases"][0]
+    return {p["key"]: p for t in st["tables"] if t["name"] == table for p in t["partitions"]}
+
+
+def _wait(cond, timeout_s=90.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_persist_keeps_answers_and_records_files(manual):
+    c, db = manual.client, f"p_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    _write(c, db, [f"cpu,host=h0 v=1000 {T0}"])  # overwrites one point's v: dedup across chunks
+    before = c.query(db, Q).to_pylist()
+    assert before == [{"host": "h0", "n": 10, "s": 1000.0 + sum(range(3, 30, 3)), "w": 27},
+                      {"host": "h1", "n": 10, "s": float(sum(range(1, 30, 3))), "w": 28},
+                      {"host": "h2", "n": 10, "s": float(sum(range(2, 30, 3))), "w": 29}]
+    r = c.persist(db)
+    assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 30)]
+    assert c.query(db, Q).to_pylist() == before
+    part = _partitions(c, db)["2023-11-14"]
+    assert [ch["state"] for ch in part["chunks"]] == ["persisted"]
+    assert len(part["files"]) == 1 and int(part["files"][0]["rows"]) == 30
+    assert int(part["checkpoint"]["flush_timestamp_ns"]) == T0 + 29
+    assert int(part["unpersisted_rows"]) == 0
+    # the file really is in the object store, with the deduplicated rows
+    store = object_store_from_url(manual.cfg.object_store, manual.cfg.s3_endpoint)
+    fs, _ = store.arrow_fs()
+    t = pq.read_table(store.arrow_path(part["files"][0]["key"]), filesystem=fs)
+    assert t.num_rows == 30
+    assert sorted(t.column("v").to_pylist())[-1] == 1000.0
+    assert c.status(db)["databases"][0]["catalog_revision"] == "1" or \
+        int(c.status(db)["databases"][0]["catalog_revision"]) >= 1
+
+
+def test_persist_splits_at_the_flush_timestamp_and_late_rows_stay(manual):
+    c, db = manual.client, f"s_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(5)])
+    c.persist(db)
+    _write(c, db, [f"cpu,host=a v={10 + i} {T0 + 2 + i}" for i in range(5)])  # overlaps persisted times
+    expect = [{"host": "a", "n": 7, "s": float(0 + 1 + sum(range(10, 15)))}]
+    assert c.query(db, Q2).to_pylist() == expect
+    c.persist(db)
+    assert c.query(db, Q2).to_pylist() == expect
+    part = _partitions(c, db)["2023-11-14"]
+    assert len(part["files"]) == 2
+    assert all(ch["state"] == "persisted" for ch in part["chunks"])
+
+
+def test_compaction_keeps_answers(manual):
+    c, db = manual.client, f"c_{uuid.uuid4().hex[:8]}"
+    for k in range(3):
+        _write(c, db, [f"cpu,host=h{i} v={k * 10 + i},w={k}i {T0 + i}" for i in range(4)])
+    before = c.query(db, Q).to_pylist()
+    assert before == [{"host": f"h{i}", "n": 1, "s": float(20 + i), "w": 2} for i in range(4)]
+    assert len(_partitions(c, db)["2023-11-14"]["chunks"]) == 3
+    r = c.compact(db, "cpu", "2023-11-14")
+    assert r["compacted"] is True and int(r["rows"]) == 4
+    assert c.query(db, Q).to_pylist() == before
+    chunks = _partitions(c, db)["2023-11-14"]["chunks"]
+    assert len(chunks) == 1 and int(chunks[0]["rows"]) == 4
+
+
+def test_restart_recovers_parquet_and_replays_the_rest_exactly_once(manual, request):
+    c, db = manual.client, f"r_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(10)])
+    c.persist(db)
+    _write(c, db, [f"cpu,host=a v={100 + i} {T0 + 100 + i}" for i in range(5)])  # unpersisted
+    _write(c, db, [f"cpu,host=b v=1 {T0}"])
+    before = c.query(db, Q2).to_pylist()
+    assert before == [{"host": "a", "n": 15, "s": float(sum(range(10)) + sum(range(100, 105)))},
+                      {"host": "b", "n": 1, "s": 1.0}]
+    r2 = manual.restart()
+    try:
+        tok = r2.client.write(db, f"cpu,host=c v=7 {T0}\n")  # after replay, in order
+        r2.client.wait_applied(db, tok, timeout_s=120)
+        after = r2.client.query(db, Q2).to_pylist()
+        assert after == before + [{"host": "c", "n": 1, "s": 7.0}]
+        st = r2.client.status(db)["databases"][0]
+        assert st["replaying"] is False
+        part = _partitions(r2.client, db)["2023-11-14"]
+        assert len(part["files"]) == 1
+    finally:
+        manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
+
+
+def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto):
+    c, db = auto.client, f"a_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i}" for i in range(200)])
+    expect = c.query(db, Q2).to_pylist()
+    # rows >= persist_row_threshold and older than the late-arrival window: persisted;
+    # the soft limit (1 byte) then unloads the persisted chunk
+    part = _wait(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
+                 all(ch["state"] == "unloaded" for ch in _partitions(c, db)["2023-11-14"]["chunks"]) and
+                 _partitions(c, db)["2023-11-14"], what="persist + unload")
+    assert sum(int(f["rows"]) for f in part["files"]) == 200
+    assert expect == [{"host": f"h{h}", "n": 50, "s": float(sum(range(h, 200, 4)))} for h in range(4)]
+    assert c.query(db, Q2).to_pylist() == expect
+
+
+def test_automatic_persist_by_age(auto):
+    c, db = auto.client, f"g_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=x v=1 {T0}"])  # 1 row: below the row threshold, so only age persists it
+    part = _wait(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
+                 _partitions(c, db)["2023-11-14"], what="persist by age")
+    assert sum(int(f["rows"]) for f in part["files"]) == 1
+    assert c.query(db, "SELECT host, v FROM cpu").to_pylist() == [{"host": "x", "v": 1.0}]
+
+
+def test_cleanup_deletes_orphans_only(manual):
+    c, db = manual.client, f"o_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=a v=1 {T0}"])
+    c.persist(db)
+    store = manual.server.store
+    orphan = f"{db}/data/cpu/2023-11-14/{uuid.uuid4()}.parquet"
+    store.put(orphan, b"not referenced by any transaction")
+    kept = [f["key"] for f in _partitions(c, db)["2023-11-14"]["files"]]
+    deleted = manual.server.lifecycle.cleanup(time.time() + 10_000, 900.0)
+    assert orphan in deleted
+    assert not store.exists(orphan)
+    assert all(store.exists(k) for k in kept)
+    assert c.query(db, "SELECT v FROM cpu").to_pylist() == [{"v": 1.0}]
