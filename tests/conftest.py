@@ -48,7 +48,8 @@ def iox_server(broker, session_tmp):
     """The session's server: real Spark local[*], real gRPC, the session broker."""
     from server.app import IoxServer
 
-    srv = IoxServer(make_config(os.path.join(session_tmp, "main"), broker.bootstrap))
+    # the session's Spark application also serves Spark Connect (on a free port)
+    srv = IoxServer(make_config(os.path.join(session_tmp, "main"), broker.bootstrap, spark_connect_port=free_port()))
     srv.start()
     yield srv
     srv.stop()

@@ -1,0 +1,70 @@
+"""Spark Connect inside the server's Spark application: remote clients see every table as
+`global_temp.<database>__<table>`, with exactly the rows `iox sql` gives.
+
+The client runs in a subprocess (a real remote Spark Connect client, pyspark[connect]).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+T0 = 1_700_000_000_000_000_000
+
+_CLIENT = textwrap.dedent('''
+    import json, sys
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+    out = {}
+    for name, sql in json.loads(sys.argv[2]).items():
+        out[name] = [r.asDict() for r in spark.sql(sql).collect()]
+    print(json.dumps(out, default=str))
+''')
+
+
+def _remote(port: int, queries: dict) -> dict:
+    r = subprocess.run([sys.executable, "-c", _CLIENT, f"sc://127.0.0.1:{port}", json.dumps(queries)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
+    port = iox_server.config.spark_connect_port
+    assert port
+    db2 = db + "_b"
+    t1 = client.write(db, "\n".join(f"cpu,host=h{i % 3} v={i} {T0 + i}" for i in range(30)))
+    t2 = client.write(db2, "\n".join(f"mem,host=h{i % 2} used={i}i {T0 + i}" for i in range(10)))
+    client.wait_applied(db, t1, timeout_s=90)
+    client.wait_applied(db2, t2, timeout_s=90)
+    q1 = "SELECT host, count(*) AS n, sum(v) AS s FROM {} GROUP BY host ORDER BY host"
+    q2 = "SELECT host, sum(used) AS u FROM {} GROUP BY host ORDER BY host"
+
+    stop = threading.Event()
+
+    def keep_writing():  # writes continue while the remote client queries
+        i = 0
+        while not stop.is_set() and i < 50:
+            client.write(db + "_c", f"bg v={i} {T0 + i}\n")
+            i += 1
+
+    w = threading.Thread(target=keep_writing)
+    w.start()
+    try:
+        remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`"),
+                                "mem": q2.format(f"global_temp.`{db2}__mem`")})
+    finally:
+        stop.set()
+        w.join()
+    ours_cpu = client.query(db, q1.format("cpu")).to_pylist()
+    ours_mem = client.query(db2, q2.format("mem")).to_pylist()
+    assert remote["cpu"] == ours_cpu == [{"host": f"h{h}", "n": 10, "s": float(sum(range(h, 30, 3)))}
+                                         for h in range(3)]
+    assert remote["mem"] == ours_mem == [{"host": "h0", "u": 20}, {"host": "h1", "u": 25}]
+
+    # after a persist (the view is swapped to the persisted chunk) the answer is the same
+    client.persist(db)
+    remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`")})
+    assert remote["cpu"] == ours_cpu
