@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .chunk import Chunk
+from .delete_mailbox import DeleteMailbox
 from .persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
 from .schema import SchemaRegistry, TableSchema
 
@@ -66,6 +67,12 @@ class Database:
     #: table -> partition key -> TablePartition
     partitions: dict = field(default_factory=dict)
     applied_hi_inclusive: dict = field(default_factory=dict)
+    #: write-buffer epoch: grows when the topic was found reset (offsets started over)
+    epoch: int = 0
+    #: deletes of this database (applied in views, materialised by compaction/persist)
+    deletes: DeleteMailbox = field(default_factory=DeleteMailbox)
+    #: Kafka partitions whose lost offsets were skipped at start (--skip-lost-writes): {kp: (from, to_exclusive)}
+    lost_writes_skipped: dict = field(default_factory=dict)
 
     def table_names(self) -> list[str]:
         return sorted(self.partitions)

@@ -274,6 +274,8 @@ class RecordPartitionCheckpoint:
     partition_key: str
     flush_timestamp_ns: int
     sequencer_numbers: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+    #: write-buffer epoch the offsets belong to (it grows when the topic was found reset)
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         k = self.KIND
@@ -289,6 +291,7 @@ class RecordPartitionCheckpoint:
             "partition_key": self.partition_key,
             "flush_timestamp_ns": self.flush_timestamp_ns,
             "sequencer_numbers": _sequencer_json(self.sequencer_numbers),
+            "epoch": self.epoch,
         }
 
 
@@ -303,6 +306,8 @@ class RecordDatabaseCheckpoint:
     topic: str
     kafka_partitions: int
     sequencer_numbers: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+    #: write-buffer epoch the offsets belong to (it grows when the topic was found reset)
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         k = self.KIND
@@ -320,6 +325,7 @@ class RecordDatabaseCheckpoint:
             "topic": self.topic,
             "kafka_partitions": self.kafka_partitions,
             "sequencer_numbers": _sequencer_json(self.sequencer_numbers),
+            "epoch": self.epoch,
         }
 
 

@@ -23,7 +23,7 @@ SPARK_TYPES = {
 }
 #: Chunks store the point time as exact nanoseconds in this column.
 TIME_NS_COLUMN = "time_ns"
-#: Write-buffer order of a row within its table: (offset << 24) | row index in its message.
+#: Write-buffer order of a row within its table (see server/ingest.py seq_base).
 SEQ_COLUMN = "_iox_seq"
 #: Names a user cannot use for a tag or field.
 RESERVED_COLUMNS = frozenset({TIME_NS_COLUMN, SEQ_COLUMN})

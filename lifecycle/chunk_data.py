@@ -17,7 +17,7 @@ from catalog.chunk import Chunk
 from catalog.schema import TableSchema
 from server.views import chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["release_chunk_data", "release_df", "chunk_source_sql", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes",
+__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -32,13 +32,21 @@ def chunk_source_sql(chunk: Chunk) -> str:
     return f"global_temp.{quote(chunk.view)}"
 
 
-def merged_df(spark, schema: TableSchema, chunks: list, extra_where: str = ""):
-    """One deduplicated DataFrame (chunk layout) over `chunks`, in their order."""
+def merged_df(spark, schema: TableSchema, chunks: list, deletes: list = (), extra_where: str = ""):
+    """One deduplicated DataFrame (chunk layout) over `chunks`, in their order, with `deletes`
+    materialised (the rows they remove are gone)."""
     sources = [(chunk_source_sql(c), c.column_names()) for c in chunks]
-    sql = table_view_sql(schema, sources, as_chunk=True)
+    sql = table_view_sql(schema, sources, as_chunk=True, deletes=deletes)
     if extra_where:
         sql = f"SELECT * FROM ({sql}) WHERE {extra_where}"
     return spark.sql(sql)
+
+
+def table_deletes(db, table: str) -> list:
+    """The deletes that apply to `table` (its own, and database-wide ones via its Kafka partition)."""
+    from server.write_buffer import partition_for
+
+    return db.deletes.for_table(table, partition_for(table, db.kafka_partitions))
 
 
 def register_df_chunk(df, chunk_id: int) -> str:

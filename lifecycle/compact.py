@@ -14,7 +14,9 @@ from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN
 
-from .chunk_data import estimate_bytes, merged_df, register_df_chunk
+from server.crash_points import crash_point
+
+from .chunk_data import estimate_bytes, merged_df, table_deletes, register_df_chunk
 
 __all__ = ["compact_chunks"]
 
@@ -46,7 +48,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         part.compacting = True
     try:
         schema = db.schemas.get(table)
-        df = merged_df(spark, schema, chunks).localCheckpoint(eager=True)
+        df = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
         st = df.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo", f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
     except BaseException:
         with catalog.lock:
@@ -54,6 +56,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                 c.state = "closed"
             part.compacting = False
         raise
+    crash_point("compact_before_swap")
     with catalog.lock:
         cid = catalog.next_chunk_id()
         offsets: dict = {}

@@ -26,11 +26,13 @@ from catalog.catalog import Catalog, Database
 from catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
 from catalog.chunk import Chunk
 from catalog.object_store import ObjectStore, parquet_key
-from catalog.preserved_catalog import (AddParquet, RecordDatabaseCheckpoint, RecordPartitionCheckpoint,
+from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordDatabaseCheckpoint, RecordPartitionCheckpoint,
                                        SetTableSchema)
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-from .chunk_data import estimate_bytes, merged_df, register_df_chunk
+from server.crash_points import crash_point
+
+from .chunk_data import estimate_bytes, merged_df, table_deletes, register_df_chunk
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles"]
@@ -68,6 +70,8 @@ class PersistOutcome:
     files: tuple
     revision: int
     flush_timestamp_ns: int
+    #: the committed RecordDatabaseCheckpoint (where replay would start)
+    database_checkpoint: object = None
 
 
 def _writer_fn(store: ObjectStore, key: str):
@@ -110,6 +114,32 @@ def _writer_fn(store: ObjectStore, key: str):
     return fn
 
 
+def _mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
+    """Flushes the delete mailbox into this persist's transaction (IOx: the whole mailbox).
+
+    Each delete is recorded per table it applies to, naming that table's Parquet
+    files (committed ones and the ones this transaction adds). Deletes of tables
+    without any file stay in the mailbox. Returns the deletes recorded.
+    """
+    from server.write_buffer import partition_for
+
+    files_by_table: dict = {}
+    for key, f in preserved.state.files.items():
+        files_by_table.setdefault(f.table, []).append(key)
+    for f in new_files:
+        files_by_table.setdefault(f.table, []).append(f.key)
+    flushed = []
+    for d in db.deletes.unrecorded():
+        tables = [t for t in files_by_table if d.applies_to(t, partition_for(t, db.kafka_partitions))]
+        for t in tables:
+            actions.append(AddDeletePredicate(table=t, start_ns=d.start_ns, stop_ns_exclusive=d.stop_ns_exclusive,
+                                              predicate=tuple((c, op, v) for c, op, v, _k in d.predicate),
+                                              seq=d.seq, applies_to=tuple(files_by_table[t])))
+        if tables:
+            flushed.append(d)
+    return flushed
+
+
 def chunk_states(part) -> list:
     return [ChunkState(chunk_id=c.id, order=int(c.order * 1000), state=c.state, row_count=c.rows,
                        size_bytes=c.size_bytes if c.df is not None else 0, min_time_ns=c.min_time_ns,
@@ -145,7 +175,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     keys_written: list = []
     try:
         schema = db.schemas.get(table)
-        merged = merged_df(spark, schema, chunks).localCheckpoint(eager=True)
+        merged = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
         to_persist = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
         remainder = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
         key = parquet_key(db.name, table, partition_key, uuid.uuid4())
@@ -179,13 +209,18 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                              min_seq=m["min_seq"], max_seq=m["max_seq"], schema=tuple(tuple(c) for c in schema.to_json()))
             actions.append(add)
             files.append(add)
+        flushed = _mailbox_actions(db, preserved, files, actions)
         actions.append(RecordPartitionCheckpoint(
             table=table, partition_key=partition_key, flush_timestamp_ns=flush_ts,
-            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in part_ckpt.offsets.items()}))
+            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in part_ckpt.offsets.items()},
+            epoch=db.epoch))
         actions.append(RecordDatabaseCheckpoint(
             topic=db.topic, kafka_partitions=db.kafka_partitions,
-            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()}))
+            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()},
+            epoch=db.epoch))
+        crash_point("persist_after_parquet")
         revision = preserved.commit(actions, now)
+        crash_point("persist_after_commit")
     except BaseException:
         with catalog.lock:
             part.windows.abort(handle)
@@ -195,6 +230,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         in_flight.discard(keys_written)
         raise
     in_flight.discard(keys_written)
+    db.deletes.mark_recorded(flushed)
     # committed: now the flush handle, then the in-memory swap
     with catalog.lock:
         part.windows.flush(handle)
@@ -223,4 +259,4 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     catalog.retire([c for c in chunks])
     log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d", db.name, table, partition_key, rows,
              len(files), revision)
-    return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts)
+    return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts, actions[-1])

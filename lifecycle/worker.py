@@ -21,6 +21,8 @@ from catalog.catalog import Catalog
 from catalog.cleanup import delete_unreferenced
 from catalog.errors import RevisionConflict
 
+from server.crash_points import crash_point
+
 from .chunk_data import release_chunk_data
 from .compact import compact_chunks
 from .persist import InFlightFiles, chunk_states, persist_partition
@@ -43,7 +45,7 @@ CLEANUP_MIN_AGE_S = 900.0
 
 class LifecycleWorker:
     def __init__(self, spark, catalog: Catalog, rules: LifecycleRules, store, preserved: dict, refresh_view,
-                 pause_file: str, is_replaying=lambda: False, on_fenced=None):
+                 pause_file: str, is_replaying=lambda: False, on_fenced=None, on_persisted=None):
         self.spark = spark
         self.catalog = catalog
         self.rules = rules
@@ -54,6 +56,9 @@ class LifecycleWorker:
         self.pause_file = pause_file
         self.is_replaying = is_replaying
         self.on_fenced = on_fenced
+        #: called with (db, RecordDatabaseCheckpoint) after every committed persist
+        self.on_persisted = on_persisted
+        self.backpressure_engagements = 0
         self.in_flight = InFlightFiles()
         self.backpressure_engaged = False
         self.fenced = False
@@ -146,8 +151,11 @@ class LifecycleWorker:
 
     def persist(self, db, table: str, partition_key: str, now: float, force: bool):
         preserved = self.preserved_for(db.name, now)
-        return persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
-                                 self.in_flight, now, force, self.refresh_view)
+        r = persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
+                              self.in_flight, now, force, self.refresh_view)
+        if r is not None and self.on_persisted is not None:
+            self.on_persisted(db, r.database_checkpoint)
+        return r
 
     def persist_now(self, db, table: str | None, partition_key: str | None, now: float) -> list:
         """`iox persist`: persists every partition of the scope now, regardless of thresholds."""
@@ -185,6 +193,7 @@ class LifecycleWorker:
         deleted = []
         for db_name, pc in list(self.preserved.items()):
             in_flight = self.in_flight.snapshot()  # before reading the state: see catalog/cleanup.py
+            crash_point("cleanup_before_delete")
             deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now)
         if deleted:
             log.info("cleanup deleted %d unreferenced file(s)", len(deleted))
@@ -195,6 +204,7 @@ class LifecycleWorker:
 
         self.backpressure_engaged = engaged
         if engaged:
+            self.backpressure_engagements += 1
             open(self.pause_file, "w").close()
             log.warning("buffer over its hard limit: backpressure engaged")
         elif os.path.exists(self.pause_file):

@@ -29,7 +29,10 @@ from .router import Router
 from .spark import build_spark
 from .write_buffer import WriteBuffer, topic_for
 
-__all__ = ["IoxServer"]
+__all__ = ["IoxServer", "DRAIN_TIMEOUT_S"]
+
+#: How long a clean stop waits for acknowledged writes to be applied before persisting.
+DRAIN_TIMEOUT_S = 120.0
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,8 @@ class IoxServer:
                 raise PartitionCountMismatch(topic, cfg.partitions, n)
         databases = sorted(set(list_catalog_databases(self.store)) | {database_of_topic(t) for t in topics})
         rec = recover(self.spark, self.catalog, self.store, cfg.partitions, time.time(),
-                      self.rules.catalog_transactions_until_checkpoint, databases)
+                      self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
+                      cfg.skip_lost_writes)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
         self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
@@ -106,7 +110,8 @@ class IoxServer:
         self.consumer.start(rec.start_offsets)
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
-                                         is_replaying=self.is_replaying, on_fenced=self._on_fenced)
+                                         is_replaying=self.is_replaying, on_fenced=self._on_fenced,
+                                         on_persisted=self._commit_resumption_offsets)
         self.lifecycle.start()
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
         self.grpc.start()
@@ -142,6 +147,9 @@ class IoxServer:
                 self.grpc.stop(grace=5).wait(10)
             if getattr(self, "http", None) is not None:
                 self.http.stop()
+            if self.broker is not None and self.broker.storage.startswith("memory") and \
+                    self.lifecycle is not None and self.consumer is not None and not self.lifecycle.fenced:
+                self._drain_and_persist()
             if self.lifecycle is not None:
                 self.lifecycle.stop()
             if self.consumer is not None:
@@ -158,6 +166,30 @@ class IoxServer:
             self._stopped.set()
             log.info("iox stopped")
 
+    def _drain_and_persist(self) -> None:
+        """Clean stop with the embedded in-memory broker: the write buffer dies with the broker,
+        so wait until every acknowledged write is applied, then persist everything."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while True:
+            behind = []
+            for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
+                db = next((d for d in self.catalog.databases() if d.topic == topic), None)
+                if db is None or db.applied_hi_inclusive.get(kp, -1) < off:
+                    behind.append((topic, kp))
+            if not behind and not self.is_replaying():
+                break
+            if time.monotonic() > deadline:
+                log.error("clean stop: %s not applied within %ss; persisting what is applied", behind,
+                          DRAIN_TIMEOUT_S)
+                break
+            time.sleep(0.1)
+        for db in self.catalog.databases():
+            try:
+                done = self.lifecycle.persist_now(db, None, None, time.time())
+                log.info("clean stop: persisted %d partition(s) of %s", len(done), db.name)
+            except Exception:
+                log.exception("clean stop: persisting %s failed", db.name)
+
     # -- replay -------------------------------------------------------------------------
     def is_replaying(self) -> bool:
         """True until every Kafka partition caught up with where the previous run stopped."""
@@ -171,6 +203,14 @@ class IoxServer:
         self.ingestor.row_filters = {}
         log.info("replay caught up")
         return False
+
+    def _commit_resumption_offsets(self, db, db_checkpoint) -> None:
+        """Bounded input reliance: after a persist, tell Kafka where replay would start."""
+        offsets = {kp: (lo if lo is not None else hi + 1) for kp, (lo, hi) in db_checkpoint.sequencer_numbers.items()}
+        try:
+            self.write_buffer.commit_resumption_offsets(db.name, offsets)
+        except Exception:
+            log.exception("committing resumption offsets of %s", db.name)
 
     def _on_fenced(self, err: Exception) -> None:
         threading.Thread(target=self.stop, name="fenced-shutdown", daemon=True).start()
@@ -214,6 +254,9 @@ class IoxServer:
                 d = resp.databases.add(name=db.name, topic=db.topic, kafka_partitions=db.kafka_partitions,
                                        catalog_revision=pc.revision if pc is not None else -1,
                                        replaying=db.topic in self._replay_until)
+                d.epoch = db.epoch
+                for kp, (lo, hi) in sorted(db.lost_writes_skipped.items()):
+                    d.lost_writes_skipped.add(partition=kp, from_offset=lo, to_offset_exclusive=hi)
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 for kp in sorted(db.applied_hi_inclusive):

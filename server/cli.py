@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         env = os.environ.get(_env_name(flag))
         s.add_argument(flag, type=typ, default=typ(env) if env is not None else None, dest=fld,
                        help=f"lifecycle rule {fld} (env {_env_name(flag)}; default: IOx's)")
+    s.add_argument("--skip-lost-writes", action="store_true",
+                   default=os.environ.get("IOX_SKIP_LOST_WRITES", "") not in ("", "0", "false"),
+                   help="start even when Kafka no longer holds offsets that are not persisted (they are lost; "
+                        "logged and counted in status) (env IOX_SKIP_LOST_WRITES)")
     s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"))
 
     pe = sub.add_parser("persist", help="persist now (all partitions of the scope) and wait for the commit")
@@ -79,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--db", required=True)
     pe.add_argument("--table", default="")
     pe.add_argument("--partition", default="")
+
+    de = sub.add_parser("delete", help="delete rows (sequenced with the writes)")
+    _add_addr(de)
+    de.add_argument("--db", required=True)
+    de.add_argument("--table", default="", help="empty: every table")
+    de.add_argument("--start", required=True, help="RFC3339 or integer nanoseconds (inclusive)")
+    de.add_argument("--stop", required=True, help="RFC3339 or integer nanoseconds (exclusive)")
+    de.add_argument("--predicate", default="", help="e.g. host = 'a' AND region != 'eu'")
 
     co = sub.add_parser("compact", help="compact the in-memory chunks of one partition")
     _add_addr(co)
@@ -119,7 +131,7 @@ def _config_from_args(a) -> ServerConfig:
                         produce_timeout_ms=a.produce_timeout_ms, trigger_interval_ms=a.trigger_interval_ms,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
                         embedded_broker_port=a.broker_port, object_store=a.object_store,
-                        s3_endpoint=a.s3_endpoint,
+                        s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
                         lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
                                    if getattr(a, fld) is not None})
 
@@ -195,6 +207,10 @@ def main(argv=None) -> int:
     if a.cmd == "persist":
         r = _client_call(lambda: client.persist(a.db, a.table, a.partition))
         print(json.dumps(r, indent=2))
+        return 0
+    if a.cmd == "delete":
+        token = _client_call(lambda: client.delete(a.db, a.start, a.stop, a.predicate, a.table))
+        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
         return 0
     if a.cmd == "compact":
         r = _client_call(lambda: client.compact(a.db, a.table, a.partition))

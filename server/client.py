@@ -8,12 +8,13 @@ import pyarrow as pa
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from iox import management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
+from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
 __all__ = ["IoxClient", "DEFAULT_ADDR"]
 
 DEFAULT_ADDR = "localhost:8082"
 _MAX = 256 * 1024 * 1024
+_ROLES = {"tag": write_pb2.ColumnRole.TAG, "field": write_pb2.ColumnRole.FIELD, "time": write_pb2.ColumnRole.TIME}
 
 
 class IoxClient:
@@ -24,6 +25,7 @@ class IoxClient:
         self.write_stub = write_pb2_grpc.WriteServiceStub(self.channel)
         self.query_stub = query_pb2_grpc.QueryServiceStub(self.channel)
         self.mgmt_stub = management_pb2_grpc.ManagementServiceStub(self.channel)
+        self.delete_stub = delete_pb2_grpc.DeleteServiceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
     def close(self) -> None:
@@ -56,6 +58,29 @@ class IoxClient:
                                                          precision=precision), timeout=timeout_s)
         return dict(r.token.offsets)
 
+    def write_arrow(self, database: str, tables: dict, timeout_s: float = 60.0) -> dict:
+        """Columnar write. `tables`: {table name: (pa.Table | pa.RecordBatch, roles)} where roles is
+        {column: "tag" | "field" | "time"} (or a list of (column, role) pairs), one per column.
+
+        Returns the write token {kafka partition: offset}.
+        """
+        req = write_pb2.WriteArrowRequest(database=database)
+        for name, (data, roles) in tables.items():
+            if isinstance(data, pa.RecordBatch):
+                data = pa.Table.from_batches([data])
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, data.schema) as w:
+                w.write_table(data)
+            t = req.tables.add(table=name, arrow_ipc=sink.getvalue().to_pybytes())
+            for col, role in (roles.items() if isinstance(roles, dict) else roles):
+                if isinstance(role, str):
+                    if role.lower() not in _ROLES:
+                        raise ValueError(f"column {col!r}: role must be tag, field or time, got {role!r}")
+                    role = _ROLES[role.lower()]
+                t.columns.add(name=col, role=role)
+        r = self.write_stub.WriteArrow(req, timeout=timeout_s)
+        return dict(r.token.offsets)
+
     def query(self, database: str, sql: str, timeout_s: float = 120.0) -> pa.Table:
         tables = []
         for resp in self.query_stub.Query(query_pb2.QueryRequest(database=database, sql=sql), timeout=timeout_s):
@@ -70,6 +95,23 @@ class IoxClient:
         return MessageToDict(self.status_proto(database), preserving_proto_field_name=True,
                              always_print_fields_with_no_presence=True)
 
+    def delete(self, database: str, start: str | int, stop: str | int, predicate: str = "", table: str = "",
+               timeout_s: float = 60.0) -> dict:
+        """Returns the delete's write token {kafka partition: offset}."""
+        r = self.delete_stub.Delete(delete_pb2.DeleteRequest(database=database, table=table, start=str(start),
+                                                             stop=str(stop), predicate=predicate), timeout=timeout_s)
+        return dict(r.offsets)
+
+    def persist(self, database: str, table: str = "", partition_key: str = "", timeout_s: float = 300.0) -> dict:
+        r = self.mgmt_stub.Persist(management_pb2.PersistRequest(database=database, table=table,
+                                                                  partition_key=partition_key), timeout=timeout_s)
+        return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def compact(self, database: str, table: str, partition_key: str, timeout_s: float = 300.0) -> dict:
+        r = self.mgmt_stub.Compact(management_pb2.CompactRequest(database=database, table=table,
+                                                                  partition_key=partition_key), timeout=timeout_s)
+        return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
     def applied(self, database: str) -> dict:
         """{kafka partition: applied_hi_inclusive}."""
         out = {}
@@ -77,6 +119,17 @@ class IoxClient:
             for wb in db.write_buffer:
                 out[wb.partition] = wb.applied_hi_inclusive
         return out
+
+    def wait_caught_up(self, database: str, timeout_s: float = 120.0) -> None:
+        """Waits until a restarted server replayed everything the write buffer held at its start."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            dbs = self.status_proto(database).databases
+            if dbs and not dbs[0].replaying:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{database}: replay not caught up within {timeout_s}s")
+            time.sleep(0.1)
 
     def wait_applied(self, database: str, token: dict, timeout_s: float = 30.0) -> None:
         """Waits until every offset of a write token is queryable."""

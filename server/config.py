@@ -78,6 +78,8 @@ class ServerConfig:
     object_store: str | None = None
     #: S3 endpoint URL (MinIO, moto); None = AWS's
     s3_endpoint: str | None = None
+    #: start even when Kafka lost offsets the replay plan needs (logged, counted in status)
+    skip_lost_writes: bool = False
     #: lifecycle rule overrides (LifecycleRules field -> value); absent = IOx defaults
     lifecycle: dict = field(default_factory=dict)
 

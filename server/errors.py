@@ -10,6 +10,7 @@ __all__ = [
     "DatabaseNotFound",
     "BadLines",
     "RequestTooLarge",
+    "DecompressedRequestTooLarge",
     "WriteBufferUnavailable",
     "SchemaConflict",
     "InvalidArgument",
@@ -64,6 +65,17 @@ class RequestTooLarge(ServerError):
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
         super().__init__(f"request of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")
+
+
+class DecompressedRequestTooLarge(RequestTooLarge):
+    """A compressed body that decompresses past the limit (decompression stopped there)."""
+
+    def __init__(self, limit_bytes: int, encoding: str = "gzip"):
+        self.encoding = encoding
+        ServerError.__init__(self, f"{encoding} request body exceeds the limit of {limit_bytes} bytes "
+                                   f"after decompression")
+        self.size_bytes = limit_bytes + 1  # at least; decompression stopped at the limit
+        self.limit_bytes = limit_bytes
 
 
 class WriteBufferUnavailable(ServerError):

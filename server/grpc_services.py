@@ -17,10 +17,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from iox import management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
+from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
 from .errors import (BadLines, DatabaseNotFound, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable)
+from .router import ArrowTableWrite
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
 
@@ -30,11 +31,15 @@ SERVICE_NAMES = (
     write_pb2.DESCRIPTOR.services_by_name["WriteService"].full_name,
     query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name,
     management_pb2.DESCRIPTOR.services_by_name["ManagementService"].full_name,
+    delete_pb2.DESCRIPTOR.services_by_name["DeleteService"].full_name,
 )
 #: Rows per Arrow record batch streamed back by Query.
 QUERY_BATCH_ROWS = 64_000
 #: gRPC message size limit (requests and responses).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: WriteArrow column roles -> the router's role names ("unspecified" is rejected there).
+_ROLE_NAMES = {write_pb2.ColumnRole.TAG: "tag", write_pb2.ColumnRole.FIELD: "field",
+               write_pb2.ColumnRole.TIME: "time", write_pb2.ColumnRole.ROLE_UNSPECIFIED: "unspecified"}
 
 
 def _abort(context, err: Exception):
@@ -77,6 +82,17 @@ class _WriteService(write_pb2_grpc.WriteServiceServicer):
         return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token), points=res.points,
                                        topic=res.topic)
 
+    def WriteArrow(self, request, context):
+        try:
+            tables = [ArrowTableWrite(t.table, t.arrow_ipc, [(c.name, _ROLE_NAMES.get(c.role, str(c.role)))
+                                                             for c in t.columns])
+                      for t in request.tables]
+            res = self.server.router.write_arrow(request.database, tables)
+        except Exception as e:
+            _abort(context, e)
+        return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token), points=res.points,
+                                       topic=res.topic)
+
 
 class _QueryService(query_pb2_grpc.QueryServiceServicer):
     def __init__(self, server):
@@ -98,6 +114,21 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
                                           applied_hi_inclusive=res.applied_hi_inclusive)
 
 
+class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):
+    def __init__(self, server):
+        self.server = server
+
+    def Delete(self, request, context):
+        from .deletes import submit_delete
+
+        try:
+            token = submit_delete(self.server.catalog, self.server.write_buffer, request.database, request.table,
+                                  request.start, request.stop, request.predicate)
+        except Exception as e:
+            _abort(context, e)
+        return delete_pb2.DeleteResponse(offsets=token)
+
+
 class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
     def __init__(self, server):
         self.server = server
@@ -105,6 +136,18 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
     def GetStatus(self, request, context):
         try:
             return self.server.status(request.database)
+        except Exception as e:
+            _abort(context, e)
+
+    def Persist(self, request, context):
+        try:
+            return self.server.persist_now(request.database, request.table, request.partition_key)
+        except Exception as e:
+            _abort(context, e)
+
+    def Compact(self, request, context):
+        try:
+            return self.server.compact_now(request.database, request.table, request.partition_key)
         except Exception as e:
             _abort(context, e)
 
@@ -121,6 +164,7 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16):
     write_pb2_grpc.add_WriteServiceServicer_to_server(_WriteService(server), g)
     query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(server), g)
     management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(server), g)
+    delete_pb2_grpc.add_DeleteServiceServicer_to_server(_DeleteService(server), g)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, g)
     names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

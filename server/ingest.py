@@ -23,19 +23,29 @@ from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
-from lifecycle.chunk_data import estimate_bytes, release_df
+from catalog.delete_mailbox import Delete
+from lifecycle.chunk_data import estimate_bytes, release_df, table_deletes
 
+from .crash_points import crash_point
 from .recovery import keep_mask_fn
 from .views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
 from .wire_format import FORMAT_VERSION, NS_PER_DAY, WireFormatMismatch, day_numbers
-from .write_buffer import database_of_topic
+from .write_buffer import database_of_topic, partition_for
 
-__all__ = ["Ingestor", "SEQ_ROW_BITS"]
+__all__ = ["Ingestor", "SEQ_ROW_BITS", "SEQ_OFFSET_BITS", "seq_base"]
 
 log = logging.getLogger(__name__)
 
-#: `_iox_seq` = (offset << SEQ_ROW_BITS) | row index within the message.
-SEQ_ROW_BITS = 24
+#: `_iox_seq` = epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS) | offset << SEQ_ROW_BITS | row in its message:
+#: write-buffer order, also across a reset of the topic (a new epoch orders after every older one).
+#: 8 bits of epoch, 35 of Kafka offset, 20 of row (a message holds at most 2**20 rows of one table).
+SEQ_ROW_BITS = 20
+SEQ_OFFSET_BITS = 35
+
+
+def seq_base(epoch: int, offset: int) -> int:
+    """The `_iox_seq` of row 0 of the message at `offset` in write-buffer epoch `epoch`."""
+    return (epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS)) | (offset << SEQ_ROW_BITS)
 _META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt"]
 
 
@@ -44,7 +54,7 @@ def _arrow_type(typ: str) -> pa.DataType:
             "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
 
 
-def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None):
+def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
 
     Picklable (captures only plain lists/tuples). `day_lo_hi` = (first, last) day
@@ -83,7 +93,7 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None):
                 time_ns = t.column("time").combine_chunks()
                 arrays.append(time_ns)
                 names.append(TIME_NS_COLUMN)
-                seq = pc.add(pa.array(range(n), pa.int64()), off << SEQ_ROW_BITS)
+                seq = pc.add(pa.array(range(n), pa.int64()), seq_base(epoch, off))
                 arrays.append(seq)
                 names.append(SEQ_COLUMN)
                 out = pa.RecordBatch.from_arrays(arrays, names=names)
@@ -137,10 +147,15 @@ class Ingestor:
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self._apply_table(raw, db, topic, table, msgs, F)
                 touched.append((db, table))
+            if any(m["kind"] == "delete" for m in meta):
+                touched += self._apply_deletes(raw, F)
             log.debug("batch %s: chunks built", batch_id)
             for db, table in touched:
                 self.refresh_table_view(db, table)
             log.debug("batch %s: views swapped", batch_id)
+            crash_point("consume_before_applied")
+            if self.row_filters:
+                crash_point("replay_batch")
             for topic, parts in hi.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self.catalog.advance_applied(db, parts)
@@ -185,7 +200,7 @@ class Ingestor:
             bounds = None if len(days) == 1 else (day, day)
             filters = self.row_filters.get((db.name, table))
             keep = keep_mask_fn(filters) if filters else None
-            decoded = sel.select("kp", "offset", "payload").mapInArrow(_decode_fn(value_cols, bounds, keep), struct)
+            decoded = sel.select("kp", "offset", "payload").mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch), struct)
             cdf = decoded.localCheckpoint(eager=True)
             if keep is not None:  # replayed rows were filtered: count what is left
                 st = cdf.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
@@ -203,6 +218,32 @@ class Ingestor:
                           created_at=time.time())
             self.catalog.add_chunk(db, chunk, now=time.time())
 
+    def _apply_deletes(self, raw, F) -> list:
+        """Records the batch's deletes; returns the (db, table) pairs whose view must change.
+
+        The table's open chunk is closed first: a delete never lands in a chunk that may
+        still grow, so compaction and persist materialise it against a fixed set of rows.
+        """
+        touched = []
+        rows = raw.filter(F.col("kind") == "delete").select("topic", "kp", "offset", "payload").collect()
+        for r in rows:
+            db = self.catalog.ensure_database(database_of_topic(r["topic"]), r["topic"], self.kafka_partitions)
+            body = json.loads(bytes(r["payload"]))
+            d = Delete(table=body["table"] or None, start_ns=body["start_ns"],
+                       stop_ns_exclusive=body["stop_ns_exclusive"],
+                       predicate=tuple(tuple(t) for t in body["predicate"]),
+                       seq=seq_base(db.epoch, r["offset"]), kafka_partition=r["kp"])
+            db.deletes.add(d)
+            with self.catalog.lock:
+                for table in list(db.partitions):
+                    if d.applies_to(table, partition_for(table, db.kafka_partitions)):
+                        for part in db.partitions[table].values():
+                            for c in part.chunks:
+                                if c.state == "open":
+                                    c.state = "closed"
+                        touched.append((db, table))
+        return touched
+
     def refresh_table_view(self, db: Database, table: str) -> None:
         """Replaces the table's view with one over its current chunks."""
         schema = db.schemas.get(table)
@@ -213,7 +254,7 @@ class Ingestor:
                 sources.append((f"global_temp.{quote(c.view)}", c.column_names()))
         if not sources:
             return
-        sql = table_view_sql(schema, sources)
+        sql = table_view_sql(schema, sources, deletes=table_deletes(db, table))
         name = quote(table_view_name(db.name, table))
         self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
 

@@ -26,7 +26,7 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME"]
+__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_end", "reader_consumer"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
@@ -44,7 +44,7 @@ class _TopicPartitionRange(InputPartition):
         self.end_exclusive = end_exclusive
 
 
-def _consumer(bootstrap: str, **extra):
+def reader_consumer(bootstrap: str, **extra):
     from confluent_kafka import Consumer
 
     conf = {
@@ -56,10 +56,38 @@ def _consumer(bootstrap: str, **extra):
         "fetch.max.bytes": 256 * 1024 * 1024,
         "max.partition.fetch.bytes": 64 * 1024 * 1024,
         "receive.message.max.bytes": 512 * 1024 * 1024,
+        "allow.auto.create.topics": False,
         "log_level": 3,
     }
     conf.update(extra)
     return Consumer(conf)
+
+
+def true_end(consumer, topic: str, partition: int, high_watermark: int) -> int:
+    """Last offset + 1 of a partition whose broker reported `high_watermark`.
+
+    Tansu reports the base offset of the last record batch + 1: read that batch
+    and take its last offset. On Apache Kafka the batch ends at the watermark.
+    Uses (and then unassigns) `consumer`.
+    """
+    from confluent_kafka import TopicPartition
+
+    if high_watermark <= 0:
+        return 0
+    end = high_watermark
+    consumer.assign([TopicPartition(topic, partition, high_watermark - 1)])
+    deadline = time.monotonic() + 2.0
+    got = False
+    while time.monotonic() < deadline:
+        msgs = consumer.consume(1000, timeout=0.1)
+        for m in msgs:
+            if m.error() is None and m.topic() == topic and m.partition() == partition:
+                end = max(end, m.offset() + 1)
+                got = True
+        if got and not msgs:
+            break
+    consumer.unassign()
+    return end
 
 
 class IoxKafkaStreamReader(DataSourceStreamReader):
@@ -78,7 +106,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         if self._probe is None:
             from confluent_kafka.admin import AdminClient
 
-            self._probe = _consumer(self.bootstrap)
+            self._probe = reader_consumer(self.bootstrap)
             self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
         return self._probe, self._admin
 
@@ -103,25 +131,11 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         from confluent_kafka import TopicPartition
 
         probe, _ = self._clients()
-        tp = TopicPartition(topic, partition)
-        _lo, hi = probe.get_watermark_offsets(tp, timeout=_ADMIN_TIMEOUT_S)
+        _lo, hi = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=_ADMIN_TIMEOUT_S)
         known = self._true_end.get((topic, partition), 0)
         if hi <= known:
             return known
-        end = hi
-        # read the last record batch: its base offset is hi - 1 on Tansu
-        probe.assign([TopicPartition(topic, partition, hi - 1)])
-        deadline = time.monotonic() + 2.0
-        got = False
-        while time.monotonic() < deadline:
-            msgs = probe.consume(1000, timeout=0.1)
-            for m in msgs:
-                if m.error() is None and m.topic() == topic and m.partition() == partition:
-                    end = max(end, m.offset() + 1)
-                    got = True
-            if got and not msgs:
-                break
-        probe.unassign()
+        end = true_end(probe, topic, partition, hi)
         self._true_end[(topic, partition)] = end
         return end
 
@@ -177,7 +191,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         import pyarrow as pa
         from confluent_kafka import TopicPartition
 
-        c = _consumer(self.bootstrap)
+        c = reader_consumer(self.bootstrap)
         try:
             c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
             next_offset = partition.start

@@ -19,15 +19,29 @@ from catalog.catalog import Catalog
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from catalog.chunk import Chunk
 from catalog.errors import CatalogError
-from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
+from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordDatabaseCheckpoint
 from catalog.schema import Column
 from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 
 from .write_buffer import topic_for
 
-__all__ = ["recover", "RecoveryResult", "TopicMismatch", "list_catalog_databases", "keep_mask_fn"]
+__all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn"]
 
 log = logging.getLogger(__name__)
+
+
+class LostWrites(Exception):
+    """Kafka no longer holds offsets the replay plan needs (retention, or a deleted topic)."""
+
+    def __init__(self, database: str, partition: int, from_offset: int, to_exclusive: int):
+        self.database = database
+        self.partition = partition
+        self.from_offset = from_offset
+        self.to_exclusive = to_exclusive
+        super().__init__(
+            f"database {database!r}: Kafka partition {partition} no longer holds offsets "
+            f"[{from_offset}, {to_exclusive}) that are not persisted yet; refusing to start. "
+            f"Start with --skip-lost-writes to accept losing them and read from the oldest available offset.")
 
 
 class TopicMismatch(Exception):
@@ -63,6 +77,16 @@ def list_catalog_databases(store) -> list[str]:
     return sorted(names)
 
 
+def _literal_kind(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "float"
+    return "string"
+
+
 def _day_number(partition_key: str) -> int:
     import datetime
 
@@ -70,7 +94,8 @@ def _day_number(partition_key: str) -> int:
 
 
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
-            transactions_until_checkpoint: int, databases: list[str]) -> RecoveryResult:
+            transactions_until_checkpoint: int, databases: list[str], write_buffer,
+            skip_lost_writes: bool = False) -> RecoveryResult:
     out = RecoveryResult()
     cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
     for name in databases:
@@ -95,27 +120,78 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             part = catalog.partition(db, f.table, f.partition_key)
             part.chunks.append(chunk)
             part.files.append(f)
+        from catalog.delete_mailbox import Delete
+
+        from .write_buffer import partition_for
+
+        for dp in state.delete_predicates:
+            db.deletes.add(Delete(table=dp.table, start_ns=dp.start_ns, stop_ns_exclusive=dp.stop_ns_exclusive,
+                                  predicate=tuple((c, op, v, _literal_kind(v)) for c, op, v in dp.predicate),
+                                  seq=dp.seq, kafka_partition=partition_for(dp.table, kafka_partitions)),
+                           recorded=True)
+        epoch = dbck.epoch if dbck is not None else 0
+        db.epoch = epoch
         planner = ReplayPlanner()
+        filters = {}
         for (table, pkey), ck in state.partition_checkpoints.items():
             catalog.partition(db, table, pkey).checkpoint = ck
+            if ck.epoch != epoch:
+                continue  # an older epoch of the write buffer: wholly persisted, nothing to replay
             planner.register_partition_checkpoint(PartitionCheckpoint(
                 table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
                 offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()}))
-            filters = out.row_filters.setdefault((name, table), {})
-            filters[_day_number(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
+            filters.setdefault(table, {})[_day_number(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
         if dbck is not None:
             planner.register_database_checkpoint(DatabaseCheckpoint(
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items()}))
         plan = planner.build()
-        starts = {}
-        until = {}
+        bounds = write_buffer.partition_bounds(topic, kafka_partitions) if dbck is not None else {}
+        starts, until, reset = {}, {}, False
         for kp in plan.kafka_partitions():
             s = plan.start_offset(kp)
-            if s is not None:
-                starts[kp] = s
-                until[kp] = plan.replay_range(kp).max_seen_offset
-                # offsets below the start are persisted: they count as applied
-                db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+            if s is None:
+                continue
+            rng = plan.replay_range(kp)
+            needs_replay = rng.min_unpersisted_offset is not None
+            lo, end = bounds.get(kp, (0, 0))
+            lost = None
+            if end < s:  # the broker is behind the catalog: the topic was reset (or lost data)
+                reset = True
+                if needs_replay:
+                    lost = (s, rng.max_seen_offset + 1)
+            elif lo > s:  # retention dropped offsets replay needs
+                lost = (s, lo)
+            if lost is not None:
+                if not skip_lost_writes:
+                    raise LostWrites(name, kp, *lost)
+                log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets [%d, %d) "
+                          "(--skip-lost-writes)", name, kp, *lost)
+                db.lost_writes_skipped[kp] = lost
+                s = lo
+            starts[kp] = s
+            if needs_replay and s <= rng.max_seen_offset:
+                until[kp] = rng.max_seen_offset
+            db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+        if reset:
+            # offsets start over: a new epoch keeps write-buffer order (seq) and ignores old checkpoints
+            db.epoch = epoch + 1
+            starts = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions)}
+            until = {}
+            filters = {}
+            db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
+            pc.commit([RecordDatabaseCheckpoint(topic=topic, kafka_partitions=kafka_partitions,
+                                                sequencer_numbers={}, epoch=db.epoch)], now)
+            log.warning("database %s: the write buffer topic was reset; everything was persisted, "
+                        "continuing in write-buffer epoch %d", name, db.epoch)
+        # replay counts as caught up once everything Kafka held at start is applied
+        if not bounds:
+            bounds = write_buffer.partition_bounds(topic, kafka_partitions)
+        for kp, (lo, end) in bounds.items():
+            first = starts.get(kp, lo)
+            if end - 1 >= first:
+                until[kp] = max(until.get(kp, -1), end - 1)
+        for table, f in filters.items():
+            out.row_filters[(name, table)] = f
         out.start_offsets[topic] = starts
         out.replay_until[topic] = until
         log.info("recovered database %s at catalog revision %d: %d file(s), replay from %s", name,

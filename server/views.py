@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
 
-__all__ = ["quote", "table_view_name", "chunk_view_name", "chunk_select_sql", "table_view_sql",
+__all__ = ["deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql", "table_view_sql",
            "spark_struct_for"]
 
 
@@ -45,7 +45,24 @@ def chunk_select_sql(source_sql: str, chunk_columns: set, schema: TableSchema) -
     return f"SELECT {', '.join(parts)} FROM {source_sql}"
 
 
-def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = False) -> str:
+def deletes_sql(schema: TableSchema, deletes: list) -> str:
+    """SQL condition that is true for rows NO delete removes (before dedup, per row)."""
+    if not deletes:
+        return ""
+    from .delete_predicate import from_json, predicate_sql
+
+    col_types = {c.name: c.type for c in schema.columns}
+    t, s = quote(TIME_NS_COLUMN), quote(SEQ_COLUMN)
+    conds = []
+    for d in deletes:
+        if any(term[0] not in col_types for term in d.predicate):
+            continue  # a column the table lacks is NULL: `=` and `!=` never match, nothing to delete
+        pred = predicate_sql(from_json([list(x) for x in d.predicate]), quote, col_types)
+        conds.append(f"({s} < {d.seq} AND {t} >= {d.start_ns} AND {t} < {d.stop_ns_exclusive} AND {pred})")
+    return "NOT (" + " OR ".join(conds) + ")"
+
+
+def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = False, deletes: list = ()) -> str:
     """The deduplicating view over `chunk_sources`: [(source_sql, chunk_columns)].
 
     as_chunk=False: what users query (tags, fields, `time` TIMESTAMP, `time_ns`).
@@ -70,7 +87,9 @@ def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = Fa
         sel.append(f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS `time`")
         sel.append(t)
     group = ", ".join(tags + [t])
-    return f"SELECT {', '.join(sel)} FROM (\n{union}\n) GROUP BY {group}"
+    where = deletes_sql(schema, list(deletes))
+    where = f" WHERE {where}" if where else ""
+    return f"SELECT {', '.join(sel)} FROM (\n{union}\n){where} GROUP BY {group}"
 
 
 def spark_struct_for(schema: TableSchema):

@@ -9,7 +9,11 @@ Layout:
 - key: the table name (UTF-8)
 - value: an Arrow IPC stream of the rows; columns as `TableBatch.columns`
   (tags: string, fields: their type, `time`: int64 nanoseconds)
-- headers: iox-format, iox-kind ("write"), iox-table, iox-schema (JSON list of
+A delete is one message too (kind "delete", value: JSON {table, start_ns,
+stop_ns_exclusive, predicate}); a database-wide delete is one message per Kafka
+partition, so it is ordered with the writes of every table.
+
+- headers: iox-format, iox-kind ("write" | "delete"), iox-table, iox-schema (JSON list of
   [name, role, type]), iox-rows, iox-days (JSON {"YYYY-MM-DD": [rows, min_ns, max_ns]})
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "WireFormatMismatch",
     "EncodedWrite",
     "encode_write",
+    "encode_delete",
     "decode_payload",
     "partition_key_of_day",
     "day_partitions",
@@ -51,6 +56,8 @@ class EncodedWrite:
     key: bytes
     value: bytes
     headers: list
+    #: explicit Kafka partition (a database-wide delete goes to every one); None = by table
+    partition: int | None = None
 
 
 def partition_key_of_day(day_number: int) -> str:
@@ -90,6 +97,22 @@ def encode_write(table: str, columns: list, data: pa.Table) -> EncodedWrite:
         ("iox-days", json.dumps(days, separators=(",", ":")).encode()),
     ]
     return EncodedWrite(table=table, key=table.encode(), value=sink.getvalue().to_pybytes(), headers=headers)
+
+
+def encode_delete(table: str | None, start_ns: int, stop_ns_exclusive: int, predicate_json: list,
+                  partition: int | None = None) -> EncodedWrite:
+    """A delete as a write-buffer message (kind "delete"; JSON value). Runs on the router."""
+    body = {"table": table, "start_ns": start_ns, "stop_ns_exclusive": stop_ns_exclusive,
+            "predicate": predicate_json}
+    headers = [
+        ("iox-format", str(FORMAT_VERSION).encode()),
+        ("iox-kind", b"delete"),
+        ("iox-table", (table or "").encode()),
+        ("iox-rows", b"0"),
+    ]
+    return EncodedWrite(table=table or "", key=(table or "").encode(),
+                        value=json.dumps(body, separators=(",", ":")).encode(), headers=headers,
+                        partition=partition)
 
 
 def decode_payload(value: bytes) -> pa.Table:

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from .errors import WriteBufferUnavailable
 from .wire_format import EncodedWrite
 
-__all__ = ["WriteBuffer", "topic_for", "database_of_topic", "partition_for", "TOPIC_PREFIX",
+__all__ = ["WriteBuffer", "topic_for", "consumer_group_for", "database_of_topic", "partition_for", "TOPIC_PREFIX",
            "PartitionCountMismatch"]
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,11 @@ class PartitionCountMismatch(Exception):
 
 def topic_for(database: str) -> str:
     return TOPIC_PREFIX + database
+
+
+def consumer_group_for(database: str) -> str:
+    """The Kafka consumer group whose committed offsets are the database's resumption frontier."""
+    return f"iox-{database}"
 
 
 def database_of_topic(topic: str) -> str:
@@ -75,6 +80,8 @@ def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
         "message.max.bytes": 64 * 1024 * 1024,
         "socket.timeout.ms": min(produce_timeout_ms, 60_000),
         "reconnect.backoff.max.ms": 1000,
+        # topics are created explicitly with the configured partition count, never implicitly
+        "allow.auto.create.topics": False,
         "log_level": 3,
     }
 
@@ -89,6 +96,8 @@ class WriteBuffer:
         self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
         self._lock = threading.Lock()
         self._known_topics: set[str] = set()
+        #: (topic, kafka partition) -> highest offset this process got acknowledged
+        self.acked_hi_inclusive: dict = {}
         self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer-poll", daemon=True)
@@ -101,7 +110,7 @@ class WriteBuffer:
         if topic in self._known_topics:
             return topic
         try:
-            md = self._admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT_S)
+            md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
         except KafkaException as e:
             raise WriteBufferUnavailable(f"cannot reach Kafka at {self.bootstrap}: {e}") from e
         tmd = md.topics.get(topic)
@@ -127,13 +136,60 @@ class WriteBuffer:
     def _wait_partitions(self, topic: str) -> int:
         deadline = time.monotonic() + ADMIN_TIMEOUT_S
         while True:
-            md = self._admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT_S)
+            md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
             tmd = md.topics.get(topic)
             if tmd is not None and tmd.error is None and tmd.partitions:
                 return len(tmd.partitions)
             if time.monotonic() > deadline:
                 raise WriteBufferUnavailable(f"topic {topic} did not appear after creation")
             time.sleep(0.05)
+
+    def partition_bounds(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+        """{kafka partition: (low watermark, true end = last offset + 1)} of a topic ({} if absent)."""
+        from confluent_kafka import TopicPartition
+
+        from .kafka_source import reader_consumer, true_end
+
+        md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
+        if topic not in md.topics or md.topics[topic].error is not None:
+            return {}
+        c = reader_consumer(self.bootstrap)
+        try:
+            out = {}
+            for kp in range(partitions):
+                lo, hi = c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
+                out[kp] = (max(lo, 0), true_end(c, topic, kp, hi))
+            return out
+        finally:
+            c.close()
+
+    def commit_resumption_offsets(self, database: str, offsets: dict[int, int]) -> None:
+        """Bounded input reliance: records, for the database's consumer group, where replay
+        would start ({kp: offset}), so the write buffer may drop what lies below."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        if not offsets:
+            return
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": consumer_group_for(database),
+                      "enable.auto.commit": False, "allow.auto.create.topics": False, "log_level": 3})
+        try:
+            c.commit(offsets=[TopicPartition(topic_for(database), kp, off) for kp, off in sorted(offsets.items())],
+                     asynchronous=False)
+        finally:
+            c.close()
+
+    def committed_offsets(self, database: str, partitions: int) -> dict[int, int]:
+        """The consumer group's committed resumption offsets ({kp: offset}; absent = none)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": consumer_group_for(database),
+                      "enable.auto.commit": False, "allow.auto.create.topics": False, "log_level": 3})
+        try:
+            tps = c.committed([TopicPartition(topic_for(database), kp) for kp in range(partitions)],
+                              timeout=ADMIN_TIMEOUT_S)
+            return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+        finally:
+            c.close()
 
     def list_database_topics(self) -> dict[str, int]:
         """{topic: partitions} of every database topic on the broker."""
@@ -183,10 +239,14 @@ class WriteBuffer:
                     self._recreate_producer(producer)
                 raise WriteBufferUnavailable(f"Kafka did not acknowledge the write: {err.str()}")
             token[part] = max(token.get(part, -1), off)
+        with self._lock:
+            for part, off in token.items():
+                k = (topic, part)
+                self.acked_hi_inclusive[k] = max(self.acked_hi_inclusive.get(k, -1), off)
         return token
 
     def _produce_one(self, producer: Producer, topic: str, w: EncodedWrite, on_delivery) -> None:
-        part = partition_for(w.table, self.partitions)
+        part = w.partition if w.partition is not None else partition_for(w.table, self.partitions)
         while True:
             try:
                 producer.produce(topic, value=w.value, key=w.key, headers=w.headers, partition=part,

@@ -1,0 +1,145 @@
+"""Crash harness: runs `iox serve` as a real subprocess (embedded broker, own data dir),
+writes uniquely identifiable points through gRPC, records which writes were acknowledged,
+and checks after a restart that the query results are exactly the acknowledged writes.
+
+A write whose acknowledgement was lost in the crash may or may not be in Kafka; it is
+allowed to appear (at most once) but never required. Acknowledged writes must all appear,
+exactly once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+
+from server.broker import free_port
+from server.client import IoxClient
+
+T0 = 1_700_000_000_000_000_000
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IOX = os.path.join(os.path.dirname(sys.executable), "iox")
+
+
+class ServerProcess:
+    def __init__(self, data_dir: str, crash_at: str = "", extra: list | None = None):
+        self.data_dir = data_dir
+        self.port = free_port()
+        env = dict(os.environ)
+        env.pop("IOX_CRASH_AT", None)
+        if crash_at:
+            env["IOX_CRASH_AT"] = crash_at
+        self.log_path = os.path.join(data_dir, f"server-{self.port}.log")
+        os.makedirs(data_dir, exist_ok=True)
+        args = [IOX, "serve", "--data-dir", data_dir, "--grpc-port", str(self.port), "--http-port", "0",
+                "--spark-connect-port", "0", "--driver-memory", "2g", "--partitions", "2",
+                "--produce-timeout-ms", "5000"] + (extra or [])
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.client = IoxClient(f"127.0.0.1:{self.port}")
+
+    def wait_ready(self, timeout_s: float = 180.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                self.client.wait_ready(2)
+                return self
+            except TimeoutError:
+                pass
+            assert time.monotonic() < deadline, f"server not ready: {self.tail()}"
+
+    def tail(self, n: int = 4000) -> str:
+        try:
+            return open(self.log_path, "rb").read()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self.client.close()
+
+    def terminate(self, timeout_s: float = 180.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout_s)
+        self.client.close()
+        return rc
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def broker_record(data_dir: str) -> dict:
+    with open(os.path.join(data_dir, "broker.json")) as f:
+        return json.load(f)
+
+
+def stop_embedded_broker(data_dir: str) -> None:
+    try:
+        pid = broker_record(data_dir)["pid"]
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, KeyError, ValueError):
+        pass
+
+
+class Writer:
+    """Writes batches of uniquely numbered points; remembers what was acknowledged."""
+
+    def __init__(self, db: str, table: str = "crash"):
+        self.db = db
+        self.table = table
+        self.next_id = 0
+        self.acked: set = set()
+        self.unacked: set = set()
+        self.tokens: list = []
+
+    def write_batch(self, client: IoxClient, n: int = 50) -> bool:
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        lp = "\n".join(f"{self.table},src=w{i % 4} id={i}i {T0 + i * 1000}" for i in ids)
+        try:
+            tok = client.write(self.db, lp, timeout_s=10)
+        except grpc.RpcError:
+            self.unacked.update(ids)
+            return False
+        self.acked.update(ids)
+        self.tokens.append(tok)
+        return True
+
+    def write_until_dead(self, server: ServerProcess, timeout_s: float = 120.0, n: int = 50) -> None:
+        deadline = time.monotonic() + timeout_s
+        while server.proc.poll() is None:
+            assert time.monotonic() < deadline, f"the crash point never fired: {server.tail()}"
+            self.write_batch(server.client, n)
+        server.client.close()
+
+    def check(self, client: IoxClient, timeout_s: float = 180.0, wait_tokens: bool = True) -> list:
+        """Waits until every acknowledged write is applied, then checks exactly-once.
+
+        wait_tokens=False after a write-buffer reset: the old tokens' offsets belong to
+        the previous epoch (everything of it was persisted)."""
+        merged: dict = {}
+        for tok in self.tokens:
+            for p, off in tok.items():
+                merged[p] = max(merged.get(p, -1), off)
+        if wait_tokens:
+            client.wait_applied(self.db, merged, timeout_s=timeout_s)
+        rows = client.query(self.db, f"SELECT id FROM {self.table}").to_pylist()
+        ids = [r["id"] for r in rows]
+        assert len(ids) == len(set(ids)), f"duplicates: {len(ids) - len(set(ids))}"
+        got = set(ids)
+        missing = self.acked - got
+        assert not missing, f"{len(missing)} acknowledged writes lost, e.g. {sorted(missing)[:10]}"
+        extra = got - self.acked - self.unacked
+        assert not extra, f"rows nobody wrote: {sorted(extra)[:10]}"
+        return ids
