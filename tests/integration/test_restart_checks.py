@@ -1,0 +1,98 @@
+"""Restart safety checks: Kafka lost offsets the replay plan needs (refuse, or
+--skip-lost-writes), a changed partition count, and bounded input reliance (the
+resumption offsets are committed to the consumer group after each persist)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+
+import pytest
+
+from server.broker import free_port, start_broker
+from server.client import IoxClient
+from server.recovery import LostWrites
+from server.write_buffer import PartitionCountMismatch, WriteBuffer
+from tests.conftest import make_config
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _start(cfg):
+    from server.app import IoxServer
+
+    srv = IoxServer(cfg)
+    try:
+        srv.start()
+    except BaseException:
+        srv.stop()
+        raise
+    c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
+    c.wait_ready(60)
+    return srv, c
+
+
+def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_committed(iox_server, session_tmp):
+    port = free_port()
+    broker = start_broker(port)
+    cfg = make_config(os.path.join(session_tmp, f"lost-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+                      partitions=2, lifecycle={"worker_backoff_ms": 3_600_000})
+    db = f"l_{uuid.uuid4().hex[:6]}"
+    srv, c = _start(cfg)
+    try:
+        # cpu and mem share Kafka partition 0 (crc32); only cpu is persisted, so the
+        # database checkpoint says mem's write must be replayed from Kafka
+        c.wait_applied(db, c.write(db, f"cpu,host=a v=1 {T0}\n"), timeout_s=90)
+        tok = c.write(db, f"mem,host=a v=2 {T0 + 1}\n")
+        c.wait_applied(db, tok, timeout_s=90)
+        r = c.persist(db, table="cpu")
+        assert [p["table"] for p in r["persisted"]] == ["cpu"]
+        (kp, off), = tok.items()
+        assert kp == 0
+        # bounded input reliance: the group's committed offsets are the replay start (mem's write)
+        committed = WriteBuffer(broker.bootstrap, 2, 5000).committed_offsets(db, 2)
+        assert committed.get(kp) == off
+    finally:
+        c.close()
+        srv.stop()
+    broker.stop()
+    broker = start_broker(port)  # the in-memory broker lost every offset
+    try:
+        with pytest.raises(LostWrites) as ei:
+            _start(dataclasses.replace(cfg, grpc_port=free_port()))
+        assert ei.value.partition == kp and ei.value.from_offset == off
+        assert "skip-lost-writes" in str(ei.value)
+        srv, c = _start(dataclasses.replace(cfg, grpc_port=free_port(), skip_lost_writes=True))
+        try:
+            st = c.status(db)["databases"][0]
+            assert st["lost_writes_skipped"] == [{"partition": kp, "from_offset": str(off),
+                                                  "to_offset_exclusive": str(off + 1)}]
+            # what was persisted is still there; the lost write is gone; new writes work
+            assert c.query(db, "SELECT v FROM cpu").to_pylist() == [{"v": 1.0}]
+            assert c.query(db, "SHOW TABLES").num_rows >= 1
+            c.wait_applied(db, c.write(db, f"cpu,host=b v=3 {T0}\n"), timeout_s=90)
+            assert c.query(db, "SELECT host, v FROM cpu ORDER BY host").to_pylist() == [
+                {"host": "a", "v": 1.0}, {"host": "b", "v": 3.0}]
+        finally:
+            c.close()
+            srv.stop()
+    finally:
+        broker.stop()
+
+
+def test_changed_partition_count_is_a_clear_error(iox_server, session_tmp):
+    broker = start_broker()
+    cfg = make_config(os.path.join(session_tmp, f"pc-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+                      partitions=2)
+    try:
+        srv, c = _start(cfg)
+        try:
+            c.write("pcdb", f"cpu v=1 {T0}\n")
+        finally:
+            c.close()
+            srv.stop()
+        with pytest.raises(PartitionCountMismatch) as ei:
+            _start(dataclasses.replace(cfg, grpc_port=free_port(), partitions=3))
+        assert ei.value.expected == 3 and ei.value.actual == 2
+    finally:
+        broker.stop()
