@@ -35,7 +35,7 @@ from server.crash_points import crash_point
 from .chunk_data import estimate_bytes, merged_df, table_deletes, register_df_chunk
 from .policy import ChunkState, select_persistable_chunks
 
-__all__ = ["PersistOutcome", "persist_partition", "InFlightFiles"]
+__all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions"]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _writer_fn(store: ObjectStore, key: str):
     return fn
 
 
-def _mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
+def mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
     """Flushes the delete mailbox into this persist's transaction (IOx: the whole mailbox).
 
     Each delete is recorded per table it applies to, naming that table's Parquet
@@ -209,7 +209,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                              min_seq=m["min_seq"], max_seq=m["max_seq"], schema=tuple(tuple(c) for c in schema.to_json()))
             actions.append(add)
             files.append(add)
-        flushed = _mailbox_actions(db, preserved, files, actions)
+        flushed = mailbox_actions(db, preserved, files, actions)
         actions.append(RecordPartitionCheckpoint(
             table=table, partition_key=partition_key, flush_timestamp_ns=flush_ts,
             sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in part_ckpt.offsets.items()},

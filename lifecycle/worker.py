@@ -25,18 +25,21 @@ from server.crash_points import crash_point
 
 from .chunk_data import release_chunk_data
 from .compact import compact_chunks
-from .persist import InFlightFiles, chunk_states, persist_partition
+from .persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
 from .policy import (Backpressure, CompactChunks, DatabaseState, DropChunk, PartitionState, PersistChunks,
                      UnloadChunk, decide)
 from .rules import LifecycleRules
 from .unload import unload_chunk
 
-__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S"]
+__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
 #: How long replaced chunk data stays readable for queries planned before the swap.
 RETIRED_GRACE_S = 120.0
+#: How often deletes that hit persisted files are recorded in the preserved catalog
+#: even when no persist happens (each persist flushes the mailbox too).
+MAILBOX_FLUSH_INTERVAL_S = 10.0
 #: How often unreferenced Parquet files are looked for.
 CLEANUP_INTERVAL_S = 300.0
 #: A Parquet file younger than this is never deleted by cleanup (an in-flight persist may own it).
@@ -67,6 +70,7 @@ class LifecycleWorker:
         self._stop = threading.Event()
         self._thread = None
         self._last_cleanup = 0.0
+        self._last_mailbox_flush = 0.0
         self.last_error: str | None = None
 
     # -- thread -----------------------------------------------------------------------
@@ -125,6 +129,9 @@ class LifecycleWorker:
                     done.append(action)
         for chunk in self.catalog.take_retired(now - RETIRED_GRACE_S):
             release_chunk_data(self.spark, chunk)
+        if now - self._last_mailbox_flush >= MAILBOX_FLUSH_INTERVAL_S:
+            self._last_mailbox_flush = now
+            self.flush_mailboxes(now)
         if now - self._last_cleanup >= CLEANUP_INTERVAL_S:
             self._last_cleanup = now
             self.cleanup(now, CLEANUP_MIN_AGE_S)
@@ -187,6 +194,22 @@ class LifecycleWorker:
             pc, _state = PreservedCatalog.create_or_load(self.store, db_name, now, cfg)
             self.preserved[db_name] = pc
         return pc
+
+    def flush_mailboxes(self, now: float) -> int:
+        """Records pending deletes that hit persisted files in the preserved catalog; returns how many."""
+        n = 0
+        with self._action_lock:
+            for db in self.catalog.databases():
+                pc = self.preserved.get(db.name)
+                if pc is None or not db.deletes.unrecorded():
+                    continue
+                actions: list = []
+                flushed = mailbox_actions(db, pc, [], actions)
+                if actions:
+                    pc.commit(actions, now)
+                    db.deletes.mark_recorded(flushed)
+                    n += len(flushed)
+        return n
 
     def cleanup(self, now: float, min_age_s: float) -> list:
         """Deletes Parquet files no retained transaction references (never in-flight ones)."""

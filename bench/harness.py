@@ -1,0 +1,578 @@
+"""Shared helpers of the benchmarks: machine facts, the server subprocess, the
+baseline Spark worker, data generation, latency statistics and the result rows.
+
+Nothing here asserts a speed: the harness measures and reports.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IOX = os.path.join(os.path.dirname(sys.executable), "iox")
+POINTS_PER_BATCH = 5_000
+#: every generated point is one row of this shape: 2 tags, 3 fields, time
+TAG_KEYS = ("host", "region")
+FIELD_KEYS = (("usage_user", "float"), ("usage_system", "float"), ("requests", "integer"))
+
+
+# ---------------------------------------------------------------- machine
+def machine_info() -> dict:
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (0.0, 0.0, 0.0)
+    return {"cores": os.cpu_count(), "memory_bytes": mem, "memory_gib": round(mem / 2**30, 1),
+            "cpu_model": model, "os": platform.platform(), "python": platform.python_version(),
+            "loadavg_at_start": [round(x, 2) for x in load]}
+
+
+# ---------------------------------------------------------------- results
+@dataclass
+class Row:
+    """One scenario figure. `better` says which direction wins ("higher" or "lower")."""
+    name: str
+    unit: str
+    ours: float | None
+    baseline_name: str | None = None
+    baseline: float | None = None
+    target: str | None = None
+    met: bool = False
+    size: str = ""
+    note: str = ""
+    better: str = "higher"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        return ratio(self.ours, self.baseline)
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "unit": self.unit, "ours": _round(self.ours), "baseline_name": self.baseline_name,
+             "baseline": _round(self.baseline), "ratio": _round(self.ratio, 3), "target": self.target,
+             "met": bool(self.met), "size": self.size, "note": self.note}
+        if self.extra:
+            d["extra"] = self.extra
+        return d
+
+
+def ratio(ours, baseline) -> float | None:
+    """ours / baseline, or None when either is missing or the baseline is zero."""
+    if ours is None or baseline is None or baseline == 0:
+        return None
+    return ours / baseline
+
+
+def _round(x, nd: int = 4):
+    if x is None:
+        return None
+    if isinstance(x, float):
+        if x != x:  # NaN
+            return None
+        return round(x, nd) if abs(x) < 1000 else round(x, 1)
+    return x
+
+
+def percentile(values, p: float) -> float | None:
+    """The p-th percentile (0..100, linear interpolation) or None for no values."""
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), p))
+
+
+def fmt_num(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return str(x)
+    ax = abs(x)
+    if ax >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if ax >= 1e4:
+        return f"{x / 1e3:.0f}k"
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _met(r: dict) -> str:
+    if not r.get("target") or r.get("target") == "report":
+        return "—"
+    return "yes" if r.get("met") else "**no**"
+
+
+def markdown_table(rows: list[dict], machine: dict, mode: str, when: str) -> str:
+    out = [f"Machine: {machine.get('cores')} cores, {machine.get('memory_gib')} GiB, {machine.get('cpu_model')}"
+           f" — mode `{mode}`, {when}", "",
+           "| scenario | unit | ours | baseline | baseline figure | ratio | target | met | size / note |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        note = "; ".join(x for x in (r.get("size"), r.get("note")) if x)
+        out.append(f"| {r['name']} | {r['unit']} | {fmt_num(r['ours'])} | {r.get('baseline_name') or '—'} | "
+                   f"{fmt_num(r.get('baseline'))} | {fmt_num(r.get('ratio'))} | {r.get('target') or '—'} | "
+                   f"{_met(r)} | {note.replace('|', '/')} |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- processes
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict:
+    kids: dict = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    kids = _children()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of a process and all its descendants (the server: Python driver + JVM + Python workers)."""
+    return sum(rss_bytes(p) for p in process_tree(pid))
+
+
+class RssSampler:
+    """Samples the RSS of a process tree in a thread; `peak` is the largest sample."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25):
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak = 0
+        self.samples: list = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            v = tree_rss_bytes(self.pid)
+            self.samples.append(v)
+            self.peak = max(self.peak, v)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(5)
+
+
+class ServerProcess:
+    """`iox serve` as a subprocess on free ports, the embedded broker, a data directory of its own."""
+
+    def __init__(self, data_dir: str, extra_args: list | None = None, driver_memory: str = "4g",
+                 partitions: int = 4):
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args or [])
+        self.driver_memory = driver_memory
+        self.partitions = partitions
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.client = None
+        self.start_seconds: float | None = None
+        self._logs = 0
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 240.0, extra_args: list | None = None) -> float:
+        from server.client import IoxClient
+
+        if extra_args is not None:
+            self.extra_args = list(extra_args)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.port = free_port()
+        self._logs += 1
+        log = open(os.path.join(self.data_dir, f"server-{self._logs}.log"), "ab")
+        cmd = [IOX, "serve", "--data-dir", self.data_dir, "--grpc-port", str(self.port), "--http-port", "0",
+               "--spark-connect-port", "0", "--driver-memory", self.driver_memory,
+               "--partitions", str(self.partitions), "--log-level", "WARNING"] + self.extra_args
+        env = dict(os.environ)
+        env.pop("PYSPARK_SUBMIT_ARGS", None)
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=self.data_dir,
+                                     env=env, start_new_session=True)
+        log.close()
+        self.client = IoxClient(self.addr)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"iox serve exited with {self.proc.returncode}; see {self.data_dir}/server-*.log")
+            try:
+                self.client.wait_ready(timeout_s=2)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        self.start_seconds = time.monotonic() - t0
+        return self.start_seconds
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def rss(self) -> int:
+        return tree_rss_bytes(self.pid)
+
+    def kill9(self) -> None:
+        """SIGKILL the server process (a crash); its JVM follows it. The broker lives on."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._reap_group()
+
+    def _reap_group(self, timeout_s: float = 15.0) -> None:
+        # the JVM notices its parent died and exits; make sure nothing of the group stays
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reap_group(5)
+
+    def broker_bootstrap(self) -> str:
+        with open(os.path.join(self.data_dir, "broker.json")) as f:
+            return f"127.0.0.1:{json.load(f)['port']}"
+
+    def stop_broker(self) -> None:
+        """Stops the embedded broker this data directory recorded (started by our server)."""
+        rec = os.path.join(self.data_dir, "broker.json")
+        if not os.path.exists(rec):
+            return
+        with open(rec) as f:
+            pid = int(json.load(f)["pid"])
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class SparkWorker:
+    """The baseline Spark application (bench/spark_worker.py) in its own process; JSON lines on stdin/stdout."""
+
+    MARK = "@@BENCH "
+
+    def __init__(self, scratch: str, driver_memory: str = "4g"):
+        os.makedirs(scratch, exist_ok=True)
+        self.scratch = scratch
+        self.log_path = os.path.join(scratch, "spark-worker.log")
+        log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.spark_worker", scratch, driver_memory],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=ROOT,
+                                     env=env, text=True, bufsize=1, start_new_session=True)
+        log.close()
+        self.ready = self._read(timeout_s=240)
+
+    def _read(self, timeout_s: float) -> dict:
+        result: list = []
+
+        def reader():
+            for line in self.proc.stdout:
+                if line.startswith(self.MARK):
+                    result.append(json.loads(line[len(self.MARK):]))
+                    return
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if not result:
+            raise RuntimeError(f"spark worker gave no answer within {timeout_s}s (log {self.log_path})")
+        if "error" in result[0]:
+            raise RuntimeError(f"spark worker: {result[0]['error']}")
+        return result[0]
+
+    def call(self, cmd: str, wait_s: float = 600, **kw) -> dict:
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
+        self.proc.stdin.flush()
+        return self._read(wait_s)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call("exit", wait_s=30)
+            except Exception:
+                pass
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------- data
+def gen_table(n: int, seed: int, t0_ns: int, step_ns: int = 1_000, hosts: int = 100) -> pa.Table:
+    """n points of the bench shape; times t0 + i*step (distinct, so nothing merges)."""
+    rng = np.random.default_rng(seed)
+    i = np.arange(n, dtype=np.int64)
+    host = np.char.add("host-", (i % hosts).astype(str))
+    region = np.array(["us-east", "us-west", "eu-central", "ap-south"])[(i // hosts) % 4]
+    return pa.table({
+        "host": pa.array(host.tolist(), pa.string()),
+        "region": pa.array(region.tolist(), pa.string()),
+        "usage_user": pa.array(np.round(rng.random(n) * 100, 3)),
+        "usage_system": pa.array(np.round(rng.random(n) * 100, 3)),
+        "requests": pa.array(rng.integers(0, 10_000, n, dtype=np.int64)),
+        "time": pa.array(t0_ns + i * step_ns, pa.int64()),
+    })
+
+
+def to_line_protocol(measurement: str, t: pa.Table) -> bytes:
+    """Line protocol of a bench table (vectorised with numpy string ops)."""
+    c = {name: t.column(name).to_numpy(zero_copy_only=False) for name in t.column_names}
+    parts = [np.full(t.num_rows, measurement + ",host="), c["host"], np.full(t.num_rows, ",region="), c["region"],
+             np.full(t.num_rows, " usage_user="), c["usage_user"].astype(str),
+             np.full(t.num_rows, ",usage_system="), c["usage_system"].astype(str),
+             np.full(t.num_rows, ",requests="), c["requests"].astype(str), np.full(t.num_rows, "i "),
+             c["time"].astype(str)]
+    acc = parts[0].astype(object)
+    for p in parts[1:]:
+        acc = acc + p.astype(object)
+    return ("\n".join(acc.tolist()) + "\n").encode()
+
+
+def lp_batches(measurement: str, total: int, seed: int, t0_ns: int, step_ns: int = 1_000,
+               per_batch: int = POINTS_PER_BATCH) -> list[bytes]:
+    t = gen_table(total, seed, t0_ns, step_ns)
+    return [to_line_protocol(measurement, t.slice(o, per_batch)) for o in range(0, total, per_batch)]
+
+
+def recent_t0_ns(offset_s: float = 3600.0) -> int:
+    """A start time an hour ago, so every point is in the past (persistable) and within a day or two."""
+    return int((time.time() - offset_s) * 1e9)
+
+
+def tables_on_distinct_partitions(prefix: str, partitions: int) -> list[str]:
+    """One table name per Kafka partition (the router hashes the table name to a partition)."""
+    from server.write_buffer import partition_for
+
+    names: dict = {}
+    i = 0
+    while len(names) < partitions and i < 10_000:
+        name = f"{prefix}{i}"
+        names.setdefault(partition_for(name, partitions), name)
+        i += 1
+    return [names[p] for p in sorted(names)]
+
+
+def status_partitions(status: dict, database: str) -> list[dict]:
+    """[{table, key, files, chunks, unpersisted_rows, chunk_states}] of one database's status."""
+    out = []
+    for db in status.get("databases", []):
+        if db.get("name") != database:
+            continue
+        for t in db.get("tables", []):
+            for p in t.get("partitions", []):
+                out.append({"table": t["name"], "key": p["key"], "files": len(p.get("files", [])),
+                            "file_rows": sum(int(f["rows"]) for f in p.get("files", [])),
+                            "chunks": len(p.get("chunks", [])),
+                            "chunk_states": sorted({c["state"] for c in p.get("chunks", [])}),
+                            "chunk_bytes": sum(int(c["size_bytes"]) for c in p.get("chunks", [])),
+                            "unpersisted_rows": int(p.get("unpersisted_rows", 0))})
+    return out
+
+
+def wait_all_applied(client, database: str, tokens: list, timeout_s: float) -> float:
+    """Waits until every token is applied; returns the monotonic time it was seen."""
+    merged: dict = {}
+    for tok in tokens:
+        for p, off in tok.items():
+            merged[int(p)] = max(merged.get(int(p), -1), off)
+    client.wait_applied(database, merged, timeout_s=timeout_s)
+    return time.monotonic()
+
+
+# ---------------------------------------------------------------- writers
+@dataclass
+class WriteStats:
+    points: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+    latencies_s: list = field(default_factory=list)
+    errors: dict = field(default_factory=dict)
+    token: dict = field(default_factory=dict)
+    offered_points: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def token_now(self) -> dict:
+        with self.lock:
+            return dict(self.token)
+
+    @property
+    def rate(self) -> float:
+        return self.points / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_writers(addr: str, database: str, batches: list, clients: int, duration_s: float,
+                rate_points_per_s: float | None = None, points_per_batch: int = POINTS_PER_BATCH,
+                stats: WriteStats | None = None,
+                once: bool = False) -> WriteStats:
+    """`clients` threads, each with its own gRPC channel, write line-protocol batches for `duration_s`.
+
+    Thread k sends batches[k::clients] cyclically. With `rate_points_per_s` the
+    threads pace themselves (open loop: a late request does not postpone later
+    schedules beyond the catch-up) to that total rate. `once`: each batch is sent
+    exactly once (thread k sends batches[k::clients]) and the run ends then.
+    """
+    import grpc
+
+    from server.client import IoxClient
+
+    stats = stats if stats is not None else WriteStats()
+    lock = stats.lock
+    start = time.monotonic()
+    end = start + duration_s
+    interval = None if not rate_points_per_s else points_per_batch * clients / rate_points_per_s
+
+    def worker(k: int):
+        mine = batches[k::clients] if once else (batches[k::clients] or batches)
+        if not mine:
+            return
+        c = IoxClient(addr)
+        lat, pts, reqs, errs, offered = [], 0, 0, {}, 0
+        i = 0
+        next_at = start + (interval * k / clients if interval else 0)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    break
+                if once and i >= len(mine):
+                    break
+                if interval:
+                    if next_at > now:
+                        time.sleep(next_at - now)
+                    next_at += interval
+                body = mine[i % len(mine)]
+                i += 1
+                offered += points_per_batch
+                t0 = time.monotonic()
+                try:
+                    t = c.write(database, body, timeout_s=60)
+                except grpc.RpcError as e:
+                    errs[e.code().name] = errs.get(e.code().name, 0) + 1
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        time.sleep(0.05)
+                    continue
+                lat.append(time.monotonic() - t0)
+                pts += points_per_batch
+                reqs += 1
+                with lock:  # live token: samplers read it while the run goes on
+                    for p, off in t.items():
+                        stats.token[int(p)] = max(stats.token.get(int(p), -1), off)
+        finally:
+            c.close()
+            with lock:
+                stats.latencies_s.extend(lat)
+                stats.points += pts
+                stats.requests += reqs
+                stats.offered_points += offered
+                for name, n in errs.items():
+                    stats.errors[name] = stats.errors.get(name, 0) + n
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(duration_s + 120)
+    stats.seconds = time.monotonic() - start
+    return stats

@@ -1,0 +1,1 @@
+"""One module per benchmark scenario; each exposes `run(ctx) -> list[harness.Row]`."""

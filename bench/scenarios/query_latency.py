@@ -1,0 +1,131 @@
+"""Scenarios 6 (query latency), 5 (persist throughput) and 8a (memory per point).
+
+They share one dataset of N generated points (N = 10M full, 1M quick), written
+through gRPC as 5,000-point line-protocol batches to two tables:
+
+- `qm`: all N points. Server RSS (driver + JVM + workers) is sampled before
+  and after: (after - before) / N = bytes per point held in memory. Query
+  "all in memory". Then `Persist` (management API) writes it to Parquet:
+  persist throughput = rows persisted / call time (flush handle, split,
+  Parquet from the executors, one catalog commit). Query "all persisted".
+- `qx`: N/2 points, `Persist`, then the other N/2: query "mixed".
+
+Baselines: `pyarrow.parquet.write_table` of the same N rows to the same object
+store directory (persist), and plain Spark SQL in a separate Spark
+application over the same rows in plain Parquet files (query). The query is
+a grouped aggregate: per host count, avg, max, sum. Figures are medians of
+`repeat` runs after one warm-up.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pyarrow.parquet as pq
+
+from ..harness import POINTS_PER_BATCH, Row, gen_table, recent_t0_ns, run_writers, status_partitions, to_line_protocol
+
+DB = "bench_query"
+SQL = ("SELECT host, count(*) AS n, avg(usage_user) AS u, max(usage_system) AS s, sum(requests) AS r "
+       "FROM {t} GROUP BY host")
+
+
+def _write(srv, clients: int, batches: list) -> dict:
+    st = run_writers(srv.addr, DB, batches, clients, 3600, once=True)
+    if st.errors:
+        raise RuntimeError(f"loading failed: {st.errors}")
+    srv.client.wait_applied(DB, st.token, timeout_s=600)
+    return st
+
+
+def _query(srv, table: str, repeat: int) -> tuple[float, int]:
+    sql = SQL.format(t=table)
+    srv.client.query(DB, sql, timeout_s=600)
+    times, rows = [], 0
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        rows = srv.client.query(DB, sql, timeout_s=600).num_rows
+        times.append(time.monotonic() - t0)
+    return statistics.median(times), rows
+
+
+def run(ctx) -> list[Row]:
+    s = ctx.sizes
+    srv = ctx.server
+    n = s["query_points"]
+    data = gen_table(n, seed=500, t0_ns=recent_t0_ns(7200))
+    lp = [to_line_protocol("qm", data.slice(o, POINTS_PER_BATCH)) for o in range(0, n, POINTS_PER_BATCH)]
+    size = f"{n:,} points, 100 hosts" + ("" if n >= 10_000_000 else " (quick: not 10M)")
+    # ---------------------------------------------------------- memory per point
+    srv.client.write(DB, lp[0].split(b"\n", 1)[0] + b"\n")  # creates db/table (1 point, counted below)
+    time.sleep(1)
+    rss0 = srv.rss()
+    t0 = time.monotonic()
+    _write(srv, s["clients"], lp)
+    load_s = time.monotonic() - t0
+    time.sleep(2)
+    rss1 = srv.rss()
+    parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == "qm"]
+    est = sum(p["chunk_bytes"] for p in parts)
+    rows = [Row("server memory per point held in memory", "bytes/point", (rss1 - rss0) / n, target=None,
+                better="lower", size=size,
+                note=f"RSS delta of the server process tree (driver+JVM+workers) {(rss1 - rss0) / 2**20:,.0f} MiB; "
+                     f"catalog estimate {est / n:.0f} B/point; JVM heap growth is lazy, so this is indicative",
+                extra={"rss_before": rss0, "rss_after": rss1, "load_seconds": load_s})]
+    rows[0].target = "report"
+    rows[0].met = rss1 > 0
+
+    # ---------------------------------------------------------- plain Parquet baseline files
+    plain = os.path.join(ctx.tmp, "plain-parquet")
+    os.makedirs(plain, exist_ok=True)
+    per_file = max(1, n // 4)
+    for i, o in enumerate(range(0, n, per_file)):
+        pq.write_table(data.slice(o, per_file), os.path.join(plain, f"part-{i}.parquet"))
+    base_q = None
+    if ctx.worker is not None:
+        r = ctx.worker.call("sql", path=plain, view="qm", query=SQL.format(t="qm"), repeat=s["repeat"])
+        base_q = statistics.median(r["times"])
+
+    q_mem, nrows = _query(srv, "qm", s["repeat"])
+    states_mem = sorted({st for p in parts for st in p["chunk_states"]})
+
+    # ---------------------------------------------------------- persist
+    t0 = time.monotonic()
+    resp = srv.client.persist(DB, "qm", timeout_s=1800)
+    persist_s = time.monotonic() - t0
+    persisted = sum(int(p["rows"]) for p in resp.get("persisted", []))
+    files = [f for p in resp.get("persisted", []) for f in p.get("files", [])]
+    store_dir = os.path.join(srv.data_dir, "objects", "bench_baseline")
+    os.makedirs(store_dir, exist_ok=True)
+    t0 = time.monotonic()
+    pq.write_table(data, os.path.join(store_dir, "qm.parquet"))
+    pa_s = time.monotonic() - t0
+    rp = Row("persist throughput (memory -> committed Parquet)", "points/s", persisted / persist_s,
+             "pyarrow.parquet.write_table, same rows, same store", n / pa_s, target=">= 0.5x baseline", size=size,
+             note=f"{persisted:,} rows in {persist_s:.2f} s ({len(files)} file(s)); pyarrow {pa_s:.2f} s")
+    rp.met = rp.ratio is not None and rp.ratio >= 0.5
+    rows.append(rp)
+
+    parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == "qm"]
+    states_pers = sorted({st for p in parts for st in p["chunk_states"]})
+    q_pers, _ = _query(srv, "qm", s["repeat"])
+
+    # ---------------------------------------------------------- mixed
+    half = len(lp) // 2
+    lpx = [b.replace(b"qm,", b"qx,") for b in lp]
+    _write(srv, s["clients"], lpx[:half])
+    srv.client.persist(DB, "qx", timeout_s=1800)
+    _write(srv, s["clients"], lpx[half:])
+    q_mix, _ = _query(srv, "qx", s["repeat"])
+
+    for label, v, note in (("all in memory", q_mem, f"chunk states {states_mem}"),
+                           ("all persisted", q_pers, f"chunk states after persist {states_pers} (persisted chunks "
+                                                     "stay cached until memory pressure unloads them)"),
+                           ("mixed", q_mix, "half persisted, half in memory")):
+        r = Row(f"query latency, grouped aggregate, {label}", "s", v, "Spark SQL over plain Parquet", base_q,
+                target="<= 1.2x baseline", better="lower", size=size,
+                note=f"median of {s['repeat']}; {nrows} groups; {note}")
+        r.met = r.ratio is not None and r.ratio <= 1.2
+        rows.append(r)
+    return rows

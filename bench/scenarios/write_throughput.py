@@ -1,0 +1,99 @@
+"""Scenario 1: write throughput, points/s acknowledged, through gRPC.
+
+Ours: `clients` threads, each with its own gRPC channel, send line-protocol
+batches of 5,000 points (one table per request, one table per Kafka
+partition) for a bounded time; a point counts once its request is acknowledged
+(after Kafka acked it). Baseline: confluent-kafka producing the same request
+bytes straight to the same broker, with the server's producer configuration
+(idempotent, acks=all, one message per record batch) and the same number of
+concurrent requests in flight — the write buffer's limit.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from ..harness import POINTS_PER_BATCH, Row, lp_batches, recent_t0_ns, run_writers, tables_on_distinct_partitions
+
+DB = "bench_write"
+
+
+def _baseline(bootstrap: str, batches: list, clients: int, duration_s: float, partitions: int) -> float:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from server.write_buffer import _producer_conf
+
+    topic = "bench.raw-write"  # not iox.*: the server's consumer ignores it
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    fut = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    try:
+        fut.result(15)
+    except Exception:
+        pass  # already exists
+    producer = Producer(_producer_conf(bootstrap, 10_000))
+    stop = threading.Event()
+    poller = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
+    poller.start()
+    acked = [0]
+    lock = threading.Lock()
+    end = time.monotonic() + duration_s
+
+    def worker(k: int):
+        mine = batches[k::clients] or batches
+        i = 0
+        while time.monotonic() < end:
+            done = threading.Event()
+            err = []
+
+            def cb(e, _m):
+                err.append(e)
+                done.set()
+
+            producer.produce(topic, value=mine[i % len(mine)], partition=(k + i) % partitions, on_delivery=cb)
+            i += 1
+            done.wait(30)
+            if err and err[0] is None:
+                with lock:
+                    acked[0] += POINTS_PER_BATCH
+
+    # warm-up: one message, so the producer id and metadata are in place
+    producer.produce(topic, value=b"warmup", partition=0)
+    producer.flush(15)
+    t0 = time.monotonic()
+    end = t0 + duration_s
+    ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(duration_s + 60)
+    secs = time.monotonic() - t0
+    stop.set()
+    producer.flush(10)
+    return acked[0] / secs
+
+
+def run(ctx) -> list[Row]:
+    s = ctx.sizes
+    tables = tables_on_distinct_partitions("wt", ctx.partitions)
+    t0 = recent_t0_ns()
+    batches = []
+    per_table = s["write_batches_per_table"]
+    for j, tbl in enumerate(tables):
+        batches += lp_batches(tbl, per_table * POINTS_PER_BATCH, seed=100 + j, t0_ns=t0 + j * 10**11)
+    # interleave so every client writes every table
+    batches = [b for grp in zip(*[batches[j * per_table:(j + 1) * per_table] for j in range(len(tables))])
+               for b in grp]
+    # warm-up request (topic creation, schema)
+    ctx.server.client.write(DB, batches[0])
+    st = run_writers(ctx.server.addr, DB, batches, s["clients"], s["write_s"])
+    base = _baseline(ctx.server.broker_bootstrap(), batches, s["clients"], s["write_s"], ctx.partitions)
+    ctx.figures["max_write_rate"] = st.rate
+    r = Row("write throughput (gRPC, 5k-point LP batches)", "points/s", st.rate,
+            "confluent-kafka produce of the same bytes", base, target=None,
+            size=f"{s['clients']} clients x {s['write_s']} s, {len(tables)} tables on {ctx.partitions} Kafka partitions",
+            note=(f"errors {st.errors}; " if st.errors else "") + "no target in the issue (ratio = share of the "
+                 "write buffer's limit)")
+    r.met = not st.errors and st.points > 0
+    r.target = "report (no errors)"
+    return [r]

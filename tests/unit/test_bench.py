@@ -1,0 +1,71 @@
+"""Pure logic of the benchmark harness (bench/): no server, no Spark, no speed asserted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("numpy")
+
+from bench import harness  # noqa: E402
+from bench.__main__ import SCENARIOS, SIZES  # noqa: E402
+
+
+def test_ratio_and_row_json_have_the_required_fields():
+    r = harness.Row("x", "points/s", 200.0, "base", 100.0, target=">= 1.0x", met=True, size="1k", note="n")
+    d = r.to_json()
+    for k in ("name", "unit", "ours", "baseline_name", "baseline", "ratio", "target", "met"):
+        assert k in d
+    assert d["ratio"] == 2.0
+    json.dumps(d)
+
+
+def test_ratio_missing_or_zero_baseline_is_none():
+    assert harness.ratio(1.0, None) is None
+    assert harness.ratio(None, 1.0) is None
+    assert harness.ratio(1.0, 0) is None
+
+
+def test_percentile():
+    assert harness.percentile([], 99) is None
+    assert harness.percentile([1, 2, 3, 4, 5], 50) == 3
+    assert harness.percentile(list(range(101)), 99) == pytest.approx(99)
+
+
+def test_markdown_table_marks_missed_targets():
+    rows = [harness.Row("a", "s", 3.0, "b", 1.0, target="<= 1.2x", met=False).to_json(),
+            harness.Row("c", "s", 1.0, target="report", met=True).to_json()]
+    md = harness.markdown_table(rows, {"cores": 2, "memory_gib": 1, "cpu_model": "cpu"}, "quick", "now")
+    assert "| a | s |" in md and "**no**" in md
+    assert md.count("\n") == 5
+
+
+def test_line_protocol_generator_parses_back_exactly():
+    from server.line_protocol import parse_lines
+
+    t = harness.gen_table(1000, seed=1, t0_ns=1_700_000_000_000_000_000)
+    r = parse_lines(harness.to_line_protocol("cpu", t))
+    assert not r.errors
+    got = r.tables["cpu"].data
+    assert got.num_rows == 1000
+    assert got.column("time").to_pylist() == t.column("time").to_pylist()
+    assert got.column("host").to_pylist() == t.column("host").to_pylist()
+    assert got.column("requests").to_pylist() == t.column("requests").to_pylist()
+
+
+def test_tables_on_distinct_partitions_cover_every_partition():
+    from server.write_buffer import partition_for
+
+    names = harness.tables_on_distinct_partitions("t", 4)
+    assert sorted(partition_for(n, 4) for n in names) == [0, 1, 2, 3]
+
+
+def test_quick_sizes_are_not_larger_than_full():
+    for k, v in SIZES["quick"].items():
+        if isinstance(v, (int, float)) and k not in ("e2e_persist_row_threshold",
+                                                     "probe_interval_s", "clients"):
+            assert v <= SIZES["full"][k], k
+    assert SIZES["full"]["query_points"] == 10_000_000
+    assert SIZES["full"]["restart_points"] == 2_000_000
+    assert SIZES["full"]["e2e_s"] >= 60
+    assert set(SCENARIOS) == {"parse", "e2e", "restart", "write", "latency", "query", "overload"}
