@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="print the catalog status as JSON")
     _add_addr(st)
     st.add_argument("--db", default="")
+    st.add_argument("--wait-replay", action="store_true",
+                    help="while a restarted server replays the write buffer, show a progress bar until it caught up")
 
     d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
     d.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
@@ -156,6 +158,30 @@ def _print_table(table, fmt: str, out=sys.stdout) -> None:
     for row in cells:
         out.write("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |\n")
     out.write(sep + f"\n{len(rows)} row(s)\n")
+
+
+def _replay_progress(client, database: str, out=sys.stderr, interval_s: float = 0.5) -> None:
+    """Draws a progress bar (applied offsets / replay targets) until no database replays."""
+    import time
+
+    start: dict = {}
+    while True:
+        dbs = [d for d in client.status_proto(database).databases if d.replaying]
+        if not dbs:
+            out.write("\rreplay caught up" + " " * 50 + "\n")
+            return
+        done = total = 0
+        for d in dbs:
+            applied = {w.partition: w.applied_hi_inclusive for w in d.write_buffer}
+            for t in d.replay_target:
+                first = start.setdefault((d.name, t.partition), applied.get(t.partition, -1))
+                total += max(0, t.applied_hi_inclusive - first)
+                done += max(0, min(applied.get(t.partition, -1), t.applied_hi_inclusive) - first)
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 40)
+        out.write(f"\rreplaying [{bar:<40}] {frac * 100:5.1f}% ({done}/{total} messages)")
+        out.flush()
+        time.sleep(interval_s)
 
 
 def _client_call(fn):
@@ -217,6 +243,8 @@ def main(argv=None) -> int:
         print(json.dumps(r, indent=2))
         return 0
     if a.cmd == "status":
+        if a.wait_replay:
+            _client_call(lambda: _replay_progress(client, a.db))
         print(json.dumps(_client_call(lambda: client.status(a.db)), indent=2))
         return 0
     return 2
