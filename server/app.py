@@ -113,6 +113,7 @@ class IoxServer:
                                          is_replaying=self.is_replaying, on_fenced=self._on_fenced,
                                          on_persisted=self._commit_resumption_offsets)
         self.lifecycle.start()
+        self.router.overload_check = self._overloaded
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
         self.grpc.start()
         self.http = None
@@ -165,6 +166,15 @@ class IoxServer:
                 self.broker.stop()
             self._stopped.set()
             log.info("iox stopped")
+
+    def _overloaded(self):
+        """Backpressure on the write path: RESOURCE_EXHAUSTED / HTTP 503 while over the hard limit."""
+        if self.lifecycle is None or not self.lifecycle.backpressure_engaged:
+            return None
+        from .errors import WriteBufferOverloaded
+
+        return WriteBufferOverloaded(self.catalog.memory_bytes(), self.rules.buffer_size_hard_bytes,
+                                     self.rules.worker_backoff_s)
 
     def _drain_and_persist(self) -> None:
         """Clean stop with the embedded in-memory broker: the write buffer dies with the broker,

@@ -12,6 +12,7 @@ __all__ = [
     "RequestTooLarge",
     "DecompressedRequestTooLarge",
     "WriteBufferUnavailable",
+    "WriteBufferOverloaded",
     "SchemaConflict",
     "InvalidArgument",
 ]
@@ -76,6 +77,17 @@ class DecompressedRequestTooLarge(RequestTooLarge):
                                    f"after decompression")
         self.size_bytes = limit_bytes + 1  # at least; decompression stopped at the limit
         self.limit_bytes = limit_bytes
+
+
+class WriteBufferOverloaded(ServerError):
+    """The in-memory buffer is over its hard limit: writes wait until persistence catches up."""
+
+    def __init__(self, buffer_bytes: int, hard_limit_bytes: int, retry_after_s: float = 1.0):
+        self.buffer_bytes = buffer_bytes
+        self.hard_limit_bytes = hard_limit_bytes
+        self.retry_after_s = retry_after_s
+        super().__init__(f"the server's in-memory buffer ({buffer_bytes} bytes) is over its hard limit "
+                         f"({hard_limit_bytes} bytes); retry after {retry_after_s:g}s")
 
 
 class WriteBufferUnavailable(ServerError):

@@ -19,7 +19,7 @@ from grpc_status import rpc_status
 
 from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-from .errors import (BadLines, DatabaseNotFound, InvalidArgument, RequestTooLarge, ServerError,
+from .errors import (WriteBufferOverloaded, BadLines, DatabaseNotFound, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable)
 from .router import ArrowTableWrite
 
@@ -58,7 +58,9 @@ def _abort(context, err: Exception):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
     if isinstance(err, DatabaseNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-    if isinstance(err, RequestTooLarge):
+    if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
+        if isinstance(err, WriteBufferOverloaded):
+            context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
     if isinstance(err, WriteBufferUnavailable):
         context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))

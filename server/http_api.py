@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from .errors import (BadLines, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
-                     WriteBufferUnavailable)
+                     WriteBufferOverloaded, WriteBufferUnavailable)
 
 __all__ = ["HttpWriteServer", "database_for", "gunzip_limited", "error_response", "WRITE_PATH",
            "MAX_DRAIN_BYTES", "SERVER_VERSION"]
@@ -95,7 +95,7 @@ def error_response(err: Exception) -> tuple[int, list, dict]:
         return 404, [], {"code": "not found", "message": str(err)}
     if isinstance(err, RequestTooLarge):
         return 413, [], {"code": "request too large", "message": str(err)}
-    if isinstance(err, WriteBufferUnavailable):
+    if isinstance(err, (WriteBufferUnavailable, WriteBufferOverloaded)):
         retry = max(1, math.ceil(err.retry_after_s))
         return 503, [("Retry-After", str(retry))], {"code": "unavailable", "message": str(err)}
     return 500, [], {"code": "internal error", "message": f"internal error: {err}"}

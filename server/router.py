@@ -80,6 +80,8 @@ class Router:
         self.write_buffer = write_buffer
         self.kafka_partitions = kafka_partitions
         self.max_request_bytes = max_request_bytes
+        #: returns a WriteBufferOverloaded to raise while backpressure is engaged, else None
+        self.overload_check = lambda: None
 
     # -- line protocol -----------------------------------------------------------------
     def write_line_protocol(self, database: str, body: bytes, precision: str = "ns",
@@ -140,6 +142,9 @@ class Router:
     # -- the one path to the write buffer ----------------------------------------------
     def _produce(self, database: str, batches: dict, points: int) -> WriteResult:
         """batches: {table: ([Column], pa.Table)} already validated row by row."""
+        overloaded = self.overload_check()
+        if overloaded is not None:
+            raise overloaded
         if not batches:
             raise InvalidArgument("the request holds no points")
         for name, (cols, data) in batches.items():

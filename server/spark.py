@@ -30,6 +30,8 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
     b = (SparkSession.builder.master(master).appName("iox")
          .config("spark.driver.memory", driver_memory)
          .config("spark.sql.session.timeZone", "UTC")
+         # line protocol names are case sensitive: fields `t` and `T` are two columns
+         .config("spark.sql.caseSensitive", "true")
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
          .config("spark.sql.adaptive.enabled", "true")

@@ -251,7 +251,7 @@ def _case_collision(case) -> bool:
     return False
 
 
-def _run_transport(kind, client, iox_server, broker, db_prefix, cases, wait_s=180):
+def _run_transport(kind, client, iox_server, broker, db_prefix, cases, wait=None):
     transport = _Transport(kind, client, iox_server.config.http_port)
     partitions = iox_server.config.partitions
     accepted = [c for c in cases if _accepted(c)]
@@ -289,7 +289,7 @@ def _run_transport(kind, client, iox_server, broker, db_prefix, cases, wait_s=18
             assert g["token"] == expected  # the layout the HTTP wait relies on
         g["token"] = expected
     for g in groups:
-        client.wait_applied(g["db"], g["token"], timeout_s=wait_s)
+        (wait or (lambda d, t: client.wait_applied(d, t, timeout_s=180)))(g["db"], g["token"])
     failures = []
     checked = 0
     for g in groups:
@@ -344,10 +344,24 @@ def test_vectors_with_names_differing_in_case(iox_server, session_tmp, db):
     srv = IoxServer(make_config(os.path.join(session_tmp, f"case-{db}"), b.bootstrap))
     srv.start()
     c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
+
+    def wait(database, token):  # fails as soon as the write-buffer stream had to be restarted
+        deadline = time.monotonic() + 120
+        while True:
+            applied = c.applied(database)
+            if all(applied.get(int(p), -1) >= off for p, off in token.items()):
+                return
+            if srv.consumer.restarts:
+                err = srv.consumer.last_error or ""
+                causes = [ln.strip() for ln in err.splitlines() if "Exception" in ln or "Error" in ln]
+                raise AssertionError("the write-buffer stream failed: " + " | ".join(causes[-3:])[:1500])
+            assert time.monotonic() < deadline, f"write token {token} not applied (applied: {applied})"
+            time.sleep(0.1)
+
     try:
         c.wait_ready(60)
         for kind in ("grpc", "http"):
-            _run_transport(kind, c, srv, b, f"{db}_{kind}", cases, wait_s=60)
+            _run_transport(kind, c, srv, b, f"{db}_{kind}", cases, wait)
     finally:
         c.close()
         srv.stop()

@@ -68,3 +68,27 @@ def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
     client.persist(db)
     remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`")})
     assert remote["cpu"] == ours_cpu
+
+
+def test_remote_query_running_across_a_view_swap_completes_consistently(iox_server, client, db):
+    """A slow remote query plans against the current chunks; a persist swaps the table view while it
+    runs; the query still completes with the answer of the moment it was planned."""
+    port = iox_server.config.spark_connect_port
+    tok = client.write(db, "\n".join(f"cpu,host=h{i % 3} v={i} {T0 + i}" for i in range(30)))
+    client.wait_applied(db, tok, timeout_s=90)
+    slow = (f"SELECT count(*) AS n, sum(c.v) AS s FROM global_temp.`{db}__cpu` c "
+            f"CROSS JOIN (SELECT id FROM range(20000000)) r")
+    result = {}
+
+    def run():
+        result.update(_remote(port, {"slow": slow}))
+
+    t = threading.Thread(target=run)
+    t.start()
+    import time
+
+    time.sleep(6)  # the remote client connects and its query is running
+    client.persist(db)  # swaps the view to the persisted chunk and retires the old ones
+    t.join(300)
+    assert result["slow"] == [{"n": 30 * 20_000_000, "s": float(sum(range(30))) * 20_000_000}]
+    assert client.query(db, "SELECT count(*) AS n FROM cpu").to_pylist() == [{"n": 30}]

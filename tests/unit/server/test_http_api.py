@@ -1,0 +1,200 @@
+"""Unit tests for server.http_api: gzip with a limit, the error mapping, and the HTTP
+handler against a fake router (no broker, no Spark)."""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import random
+import socket
+import zlib
+
+import pytest
+
+from server.broker import free_port
+from server.errors import (BadLines, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
+                           InvalidDatabaseName, RequestTooLarge, SchemaConflict, WriteBufferUnavailable)
+from server.http_api import HttpWriteServer, compressed_cap, database_for, error_response, gunzip_limited
+
+
+# -- gunzip_limited --------------------------------------------------------------------
+
+def test_gunzip_round_trip_and_multi_member():
+    assert gunzip_limited(gzip.compress(b"abc"), 10) == b"abc"
+    assert gunzip_limited(gzip.compress(b"ab") + gzip.compress(b"cd"), 10) == b"abcd"
+    assert gunzip_limited(gzip.compress(b""), 10) == b""
+
+
+def test_gunzip_exactly_at_the_limit_is_fine_one_more_byte_is_not():
+    assert gunzip_limited(gzip.compress(b"x" * 100), 100) == b"x" * 100
+    with pytest.raises(DecompressedRequestTooLarge) as ei:
+        gunzip_limited(gzip.compress(b"x" * 101), 100)
+    assert ei.value.limit_bytes == 100 and "100 bytes" in str(ei.value)
+    # over the limit only across members
+    with pytest.raises(DecompressedRequestTooLarge):
+        gunzip_limited(gzip.compress(b"x" * 60) + gzip.compress(b"y" * 60), 100)
+
+
+def test_gunzip_bomb_stops_at_the_limit():
+    bomb = gzip.compress(b"\0" * (64 << 20), compresslevel=9)  # 64 MiB in ~64 KiB
+    assert len(bomb) < 100_000
+    with pytest.raises(DecompressedRequestTooLarge) as ei:
+        gunzip_limited(bomb, 1 << 20)
+    assert isinstance(ei.value, RequestTooLarge)
+
+
+@pytest.mark.parametrize("body", [b"plain text", gzip.compress(b"abcdef")[:-4], gzip.compress(b"abc") + b"junk",
+                                  b""])
+def test_gunzip_corrupt_or_truncated_is_invalid_argument(body):
+    with pytest.raises(InvalidArgument) as ei:
+        gunzip_limited(body, 1000)
+    assert "gzip" in str(ei.value)
+
+
+def test_compressed_cap_covers_incompressible_data():
+    data = random.Random(0).randbytes(1 << 20)  # 1 MiB that deflate cannot shrink
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    gz = z.compress(data) + z.flush()
+    assert len(gz) > len(data) and len(gz) <= compressed_cap(len(data))
+
+
+# -- error mapping ---------------------------------------------------------------------
+
+def test_error_response_mapping():
+    st, headers, body = error_response(BadLines([(2, "bad field"), (7, "no fields")], 150))
+    assert st == 400 and body["code"] == "invalid" and body["line"] == 2
+    assert "line 2: bad field" in body["message"] and "line 7: no fields" in body["message"]
+    assert "148 more" in body["message"]
+    assert body["errors"] == [{"line": 2, "message": "bad field"}, {"line": 7, "message": "no fields"}]
+    for err in (InvalidArgument("x"), InvalidDatabaseName("a b", "bad"), SchemaConflict("t", "c", "tag", "float field")):
+        assert error_response(err)[0] == 400 and error_response(err)[2]["code"] == "invalid"
+    assert error_response(SchemaConflict("t", "c", "tag", "float field"))[2]["message"].count("'c'") == 1
+    assert error_response(RequestTooLarge(11, 10))[0] == 413
+    assert error_response(DecompressedRequestTooLarge(10))[0] == 413
+    assert error_response(DatabaseNotFound("d"))[0] == 404
+    st, headers, body = error_response(WriteBufferUnavailable("down", retry_after_s=2.5))
+    assert st == 503 and ("Retry-After", "3") in headers and body["code"] == "unavailable"
+    assert ("Retry-After", "1") in error_response(WriteBufferUnavailable("down", retry_after_s=0.1))[1]
+    assert error_response(RuntimeError("boom"))[0] == 500
+
+
+def test_database_for():
+    assert database_for("my-org", "my_bucket") == "my-org_my_bucket"
+
+
+# -- the handler, against a fake router ------------------------------------------------
+
+class FakeRouter:
+    def __init__(self, limit=1000):
+        self.max_request_bytes = limit
+        self.calls = []
+        self.raise_next = None
+
+    def write_line_protocol(self, database, body, precision="ns"):
+        if len(body) > self.max_request_bytes:  # as the real router does
+            raise RequestTooLarge(len(body), self.max_request_bytes)
+        if self.raise_next is not None:
+            e, self.raise_next = self.raise_next, None
+            raise e
+        self.calls.append((database, body, precision))
+
+
+@pytest.fixture
+def served():
+    router = FakeRouter()
+    srv = HttpWriteServer(router, "127.0.0.1", free_port())
+    srv.start()
+    yield router, srv.port
+    srv.stop()
+
+
+def _req(conn, method, path, body=b"", headers=None):
+    conn.request(method, path, body=body, headers=headers or {})
+    r = conn.getresponse()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+
+
+def test_write_maps_org_bucket_precision_and_keeps_the_connection(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b&precision=ms", b"m v=1 1")[0] == 204
+    assert _req(conn, "POST", "/api/v2/write?orgID=abc&bucket=b", b"m v=2 2")[0] == 204
+    gz = gzip.compress(b"m v=3 3")
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", gz, {"Content-Encoding": "gzip"})[0] == 204
+    assert router.calls == [("o_b", b"m v=1 1", "ms"), ("abc_b", b"m v=2 2", "ns"), ("o_b", b"m v=3 3", "ns")]
+    conn.close()
+
+
+def test_errors_over_http(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    router.raise_next = BadLines([(1, "nope")], 1)
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"x")
+    assert st == 400 and json.loads(body)["errors"] == [{"line": 1, "message": "nope"}]
+    router.raise_next = WriteBufferUnavailable("broker down")
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1")
+    assert st == 503 and h["retry-after"] == "1" and "broker down" in json.loads(body)["message"]
+    router.raise_next = RuntimeError("boom")
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1")
+    assert st == 500 and json.loads(body)["code"] == "internal error"
+    # over the limit: the body is drained, the answer is 413, the connection still works
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1\n" * 200)
+    assert st == 413 and "1000" in json.loads(body)["message"]
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", gzip.compress(b"m v=1\n" * 2000),
+                       {"Content-Encoding": "gzip"})
+    assert st == 413 and "after decompression" in json.loads(body)["message"]
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1")[0] == 204
+    assert _req(conn, "POST", "/api/v2/write?bucket=b", b"m v=1")[0] == 400
+    assert _req(conn, "POST", "/api/v2/write?org=o", b"m v=1")[0] == 400
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1", {"Content-Encoding": "br"})[0] == 400
+    assert _req(conn, "POST", "/nope", b"x")[0] == 404
+    assert _req(conn, "POST", "/ping", b"")[0] == 405
+    assert _req(conn, "GET", "/api/v2/write")[0] == 405
+    conn.close()
+
+
+def _raw(port, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        while b"\r\n\r\n" not in out:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_chunked_bodies(served):
+    router, port = served
+    head = b"POST /api/v2/write?org=o&bucket=b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    resp = _raw(port, head + b"4\r\nm v=\r\n3\r\n1 5\r\n0\r\n\r\n")
+    assert resp.startswith(b"HTTP/1.1 204"), resp
+    assert router.calls[-1] == ("o_b", b"m v=1 5", "ns")
+    big = b"".join(b"64\r\n" + b"x" * 100 + b"\r\n" for _ in range(11)) + b"0\r\n\r\n"  # 1100 > 1000 bytes
+    assert _raw(port, head + big).startswith(b"HTTP/1.1 413")
+    assert _raw(port, head + b"zz\r\n").startswith(b"HTTP/1.1 400")
+
+
+def test_expect_100_continue(served):
+    router, port = served
+    head = "POST /api/v2/write?org=o&bucket=b HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n"
+    assert _raw(port, head.format(10 ** 9).encode()).startswith(b"HTTP/1.1 413")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head.format(7).encode())
+        assert s.recv(1024).startswith(b"HTTP/1.1 100")
+        s.sendall(b"m v=1 9")
+        assert s.recv(1024).startswith(b"HTTP/1.1 204")
+    assert router.calls[-1] == ("o_b", b"m v=1 9", "ns")
+
+
+def test_health_and_ping(served):
+    _, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    st, h, body = _req(conn, "GET", "/health")
+    assert st == 200 and json.loads(body)["status"] == "pass"
+    st, h, body = _req(conn, "GET", "/ping")
+    assert st == 204 and body == b"" and "x-influxdb-version" in h
+    assert _req(conn, "HEAD", "/ping")[0] == 204
+    assert _req(conn, "GET", "/ready")[0] == 200
+    conn.close()
