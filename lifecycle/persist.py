@@ -189,12 +189,9 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         with catalog.lock:
             applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
             builder = PersistCheckpointBuilder(handle.checkpoint())
-            for other_key, other in db.partitions.get(table, {}).items():
-                if other_key != partition_key and other.windows is not None:
-                    builder.register_other_partition(other.windows.offset_ranges())
-            for other_table, parts in db.partitions.items():
-                if other_table == table:
-                    continue
+            # every partition's unpersisted ranges NOW, this one included: rows that reached it
+            # while the persist ran are after the flush handle's checkpoint and must replay
+            for parts in db.partitions.values():
                 for other in parts.values():
                     if other.windows is not None:
                         builder.register_other_partition(other.windows.offset_ranges())
