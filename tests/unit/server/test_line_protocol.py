@@ -28,7 +28,7 @@ from server.line_protocol import (
     parse_lines,
 )
 
-CASES_FILE = Path("/work/shared/lp/cases.jsonl")
+CASES_FILE = Path(__file__).resolve().parents[4] / "shared" / "lp" / "cases.jsonl"  # ../shared beside the repo
 DEFAULT_TIME = 1_600_000_000_123_456_789
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1
