@@ -468,6 +468,12 @@ class PersistenceWindows:
             out[kp] = UnpersistedOffsets(lo, max_offset)
         return out
 
+    def offset_ranges_after_flush(self) -> dict[int, UnpersistedOffsets]:
+        """While a flush handle is outstanding: what stays unpersisted once it is flushed,
+        including writes added after the handle was taken (unlike ``FlushHandle.checkpoint``,
+        which is frozen at handle time). Without a handle: ``offset_ranges()``."""
+        return self._offset_ranges(skip_persistable=self._handle is not None)
+
     def minimum_unpersisted_offsets(self) -> dict[int, OffsetRange] | None:
         """Offsets of the oldest window (IOx ``minimum_unpersisted_sequence``)."""
         w = self._minimum_window()

@@ -189,11 +189,13 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         with catalog.lock:
             applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
             builder = PersistCheckpointBuilder(handle.checkpoint())
-            # every partition's unpersisted ranges NOW, this one included: rows that reached it
-            # while the persist ran are after the flush handle's checkpoint and must replay
+            # every partition's unpersisted ranges NOW; for this one, what stays unpersisted after
+            # this flush, including rows that reached it while the persist ran (they must replay)
             for parts in db.partitions.values():
                 for other in parts.values():
-                    if other.windows is not None:
+                    if other is part:
+                        builder.register_other_partition(part.windows.offset_ranges_after_flush())
+                    elif other.windows is not None:
                         builder.register_other_partition(other.windows.offset_ranges())
             builder.register_other_partition({kp: UnpersistedOffsets(None, hi) for kp, hi in applied.items()
                                               if hi >= 0})

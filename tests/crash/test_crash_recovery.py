@@ -48,10 +48,11 @@ def test_kill_at_point_then_restart_exactly_once(data_dir, point):
 
 def test_kill_during_replay_then_restart(data_dir):
     w = Writer(f"r_{uuid.uuid4().hex[:8]}")
-    s1 = ServerProcess(data_dir, extra=LIFECYCLE).wait_ready()
+    s1 = ServerProcess(data_dir).wait_ready()  # default thresholds: only the explicit persist acts
     for _ in range(10):
         w.write_batch(s1.client)
-    s1.client.persist(w.db)  # part persisted, the rest replays
+    w.check(s1.client)  # all applied
+    assert s1.client.persist(w.db)["persisted"]  # part persisted, the rest replays
     for _ in range(10):
         w.write_batch(s1.client)
     s1.kill()

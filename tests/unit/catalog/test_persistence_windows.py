@@ -749,3 +749,18 @@ def test_classify_offset_sections() -> None:
     assert classify_offset(21, r) is OffsetSection.UNPERSISTED
     assert classify_offset(20, U(None, 20)) is OffsetSection.PERSISTED
     assert classify_offset(21, U(None, 20)) is OffsetSection.UNPERSISTED
+
+
+def test_offset_ranges_after_flush_include_writes_added_during_the_flush():
+    """What stays unpersisted after a flush: the flushed window is out, later writes are in."""
+    w = PersistenceWindows("t", "p", late_arrive_window_s=1.0, now=0.0)
+    w.add_range({0: (0, 4)}, 5, 10, 20, now=0.0)
+    handle = w.flush_handle(now=100.0)
+    assert handle is not None
+    assert w.offset_ranges_after_flush()[0].min_unpersisted_offset is None
+    w.add_range({0: (5, 6)}, 2, 30, 40, now=101.0)  # arrives while the persist runs
+    after = w.offset_ranges_after_flush()[0]
+    assert (after.min_unpersisted_offset, after.max_seen_offset) == (5, 6)
+    assert handle.checkpoint().offsets_for(0).max_seen_offset == 4  # frozen at handle time
+    w.flush(handle)
+    assert w.offset_ranges_after_flush()[0].min_unpersisted_offset == 5
