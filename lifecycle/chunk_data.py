@@ -56,17 +56,23 @@ def register_df_chunk(df, chunk_id: int) -> str:
     return view
 
 
-def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id: int) -> str:
+def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id: int,
+                           cache_dir: str | None = None) -> str:
     """Registers a view reading the chunk's Parquet files (an unloaded or not-yet-loaded chunk).
 
-    Local store: Spark's native Parquet reader. S3: the `iox_parquet` Python source
-    (no hadoop-aws here), reading through pyarrow on the executors.
+    Local store: Spark's native Parquet reader on the files themselves. S3 with a
+    `cache_dir`: the files are copied once to that local directory and read natively
+    too, so every Spark session (Spark Connect clients included) can read the view.
+    S3 without a cache: the `iox_parquet` Python source (no hadoop-aws here), which a
+    session must have registered.
     """
     view = chunk_view_name(chunk_id)
     from catalog.object_store import LocalObjectStore
 
     if isinstance(store, LocalObjectStore):
         df = spark.read.parquet(*[store.arrow_path(k) for k in keys])
+    elif cache_dir is not None:
+        df = spark.read.parquet(*[_cached_copy(store, k, cache_dir) for k in keys])
     else:
         struct = spark_struct_for(TableSchema("_", [_col(c) for c in schema_cols]))
         df = (spark.read.format(PARQUET_SOURCE_NAME).schema(struct)
@@ -74,6 +80,20 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
               .option("keys", json.dumps(keys)).load())
     df.createOrReplaceGlobalTempView(view)
     return view
+
+
+def _cached_copy(store, key: str, cache_dir: str) -> str:
+    """A local copy of an immutable object (Parquet files are never rewritten): fetched once."""
+    import os
+
+    path = os.path.join(cache_dir, *key.split("/"))
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(store.get(key))
+        os.replace(tmp, path)
+    return path
 
 
 def release_chunk_data(spark, chunk: Chunk) -> None:

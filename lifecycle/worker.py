@@ -48,7 +48,8 @@ CLEANUP_MIN_AGE_S = 900.0
 
 class LifecycleWorker:
     def __init__(self, spark, catalog: Catalog, rules: LifecycleRules, store, preserved: dict, refresh_view,
-                 pause_file: str, is_replaying=lambda: False, on_fenced=None, on_persisted=None):
+                 pause_file: str, is_replaying=lambda: False, on_fenced=None, on_persisted=None,
+                 cache_dir: str | None = None):
         self.spark = spark
         self.catalog = catalog
         self.rules = rules
@@ -59,6 +60,8 @@ class LifecycleWorker:
         self.pause_file = pause_file
         self.is_replaying = is_replaying
         self.on_fenced = on_fenced
+        #: local copies of S3 Parquet files read by unloaded chunks
+        self.cache_dir = cache_dir
         #: called with (db, RecordDatabaseCheckpoint) after every committed persist
         self.on_persisted = on_persisted
         self.backpressure_engagements = 0
@@ -150,7 +153,7 @@ class LifecycleWorker:
                                       tuple(action.chunk_ids), now, self.refresh_view) is not None
             if isinstance(action, UnloadChunk):
                 return unload_chunk(self.spark, self.catalog, db, action.table, action.partition_key,
-                                    action.chunk_id, self.store)
+                                    action.chunk_id, self.store, self.cache_dir)
             if isinstance(action, DropChunk):
                 log.warning("persistence is disabled and memory is short: ignoring %s", action)
                 return False

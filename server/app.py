@@ -84,6 +84,7 @@ class IoxServer:
         self.rules = cfg.lifecycle_rules()
         self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
         self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
+        self.parquet_cache_dir = os.path.join(data_dir, "parquet-cache")
         topics = self.write_buffer.list_database_topics()
         for topic, n in topics.items():
             if n != cfg.partitions:
@@ -91,7 +92,7 @@ class IoxServer:
         databases = sorted(set(list_catalog_databases(self.store)) | {database_of_topic(t) for t in topics})
         rec = recover(self.spark, self.catalog, self.store, cfg.partitions, time.time(),
                       self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
-                      cfg.skip_lost_writes)
+                      cfg.skip_lost_writes, self.parquet_cache_dir)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
         self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
@@ -111,7 +112,8 @@ class IoxServer:
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
                                          is_replaying=self.is_replaying, on_fenced=self._on_fenced,
-                                         on_persisted=self._commit_resumption_offsets)
+                                         on_persisted=self._commit_resumption_offsets,
+                                         cache_dir=self.parquet_cache_dir)
         self.lifecycle.start()
         self.router.overload_check = self._overloaded
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)

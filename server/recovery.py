@@ -95,7 +95,7 @@ def _day_number(partition_key: str) -> int:
 
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             transactions_until_checkpoint: int, databases: list[str], write_buffer,
-            skip_lost_writes: bool = False) -> RecoveryResult:
+            skip_lost_writes: bool = False, cache_dir: str | None = None) -> RecoveryResult:
     out = RecoveryResult()
     cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
     for name in databases:
@@ -111,7 +111,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             db.schemas.merge(table, [Column(*c) for c in cols])
         for key, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq)):
             cid = catalog.next_chunk_id()
-            view = register_parquet_chunk(spark, store, [key], [list(c) for c in f.schema], cid)
+            view = register_parquet_chunk(spark, store, [key], [list(c) for c in f.schema], cid, cache_dir)
             chunk = Chunk(id=cid, table=f.table, partition_key=f.partition_key, order=catalog.next_order(),
                           state="unloaded", rows=f.row_count,
                           size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,

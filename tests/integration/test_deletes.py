@@ -75,7 +75,8 @@ def _stage(c, db, stage, server):
         for ch in list(db_.partitions["cpu"][part].chunks):
             from lifecycle.unload import unload_chunk
 
-            assert unload_chunk(server.spark, server.catalog, db_, "cpu", part, ch.id, server.store)
+            assert unload_chunk(server.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
+                                server.parquet_cache_dir)
 
 
 @pytest.mark.parametrize("stage", ["open", "closed", "compacted", "persisted", "unloaded"])
@@ -101,14 +102,18 @@ def test_delete_at_each_chunk_stage_and_after_restart(srv, session_tmp, stage, r
     assert _rows(srv.client, db) == AFTER_DELETE
 
 
-def test_write_delete_write_keeps_only_the_last_write(srv):
+def test_write_delete_write_keeps_only_the_last_write(srv, session_tmp):
     c, db = srv.client, f"wdw_{uuid.uuid4().hex[:6]}"
     _w(c, db, [f"cpu,host=a v=1 {T0}"])
     _d(c, db, T0, T0 + 10)
     _w(c, db, [f"cpu,host=a v=2 {T0}"])  # same series and time, inside the deleted range: survives
     assert _rows(c, db) == [("a", 2.0, 0)]
-    c.persist(db)
-    assert _rows(c, db) == [("a", 2.0, 0)]
+    new = srv.restart(session_tmp)  # replayed from Kafka, in order
+    srv.server, srv.client = new.server, new.client
+    srv.client.wait_caught_up(db)
+    assert _rows(srv.client, db) == [("a", 2.0, 0)]
+    srv.client.persist(db)
+    assert _rows(srv.client, db) == [("a", 2.0, 0)]
 
 
 def test_database_wide_delete_hits_every_table(srv):
@@ -120,7 +125,7 @@ def test_database_wide_delete_hits_every_table(srv):
     assert c.query(db, "SELECT host, v FROM disk").to_pylist() == [{"host": "b", "v": 3.0}]
 
 
-def test_delete_racing_a_persist(srv):
+def test_delete_racing_a_persist(srv, session_tmp):
     import threading
 
     c, db = srv.client, f"race_{uuid.uuid4().hex[:6]}"
@@ -130,8 +135,13 @@ def test_delete_racing_a_persist(srv):
     _d(c, db, T0, T0 + 500, "host = 'h1'")
     t.join()
     c.persist(db)
-    rows = c.query(db, "SELECT host, count(*) AS n FROM cpu GROUP BY host ORDER BY host").to_pylist()
-    assert rows == [{"host": f"h{i}", "n": 100} for i in (0, 2, 3, 4)]
+    q = "SELECT host, count(*) AS n FROM cpu GROUP BY host ORDER BY host"
+    expect = [{"host": f"h{i}", "n": 100} for i in (0, 2, 3, 4)]
+    assert c.query(db, q).to_pylist() == expect
+    new = srv.restart(session_tmp)
+    srv.server, srv.client = new.server, new.client
+    srv.client.wait_caught_up(db)
+    assert srv.client.query(db, q).to_pylist() == expect
 
 
 @pytest.mark.parametrize("pred,start,stop,fragment", [

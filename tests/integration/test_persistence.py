@@ -196,6 +196,13 @@ def test_restart_recovers_parquet_and_replays_the_rest_exactly_once(manual, requ
         r2.client.wait_applied(db, tok, timeout_s=120)
         after = r2.client.query(db, Q2).to_pylist()
         assert after == before + [{"host": "c", "n": 1, "s": 7.0}]
+        # column types survive the restart: v is a float, an integer write conflicts
+        import grpc
+
+        with pytest.raises(grpc.RpcError) as ei:
+            r2.client.write(db, f"cpu,host=d v=1i {T0}\n")
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "cpu" in ei.value.details() and "'v'" in ei.value.details()
         st = r2.client.status(db)["databases"][0]
         assert st["replaying"] is False
         part = _partitions(r2.client, db)["2023-11-14"]
@@ -204,7 +211,7 @@ def test_restart_recovers_parquet_and_replays_the_rest_exactly_once(manual, requ
         manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
 
 
-def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto):
+def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_server):
     c, db = auto.client, f"a_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i}" for i in range(200)])
     expect = c.query(db, Q2).to_pylist()
@@ -216,6 +223,11 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto):
     assert sum(int(f["rows"]) for f in part["files"]) == 200
     assert expect == [{"host": f"h{h}", "n": 50, "s": float(sum(range(h, 200, 4)))} for h in range(4)]
     assert c.query(db, Q2).to_pylist() == expect
+    # a Spark Connect client reads the unloaded (Parquet-only) chunks too, local or S3
+    from tests.integration.test_spark_connect import _remote
+
+    remote = _remote(iox_server.config.spark_connect_port, {"q": Q2.replace("FROM cpu", f"FROM global_temp.`{db}__cpu`")})
+    assert remote["q"] == expect
 
 
 def test_automatic_persist_by_age(auto):
@@ -240,3 +252,28 @@ def test_cleanup_deletes_orphans_only(manual):
     assert not store.exists(orphan)
     assert all(store.exists(k) for k in kept)
     assert c.query(db, "SELECT v FROM cpu").to_pylist() == [{"v": 1.0}]
+
+
+def test_restart_twice_after_a_full_checkpoint_file(iox_server, session_tmp, backend, aws_env):
+    """Loading starts from the newest full checkpoint (.ckpt) plus later transactions; two restarts
+    in a row give the same answer, exactly once."""
+    r = _start(session_tmp, backend, worker_backoff_ms=3_600_000, catalog_transactions_until_checkpoint=2)
+    db = f"k_{uuid.uuid4().hex[:8]}"
+    try:
+        for k in range(3):  # three persists: revisions 1..3, a full checkpoint at revision 2
+            _write(r.client, db, [f"cpu,host=h{k} v={k} {T0 + k}"])
+            r.client.persist(db)
+        _write(r.client, db, [f"cpu,host=late v=9 {T0 + 9}"])  # only in Kafka
+        expect = [{"host": "h0", "n": 1, "s": 0.0}, {"host": "h1", "n": 1, "s": 1.0},
+                  {"host": "h2", "n": 1, "s": 2.0}, {"host": "late", "n": 1, "s": 9.0}]
+        assert r.client.query(db, Q2).to_pylist() == expect
+        keys = [m.key for m in r.server.store.list(f"{db}/catalog/")]
+        assert any(k.endswith(".ckpt") for k in keys), keys
+        for _ in range(2):
+            r = r.restart()
+            r.client.wait_caught_up(db)
+            assert r.client.query(db, Q2).to_pylist() == expect
+            assert int(r.client.status(db)["databases"][0]["catalog_revision"]) == 3
+    finally:
+        r.stop()
+        r.broker.stop()
