@@ -1,7 +1,8 @@
 """Build hook: generates the gRPC/protobuf stubs (package `iox`) from proto/.
 
-The stubs are never edited by hand nor committed: every install (regular or
-editable) regenerates them from the .proto files.
+The stubs are never edited by hand nor committed: every build (regular or
+editable) regenerates them from the .proto files, before setuptools looks for
+the `iox` package (grpcio-tools is a build requirement in pyproject.toml).
 """
 import os
 import sys
@@ -19,4 +20,5 @@ class _BuildWithStubs(build_py):
         super().run()
 
 
+generate()
 setup(cmdclass={"build_py": _BuildWithStubs})
