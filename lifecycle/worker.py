@@ -182,6 +182,12 @@ class LifecycleWorker:
                     raise
                 if r is not None:
                     out.append(r)
+            # like every persist, flush the delete mailbox, also when there was nothing new to persist
+            try:
+                self._flush_mailbox(db, now)
+            except RevisionConflict as e:
+                self._fence(e)
+                raise
         return out
 
     def compact_now(self, db, table: str, partition_key: str, now: float):
@@ -200,19 +206,19 @@ class LifecycleWorker:
 
     def flush_mailboxes(self, now: float) -> int:
         """Records pending deletes that hit persisted files in the preserved catalog; returns how many."""
-        n = 0
         with self._action_lock:
-            for db in self.catalog.databases():
-                pc = self.preserved.get(db.name)
-                if pc is None or not db.deletes.unrecorded():
-                    continue
-                actions: list = []
-                flushed = mailbox_actions(db, pc, [], actions)
-                if actions:
-                    pc.commit(actions, now)
-                    db.deletes.mark_recorded(flushed)
-                    n += len(flushed)
-        return n
+            return sum(self._flush_mailbox(db, now) for db in self.catalog.databases())
+
+    def _flush_mailbox(self, db, now: float) -> int:
+        pc = self.preserved.get(db.name)
+        if pc is None or not db.deletes.unrecorded():
+            return 0
+        actions: list = []
+        flushed = mailbox_actions(db, pc, [], actions)
+        if actions:
+            pc.commit(actions, now)
+            db.deletes.mark_recorded(flushed)
+        return len(flushed) if actions else 0
 
     def cleanup(self, now: float, min_age_s: float) -> list:
         """Deletes Parquet files no retained transaction references (never in-flight ones)."""
