@@ -87,7 +87,11 @@ def test_remote_query_running_across_a_view_swap_completes_consistently(iox_serv
     t.start()
     import time
 
-    time.sleep(6)  # the remote client connects and its query is running
+    tracker = iox_server.spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 120
+    while not tracker.getActiveJobsIds():  # the remote query is running in the server's Spark
+        assert t.is_alive() and time.monotonic() < deadline, "the remote query never started"
+        time.sleep(0.05)
     client.persist(db)  # swaps the view to the persisted chunk and retires the old ones
     t.join(300)
     assert result["slow"] == [{"n": 30 * 20_000_000, "s": float(sum(range(30))) * 20_000_000}]
