@@ -35,10 +35,6 @@ class QueryEngine:
             raise DatabaseNotFound(database) from None
         applied = dict(db.applied_hi_inclusive)
         session = self.spark.newSession()
-        # Python data sources are registered per session; views over S3 Parquet need this one
-        from .parquet_source import IoxParquetDataSource
-
-        session.dataSource.register(IoxParquetDataSource)
         existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
                     self.spark.sql("SHOW VIEWS IN global_temp").collect()}
         for table in db.table_names():
