@@ -6,6 +6,16 @@ fails the test loudly (never skips), and the process is stopped at the end of
 the session.  Importing the fixture into several modules/conftests shares one
 server process (reference counted).
 
+The server is moto_server's own WSGI application (the one the ``moto_server``
+console script runs) served with ``threaded=False``: moto checks S3's
+conditional-write precondition (``If-None-Match: *``) and then stores the
+object without a lock, so its threaded server lets two concurrent conditional
+PUTs of one key both succeed, which real S3 never does (it answers 412 or
+409).  Serving one request at a time makes moto's check-and-store atomic like
+S3's, so the catalog's compare-and-swap fencing is tested against S3
+semantics rather than a moto race (seen in CI: two of eight concurrent
+writers "won").
+
 Tests use the credentials in :data:`MOTO_ACCESS_KEY_ID` /
 :data:`MOTO_SECRET_ACCESS_KEY` (moto accepts any) and create their own
 buckets; the fixture changes no environment variables.
@@ -14,7 +24,6 @@ buckets; the fixture changes no environment variables.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -63,14 +72,14 @@ _lock = threading.Lock()
 _server: _Server | None = None
 
 
-def _moto_server_bin() -> str:
-    candidate = Path(sys.executable).parent / "moto_server"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("moto_server")
-    if found:
-        return found
-    pytest.fail(f"moto_server binary not found next to {sys.executable} nor on PATH (install moto[server])")
+#: Runs moto_server's WSGI app one request at a time (see the module docstring).
+_SERIAL_MOTO_SERVER = """
+import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
+           threaded=False, request_handler=MotoRequestHandler)
+"""
 
 
 def _free_port() -> int:
@@ -111,7 +120,7 @@ def _start_once() -> _Server | str:
     log_path = Path(log_name)
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(
-            [_moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-c", _SERIAL_MOTO_SERVER, "127.0.0.1", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
