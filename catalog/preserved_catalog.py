@@ -308,10 +308,21 @@ class RecordDatabaseCheckpoint:
     sequencer_numbers: dict[int, tuple[int | None, int]] = field(default_factory=dict)
     #: write-buffer epoch the offsets belong to (it grows when the topic was found reset)
     epoch: int = 0
+    #: Kafka's id of the topic incarnation the offsets belong to (None: unknown, written
+    #: before ids were recorded); a topic deleted and created again has a new id
+    topic_id: str | None = None
+    #: True only when written by a clean stop after every write the topic held was applied
+    #: and persisted: the topic holds nothing past ``sequencer_numbers`` that is not in
+    #: Parquet, so losing the topic (an in-memory broker stopped with the server) loses nothing
+    complete: bool = False
 
     def __post_init__(self) -> None:
         k = self.KIND
         _str(k, "topic", self.topic)
+        if not isinstance(self.complete, bool):
+            raise InvalidAction(k, f"complete must be a boolean, got {self.complete!r}")
+        if self.topic_id is not None:
+            _str(k, "topic_id", self.topic_id)
         _int(k, "kafka_partitions", self.kafka_partitions, minimum=1)
         numbers = _sequencer_numbers(k, self.sequencer_numbers)
         bad = [p for p in numbers if p >= self.kafka_partitions]
@@ -326,6 +337,8 @@ class RecordDatabaseCheckpoint:
             "kafka_partitions": self.kafka_partitions,
             "sequencer_numbers": _sequencer_json(self.sequencer_numbers),
             "epoch": self.epoch,
+            **({} if self.topic_id is None else {"topic_id": self.topic_id}),
+            **({"complete": True} if self.complete else {}),
         }
 
 

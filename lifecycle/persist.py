@@ -216,7 +216,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         actions.append(RecordDatabaseCheckpoint(
             topic=db.topic, kafka_partitions=db.kafka_partitions,
             sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()},
-            epoch=db.epoch))
+            epoch=db.epoch, topic_id=db.topic_id))
         crash_point("persist_after_parquet")
         revision = preserved.commit(actions, now)
         crash_point("persist_after_commit")

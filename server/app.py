@@ -182,6 +182,7 @@ class IoxServer:
         """Clean stop with the embedded in-memory broker: the write buffer dies with the broker,
         so wait until every acknowledged write is applied, then persist everything."""
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        drained = True
         while True:
             behind = []
             for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
@@ -193,14 +194,37 @@ class IoxServer:
             if time.monotonic() > deadline:
                 log.error("clean stop: %s not applied within %ss; persisting what is applied", behind,
                           DRAIN_TIMEOUT_S)
+                drained = False
                 break
             time.sleep(0.1)
         for db in self.catalog.databases():
             try:
                 done = self.lifecycle.persist_now(db, None, None, time.time())
                 log.info("clean stop: persisted %d partition(s) of %s", len(done), db.name)
+                if drained:
+                    self._record_complete_checkpoint(db)
             except Exception:
                 log.exception("clean stop: persisting %s failed", db.name)
+
+    def _record_complete_checkpoint(self, db) -> None:
+        """After a drained clean stop persisted everything: record that the topic holds nothing
+        unpersisted, so the next start may accept the in-memory broker's empty topic (any other
+        reset topic refuses to start: acknowledged writes past the checkpoint may be lost)."""
+        from catalog.preserved_catalog import RecordDatabaseCheckpoint
+
+        with self.catalog.lock:
+            unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
+                           if p.windows is not None and not p.windows.is_empty()]
+            applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
+        if unpersisted:
+            log.error("clean stop: %s still holds unpersisted rows in %s; not recording a complete checkpoint",
+                      db.name, unpersisted[:5])
+            return
+        preserved = self.lifecycle.preserved_for(db.name, time.time())
+        preserved.commit([RecordDatabaseCheckpoint(
+            topic=db.topic, kafka_partitions=db.kafka_partitions,
+            sequencer_numbers={kp: (None, hi) for kp, hi in applied.items()},
+            epoch=db.epoch, topic_id=db.topic_id, complete=True)], time.time())
 
     # -- replay -------------------------------------------------------------------------
     def is_replaying(self) -> bool:
@@ -268,7 +292,8 @@ class IoxServer:
                                        replaying=db.topic in self._replay_until)
                 d.epoch = db.epoch
                 for kp, (lo, hi) in sorted(db.lost_writes_skipped.items()):
-                    d.lost_writes_skipped.add(partition=kp, from_offset=lo, to_offset_exclusive=hi)
+                    d.lost_writes_skipped.add(partition=kp, from_offset=lo,
+                                              **({} if hi is None else {"to_offset_exclusive": hi}))
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 for kp in sorted(db.applied_hi_inclusive):

@@ -31,17 +31,28 @@ log = logging.getLogger(__name__)
 
 
 class LostWrites(Exception):
-    """Kafka no longer holds offsets the replay plan needs (retention, or a deleted topic)."""
+    """Kafka no longer holds offsets the replay plan needs (retention, or a deleted topic).
 
-    def __init__(self, database: str, partition: int, from_offset: int, to_exclusive: int):
+    ``to_exclusive`` is None when the end is unknown: the topic is gone, and writes
+    acknowledged after the last checkpoint would have been at ``from_offset`` and above.
+    """
+
+    def __init__(self, database: str, partition: int, from_offset: int, to_exclusive: int | None,
+                 reason: str = ""):
         self.database = database
         self.partition = partition
         self.from_offset = from_offset
         self.to_exclusive = to_exclusive
+        self.reason = reason
         super().__init__(
             f"database {database!r}: Kafka partition {partition} no longer holds offsets "
-            f"[{from_offset}, {to_exclusive}) that are not persisted yet; refusing to start. "
+            f"{_offset_range(from_offset, to_exclusive)} that are not persisted yet"
+            f"{f' ({reason})' if reason else ''}; refusing to start. "
             f"Start with --skip-lost-writes to accept losing them and read from the oldest available offset.")
+
+
+def _offset_range(from_offset: int, to_exclusive: int | None) -> str:
+    return f"[{from_offset}, {to_exclusive})" if to_exclusive is not None else f"from {from_offset} on"
 
 
 class TopicMismatch(Exception):
@@ -107,6 +118,15 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             raise TopicMismatch(name, f"topic {dbck.topic} with {dbck.kafka_partitions} partitions",
                                 f"topic {topic} with {kafka_partitions} partitions")
         db = catalog.ensure_database(name, topic, kafka_partitions)
+        db.topic_id = write_buffer.topic_id(topic)
+        # the topic the checkpoint was written for is gone (deleted, or deleted and created
+        # again: Kafka gives every incarnation a new id); none of its offsets carry over
+        gone = dbck is not None and dbck.topic_id is not None and db.topic_id != dbck.topic_id
+        gone_reason = ""
+        if gone:
+            gone_reason = (f"topic {topic} no longer exists" if db.topic_id is None else
+                           f"topic {topic} was deleted and created again: its id is {db.topic_id}")
+            gone_reason += f", the catalog's checkpoint was written for id {dbck.topic_id}"
         for table, cols in state.table_schemas.items():
             db.schemas.merge(table, [Column(*c) for c in cols])
         for key, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq)):
@@ -147,31 +167,39 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         plan = planner.build()
         bounds = write_buffer.partition_bounds(topic, kafka_partitions) if dbck is not None else {}
         starts, until, reset = {}, {}, False
-        for kp in plan.kafka_partitions():
-            s = plan.start_offset(kp)
+        planned = set(plan.kafka_partitions())
+        for kp in sorted(planned | (set(range(kafka_partitions)) if gone else set())):
+            s = plan.start_offset(kp) if kp in planned else None
+            rng = plan.replay_range(kp) if kp in planned else None
             if s is None:
-                continue
-            rng = plan.replay_range(kp)
-            needs_replay = rng.min_unpersisted_offset is not None
+                if not gone:
+                    continue
+                s = 0  # no checkpointed offset: whatever the lost topic held for it
+            needs_replay = rng is not None and rng.min_unpersisted_offset is not None
             lo, end = bounds.get(kp, (0, 0))
             lost = None
-            if end < s:  # the broker is behind the catalog: the topic was reset (or lost data)
+            if gone or end < s:  # the broker is behind the catalog: the topic was reset (or lost data)
                 reset = True
                 if needs_replay:
                     lost = (s, rng.max_seen_offset + 1)
+                elif not dbck.complete:
+                    # writes acknowledged after the last checkpoint were at s and above: unknown how many
+                    lost = (s, None)
             elif lo > s:  # retention dropped offsets replay needs
                 lost = (s, lo)
             if lost is not None:
                 if not skip_lost_writes:
-                    raise LostWrites(name, kp, *lost)
-                log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets [%d, %d) "
-                          "(--skip-lost-writes)", name, kp, *lost)
+                    raise LostWrites(name, kp, *lost, reason=gone_reason)
+                log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s "
+                          "(--skip-lost-writes)", name, kp, _offset_range(*lost),
+                          f" ({gone_reason})" if gone_reason else "")
                 db.lost_writes_skipped[kp] = lost
                 s = lo
             starts[kp] = s
             if needs_replay and s <= rng.max_seen_offset:
                 until[kp] = rng.max_seen_offset
             db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+        reset = reset or gone
         if reset:
             # offsets start over: a new epoch keeps write-buffer order (seq) and ignores old checkpoints
             db.epoch = epoch + 1
@@ -180,7 +208,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             filters = {}
             db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
             pc.commit([RecordDatabaseCheckpoint(topic=topic, kafka_partitions=kafka_partitions,
-                                                sequencer_numbers={}, epoch=db.epoch)], now)
+                                                sequencer_numbers={}, epoch=db.epoch, topic_id=db.topic_id)], now)
             log.warning("database %s: the write buffer topic was reset; everything was persisted, "
                         "continuing in write-buffer epoch %d", name, db.epoch)
         # replay counts as caught up once everything Kafka held at start is applied

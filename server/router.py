@@ -156,6 +156,8 @@ class Router:
                                       f"at most {MAX_ROWS_PER_TABLE} per table")
         topic = self.write_buffer.ensure_topic(database)
         db = self.catalog.ensure_database(database, topic, self.kafka_partitions)
+        if db.topic_id is None:
+            db.topic_id = self.write_buffer.topic_id(topic)
         try:
             db.schemas.check_and_reserve({name: cols for name, (cols, _) in batches.items()})
         except ColumnTypeConflict as e:

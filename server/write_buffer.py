@@ -96,6 +96,8 @@ class WriteBuffer:
         self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
         self._lock = threading.Lock()
         self._known_topics: set[str] = set()
+        #: topic -> Kafka topic id seen when the topic was ensured
+        self._topic_ids: dict[str, str | None] = {}
         #: (topic, kafka partition) -> highest offset this process got acknowledged
         self.acked_hi_inclusive: dict = {}
         self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
@@ -130,8 +132,26 @@ class WriteBuffer:
             actual = len(tmd.partitions)
         if actual != self.partitions:
             raise PartitionCountMismatch(topic, self.partitions, actual)
+        self._topic_ids[topic] = self._describe_topic_id(topic)
         self._known_topics.add(topic)
         return topic
+
+    def topic_id(self, topic: str) -> str | None:
+        """Kafka's id of the topic's current incarnation (a topic deleted and created again gets
+        a new one); None when the topic does not exist or the broker has no topic ids."""
+        known = self._topic_ids.get(topic)
+        return known if known is not None else self._describe_topic_id(topic)
+
+    def _describe_topic_id(self, topic: str) -> str | None:
+        from confluent_kafka import TopicCollection
+
+        try:
+            desc = self._admin.describe_topics(TopicCollection([topic]),
+                                               request_timeout=ADMIN_TIMEOUT_S)[topic].result(timeout=ADMIN_TIMEOUT_S + 1)
+        except Exception:  # unknown topic, or a broker without DescribeTopics
+            return None
+        tid = desc.topic_id
+        return None if tid is None else str(tid)
 
     def _wait_partitions(self, topic: str) -> int:
         deadline = time.monotonic() + ADMIN_TIMEOUT_S

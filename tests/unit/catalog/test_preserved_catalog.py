@@ -231,6 +231,27 @@ def test_action_validation() -> None:
         AddDeletePredicate(table="t", start_ns=2, stop_ns_exclusive=1, predicate=[], seq=0, applies_to=[])
 
 
+
+def test_database_checkpoint_topic_id_and_complete_round_trip(store) -> None:
+    """topic_id and complete survive a commit and a reload; older checkpoints without them load
+    as unknown id / not complete; a non-boolean complete is rejected."""
+    cat, _ = _load(store)
+    plain = RecordDatabaseCheckpoint(topic="t", kafka_partitions=2, sequencer_numbers={0: (None, 4)})
+    assert "topic_id" not in plain.to_json() and "complete" not in plain.to_json()
+    cat.commit([plain], now_s=NOW_S)
+    assert _load(store)[1].database_checkpoint == plain
+    assert (plain.topic_id, plain.complete) == (None, False)
+    full = RecordDatabaseCheckpoint(topic="t", kafka_partitions=2, sequencer_numbers={0: (None, 4), 1: (None, 0)},
+                                    epoch=3, topic_id="AaIEvtMVcYCJieZB4rlcnA", complete=True)
+    cat.commit([full.to_json()], now_s=NOW_S)
+    loaded = _load(store)[1].database_checkpoint
+    assert loaded == full and (loaded.topic_id, loaded.complete, loaded.epoch) == ("AaIEvtMVcYCJieZB4rlcnA", True, 3)
+    with pytest.raises(InvalidAction):
+        RecordDatabaseCheckpoint(topic="t", kafka_partitions=1, complete="yes")
+    with pytest.raises(InvalidAction):
+        RecordDatabaseCheckpoint(topic="t", kafka_partitions=1, topic_id="")
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
