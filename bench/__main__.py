@@ -33,8 +33,8 @@ SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload"]
 SIZES = {
     "quick": dict(parse_lines=100_000, repeat=2, clients=4, write_s=5, write_batches_per_table=8, e2e_s=10,
                   e2e_batches_per_table=10, settle_s=3, sink_timeout_s=150,
-                  e2e_persist_row_threshold=100_000, restart_points=200_000, lat_s=6,
-                  probe_interval_s=0.2, query_points=500_000, overload_s=5, driver_memory="4g"),
+                  e2e_persist_row_threshold=100_000, restart_points=100_000, lat_s=5,
+                  probe_interval_s=0.2, query_points=300_000, overload_s=4, driver_memory="4g"),
     "full": dict(parse_lines=1_000_000, repeat=5, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=10, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, restart_points=2_000_000, lat_s=30,
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
         if ctx.worker is not None:
             ctx.worker.stop()
         if ctx.server is not None:
-            ctx.server.stop()
+            ctx.server.kill9()  # nothing to keep: a clean stop would persist everything first
             ctx.server.stop_broker()
         if not a.keep:
             shutil.rmtree(ctx.tmp, ignore_errors=True)

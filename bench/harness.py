@@ -279,8 +279,11 @@ class ServerProcess:
 
     def kill9(self) -> None:
         """SIGKILL the server process (a crash); its JVM follows it. The broker lives on."""
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
         self._reap_group()
 
     def _reap_group(self, timeout_s: float = 15.0) -> None:

@@ -128,9 +128,11 @@ class Ingestor:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
+        t0 = time.perf_counter()
         raw = df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             meta = raw.select(*_META_COLUMNS).collect()
+            t_meta = time.perf_counter()
             log.debug("batch %s: %d messages", batch_id, len(meta))
             if not meta:
                 return
@@ -149,10 +151,13 @@ class Ingestor:
                 touched.append((db, table))
             if any(m["kind"] == "delete" for m in meta):
                 touched += self._apply_deletes(raw, F)
-            log.debug("batch %s: chunks built", batch_id)
+            t_chunks = time.perf_counter()
             for db, table in touched:
                 self.refresh_table_view(db, table)
-            log.debug("batch %s: views swapped", batch_id)
+            t_views = time.perf_counter()
+            log.debug("batch %s: %d messages, %d rows, %d table(s): read+meta %.3f s, chunks %.3f s, views %.3f s",
+                      batch_id, len(meta), sum(m["nrows"] for m in meta), len(touched), t_meta - t0,
+                      t_chunks - t_meta, t_views - t_chunks)
             crash_point("consume_before_applied")
             if self.row_filters:
                 crash_point("replay_batch")

@@ -25,7 +25,8 @@ from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 
 from .write_buffer import topic_for
 
-__all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn"]
+__all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
+           "lost_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,32 @@ class RecoveryResult:
     row_filters: dict = field(default_factory=dict)
     #: topic -> {kafka partition: offset replay must reach before it counts as caught up}
     replay_until: dict = field(default_factory=dict)
+
+
+def lost_offsets(start: int, replay_hi_inclusive: int | None, low_watermark: int, end_exclusive: int,
+                 topic_gone: bool, checkpoint_complete: bool) -> tuple[bool, tuple[int, int | None] | None]:
+    """Decides, for one Kafka partition, whether the write buffer lost offsets replay needs.
+
+    Pure (driver, at start).  ``start``: the replay plan's first offset to read;
+    ``replay_hi_inclusive``: the last offset replay must reach, None when nothing
+    unpersisted is known; ``low_watermark`` / ``end_exclusive``: what Kafka holds now;
+    ``topic_gone``: the checkpoint's topic incarnation no longer exists;
+    ``checkpoint_complete``: the checkpoint was written by a drained clean stop.
+
+    Returns ``(reset, lost)``: ``reset`` when the topic's offsets started over (a new
+    write-buffer epoch begins), ``lost`` = ``(from, to_exclusive)`` of offsets that are
+    neither persisted nor in Kafka any more (``to_exclusive`` None: unknown end), or None.
+    """
+    if topic_gone or end_exclusive < start:  # the topic was reset (or the broker lost data)
+        if replay_hi_inclusive is not None:
+            return True, (start, replay_hi_inclusive + 1)
+        if not checkpoint_complete:
+            # writes acknowledged after the last checkpoint were at `start` and above: unknown how many
+            return True, (start, None)
+        return True, None
+    if low_watermark > start:  # retention dropped offsets replay needs
+        return False, (start, low_watermark)
+    return False, None
 
 
 def list_catalog_databases(store) -> list[str]:
@@ -177,16 +204,9 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                 s = 0  # no checkpointed offset: whatever the lost topic held for it
             needs_replay = rng is not None and rng.min_unpersisted_offset is not None
             lo, end = bounds.get(kp, (0, 0))
-            lost = None
-            if gone or end < s:  # the broker is behind the catalog: the topic was reset (or lost data)
-                reset = True
-                if needs_replay:
-                    lost = (s, rng.max_seen_offset + 1)
-                elif not dbck.complete:
-                    # writes acknowledged after the last checkpoint were at s and above: unknown how many
-                    lost = (s, None)
-            elif lo > s:  # retention dropped offsets replay needs
-                lost = (s, lo)
+            kp_reset, lost = lost_offsets(s, rng.max_seen_offset if needs_replay else None, lo, end, gone,
+                                          dbck is not None and dbck.complete)
+            reset = reset or kp_reset
             if lost is not None:
                 if not skip_lost_writes:
                     raise LostWrites(name, kp, *lost, reason=gone_reason)
