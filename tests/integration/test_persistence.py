@@ -80,8 +80,11 @@ def _start(session_tmp, backend, **lifecycle):
     from server.app import IoxServer
 
     b = start_broker()
+    # one deployment = one broker + its own object-store namespace: a catalog whose topics
+    # live on another broker is (rightly) refused at start as lost writes
+    store = dict(backend, object_store=f"{backend['object_store'].rstrip('/')}/{uuid.uuid4().hex[:8]}")
     cfg = make_config(os.path.join(session_tmp, f"srv-{uuid.uuid4().hex[:6]}"), b.bootstrap, http_port=0,
-                      lifecycle=lifecycle, **backend)
+                      lifecycle=lifecycle, **store)
     srv = IoxServer(cfg)
     srv.start()
     return _Running(srv, b, cfg)
