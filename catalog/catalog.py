@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from .chunk import Chunk
 from .delete_mailbox import DeleteMailbox
 from .persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
+from .preserved_catalog import RecordDatabaseCheckpoint
 from .schema import SchemaRegistry, TableSchema
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError"]
@@ -76,6 +77,13 @@ class Database:
     #: Kafka's id of the topic incarnation this server reads (None until known); recorded in
     #: database checkpoints so a topic deleted and created again is detected at start
     topic_id: str | None = None
+
+    def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
+        """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})
+        for this database's topic incarnation and write-buffer epoch; the one place that builds it."""
+        return RecordDatabaseCheckpoint(topic=self.topic, kafka_partitions=self.kafka_partitions,
+                                        sequencer_numbers=sequencer_numbers, epoch=self.epoch,
+                                        topic_id=self.topic_id, complete=complete)
 
     def table_names(self) -> list[str]:
         return sorted(self.partitions)

@@ -26,7 +26,7 @@ from catalog.catalog import Catalog, Database
 from catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
 from catalog.chunk import Chunk
 from catalog.object_store import ObjectStore, parquet_key
-from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordDatabaseCheckpoint, RecordPartitionCheckpoint,
+from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordPartitionCheckpoint,
                                        SetTableSchema)
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
@@ -213,10 +213,8 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             table=table, partition_key=partition_key, flush_timestamp_ns=flush_ts,
             sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in part_ckpt.offsets.items()},
             epoch=db.epoch))
-        actions.append(RecordDatabaseCheckpoint(
-            topic=db.topic, kafka_partitions=db.kafka_partitions,
-            sequencer_numbers={kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()},
-            epoch=db.epoch, topic_id=db.topic_id))
+        actions.append(db.checkpoint_action(
+            {kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()}))
         crash_point("persist_after_parquet")
         revision = preserved.commit(actions, now)
         crash_point("persist_after_commit")

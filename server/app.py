@@ -210,8 +210,6 @@ class IoxServer:
         """After a drained clean stop persisted everything: record that the topic holds nothing
         unpersisted, so the next start may accept the in-memory broker's empty topic (any other
         reset topic refuses to start: acknowledged writes past the checkpoint may be lost)."""
-        from catalog.preserved_catalog import RecordDatabaseCheckpoint
-
         with self.catalog.lock:
             unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
                            if p.windows is not None and not p.windows.is_empty()]
@@ -221,10 +219,8 @@ class IoxServer:
                       db.name, unpersisted[:5])
             return
         preserved = self.lifecycle.preserved_for(db.name, time.time())
-        preserved.commit([RecordDatabaseCheckpoint(
-            topic=db.topic, kafka_partitions=db.kafka_partitions,
-            sequencer_numbers={kp: (None, hi) for kp, hi in applied.items()},
-            epoch=db.epoch, topic_id=db.topic_id, complete=True)], time.time())
+        preserved.commit([db.checkpoint_action({kp: (None, hi) for kp, hi in applied.items()}, complete=True)],
+                         time.time())
 
     # -- replay -------------------------------------------------------------------------
     def is_replaying(self) -> bool:

@@ -155,9 +155,10 @@ class Ingestor:
             for db, table in touched:
                 self.refresh_table_view(db, table)
             t_views = time.perf_counter()
-            log.debug("batch %s: %d messages, %d rows, %d table(s): read+meta %.3f s, chunks %.3f s, views %.3f s",
-                      batch_id, len(meta), sum(m["nrows"] for m in meta), len(touched), t_meta - t0,
-                      t_chunks - t_meta, t_views - t_chunks)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("batch %s: %d messages, %d rows, %d table(s): read+meta %.3f s, chunks %.3f s, "
+                          "views %.3f s", batch_id, len(meta), sum(m["nrows"] for m in meta), len(touched),
+                          t_meta - t0, t_chunks - t_meta, t_views - t_chunks)
             crash_point("consume_before_applied")
             if self.row_filters:
                 crash_point("replay_batch")

@@ -19,7 +19,7 @@ from catalog.catalog import Catalog
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from catalog.chunk import Chunk
 from catalog.errors import CatalogError
-from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordDatabaseCheckpoint
+from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
 from catalog.schema import Column
 from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 
@@ -227,8 +227,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             until = {}
             filters = {}
             db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
-            pc.commit([RecordDatabaseCheckpoint(topic=topic, kafka_partitions=kafka_partitions,
-                                                sequencer_numbers={}, epoch=db.epoch, topic_id=db.topic_id)], now)
+            pc.commit([db.checkpoint_action({})], now)
             log.warning("database %s: the write buffer topic was reset; everything was persisted, "
                         "continuing in write-buffer epoch %d", name, db.epoch)
         # replay counts as caught up once everything Kafka held at start is applied

@@ -139,8 +139,9 @@ class WriteBuffer:
     def topic_id(self, topic: str) -> str | None:
         """Kafka's id of the topic's current incarnation (a topic deleted and created again gets
         a new one); None when the topic does not exist or the broker has no topic ids."""
-        known = self._topic_ids.get(topic)
-        return known if known is not None else self._describe_topic_id(topic)
+        if topic in self._topic_ids:  # ensured by this process: asked once
+            return self._topic_ids[topic]
+        return self._describe_topic_id(topic)
 
     def _describe_topic_id(self, topic: str) -> str | None:
         from confluent_kafka import TopicCollection
