@@ -20,6 +20,7 @@ from .delete_mailbox import DeleteMailbox
 from .persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
 from .preserved_catalog import RecordDatabaseCheckpoint
 from .schema import SchemaRegistry, TableSchema
+from .transactions import TxnLog
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError"]
 
@@ -77,6 +78,8 @@ class Database:
     #: Kafka's id of the topic incarnation this server reads (None until known); recorded in
     #: database checkpoints so a topic deleted and created again is detected at start
     topic_id: str | None = None
+    #: multi-message requests: pending parts, decisions, pins (catalog/transactions.py; under Catalog.lock)
+    txns: TxnLog = field(default_factory=TxnLog)
 
     def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
         """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})

@@ -199,6 +199,10 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                         builder.register_other_partition(other.windows.offset_ranges())
             builder.register_other_partition({kp: UnpersistedOffsets(None, hi) for kp, hi in applied.items()
                                               if hi >= 0})
+            # transaction parts without a marker, and commit decisions whose parts elsewhere have
+            # none yet, must be read again by a replay (catalog/transactions.py)
+            builder.register_other_partition({kp: UnpersistedOffsets(off, max(off, applied.get(kp, off)))
+                                              for kp, off in db.txns.pinned_offsets().items()})
             part_ckpt, db_ckpt = builder.build()
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         files = []

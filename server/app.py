@@ -33,6 +33,8 @@ __all__ = ["IoxServer", "DRAIN_TIMEOUT_S"]
 
 #: How long a clean stop waits for acknowledged writes to be applied before persisting.
 DRAIN_TIMEOUT_S = 120.0
+#: How often the transaction-repair thread looks for markers and aborts to write.
+TXN_REPAIR_INTERVAL_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class IoxServer:
             bootstrap = self.broker.bootstrap
             log.info("embedded broker on %s (pid %s)", bootstrap, self.broker.pid)
         self.bootstrap = bootstrap
-        self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms)
+        self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s)
         scratch = os.path.join(data_dir, "spark")
         from pyspark.sql import SparkSession
 
@@ -79,6 +81,7 @@ class IoxServer:
         from lifecycle.worker import LifecycleWorker
 
         from .recovery import list_catalog_databases, recover
+        from .replay_schemas import load_replay_schemas
         from .write_buffer import PartitionCountMismatch, database_of_topic
 
         self.rules = cfg.lifecycle_rules()
@@ -96,7 +99,10 @@ class IoxServer:
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
         self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
-        self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions, rec.row_filters)
+        for topic, until in self._replay_until.items():  # types of Kafka-only tables, before any write
+            load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
+                                rec.start_offsets.get(topic, {}), until)
+        self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions, rec.row_filters, cfg.txn_timeout_s)
         for db in self.catalog.databases():
             for table in db.table_names():
                 self.ingestor.refresh_table_view(db, table)
@@ -115,6 +121,8 @@ class IoxServer:
                                          on_persisted=self._commit_resumption_offsets,
                                          cache_dir=self.parquet_cache_dir)
         self.lifecycle.start()
+        self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
+        self._txn_repair.start()
         self.router.overload_check = self._overloaded
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
         self.grpc.start()
@@ -169,6 +177,16 @@ class IoxServer:
             self._stopped.set()
             log.info("iox stopped")
 
+    def _txn_repair_loop(self) -> None:
+        """Runs from start to stop: about once a second, produces the transaction markers and
+        abort decisions the consumer's TxnLogs ask for (catalog/transactions.py). A failure is
+        retried on the next round; a stopping server is not an error."""
+        while not self._stopped.wait(TXN_REPAIR_INTERVAL_S):
+            try:
+                self.ingestor.repair_transactions(self.write_buffer, time.time())
+            except Exception as e:  # broker away: next round
+                log.warning("transaction repair: %s", e)
+
     def _overloaded(self):
         """Backpressure on the write path: RESOURCE_EXHAUSTED / HTTP 503 while over the hard limit."""
         if self.lifecycle is None or not self.lifecycle.backpressure_engaged:
@@ -214,6 +232,8 @@ class IoxServer:
             unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
                            if p.windows is not None and not p.windows.is_empty()]
             applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
+            if not db.txns.is_idle():
+                unpersisted.append(("undecided transaction parts", sorted(db.txns.pinned_offsets().items())))
         if unpersisted:
             log.error("clean stop: %s still holds unpersisted rows in %s; not recording a complete checkpoint",
                       db.name, unpersisted[:5])
@@ -287,6 +307,8 @@ class IoxServer:
                                        catalog_revision=pc.revision if pc is not None else -1,
                                        replaying=db.topic in self._replay_until)
                 d.epoch = db.epoch
+                d.pending_transaction_parts = len(db.txns.pending)
+                d.pinned_transactions = len(db.txns.pins)
                 for kp, (lo, hi) in sorted(db.lost_writes_skipped.items()):
                     d.lost_writes_skipped.add(partition=kp, from_offset=lo,
                                               **({} if hi is None else {"to_offset_exclusive": hi}))

@@ -20,6 +20,8 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_SPARK_CONNECT_PORT",
     "DEFAULT_HTTP_PORT",
+    "DEFAULT_TXN_TIMEOUT_S",
+    "InvalidConfig",
     "parse_memory_bytes",
 ]
 
@@ -31,6 +33,10 @@ DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_DRIVER_MEMORY = "4g"
 #: How long a write waits for Kafka's acknowledgement before answering UNAVAILABLE.
 DEFAULT_PRODUCE_TIMEOUT_MS = 10_000
+#: A request of several write-buffer messages whose commit decision has not appeared this long
+#: after its parts is aborted by the consumer (its router died); must exceed twice the produce
+#: timeout plus a margin (see write_buffer.txn_commit_deadline_s).
+DEFAULT_TXN_TIMEOUT_S = 60.0
 #: Streaming trigger interval of the write-buffer consumer.
 DEFAULT_TRIGGER_INTERVAL_MS = 100
 #: Largest accepted write request body (after decompression).
@@ -54,6 +60,13 @@ def parse_memory_bytes(text: str) -> int:
     return int(t)
 
 
+class InvalidConfig(ValueError):
+    def __init__(self, field: str, actual, reason: str):
+        self.field = field
+        self.actual = actual
+        super().__init__(f"{field} = {actual!r}: {reason}")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     grpc_port: int = DEFAULT_GRPC_PORT
@@ -64,6 +77,7 @@ class ServerConfig:
     spark_master: str = DEFAULT_SPARK_MASTER
     driver_memory: str = DEFAULT_DRIVER_MEMORY
     produce_timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS
+    txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S
     trigger_interval_ms: int = DEFAULT_TRIGGER_INTERVAL_MS
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
@@ -82,6 +96,14 @@ class ServerConfig:
     skip_lost_writes: bool = False
     #: lifecycle rule overrides (LifecycleRules field -> value); absent = IOx defaults
     lifecycle: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from .write_buffer import TXN_SLACK_S, txn_commit_deadline_s
+
+        if txn_commit_deadline_s(self.txn_timeout_s, self.produce_timeout_ms) <= 0:
+            raise InvalidConfig("txn_timeout_s", self.txn_timeout_s,
+                                f"must exceed 2 x produce timeout + {TXN_SLACK_S:.0f} s = "
+                                f"{2 * self.produce_timeout_ms / 1000 + TXN_SLACK_S:.0f} s")
 
     @property
     def object_store_url(self) -> str:

@@ -11,6 +11,7 @@ driver only collects per-message metadata.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -24,12 +25,14 @@ from catalog.chunk import Chunk
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
 from catalog.delete_mailbox import Delete
+from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
 from lifecycle.chunk_data import estimate_bytes, release_df, table_deletes
 
 from .crash_points import crash_point
 from .recovery import keep_mask_fn
 from .views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
-from .wire_format import FORMAT_VERSION, NS_PER_DAY, WireFormatMismatch, day_numbers
+from .wire_format import (FORMAT_VERSION, NS_PER_DAY, SUPPORTED_FORMATS, WireFormatMismatch, day_numbers,
+                          encode_decision, encode_marker)
 from .write_buffer import database_of_topic, partition_for
 
 __all__ = ["Ingestor", "SEQ_ROW_BITS", "SEQ_OFFSET_BITS", "seq_base"]
@@ -46,7 +49,7 @@ SEQ_OFFSET_BITS = 35
 def seq_base(epoch: int, offset: int) -> int:
     """The `_iox_seq` of row 0 of the message at `offset` in write-buffer epoch `epoch`."""
     return (epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS)) | (offset << SEQ_ROW_BITS)
-_META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt"]
+_META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt", "txn", "txn_info"]
 
 
 def _arrow_type(typ: str) -> pa.DataType:
@@ -54,13 +57,16 @@ def _arrow_type(typ: str) -> pa.DataType:
             "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
 
 
-def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0):
+def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0, at_offset: dict | None = None):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
 
-    Picklable (captures only plain lists/tuples). `day_lo_hi` = (first, last) day
+    Picklable (captures only plain lists/tuples/dicts). `day_lo_hi` = (first, last) day
     number to keep, or None for all rows. `keep_mask(kp, offset, days, times)`
     (replay after a restart) drops rows the preserved catalog already holds.
+    `at_offset`: {(kp, offset): offset}: a committed transaction part is applied at
+    the offset of the marker that committed it.
     """
+    at_offset = at_offset or {}
 
     def fn(batches):
         import pyarrow as pa
@@ -73,6 +79,7 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
             kps = b.column("kp").to_pylist()
             payloads = b.column("payload")
             for i, off in enumerate(offsets):
+                off = at_offset.get((kps[i], off), off)
                 t = decode_payload(payloads[i].as_py())
                 n = t.num_rows
                 arrays = []
@@ -114,14 +121,18 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
 class Ingestor:
     """Owns the foreachBatch callback. One per server."""
 
-    def __init__(self, spark, catalog: Catalog, kafka_partitions: int, row_filters: dict | None = None):
+    def __init__(self, spark, catalog: Catalog, kafka_partitions: int, row_filters: dict | None = None,
+                 txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S):
         self.spark = spark
         #: (database, table) -> replay filter (see server/recovery.py); empty once replay is done
         self.row_filters = row_filters or {}
         self.catalog = catalog
         self.kafka_partitions = kafka_partitions
+        self.txn_timeout_s = txn_timeout_s
         self.batches_applied = 0
         self._applied = threading.Condition()
+        #: (topic, kp, offset) -> (metadata dict, payload): transaction parts read, not yet decided
+        self._stash: dict = {}
 
     # foreachBatch entry point
     def apply_batch(self, df, batch_id: int) -> None:
@@ -138,19 +149,36 @@ class Ingestor:
                 return
             by_table: dict = defaultdict(list)
             hi: dict = defaultdict(dict)
+            txn_rows: dict = defaultdict(list)
+            has_deletes = False
             for m in meta:
-                if m["fmt"] != str(FORMAT_VERSION):
+                if m["fmt"] not in SUPPORTED_FORMATS:
                     raise WireFormatMismatch(FORMAT_VERSION, m["fmt"], m["topic"], m["offset"])
                 hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
                 if m["kind"] == "write":
-                    by_table[(m["topic"], m["tbl"])].append(m)
+                    by_table[(m["topic"], m["tbl"])].append(m.asDict())
+                elif m["kind"] == "delete":
+                    has_deletes = True
+                elif m["kind"] in TXN_KINDS:
+                    txn_rows[m["topic"]].append(m)
+            #: (topic, kp, offset of the part) -> offset it is applied at
+            at_offset: dict = {}
+            #: (topic, table) -> [(kp, offset, payload)] of parts decided in this batch, read in an earlier one
+            stashed: dict = defaultdict(list)
+            committed_deletes: list = []
+            #: what the batch changes in the TxnLogs and the stash, kept until the batch is applied
+            staged_txns: dict = {}
+            stash_changes: tuple = ({}, set())
+            if txn_rows:
+                staged_txns, stash_changes = self._resolve_transactions(
+                    raw, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, F)
             touched = []
             for (topic, table), msgs in by_table.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
-                self._apply_table(raw, db, topic, table, msgs, F)
+                self._apply_table(raw, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
-            if any(m["kind"] == "delete" for m in meta):
-                touched += self._apply_deletes(raw, F)
+            if has_deletes or committed_deletes:
+                touched += self._apply_deletes(raw, F, has_deletes, committed_deletes)
             t_chunks = time.perf_counter()
             for db, table in touched:
                 self.refresh_table_view(db, table)
@@ -162,6 +190,13 @@ class Ingestor:
             crash_point("consume_before_applied")
             if self.row_filters:
                 crash_point("replay_batch")
+            with self.catalog.lock:
+                for db, txns in staged_txns.values():
+                    db.txns = txns
+            added, removed = stash_changes
+            for key in removed:
+                self._stash.pop(key, None)
+            self._stash.update(added)
             for topic, parts in hi.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self.catalog.advance_applied(db, parts)
@@ -174,7 +209,81 @@ class Ingestor:
         finally:
             raw.unpersist()
 
-    def _apply_table(self, raw, db: Database, topic: str, table: str, msgs: list, F) -> None:
+    # -- transactions (catalog/transactions.py) -------------------------------------------
+    def _resolve_transactions(self, raw, txn_rows: dict, hi: dict, by_table: dict, at_offset: dict,
+                              stashed: dict, committed_deletes: list, F) -> tuple[dict, tuple]:
+        """Feeds the batch's parts, decisions and markers to copies of the databases' TxnLogs; a
+        committed part joins `by_table` (or `committed_deletes`) at its marker's offset, an
+        undecided one is stashed (its payload collected) until a later batch decides it.
+
+        Returns ({database name: (db, new TxnLog)}, (stash entries to add, stash keys to remove)), which
+        `apply_batch` installs only once the batch is applied: a failed batch is retried
+        from the same state.
+        """
+        now = time.time()
+        staged: dict = {}
+        added: dict = {}
+        removed: set = set()
+        for topic, rows in txn_rows.items():
+            db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+            records = [_txn_record(m) for m in rows]
+            with self.catalog.lock:
+                hi_after = {kp: max(db.applied_hi_inclusive.get(kp, -1), off) for kp, off in hi[topic].items()}
+                txns = copy.deepcopy(db.txns)
+            res = txns.apply_batch(records, hi_after, now)
+            staged[db.name] = (db, txns)
+            still_pending = set(txns.pending)
+            in_batch = {(m["kp"], m["offset"]): m for m in rows if m["kind"] == PART}
+            for key, marker_offset in sorted(res.commit.items()):
+                if key in in_batch:
+                    m = in_batch[key].asDict()
+                    payload = None
+                else:
+                    m, payload = self._stash[(topic,) + key]
+                    removed.add((topic,) + key)
+                if json.loads(m["txn_info"])["of"] == "delete":
+                    committed_deletes.append((topic, m["kp"], marker_offset, key, payload))
+                    continue
+                applied = dict(m, offset=marker_offset, kind="write")
+                by_table[(topic, m["tbl"])].append(applied)
+                if payload is None:
+                    at_offset[(topic,) + key] = marker_offset
+                else:
+                    stashed[(topic, m["tbl"])].append((m["kp"], marker_offset, payload))
+            removed.update((topic,) + key for key in res.abort)
+            keep = [k for k in in_batch if k in still_pending]
+            if keep:
+                txns = sorted({in_batch[k]["txn"] for k in keep})
+                got = raw.filter((F.col("topic") == topic) & (F.col("kind") == PART) & F.col("txn").isin(txns)) \
+                    .select("kp", "offset", "payload").collect()
+                for r in got:
+                    if (r["kp"], r["offset"]) in still_pending:
+                        added[(topic, r["kp"], r["offset"])] = (in_batch[(r["kp"], r["offset"])].asDict(),
+                                                                bytes(r["payload"]))
+        return staged, (added, removed)
+
+    def repair_transactions(self, write_buffer, now: float) -> int:
+        """Produces the markers and abort decisions the databases' TxnLogs ask for; returns how many.
+
+        Called by the server's transaction-repair thread (driver), about once a second.
+        """
+        produced = 0
+        for db in self.catalog.databases():
+            with self.catalog.lock:
+                repairs = db.txns.due_repairs(now, self.txn_timeout_s)
+            if not repairs:
+                continue
+            msgs = [encode_marker(r.txn, r.decision, r.kp) if r.kind == MARKER
+                    else encode_decision(r.txn, ABORT, [], r.kp) for r in repairs]
+            for r in repairs:
+                log.warning("database %s: transaction %s: writing %s %s on Kafka partition %d", db.name, r.txn,
+                            "an" if r.decision == ABORT else "a", f"{r.decision} {r.kind}", r.kp)
+            write_buffer.produce_control(db.topic, msgs)
+            produced += len(msgs)
+        return produced
+
+    def _apply_table(self, raw, db: Database, topic: str, table: str, msgs: list, F, at_offset: dict,
+                     stashed: list) -> None:
         cols: list[Column] = []
         for m in msgs:
             for name, role, typ in json.loads(m["schema"]):
@@ -193,7 +302,14 @@ class Ingestor:
                 d[0] += n
                 d[1] = min(d[1], lo)
                 d[2] = max(d[2], hi)
-        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & (F.col("kind") == "write"))
+        remap = {(kp, off): at for (t, kp, off), at in at_offset.items() if t == topic}
+        kind = F.col("kind") == "write"
+        parts_here = sorted({off for (kp, off) in remap})
+        if parts_here:
+            kind = kind | ((F.col("kind") == PART) & F.col("offset").isin(parts_here))
+        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & kind).select("kp", "offset", "payload")
+        if stashed:
+            sel = sel.unionByName(self.spark.createDataFrame(stashed, "kp int, offset long, payload binary"))
         struct = spark_struct_for(schema)
         offsets_by_kp: dict = {}
         for m in msgs:
@@ -206,7 +322,7 @@ class Ingestor:
             bounds = None if len(days) == 1 else (day, day)
             filters = self.row_filters.get((db.name, table))
             keep = keep_mask_fn(filters) if filters else None
-            decoded = sel.select("kp", "offset", "payload").mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch), struct)
+            decoded = sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap), struct)
             cdf = decoded.localCheckpoint(eager=True)
             if keep is not None:  # replayed rows were filtered: count what is left
                 st = cdf.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
@@ -224,21 +340,34 @@ class Ingestor:
                           created_at=time.time())
             self.catalog.add_chunk(db, chunk, now=time.time())
 
-    def _apply_deletes(self, raw, F) -> list:
+    def _apply_deletes(self, raw, F, has_deletes: bool, committed: list) -> list:
         """Records the batch's deletes; returns the (db, table) pairs whose view must change.
 
+        `committed`: delete parts of transactions committed in this batch, as
+        (topic, kp, offset applied at, (kp, part offset), payload or None when in this batch).
         The table's open chunk is closed first: a delete never lands in a chunk that may
         still grow, so compaction and persist materialise it against a fixed set of rows.
         """
         touched = []
-        rows = raw.filter(F.col("kind") == "delete").select("topic", "kp", "offset", "payload").collect()
-        for r in rows:
-            db = self.catalog.ensure_database(database_of_topic(r["topic"]), r["topic"], self.kafka_partitions)
-            body = json.loads(bytes(r["payload"]))
+        found = []
+        if has_deletes:
+            found += [(r["topic"], r["kp"], r["offset"], bytes(r["payload"]))
+                      for r in raw.filter(F.col("kind") == "delete").select("topic", "kp", "offset", "payload").collect()]
+        in_batch = [(t, key) for t, _kp, _at, key, payload in committed if payload is None]
+        payloads = {}
+        if in_batch:
+            for r in raw.filter(F.col("kind") == PART).filter(F.col("txn_info").contains('"of":"delete"')) \
+                    .select("topic", "kp", "offset", "payload").collect():
+                payloads[(r["topic"], r["kp"], r["offset"])] = bytes(r["payload"])
+        for topic, kp, at, key, payload in committed:
+            found.append((topic, kp, at, payload if payload is not None else payloads[(topic,) + key]))
+        for topic, kp, offset, payload in sorted(found, key=lambda f: (f[0], f[1], f[2])):
+            db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+            body = json.loads(payload)
             d = Delete(table=body["table"] or None, start_ns=body["start_ns"],
                        stop_ns_exclusive=body["stop_ns_exclusive"],
                        predicate=tuple(tuple(t) for t in body["predicate"]),
-                       seq=seq_base(db.epoch, r["offset"]), kafka_partition=r["kp"])
+                       seq=seq_base(db.epoch, offset), kafka_partition=kp)
             db.deletes.add(d)
             with self.catalog.lock:
                 for table in list(db.partitions):
@@ -267,6 +396,16 @@ class Ingestor:
     def wait_for_batches(self, n: int, timeout_s: float) -> bool:
         with self._applied:
             return self._applied.wait_for(lambda: self.batches_applied >= n, timeout_s)
+
+
+def _txn_record(m) -> TxnRecord:
+    info = json.loads(m["txn_info"] or "{}")
+    if m["kind"] == PART:
+        return TxnRecord(kp=m["kp"], offset=m["offset"], kind=PART, txn=m["txn"], ts_ms=m["ts_ms"] or 0,
+                         coordinator_kp=int(info["q"]))
+    parts = tuple((int(kp), int(off)) for kp, off in info.get("parts", [])) if m["kind"] == DECISION else ()
+    return TxnRecord(kp=m["kp"], offset=m["offset"], kind=m["kind"], txn=m["txn"], ts_ms=m["ts_ms"] or 0,
+                     decision=info["decision"], parts=parts)
 
 
 def _dedupe(cols: list[Column]) -> list[Column]:

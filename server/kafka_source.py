@@ -30,7 +30,7 @@ __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_end", "re
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
-                 "schema string, nrows long, days string, payload binary, fmt string")
+                 "schema string, nrows long, days string, payload binary, fmt string, txn string, txn_info string")
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
@@ -196,7 +196,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
             next_offset = partition.start
             cols = {k: [] for k in ("topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows",
-                                    "days", "payload", "fmt")}
+                                    "days", "payload", "fmt", "txn", "txn_info")}
             last_progress = time.monotonic()
             while next_offset < partition.end_exclusive:
                 msgs = c.consume(500, timeout=0.2)
@@ -226,6 +226,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                     cols["days"].append(h.get("iox-days", b"{}").decode())
                     cols["payload"].append(m.value() or b"")
                     cols["fmt"].append(h.get("iox-format", b"").decode())
+                    cols["txn"].append(h.get("iox-txn", b"").decode())
+                    cols["txn_info"].append(h.get("iox-txn-info", b"").decode())
                 if len(cols["offset"]) >= 256:
                     yield _batch(pa, cols)
                     cols = {k: [] for k in cols}
@@ -242,8 +244,13 @@ def _batch(pa, cols: dict):
          pa.array(cols["kind"], pa.string()), pa.array(cols["tbl"], pa.string()),
          pa.array(cols["schema"], pa.string()), pa.array(cols["nrows"], pa.int64()),
          pa.array(cols["days"], pa.string()), pa.array(cols["payload"], pa.binary()),
-         pa.array(cols["fmt"], pa.string())],
-        names=["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "payload", "fmt"])
+         pa.array(cols["fmt"], pa.string()), pa.array(cols["txn"], pa.string()),
+         pa.array(cols["txn_info"], pa.string())],
+        names=_COLUMNS)
+
+
+_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "payload", "fmt", "txn",
+            "txn_info"]
 
 
 class IoxKafkaDataSource(DataSource):

@@ -1,9 +1,11 @@
 """The write-buffer entry format: how one table's write is laid out in one Kafka message.
 
 Invariant: every message the server produces carries `iox-format` = FORMAT_VERSION;
-a reader that meets another version fails with `WireFormatMismatch` instead of
-guessing. One message holds one table's rows of one request, so a request is
-applied atomically per table and in write-buffer order.
+a reader that meets a version it does not know fails with `WireFormatMismatch`
+instead of guessing (version 1 had no transactions; its messages read as they
+always did). One message holds one table's rows of one request; a request of
+more than one message is a transaction (catalog/transactions.py) whose
+messages are parts, a decision and markers, so it is applied whole or not at all.
 
 Layout:
 - key: the table name (UTF-8)
@@ -13,8 +15,13 @@ A delete is one message too (kind "delete", value: JSON {table, start_ns,
 stop_ns_exclusive, predicate}); a database-wide delete is one message per Kafka
 partition, so it is ordered with the writes of every table.
 
-- headers: iox-format, iox-kind ("write" | "delete"), iox-table, iox-schema (JSON list of
-  [name, role, type]), iox-rows, iox-days (JSON {"YYYY-MM-DD": [rows, min_ns, max_ns]})
+- headers: iox-format, iox-kind ("write" | "delete" | "part" | "decision" | "marker"),
+  iox-table, iox-schema (JSON list of [name, role, type]), iox-rows, iox-days
+  (JSON {"YYYY-MM-DD": [rows, min_ns, max_ns]}); transaction messages also carry
+  iox-txn (the transaction id) and iox-txn-info (JSON): a part {"q": coordinator
+  Kafka partition, "of": "write" | "delete"} (its value and other headers are
+  those of the write or delete it holds), a decision {"decision": "commit" |
+  "abort", "parts": [[kafka partition, offset], ...]}, a marker {"decision": ...}.
 """
 from __future__ import annotations
 
@@ -30,6 +37,10 @@ __all__ = [
     "EncodedWrite",
     "encode_write",
     "encode_delete",
+    "as_part",
+    "encode_decision",
+    "encode_marker",
+    "SUPPORTED_FORMATS",
     "decode_payload",
     "partition_key_of_day",
     "day_partitions",
@@ -37,7 +48,9 @@ __all__ = [
     "NS_PER_DAY",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: versions a reader accepts: 1 (before transactions) and the current one
+SUPPORTED_FORMATS = frozenset({"1", str(FORMAT_VERSION)})
 NS_PER_DAY = 86_400 * 1_000_000_000
 
 
@@ -113,6 +126,37 @@ def encode_delete(table: str | None, start_ns: int, stop_ns_exclusive: int, pred
     return EncodedWrite(table=table or "", key=(table or "").encode(),
                         value=json.dumps(body, separators=(",", ":")).encode(), headers=headers,
                         partition=partition)
+
+
+def as_part(w: EncodedWrite, txn: str, coordinator_kp: int) -> EncodedWrite:
+    """The write or delete `w` as a prepared part of transaction `txn` (same value and partition)."""
+    kind = dict(w.headers)["iox-kind"].decode()
+    info = json.dumps({"q": coordinator_kp, "of": kind}, separators=(",", ":")).encode()
+    headers = [(k, b"part" if k == "iox-kind" else v) for k, v in w.headers]
+    headers += [("iox-txn", txn.encode()), ("iox-txn-info", info)]
+    return EncodedWrite(table=w.table, key=w.key, value=w.value, headers=headers, partition=w.partition)
+
+
+def _control(kind: str, txn: str, info: dict, kp: int) -> EncodedWrite:
+    headers = [
+        ("iox-format", str(FORMAT_VERSION).encode()),
+        ("iox-kind", kind.encode()),
+        ("iox-table", b""),
+        ("iox-rows", b"0"),
+        ("iox-txn", txn.encode()),
+        ("iox-txn-info", json.dumps(info, separators=(",", ":")).encode()),
+    ]
+    return EncodedWrite(table="", key=txn.encode(), value=b"", headers=headers, partition=kp)
+
+
+def encode_decision(txn: str, decision: str, parts: list, kp: int) -> EncodedWrite:
+    """The decision of transaction `txn` on its coordinator partition `kp`; parts: [(kp, offset)]."""
+    return _control("decision", txn, {"decision": decision, "parts": [list(p) for p in parts]}, kp)
+
+
+def encode_marker(txn: str, decision: str, kp: int) -> EncodedWrite:
+    """The decision of transaction `txn` repeated on partition `kp`, after its parts there."""
+    return _control("marker", txn, {"decision": decision}, kp)
 
 
 def decode_payload(value: bytes) -> pa.Table:

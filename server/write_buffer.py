@@ -1,8 +1,10 @@
 """The Kafka write buffer, producer side: one topic per database, one message per table write.
 
 Invariant: `produce` returns only after Kafka acknowledged every message of the
-request (idempotent producer, acks=all); any failure or timeout raises
-`WriteBufferUnavailable` and the caller answers UNAVAILABLE, never a success.
+request (idempotent producer, acks=all) and, for a request of several messages,
+its commit decision; any failure or timeout raises `WriteBufferUnavailable` and
+the caller answers UNAVAILABLE, never a success; a request of several messages
+that was not committed is never applied in part (catalog/transactions.py).
 A table always goes to the same Kafka partition (stable hash of its name), so
 its writes are totally ordered by offset.
 
@@ -13,22 +15,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 import zlib
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from catalog.transactions import ABORT, COMMIT, DEFAULT_TXN_TIMEOUT_S
+
+from .crash_points import crash_point
 from .errors import WriteBufferUnavailable
-from .wire_format import EncodedWrite
+from .wire_format import EncodedWrite, as_part, encode_decision, encode_marker
 
 __all__ = ["WriteBuffer", "topic_for", "consumer_group_for", "database_of_topic", "partition_for", "TOPIC_PREFIX",
-           "PartitionCountMismatch"]
+           "PartitionCountMismatch", "txn_commit_deadline_s", "TXN_SLACK_S"]
 
 log = logging.getLogger(__name__)
 
 TOPIC_PREFIX = "iox."
 #: How long topic creation / metadata calls may take before the broker counts as unavailable.
 ADMIN_TIMEOUT_S = 10.0
+#: Margin between a router giving up on a commit and a consumer aborting its transaction.
+TXN_SLACK_S = 5.0
+
+
+def txn_commit_deadline_s(txn_timeout_s: float, produce_timeout_ms: int) -> float:
+    """How long after its parts were produced a router may still produce a commit decision:
+    the commit is then acknowledged or failed (message.timeout.ms, plus slack) before a
+    consumer aborts the transaction at ``txn_timeout_s`` after its parts."""
+    return txn_timeout_s - 2 * produce_timeout_ms / 1000.0 - TXN_SLACK_S
 
 
 class PartitionCountMismatch(Exception):
@@ -89,10 +104,14 @@ def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
 class WriteBuffer:
     """Producer + topic admin for the database topics. Created once per server."""
 
-    def __init__(self, bootstrap: str, partitions: int, produce_timeout_ms: int):
+    def __init__(self, bootstrap: str, partitions: int, produce_timeout_ms: int,
+                 txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S):
         self.bootstrap = bootstrap
         self.partitions = partitions
         self.produce_timeout_ms = produce_timeout_ms
+        #: a transaction's decision is produced only this soon after its parts, so it is acknowledged
+        #: (or given up: message.timeout.ms) well before a consumer could abort it (txn_timeout_s)
+        self.txn_commit_deadline_s = txn_commit_deadline_s(txn_timeout_s, produce_timeout_ms)
         self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
         self._lock = threading.Lock()
         self._known_topics: set[str] = set()
@@ -220,30 +239,93 @@ class WriteBuffer:
 
     # -- produce ----------------------------------------------------------------
     def produce(self, database: str, writes: list[EncodedWrite]) -> dict[int, int]:
-        """Produces every message and waits for all acknowledgements.
+        """Produces a request's messages and waits for Kafka's acknowledgement.
 
-        Returns the write token: {kafka partition: highest offset written}.
-        Raises WriteBufferUnavailable when any message was not acknowledged.
+        One message is produced as it is; more than one is a transaction (parts, a
+        commit decision, markers: catalog/transactions.py), so the request is applied
+        whole or not at all. Returns the write token: {kafka partition: highest offset
+        written}. Raises WriteBufferUnavailable when the request was not committed.
         """
         topic = self.ensure_topic(database)
+        if len(writes) == 1:
+            return self._token(topic, self._send_all(topic, writes))
+        return self._produce_transaction(topic, writes)
+
+    def _partition_of(self, w: EncodedWrite) -> int:
+        return w.partition if w.partition is not None else partition_for(w.table, self.partitions)
+
+    def _produce_transaction(self, topic: str, writes: list[EncodedWrite]) -> dict[int, int]:
+        started = time.monotonic()
+        txn = uuid.uuid4().hex
+        kps = [self._partition_of(w) for w in writes]
+        q = max(kps)
+        parts = [as_part(EncodedWrite(w.table, w.key, w.value, w.headers, kp), txn, q) for w, kp in zip(writes, kps)]
+        try:
+            acked = self._send_all(topic, parts)
+            crash_point("txn_after_parts")
+            if time.monotonic() - started > self.txn_commit_deadline_s:
+                raise WriteBufferUnavailable(f"the parts of the request took longer than "
+                                             f"{self.txn_commit_deadline_s:.0f} s to be acknowledged")
+            decision = self._send_all(topic, [encode_decision(txn, COMMIT, acked, q)])
+        except WriteBufferUnavailable:
+            self._abort_quietly(topic, txn, q)
+            raise
+        crash_point("txn_after_decision")
+        token = self._token(topic, acked + decision)
+        try:  # the decision is durable: markers only make the parts visible sooner
+            markers = self._send_all(topic, [encode_marker(txn, COMMIT, kp) for kp in sorted(set(kps) - {q})])
+            token = self._token(topic, acked + decision + markers)
+        except WriteBufferUnavailable as e:
+            log.warning("transaction %s committed, markers not written (the consumer writes them): %s", txn, e)
+        return token
+
+    def _abort_quietly(self, topic: str, txn: str, q: int) -> None:
+        """Best effort: an abort decision releases the parts before the consumer's timeout would."""
+        try:
+            self._send_all(topic, [encode_decision(txn, ABORT, [], q)])
+        except WriteBufferUnavailable as e:
+            log.warning("transaction %s: abort not written (the consumer aborts it after its timeout): %s", txn, e)
+
+    def produce_control(self, topic: str, writes: list[EncodedWrite]) -> None:
+        """Produces the consumer's transaction repairs (markers, abort decisions); raises
+        WriteBufferUnavailable when any was not acknowledged."""
+        self._send_all(topic, writes)
+
+    def _token(self, topic: str, acked: list[tuple[int, int]]) -> dict[int, int]:
+        token: dict[int, int] = {}
+        for part, off in acked:
+            token[part] = max(token.get(part, -1), off)
+        with self._lock:
+            for part, off in token.items():
+                k = (topic, part)
+                self.acked_hi_inclusive[k] = max(self.acked_hi_inclusive.get(k, -1), off)
+        return token
+
+    def _send_all(self, topic: str, writes: list[EncodedWrite]) -> list[tuple[int, int]]:
+        """Produces every message, waits for all acknowledgements; [(partition, offset)] in order.
+
+        Raises WriteBufferUnavailable when any message was not acknowledged.
+        """
         done = threading.Event()
-        results: list = []
+        results: list = [None] * len(writes)
         pending = [len(writes)]
         cb_lock = threading.Lock()
 
-        def on_delivery(err, msg):
-            with cb_lock:
-                results.append((err, msg.partition(), msg.offset()))
-                pending[0] -= 1
-                if pending[0] == 0:
-                    done.set()
+        def on_delivery_of(i):
+            def on_delivery(err, msg):
+                with cb_lock:
+                    results[i] = (err, msg.partition(), msg.offset())
+                    pending[0] -= 1
+                    if pending[0] == 0:
+                        done.set()
+            return on_delivery
 
         producer = self._producer
         if _fatal_error(producer) is not None:
             producer = self._recreate_producer(producer)
         try:
-            for w in writes:
-                self._produce_one(producer, topic, w, on_delivery)
+            for i, w in enumerate(writes):
+                self._produce_one(producer, topic, w, on_delivery_of(i))
         except (KafkaException, BufferError) as e:
             self._forget_topic(topic)
             if isinstance(e, KafkaException) and e.args and e.args[0].fatal():
@@ -252,22 +334,18 @@ class WriteBuffer:
         if not done.wait(self.produce_timeout_ms / 1000.0 + 5.0):
             self._forget_topic(topic)
             raise WriteBufferUnavailable(f"no acknowledgement from Kafka within {self.produce_timeout_ms} ms")
-        token: dict[int, int] = {}
+        out = []
         for err, part, off in results:
             if err is not None:
                 self._forget_topic(topic)
                 if err.fatal():
                     self._recreate_producer(producer)
                 raise WriteBufferUnavailable(f"Kafka did not acknowledge the write: {err.str()}")
-            token[part] = max(token.get(part, -1), off)
-        with self._lock:
-            for part, off in token.items():
-                k = (topic, part)
-                self.acked_hi_inclusive[k] = max(self.acked_hi_inclusive.get(k, -1), off)
-        return token
+            out.append((part, off))
+        return out
 
     def _produce_one(self, producer: Producer, topic: str, w: EncodedWrite, on_delivery) -> None:
-        part = w.partition if w.partition is not None else partition_for(w.table, self.partitions)
+        part = self._partition_of(w)
         while True:
             try:
                 producer.produce(topic, value=w.value, key=w.key, headers=w.headers, partition=part,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -125,3 +126,56 @@ def test_kill_during_cleanup_with_interleaved_partitions_and_deletes(data_dir):
             assert ids == expect, table
     finally:
         s3.kill()
+
+
+def _two_table_request(lo: int, hi: int) -> str:
+    """Rows lo..hi-1 of `cpu` and `net`, which live on different Kafka partitions (of 2)."""
+    from tests.crash.harness import T0
+
+    return "\n".join(f"{t},src=w id={i}i {T0 + i}" for i in range(lo, hi) for t in ("cpu", "net"))
+
+
+def _ids(client, db, table) -> list:
+    tables = [t["name"] for t in client.status(db)["databases"][0].get("tables", [])]
+    if table not in tables:
+        return []
+    return [r["id"] for r in client.query(db, f"SELECT id FROM {table} ORDER BY id").to_pylist()]
+
+
+@pytest.mark.parametrize("point,committed", [("txn_after_parts", False), ("txn_after_decision", True)])
+def test_kill_inside_a_multi_partition_request_applies_all_or_nothing(data_dir, point, committed):
+    """SIGKILL between a request's parts and its commit decision (nothing of it may appear),
+    or between the acknowledged decision and the markers (all of it must appear). The client
+    got no success either way; acknowledged requests before it come back exactly once."""
+    import grpc
+
+    from server.write_buffer import partition_for
+
+    assert partition_for("cpu", 2) != partition_for("net", 2)
+    db = f"x_{uuid.uuid4().hex[:8]}"
+    fast_abort = ["--produce-timeout-ms", "1000", "--txn-timeout-s", "8"]
+    s1 = ServerProcess(data_dir, crash_at=point, extra=fast_abort).wait_ready()
+    s1.client.write(db, "solo,src=w id=0i 1\n")  # one message: not a transaction, not a crash point
+    with pytest.raises(grpc.RpcError):
+        s1.client.write(db, _two_table_request(0, 30))
+    assert s1.wait_exit(60) == -9, s1.tail()
+    s2 = ServerProcess(data_dir, extra=fast_abort).wait_ready()
+    try:
+        s2.client.wait_caught_up(db, timeout_s=180)
+        deadline = time.monotonic() + 90
+        while True:  # undecided parts wait for the decision's markers or the transaction timeout
+            st = s2.client.status(db)["databases"][0]
+            if st.get("pending_transaction_parts", 0) == 0 and st.get("pinned_transactions", 0) == 0:
+                break
+            assert time.monotonic() < deadline, st
+            time.sleep(0.2)
+        expect = list(range(30)) if committed else []
+        assert _ids(s2.client, db, "cpu") == expect
+        assert _ids(s2.client, db, "net") == expect
+        assert _ids(s2.client, db, "solo") == [0]
+        tok = s2.client.write(db, _two_table_request(100, 110))  # the next request commits normally
+        s2.client.wait_applied(db, tok, timeout_s=60)
+        assert _ids(s2.client, db, "cpu") == expect + list(range(100, 110))
+        assert _ids(s2.client, db, "net") == expect + list(range(100, 110))
+    finally:
+        s2.kill()

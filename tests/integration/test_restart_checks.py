@@ -154,3 +154,39 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
     finally:
         broker.stop()
 
+
+
+def test_types_known_only_to_kafka_are_enforced_from_the_first_write_after_a_restart(iox_server, session_tmp):
+    """A table whose rows were never persisted exists only in Kafka at restart; its column
+    types are read from the replay range before the server takes writes, so a conflicting
+    write is rejected at once, not only after replay applied the old rows."""
+    import grpc
+
+    broker = start_broker(free_port())
+    cfg = make_config(os.path.join(session_tmp, f"types-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+                      partitions=2)
+    db = f"y_{uuid.uuid4().hex[:6]}"
+    try:
+        srv, c = _start(cfg)
+        try:
+            c.wait_applied(db, c.write(db, f"only_kafka,host=a v=1.5,n=3i {T0}\nother,host=b s=\"x\" {T0}\n"),
+                          timeout_s=90)
+        finally:
+            c.close()
+            srv.stop()  # an external broker: nothing is persisted on stop
+        srv, c = _start(cfg)
+        try:
+            schemas = srv.catalog.database(db).schemas
+            assert {(x.name, x.role, x.type) for x in schemas.get("only_kafka").columns} == \
+                {("host", "tag", "string"), ("n", "field", "integer"), ("v", "field", "float"), ("time", "time", "time")}
+            with pytest.raises(grpc.RpcError) as ei:
+                c.write(db, f"only_kafka,host=a v=2i {T0 + 1}\n")
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "only_kafka" in ei.value.details() and "'v'" in ei.value.details(), ei.value.details()
+            c.wait_caught_up(db, timeout_s=120)
+            assert c.query(db, "SELECT host, v, n FROM only_kafka").to_pylist() == [{"host": "a", "v": 1.5, "n": 3}]
+        finally:
+            c.close()
+            srv.stop()
+    finally:
+        broker.stop()

@@ -1,0 +1,204 @@
+"""Multi-message write requests: which prepared parts are applied, which dropped, and what pins replay.
+
+A write request that becomes more than one write-buffer message (several tables,
+or a database-wide delete) is a transaction, so that it is applied whole or not
+at all even when the broker or the server fails between its messages:
+
+1. the router produces every message as a *part* (kind ``part``; it names the
+   transaction and its coordinator Kafka partition ``q``, the highest partition
+   the request touches) and waits for all acknowledgements;
+2. it produces the *decision* (kind ``decision``, ``commit``, listing every part
+   as ``(kafka partition, offset)``) on ``q``; the request succeeds only when
+   Kafka acknowledged it;
+3. it produces a *marker* (kind ``marker``, same decision) on every other
+   partition that holds a part.
+
+The rule that makes this atomic, and replay-safe, is local to each partition:
+**a part's fate is the first decision or marker of its transaction that follows
+it on its own partition**; a committed part is applied as if it were written at
+that marker's offset (so every partition is still applied in offset order).
+The first decision on ``q`` decides for everyone: the router writes commit
+markers only after its commit was acknowledged, and a consumer writes markers
+only of the first decision it saw. A part whose transaction has no decision
+after ``txn_timeout_s`` (measured from the part's Kafka timestamp: its
+producer died) gets an ``abort`` decision from the consumer; the router gives
+up on its own commit long before that (its produce timeout is far shorter),
+which is what keeps a commit from landing behind an abort.
+
+Replay after a crash sees the same records, so it reaches the same fates, as
+long as two things are still replayed:
+- a part that has no marker yet (``pinned_offsets``: its partition's
+  checkpoint stays at or below it);
+- a commit decision whose parts elsewhere have not yet met their marker (the
+  consumer may have to write those markers again after a crash).
+
+`TxnLog` is the consumer's state of one database. Pure: the caller passes the
+records of a micro-batch (in any order; it sorts them), the applied offsets and
+``now``; it returns what to apply and drop, and `due_repairs` says which markers
+or abort decisions the consumer must produce. Not thread-safe: the caller locks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["TxnRecord", "TxnResolution", "TxnRepair", "TxnLog", "PART", "DECISION", "MARKER", "COMMIT",
+           "ABORT", "TXN_KINDS", "DEFAULT_TXN_TIMEOUT_S", "DEFAULT_MARKER_REPAIR_S"]
+
+PART = "part"
+DECISION = "decision"
+MARKER = "marker"
+TXN_KINDS = (PART, DECISION, MARKER)
+COMMIT = "commit"
+ABORT = "abort"
+#: A part with no decision this long after its Kafka timestamp is aborted by the consumer.
+DEFAULT_TXN_TIMEOUT_S = 60.0
+#: A commit decision seen this long ago whose parts still have no marker: the consumer writes the markers.
+DEFAULT_MARKER_REPAIR_S = 5.0
+
+
+@dataclass(frozen=True)
+class TxnRecord:
+    """One transaction message of a micro-batch (from its metadata; the payload stays in Spark)."""
+
+    kp: int
+    offset: int
+    kind: str  # PART | DECISION | MARKER
+    txn: str
+    ts_ms: int = 0
+    #: PART: the coordinator Kafka partition (where the decision goes)
+    coordinator_kp: int = -1
+    #: DECISION / MARKER: COMMIT | ABORT
+    decision: str = ""
+    #: DECISION: every part of the transaction as (kafka partition, offset)
+    parts: tuple = ()
+
+
+@dataclass
+class TxnResolution:
+    #: (kp, part offset) -> offset of the marker that committed it (the part is applied there)
+    commit: dict = field(default_factory=dict)
+    #: (kp, part offset) of parts dropped by an abort
+    abort: set = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class TxnRepair:
+    """A control message the consumer must produce: a MARKER on `kp`, or an abort DECISION on `kp`."""
+
+    kind: str  # MARKER | DECISION
+    kp: int
+    txn: str
+    decision: str
+
+
+@dataclass
+class _Pending:
+    txn: str
+    coordinator_kp: int
+    ts_ms: int
+
+
+@dataclass
+class _Pin:
+    kp: int
+    offset: int
+    #: parts elsewhere still without a marker: (kp, offset)
+    waiting: set
+
+
+class TxnLog:
+    """Per database, on the driver: pending parts, decisions seen, pinned decisions."""
+
+    def __init__(self):
+        #: (kp, offset) -> _Pending: parts seen, no marker yet
+        self.pending: dict = {}
+        #: txn -> (decision, seen_at_s): the first decision seen this run (kept while it matters)
+        self.decisions: dict = {}
+        #: txn -> _Pin: a commit decision that must stay replayable
+        self.pins: dict = {}
+        #: (kind, kp, txn) -> when this run last produced that repair
+        self._repaired_at: dict = {}
+
+    # -- a micro-batch ---------------------------------------------------------------
+    def apply_batch(self, records: list[TxnRecord], hi_after: dict, now_s: float) -> TxnResolution:
+        """Applies a micro-batch's transaction records.
+
+        ``hi_after``: {kp: highest offset applied once this batch is applied}. Returns
+        which parts (of this batch or pending from earlier ones) to apply or drop.
+        """
+        out = TxnResolution()
+        decided = []
+        for r in sorted(records, key=lambda r: (r.kp, r.offset)):
+            if r.kind == PART:
+                self.pending[(r.kp, r.offset)] = _Pending(r.txn, r.coordinator_kp, r.ts_ms)
+                continue
+            # a decision or marker is the marker of the parts before it on its own partition
+            for key in [k for k, p in self.pending.items() if p.txn == r.txn and k[0] == r.kp and k[1] < r.offset]:
+                del self.pending[key]
+                if r.decision == COMMIT:
+                    out.commit[key] = r.offset
+                else:
+                    out.abort.add(key)
+                pin = self.pins.get(r.txn)
+                if pin is not None:
+                    pin.waiting.discard(key)
+            if r.kind == DECISION and r.txn not in self.decisions:
+                self.decisions[r.txn] = (r.decision, now_s)
+                decided.append(r)
+        for r in decided:
+            if r.decision != COMMIT:
+                continue
+            waiting = {(kp, off) for kp, off in r.parts
+                       if kp != r.kp and ((kp, off) in self.pending or off > hi_after.get(kp, -1))}
+            if waiting:
+                self.pins[r.txn] = _Pin(r.kp, r.offset, waiting)
+        self._forget_settled()
+        return out
+
+    def _forget_settled(self) -> None:
+        for txn, pin in list(self.pins.items()):
+            if not pin.waiting:
+                del self.pins[txn]
+        busy = {p.txn for p in self.pending.values()} | set(self.pins)
+        for txn in [t for t in self.decisions if t not in busy]:
+            del self.decisions[txn]
+        for key in [k for k in self._repaired_at if k[2] not in busy]:
+            del self._repaired_at[key]
+
+    # -- what must stay replayable ------------------------------------------------------
+    def pinned_offsets(self) -> dict[int, int]:
+        """{kp: lowest offset replay must still read}: pending parts and pinned commit decisions."""
+        out: dict[int, int] = {}
+        for (kp, off) in self.pending:
+            out[kp] = min(out.get(kp, off), off)
+        for pin in self.pins.values():
+            out[pin.kp] = min(out.get(pin.kp, pin.offset), pin.offset)
+        return out
+
+    def is_idle(self) -> bool:
+        return not self.pending and not self.pins
+
+    # -- repairs the consumer produces -----------------------------------------------------
+    def due_repairs(self, now_s: float, txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S,
+                    marker_repair_s: float = DEFAULT_MARKER_REPAIR_S) -> list[TxnRepair]:
+        """Markers for parts whose decision is known but whose marker has not come (abort at
+        once, commit after ``marker_repair_s``; a part not read yet is repaired once it is
+        pending), and abort decisions for parts older than
+        ``txn_timeout_s`` with no decision. A repair is repeated at most every ``marker_repair_s``."""
+        out: dict = {}
+        for (kp, _off), p in self.pending.items():
+            known = self.decisions.get(p.txn)
+            if known is not None:
+                decision, seen_at = known
+                if decision == ABORT or now_s - seen_at >= marker_repair_s:
+                    out.setdefault((MARKER, kp, p.txn), TxnRepair(MARKER, kp, p.txn, decision))
+            elif now_s - p.ts_ms / 1000.0 >= txn_timeout_s:
+                out.setdefault((DECISION, p.coordinator_kp, p.txn), TxnRepair(DECISION, p.coordinator_kp, p.txn, ABORT))
+        due = []
+        for key, rep in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+            last = self._repaired_at.get(key)
+            if last is not None and now_s - last < marker_repair_s:
+                continue
+            self._repaired_at[key] = now_s
+            due.append(rep)
+        return due

@@ -1,0 +1,89 @@
+"""Column types of the writes replay will apply, known before the server takes writes.
+
+When it runs: once, in `IoxServer.start`, after `recover` planned the replay and
+before the router serves its first request; it stops when every Kafka partition's
+replay range was read (or fails the start when Kafka stalls).
+
+Invariant: when the server starts taking writes, every table's schema holds the
+column types of every write Kafka holds in the replay range, not only of what is
+persisted, so a write that conflicts with a type known only to the write buffer
+is rejected at once instead of landing next to it. Only the message headers
+matter (iox-kind, iox-table, iox-schema); payloads are not decoded. Runs on the
+driver.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from catalog.catalog import Database
+from catalog.schema import Column, ColumnTypeConflict
+from catalog.transactions import PART
+
+__all__ = ["load_replay_schemas", "ReplaySchemasStalled", "READ_STALL_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+#: How long Kafka may deliver nothing before the start fails.
+READ_STALL_TIMEOUT_S = 60.0
+
+
+class ReplaySchemasStalled(Exception):
+    def __init__(self, topic: str, partition: int, expected: int, actual: int):
+        self.topic = topic
+        self.partition = partition
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{topic}[{partition}]: reading the replay range for column types stalled at offset "
+                         f"{actual}, expected to reach {expected} (Kafka unavailable?)")
+
+
+def load_replay_schemas(bootstrap: str, db: Database, start_offsets: dict[int, int],
+                        until_inclusive: dict[int, int]) -> int:
+    """Merges the schema of every write (and transaction part) in [start, until] of each Kafka
+    partition into ``db.schemas``, in offset order; returns how many messages were read.
+
+    A type conflicting with one already known is logged and skipped, as the consumer does.
+    """
+    from confluent_kafka import TopicPartition
+
+    from .kafka_source import reader_consumer
+
+    todo = {kp: (start_offsets.get(kp, 0), hi) for kp, hi in until_inclusive.items()
+            if hi >= start_offsets.get(kp, 0)}
+    if not todo:
+        return 0
+    c = reader_consumer(bootstrap)
+    read = 0
+    try:
+        c.assign([TopicPartition(db.topic, kp, lo) for kp, (lo, _hi) in sorted(todo.items())])
+        next_offset = {kp: lo for kp, (lo, _hi) in todo.items()}
+        last_progress = time.monotonic()
+        while any(next_offset[kp] <= hi for kp, (_lo, hi) in todo.items()):
+            msgs = c.consume(1000, timeout=0.2)
+            if not msgs and time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                kp = next(k for k, (_lo, hi) in todo.items() if next_offset[k] <= hi)
+                raise ReplaySchemasStalled(db.topic, kp, todo[kp][1], next_offset[kp])
+            for m in msgs:
+                if m.error() is not None or m.partition() not in todo:
+                    continue
+                kp, off = m.partition(), m.offset()
+                if off < next_offset[kp] or off > todo[kp][1]:
+                    continue
+                next_offset[kp] = off + 1
+                last_progress = time.monotonic()
+                read += 1
+                h = dict(m.headers() or [])
+                if h.get("iox-kind") not in (b"write", PART.encode()) or "iox-schema" not in h:
+                    continue
+                table = h["iox-table"].decode()
+                cols = [Column(*c) for c in json.loads(h["iox-schema"])]
+                try:
+                    db.schemas.merge(table, cols)
+                except ColumnTypeConflict as e:
+                    log.error("write buffer holds a conflicting type (%s) at %s[%d]@%d", e, db.topic, kp, off)
+    finally:
+        c.close()
+    log.info("database %s: column types of %d write-buffer message(s) to replay loaded", db.name, read)
+    return read
