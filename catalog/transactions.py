@@ -123,7 +123,8 @@ class TxnLog:
     def apply_batch(self, records: list[TxnRecord], hi_after: dict, now_s: float) -> TxnResolution:
         """Applies a micro-batch's transaction records.
 
-        ``hi_after``: {kp: highest offset applied once this batch is applied}. Returns
+        ``hi_after``: {kp: highest offset applied once this batch is applied}, for every
+        partition read so far (a partition missing counts as nothing read). Returns
         which parts (of this batch or pending from earlier ones) to apply or drop.
         """
         out = TxnResolution()
@@ -164,6 +165,12 @@ class TxnLog:
             del self.decisions[txn]
         for key in [k for k in self._repaired_at if k[2] not in busy]:
             del self._repaired_at[key]
+
+    def adopt_repairs_of(self, other: "TxnLog") -> None:
+        """Keeps `other`'s record of repairs already produced (the consumer computes a batch on
+        a copy while the repair thread works on the installed log)."""
+        for key, at in other._repaired_at.items():
+            self._repaired_at[key] = max(at, self._repaired_at.get(key, at))
 
     # -- what must stay replayable ------------------------------------------------------
     def pinned_offsets(self) -> dict[int, int]:

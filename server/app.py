@@ -198,7 +198,8 @@ class IoxServer:
 
     def _drain_and_persist(self) -> None:
         """Clean stop with the embedded in-memory broker: the write buffer dies with the broker,
-        so wait until every acknowledged write is applied, then persist everything."""
+        so wait until every acknowledged write is applied and every multi-message request read
+        is decided (the repair thread still runs), then persist everything."""
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         drained = True
         while True:
@@ -207,11 +208,12 @@ class IoxServer:
                 db = next((d for d in self.catalog.databases() if d.topic == topic), None)
                 if db is None or db.applied_hi_inclusive.get(kp, -1) < off:
                     behind.append((topic, kp))
-            if not behind and not self.is_replaying():
+            undecided = [d.name for d in self.catalog.databases() if not d.txns.is_idle()]
+            if not behind and not undecided and not self.is_replaying():
                 break
             if time.monotonic() > deadline:
-                log.error("clean stop: %s not applied within %ss; persisting what is applied", behind,
-                          DRAIN_TIMEOUT_S)
+                log.error("clean stop: %s not applied (transactions undecided in %s) within %ss; persisting "
+                          "what is applied", behind, undecided, DRAIN_TIMEOUT_S)
                 drained = False
                 break
             time.sleep(0.1)

@@ -192,6 +192,7 @@ class Ingestor:
                 crash_point("replay_batch")
             with self.catalog.lock:
                 for db, txns in staged_txns.values():
+                    txns.adopt_repairs_of(db.txns)
                     db.txns = txns
             added, removed = stash_changes
             for key in removed:
@@ -228,7 +229,9 @@ class Ingestor:
             db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
             records = [_txn_record(m) for m in rows]
             with self.catalog.lock:
-                hi_after = {kp: max(db.applied_hi_inclusive.get(kp, -1), off) for kp, off in hi[topic].items()}
+                hi_after = dict(db.applied_hi_inclusive)  # every partition, not only this batch's
+                for kp, off in hi[topic].items():
+                    hi_after[kp] = max(hi_after.get(kp, -1), off)
                 txns = copy.deepcopy(db.txns)
             res = txns.apply_batch(records, hi_after, now)
             staged[db.name] = (db, txns)

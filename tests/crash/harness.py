@@ -28,6 +28,12 @@ IOX = os.path.join(os.path.dirname(sys.executable), "iox")
 class ServerProcess:
     def __init__(self, data_dir: str, crash_at: str = "", extra: list | None = None):
         self.data_dir = data_dir
+        self._crash_at = crash_at
+        self._extra = extra
+        self._spawn()
+
+    def _spawn(self) -> None:
+        data_dir, crash_at, extra = self.data_dir, self._crash_at, self._extra
         self.port = free_port()
         env = dict(os.environ)
         env.pop("IOX_CRASH_AT", None)
@@ -44,8 +50,15 @@ class ServerProcess:
 
     def wait_ready(self, timeout_s: float = 180.0) -> "ServerProcess":
         deadline = time.monotonic() + timeout_s
+        retries = 2
         while True:
             if self.proc.poll() is not None:
+                if retries and "Address already in use" in self.tail(200_000):
+                    # the free port was taken by another process (e.g. Spark) before gRPC bound it
+                    retries -= 1
+                    self.client.close()
+                    self._spawn()
+                    continue
                 raise AssertionError(f"server exited with {self.proc.returncode}: {self.tail()}")
             try:
                 self.client.wait_ready(2)

@@ -280,8 +280,14 @@ def _run_transport(kind, client, iox_server, broker, db_prefix, cases, wait=None
             windows[case["id"]] = (before, time.time_ns())
             detail = failure and (failure[1].details() if failure[0] == "grpc" else failure[1:])
             assert ok, (case["id"], case["line"], detail)
-            for table in {p["measurement"] for p in _points(case)}:  # one message per table per request
-                messages[partition_for(table, partitions)] += 1
+            # one message per table per request; a request of several is a transaction: also a
+            # commit decision on the highest partition and a marker on each other one with a part
+            kps = [partition_for(t, partitions) for t in {p["measurement"] for p in _points(case)}]
+            for kp in kps:
+                messages[kp] += 1
+            if len(kps) > 1:
+                for kp in set(kps):
+                    messages[kp] += 1
             for p, off in (token or {}).items():
                 g["token"][p] = max(g["token"].get(p, -1), off)
         expected = {p: n - 1 for p, n in messages.items() if n}

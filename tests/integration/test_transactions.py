@@ -145,7 +145,8 @@ def test_parts_without_a_decision_are_aborted_and_never_applied(client, db, iox_
         ms = _messages(iox_server.bootstrap, topic)
         return [m for m in ms if m["kind"] in ("decision", "marker") and m["txn"] == "deadbeef"]
 
-    _wait(lambda: len(aborted()) == 2, 60, "the consumer's abort decision and marker")
+    _wait(lambda: {m["kind"] for m in aborted()} == {"decision", "marker"}, 60,
+          "the consumer's abort decision and marker")
     ctl = aborted()
     assert {(m["kind"], m["kp"], m["info"]["decision"]) for m in ctl} == \
         {("decision", q, "abort"), ("marker", min(kp for kp, _ in parts), "abort")}
@@ -180,6 +181,7 @@ def test_a_commit_without_markers_is_completed_by_the_consumer(client, db, iox_s
     for i, t in enumerate((a, b, c)):
         assert client.query(db, f"SELECT v FROM {t} ORDER BY v").to_pylist() == [{"v": float(i)}, {"v": float(i + 10)}]
     markers = [m for m in _messages(iox_server.bootstrap, topic) if m["kind"] == "marker" and m["txn"] == "cafe"]
-    assert sorted(m["kp"] for m in markers) == sorted({kp for kp, _ in parts} - {q})
+    # (a repair may be written twice when a batch is slow: only the first marker counts)
+    assert {m["kp"] for m in markers} == {kp for kp, _ in parts} - {q}
     assert all(m["info"]["decision"] == "commit" for m in markers)
     _wait(lambda: iox_server.catalog.database(db).txns.is_idle(), 30, "the transaction to settle")

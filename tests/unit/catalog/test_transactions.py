@@ -97,3 +97,12 @@ def test_transactions_are_independent():
     res = log.apply_batch([part(0, 1, txn="a"), part(0, 2, txn="b"), marker(0, 3, txn="b"),
                            marker(0, 4, txn="a", d=ABORT)], {0: 4}, now_s=1.0)
     assert res.commit == {(0, 2): 3} and res.abort == {(0, 1)}
+
+
+def test_a_part_settled_in_an_earlier_batch_does_not_pin_a_later_decision():
+    log = TxnLog()
+    # the marker on 0 was read before the decision on 2 (q lagged behind under a per-partition cap)
+    res = log.apply_batch([part(0, 4), marker(0, 5)], {0: 5}, now_s=1.0)
+    assert res.commit == {(0, 4): 5}
+    log.apply_batch([part(2, 8), decision(2, 9, [(0, 4), (2, 8)])], {0: 5, 2: 9}, now_s=2.0)
+    assert log.pins == {} and log.is_idle() and log.pinned_offsets() == {}
