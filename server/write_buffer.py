@@ -306,6 +306,8 @@ class WriteBuffer:
 
         Raises WriteBufferUnavailable when any message was not acknowledged.
         """
+        if not writes:
+            return []
         done = threading.Event()
         results: list = [None] * len(writes)
         pending = [len(writes)]

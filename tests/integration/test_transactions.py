@@ -185,3 +185,20 @@ def test_a_commit_without_markers_is_completed_by_the_consumer(client, db, iox_s
     assert {m["kp"] for m in markers} == {kp for kp, _ in parts} - {q}
     assert all(m["info"]["decision"] == "commit" for m in markers)
     _wait(lambda: iox_server.catalog.database(db).txns.is_idle(), 30, "the transaction to settle")
+
+
+def test_tables_sharing_one_partition_commit_without_markers(client, db, iox_server):
+    names, i = [], 0
+    while len(names) < 2:  # two tables on the same Kafka partition
+        name = f"same{i}"
+        if not names or partition_for(name, PARTITIONS) == partition_for(names[0], PARTITIONS):
+            names.append(name)
+        i += 1
+    kp = partition_for(names[0], PARTITIONS)
+    token = client.write(db, "\n".join(f"{t},host=a v=1i {T0}" for t in names))
+    client.wait_applied(db, token, timeout_s=60)
+    msgs = _messages(iox_server.bootstrap, topic_for(db))
+    assert [(m["kind"], m["kp"]) for m in msgs] == [("part", kp), ("part", kp), ("decision", kp)]
+    assert {int(k): v for k, v in token.items()} == {kp: msgs[-1]["offset"]}
+    for t in names:
+        assert client.query(db, f"SELECT v FROM {t}").to_pylist() == [{"v": 1}]
