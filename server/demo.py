@@ -7,8 +7,6 @@ shuts down cleanly (unless --keep-running).
 """
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 import time
 

@@ -256,8 +256,8 @@ class Ingestor:
             removed.update((topic,) + key for key in res.abort)
             keep = [k for k in in_batch if k in still_pending]
             if keep:
-                txns = sorted({in_batch[k]["txn"] for k in keep})
-                got = raw.filter((F.col("topic") == topic) & (F.col("kind") == PART) & F.col("txn").isin(txns)) \
+                txn_ids = sorted({in_batch[k]["txn"] for k in keep})
+                got = raw.filter((F.col("topic") == topic) & (F.col("kind") == PART) & F.col("txn").isin(txn_ids)) \
                     .select("kp", "offset", "payload").collect()
                 for r in got:
                     if (r["kp"], r["offset"]) in still_pending:

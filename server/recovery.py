@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from catalog.catalog import Catalog
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from catalog.chunk import Chunk
-from catalog.errors import CatalogError
 from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
 from catalog.schema import Column
 from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
