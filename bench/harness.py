@@ -145,7 +145,85 @@ def markdown_table(rows: list[dict], machine: dict, mode: str, when: str) -> str
     return "\n".join(out)
 
 
+class Laps:
+    """Sub-phase stopwatch: `lap(name)` records the seconds since the previous lap as `<prefix>.<name>`
+    in `sink` (the run's phase_seconds) and prints it."""
+
+    def __init__(self, prefix: str, sink: dict | None):
+        self.prefix = prefix
+        self.sink = sink if sink is not None else {}
+        self.t = time.monotonic()
+
+    def lap(self, name: str) -> float:
+        now = time.monotonic()
+        dt = now - self.t
+        self.t = now
+        key = f"{self.prefix}.{name}"
+        self.sink[key] = self.sink.get(key, 0.0) + dt
+        print(f"    {key}: {dt:.1f} s", flush=True)
+        return dt
+
+
 # ---------------------------------------------------------------- processes
+def session_nice_supported() -> bool:
+    """True when the CPU priority of a whole session can be set (and reset) through its autogroup."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            if f.read().strip() != "1":
+                return False
+        with open("/proc/self/autogroup") as f:
+            nice = f.read().split()[-1]
+        with open("/proc/self/autogroup", "w") as f:  # writing the current value back: a permission check
+            f.write(nice)
+        return os.geteuid() == 0  # lowering a nice value again needs CAP_SYS_NICE
+    except (OSError, IndexError):
+        return False
+
+
+def set_session_nice(pid: int, nice: int) -> bool:
+    """Sets the CPU weight of the autogroup (session) of `pid`: every process and thread of it (the
+    server's Python driver, JVM and Python workers) at once. False when it could not be set."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+        return True
+    except OSError:
+        return False
+
+
+def _state(pid: int) -> str | None:
+    """The /proc state letter of a process, None when it no longer exists."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie counts as gone (and is reaped when it is our child)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return _state(pid) not in (None, "Z", "X")
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process of the group runs (zombies waiting for a parent to reap them do not count)."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,6 +317,11 @@ class ServerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 240.0, extra_args: list | None = None) -> float:
+        """Launches the server and waits until it serves; returns the seconds from launch to ready."""
+        self.launch(extra_args)
+        return self.wait_ready(timeout_s)
+
+    def launch(self, extra_args: list | None = None) -> None:
         from server.client import IoxClient
 
         if extra_args is not None:
@@ -252,11 +335,13 @@ class ServerProcess:
                "--partitions", str(self.partitions), "--log-level", "WARNING"] + self.extra_args
         env = dict(os.environ)
         env.pop("PYSPARK_SUBMIT_ARGS", None)
-        t0 = time.monotonic()
+        self._t_launch = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=self.data_dir,
                                      env=env, start_new_session=True)
         log.close()
         self.client = IoxClient(self.addr)
+
+    def wait_ready(self, timeout_s: float = 240.0) -> float:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -267,7 +352,7 @@ class ServerProcess:
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise
-        self.start_seconds = time.monotonic() - t0
+        self.start_seconds = time.monotonic() - self._t_launch
         return self.start_seconds
 
     @property
@@ -278,11 +363,15 @@ class ServerProcess:
         return tree_rss_bytes(self.pid)
 
     def kill9(self) -> None:
-        """SIGKILL the server process (a crash); its JVM follows it. The broker lives on."""
+        """SIGKILL the server's whole process group at once (a crash: driver, JVM and Python workers die
+        together, nothing is flushed). The broker lives on (its own session)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait(10)
         self._reap_group()
 
@@ -290,11 +379,9 @@ class ServerProcess:
         # the JVM notices its parent died and exits; make sure nothing of the group stays
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
+            if not group_alive(self.proc.pid):
                 return
-            time.sleep(0.2)
+            time.sleep(0.05)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -318,7 +405,7 @@ class ServerProcess:
             return f"127.0.0.1:{json.load(f)['port']}"
 
     def stop_broker(self) -> None:
-        """Stops the embedded broker this data directory recorded (started by our server)."""
+        """Stops the embedded broker this data directory recorded (started by our server or the bench)."""
         rec = os.path.join(self.data_dir, "broker.json")
         if not os.path.exists(rec):
             return
@@ -328,12 +415,10 @@ class ServerProcess:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+        for _ in range(200):
+            if not pid_alive(pid):
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -345,7 +430,8 @@ class SparkWorker:
 
     MARK = "@@BENCH "
 
-    def __init__(self, scratch: str, driver_memory: str = "4g"):
+    def __init__(self, scratch: str, driver_memory: str = "4g", wait: bool = True):
+        """Launches the worker; with `wait` also waits for its SparkSession (else call `wait_ready`)."""
         os.makedirs(scratch, exist_ok=True)
         self.scratch = scratch
         self.log_path = os.path.join(scratch, "spark-worker.log")
@@ -356,7 +442,15 @@ class SparkWorker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=ROOT,
                                      env=env, text=True, bufsize=1, start_new_session=True)
         log.close()
-        self.ready = self._read(timeout_s=240)
+        self.ready: dict | None = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 240.0) -> dict:
+        """Waits for the worker's SparkSession; `ready["start_seconds"]` is Spark's own start time."""
+        if self.ready is None:
+            self.ready = self._read(timeout_s=timeout_s)
+        return self.ready
 
     def _read(self, timeout_s: float) -> dict:
         result: list = []
@@ -385,8 +479,10 @@ class SparkWorker:
     def pid(self) -> int:
         return self.proc.pid
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
+    def stop(self, graceful: bool = True) -> None:
+        """Asks the worker to stop its SparkSession and exit; `graceful=False` kills its process group
+        (the end of a run: nothing of it is kept)."""
+        if graceful and self.proc.poll() is None:
             try:
                 self.call("exit", wait_s=30)
             except Exception:
@@ -399,6 +495,10 @@ class SparkWorker:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
             pass
 
 

@@ -9,7 +9,7 @@ write (nothing dropped).
 """
 from __future__ import annotations
 
-from ..harness import Row, RssSampler, lp_batches, recent_t0_ns, run_writers, tables_on_distinct_partitions
+from ..harness import Laps, Row, RssSampler, lp_batches, recent_t0_ns, run_writers, tables_on_distinct_partitions
 
 DB = "bench_overload"
 
@@ -19,12 +19,14 @@ def run(ctx) -> list[Row]:
     srv = ctx.server
     sustainable = ctx.figures.get("e2e_rate") or ctx.figures.get("max_write_rate", 100_000) / 2
     offered = 3 * sustainable
+    laps = Laps("overload", ctx.timings)
     tables = tables_on_distinct_partitions("ov", ctx.partitions)
     t0 = recent_t0_ns()
     groups = [lp_batches(t, 8 * 5000, seed=600 + j, t0_ns=t0 + j * 10**11) for j, t in enumerate(tables)]
     batches = [b for grp in zip(*groups) for b in grp]
     with RssSampler(srv.pid) as rs:
         st = run_writers(srv.addr, DB, batches, s["clients"] * 2, s["overload_s"], rate_points_per_s=offered)
+    laps.lap("load")
     alive = srv.proc.poll() is None
     drained = False
     try:
@@ -32,6 +34,7 @@ def run(ctx) -> list[Row]:
         drained = True
     except Exception:
         pass
+    laps.lap("drain")
     r = Row("peak server RSS under 3x sustainable rate", "bytes", float(rs.peak), target="server stays up, "
             "every ack applied", better="lower",
             size=f"{s['overload_s']} s offering {offered:,.0f} points/s (3 x {sustainable:,.0f}); "

@@ -1,6 +1,6 @@
 """Scenarios 6 (query latency), 5 (persist throughput) and 8a (memory per point).
 
-They share one dataset of N generated points (N = 10M full, 1M quick), written
+They share one dataset of N generated points (N = 10M full, less in quick mode), written
 through gRPC as 5,000-point line-protocol batches to two tables:
 
 - `qm`: all N points. Server RSS (driver + JVM + workers) is sampled before
@@ -24,7 +24,7 @@ import time
 
 import pyarrow.parquet as pq
 
-from ..harness import POINTS_PER_BATCH, Row, gen_table, recent_t0_ns, run_writers, status_partitions, to_line_protocol
+from ..harness import POINTS_PER_BATCH, Laps, Row, gen_table, recent_t0_ns, run_writers, status_partitions, to_line_protocol
 
 DB = "bench_query"
 SQL = ("SELECT host, count(*) AS n, avg(usage_user) AS u, max(usage_system) AS s, sum(requests) AS r "
@@ -54,18 +54,21 @@ def run(ctx) -> list[Row]:
     s = ctx.sizes
     srv = ctx.server
     n = s["query_points"]
+    laps = Laps("query", ctx.timings)
     data = gen_table(n, seed=500, t0_ns=recent_t0_ns(7200))
     lp = [to_line_protocol("qm", data.slice(o, POINTS_PER_BATCH)) for o in range(0, n, POINTS_PER_BATCH)]
+    laps.lap("generate")
     size = f"{n:,} points, 100 hosts" + ("" if n >= 10_000_000 else " (quick: not 10M)")
     # ---------------------------------------------------------- memory per point
-    srv.client.write(DB, lp[0].split(b"\n", 1)[0] + b"\n")  # creates db/table (1 point, counted below)
-    time.sleep(1)
+    tok = srv.client.write(DB, lp[0].split(b"\n", 1)[0] + b"\n")  # creates db/table (1 point, counted below)
+    srv.client.wait_applied(DB, tok, timeout_s=120)
     rss0 = srv.rss()
     t0 = time.monotonic()
     _write(srv, s["clients"], lp)
     load_s = time.monotonic() - t0
     time.sleep(2)
     rss1 = srv.rss()
+    laps.lap("load")
     parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == "qm"]
     est = sum(p["chunk_bytes"] for p in parts)
     rows = [Row("server memory per point held in memory", "bytes/point", (rss1 - rss0) / n, target=None,
@@ -86,8 +89,10 @@ def run(ctx) -> list[Row]:
     if ctx.worker is not None:
         r = ctx.worker.call("sql", path=plain, view="qm", query=SQL.format(t="qm"), repeat=s["repeat"])
         base_q = statistics.median(r["times"])
+    laps.lap("baseline_sql")
 
     q_mem, nrows = _query(srv, "qm", s["repeat"])
+    laps.lap("query_mem")
     states_mem = sorted({st for p in parts for st in p["chunk_states"]})
 
     # ---------------------------------------------------------- persist
@@ -101,6 +106,7 @@ def run(ctx) -> list[Row]:
     t0 = time.monotonic()
     pq.write_table(data, os.path.join(store_dir, "qm.parquet"))
     pa_s = time.monotonic() - t0
+    laps.lap("persist")
     rp = Row("persist throughput (memory -> committed Parquet)", "points/s", persisted / persist_s,
              "pyarrow.parquet.write_table, same rows, same store", n / pa_s, target=">= 0.5x baseline", size=size,
              note=f"{persisted:,} rows in {persist_s:.2f} s ({len(files)} file(s)); pyarrow {pa_s:.2f} s")
@@ -110,6 +116,7 @@ def run(ctx) -> list[Row]:
     parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == "qm"]
     states_pers = sorted({st for p in parts for st in p["chunk_states"]})
     q_pers, _ = _query(srv, "qm", s["repeat"])
+    laps.lap("query_persisted")
 
     # ---------------------------------------------------------- mixed
     half = len(lp) // 2
@@ -118,6 +125,7 @@ def run(ctx) -> list[Row]:
     srv.client.persist(DB, "qx", timeout_s=1800)
     _write(srv, s["clients"], lpx[half:])
     q_mix, _ = _query(srv, "qx", s["repeat"])
+    laps.lap("mixed")
 
     for label, v, note in (("all in memory", q_mem, f"chunk states {states_mem}"),
                            ("all persisted", q_pers, f"chunk states after persist {states_pers} (persisted chunks "
