@@ -203,7 +203,13 @@ def main(argv=None) -> int:
         logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from .app import IoxServer
 
-        srv = IoxServer(_config_from_args(a))
+        from .config import InvalidConfig
+
+        try:
+            cfg = _config_from_args(a)
+        except InvalidConfig as e:
+            build_parser().error(f"--{e.field.replace('_', '-')}: {e}")
+        srv = IoxServer(cfg)
         try:
             srv.start()
         except BaseException:
