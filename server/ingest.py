@@ -353,14 +353,14 @@ class Ingestor:
         """
         touched = []
         found = []
-        if has_deletes:
-            found += [(r["topic"], r["kp"], r["offset"], bytes(r["payload"]))
-                      for r in raw.filter(F.col("kind") == "delete").select("topic", "kp", "offset", "payload").collect()]
-        in_batch = [(t, key) for t, _kp, _at, key, payload in committed if payload is None]
-        payloads = {}
-        if in_batch:
-            for r in raw.filter(F.col("kind") == PART).filter(F.col("txn_info").contains('"of":"delete"')) \
-                    .select("topic", "kp", "offset", "payload").collect():
+        payloads = {}  # delete parts of this batch, by (topic, kp, offset)
+        wanted = F.col("kind") == "delete" if has_deletes else F.lit(False)
+        if any(payload is None for *_rest, payload in committed):
+            wanted = wanted | ((F.col("kind") == PART) & F.col("txn_info").contains('"of":"delete"'))
+        for r in raw.filter(wanted).select("topic", "kp", "offset", "kind", "payload").collect():
+            if r["kind"] == "delete":
+                found.append((r["topic"], r["kp"], r["offset"], bytes(r["payload"])))
+            else:
                 payloads[(r["topic"], r["kp"], r["offset"])] = bytes(r["payload"])
         for topic, kp, at, key, payload in committed:
             found.append((topic, kp, at, payload if payload is not None else payloads[(topic,) + key]))

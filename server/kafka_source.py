@@ -31,6 +31,9 @@ __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_end", "re
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
                  "schema string, nrows long, days string, payload binary, fmt string, txn string, txn_info string")
+#: the columns of SOURCE_SCHEMA, in order
+_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "payload", "fmt", "txn",
+            "txn_info"]
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
@@ -195,8 +198,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         try:
             c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
             next_offset = partition.start
-            cols = {k: [] for k in ("topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows",
-                                    "days", "payload", "fmt", "txn", "txn_info")}
+            cols = {k: [] for k in _COLUMNS}
             last_progress = time.monotonic()
             while next_offset < partition.end_exclusive:
                 msgs = c.consume(500, timeout=0.2)
@@ -247,10 +249,6 @@ def _batch(pa, cols: dict):
          pa.array(cols["fmt"], pa.string()), pa.array(cols["txn"], pa.string()),
          pa.array(cols["txn_info"], pa.string())],
         names=_COLUMNS)
-
-
-_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "payload", "fmt", "txn",
-            "txn_info"]
 
 
 class IoxKafkaDataSource(DataSource):

@@ -21,12 +21,12 @@ from catalog.catalog import Database
 from catalog.schema import Column, ColumnTypeConflict
 from catalog.transactions import PART
 
-__all__ = ["load_replay_schemas", "ReplaySchemasStalled", "READ_STALL_TIMEOUT_S"]
+# READ_STALL_TIMEOUT_S: how long Kafka may deliver nothing before the start fails (as a micro-batch read)
+from .kafka_source import READ_STALL_TIMEOUT_S, reader_consumer
+
+__all__ = ["load_replay_schemas", "ReplaySchemasStalled"]
 
 log = logging.getLogger(__name__)
-
-#: How long Kafka may deliver nothing before the start fails.
-READ_STALL_TIMEOUT_S = 60.0
 
 
 class ReplaySchemasStalled(Exception):
@@ -48,7 +48,6 @@ def load_replay_schemas(bootstrap: str, db: Database, start_offsets: dict[int, i
     """
     from confluent_kafka import TopicPartition
 
-    from .kafka_source import reader_consumer
 
     todo = {kp: (start_offsets.get(kp, 0), hi) for kp, hi in until_inclusive.items()
             if hi >= start_offsets.get(kp, 0)}
