@@ -196,6 +196,11 @@ class Catalog:
             self._retired = [(at, c) for at, c in self._retired if at >= older_than]
             return out
 
+    def retired_parquet_keys(self) -> set:
+        """Parquet keys that retired (not yet released) chunks read: queries may still open them."""
+        with self._lock:
+            return {k for _at, c in self._retired if c.view is not None for k in c.parquet_keys}
+
     def all_chunks(self) -> list:
         with self._lock:
             out = []

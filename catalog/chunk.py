@@ -43,6 +43,9 @@ class Chunk:
     parquet_keys: list = field(default_factory=list)
     #: wall time (s) the chunk was created (its last write)
     created_at: float = 0.0
+    #: no two rows share (tags, time): the output of a merge (compaction, persist, Parquet
+    #: files); chunks straight from the write buffer may hold duplicates
+    deduplicated: bool = False
 
     def column_names(self) -> set:
         return {c[0] for c in self.columns}

@@ -15,9 +15,9 @@ import pickle
 
 from catalog.chunk import Chunk
 from catalog.schema import TableSchema
-from server.views import chunk_view_name, quote, spark_struct_for, table_view_sql
+from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes",
+__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -32,10 +32,16 @@ def chunk_source_sql(chunk: Chunk) -> str:
     return f"global_temp.{quote(chunk.view)}"
 
 
+def chunk_source(chunk: Chunk) -> ChunkSource:
+    """How views read `chunk` (its view must be registered)."""
+    return ChunkSource(chunk_source_sql(chunk), chunk.column_names(), chunk.min_time_ns, chunk.max_time_ns,
+                       chunk.deduplicated)
+
+
 def merged_df(spark, schema: TableSchema, chunks: list, deletes: list = (), extra_where: str = ""):
     """One deduplicated DataFrame (chunk layout) over `chunks`, in their order, with `deletes`
     materialised (the rows they remove are gone)."""
-    sources = [(chunk_source_sql(c), c.column_names()) for c in chunks]
+    sources = [chunk_source(c) for c in chunks]
     sql = table_view_sql(schema, sources, as_chunk=True, deletes=deletes)
     if extra_where:
         sql = f"SELECT * FROM ({sql}) WHERE {extra_where}"

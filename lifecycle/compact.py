@@ -68,7 +68,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=st["n"],
                     size_bytes=estimate_bytes(st["n"], value_cols), min_time_ns=st["lo"], max_time_ns=st["hi"],
                     columns=schema.to_json(), view=register_df_chunk(df, cid), offsets=offsets, df=df,
-                    created_at=max(c.created_at for c in chunks))
+                    created_at=max(c.created_at for c in chunks), deduplicated=True)
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], [new])
         part.compacting = False
     refresh_view(db, table)

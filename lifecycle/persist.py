@@ -32,10 +32,11 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .chunk_data import estimate_bytes, merged_df, table_deletes, register_df_chunk
+from .chunk_data import estimate_bytes, merged_df, register_df_chunk, release_df, table_deletes
 from .policy import ChunkState, select_persistable_chunks
 
-__all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions"]
+__all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
+           "add_parquet_action"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,21 @@ def _writer_fn(store: ObjectStore, key: str):
     return fn
 
 
+def write_one_file(df, store: ObjectStore, key: str) -> list:
+    """Writes `df` (chunk layout) into ONE Parquet file at `key` from an executor.
+
+    Returns [Row(key, rows, size, min_t, max_t, min_seq, max_seq)], or [] when `df` is empty.
+    """
+    return df.coalesce(1).mapInArrow(_writer_fn(store, key), _META_SCHEMA).collect()
+
+
+def add_parquet_action(m, table: str, partition_key: str, schema) -> AddParquet:
+    """The AddParquet action naming the file `write_one_file` described in `m`."""
+    return AddParquet(key=m["key"], table=table, partition_key=partition_key, row_count=m["rows"],
+                      size_bytes=m["size"], min_time_ns=m["min_t"], max_time_ns=m["max_t"],
+                      min_seq=m["min_seq"], max_seq=m["max_seq"], schema=tuple(tuple(c) for c in schema.to_json()))
+
+
 def mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
     """Flushes the delete mailbox into this persist's transaction (IOx: the whole mailbox).
 
@@ -176,14 +192,18 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     try:
         schema = db.schemas.get(table)
         merged = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
-        to_persist = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
-        remainder = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
+        if max(c.max_time_ns for c in chunks) <= flush_ts:
+            to_persist, remainder = merged, None  # every row goes to Parquet: no split to compute
+        else:
+            to_persist = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
+            remainder = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
+            release_df(merged)
         key = parquet_key(db.name, table, partition_key, uuid.uuid4())
         in_flight.add([key])
         keys_written.append(key)
-        meta = to_persist.coalesce(1).mapInArrow(_writer_fn(store, key), _META_SCHEMA).collect()
-        rem_stats = remainder.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
-                                         f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+        meta = write_one_file(to_persist, store, key)
+        rem_stats = {"n": 0} if remainder is None else remainder.selectExpr(
+            "count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo", f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
         value_cols = len([c for c in schema.columns if c.role != "time"])
         # one committer: the driver builds and commits the transaction
         with catalog.lock:
@@ -207,9 +227,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         files = []
         for m in meta:
-            add = AddParquet(key=m["key"], table=table, partition_key=partition_key, row_count=m["rows"],
-                             size_bytes=m["size"], min_time_ns=m["min_t"], max_time_ns=m["max_t"],
-                             min_seq=m["min_seq"], max_seq=m["max_seq"], schema=tuple(tuple(c) for c in schema.to_json()))
+            add = add_parquet_action(m, table, partition_key, schema)
             actions.append(add)
             files.append(add)
         flushed = mailbox_actions(db, preserved, files, actions)
@@ -243,14 +261,14 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                        size_bytes=estimate_bytes(rows, value_cols), min_time_ns=min(f.min_time_ns for f in files),
                        max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
                        view=register_df_chunk(to_persist, cid), offsets={}, df=to_persist,
-                       parquet_keys=[f.key for f in files], created_at=now)
+                       parquet_keys=[f.key for f in files], created_at=now, deduplicated=True)
             new_chunks.append(pc)
         if rem_stats["n"]:
             cid = catalog.next_chunk_id()
             rc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rem_stats["n"],
                        size_bytes=estimate_bytes(rem_stats["n"], value_cols), min_time_ns=rem_stats["lo"],
                        max_time_ns=rem_stats["hi"], columns=schema.to_json(), view=register_df_chunk(remainder, cid),
-                       offsets={}, df=remainder, created_at=now)
+                       offsets={}, df=remainder, created_at=now, deduplicated=True)
             new_chunks.append(rc)
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], new_chunks)
         part.files.extend(files)

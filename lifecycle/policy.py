@@ -13,6 +13,10 @@ Invariants kept here:
   ``compacting`` count); memory relief may still unload its persisted chunks.
 * A :class:`CompactChunks` names a run of >= 2 unpersisted chunks that are
   contiguous in chunk order, so compaction never reorders writes.
+* A :class:`CompactPersistedChunks` names every persisted chunk (one Parquet
+  file each) of a partition, once there are ``persisted_compaction_file_threshold``
+  of them, or >= 2 and the partition had no write for ``late_arrive_window_s``
+  (it went cold); it is chosen only when no persist or in-memory compaction is due.
 * At most ``max_active_compactions`` compactions run at once.
 * While ``replaying``, nothing is persisted or compacted unless the buffer is
   above the hard limit.
@@ -20,7 +24,7 @@ Invariants kept here:
   ``buffer_size_hard_bytes``, released once at or below it.
 
 Order of the returned actions: backpressure, then per partition (input order)
-a persist or a compaction, then memory relief (unload/drop, oldest first, then
+a persist or a compaction (in memory, else of persisted files), then memory relief (unload/drop, oldest first, then
 at most one forced persist).
 """
 
@@ -42,6 +46,7 @@ __all__ = [
     "DatabaseState",
     "PersistReason",
     "CompactChunks",
+    "CompactPersistedChunks",
     "PersistChunks",
     "UnloadChunk",
     "DropChunk",
@@ -50,6 +55,7 @@ __all__ = [
     "PersistSelection",
     "can_compact_open_chunk",
     "select_compaction_run",
+    "select_persisted_compaction",
     "select_persistable_chunks",
     "persist_reason",
     "decide",
@@ -176,6 +182,15 @@ class CompactChunks:
 
 
 @dataclass(frozen=True)
+class CompactPersistedChunks:
+    """Merge persisted chunks of a partition (their Parquet files) into one file and one chunk."""
+
+    table: str
+    partition_key: str
+    chunk_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PersistChunks:
     """Persist a partition: take a flush handle (``flush_all_handle`` if ``force``), split and write Parquet.
 
@@ -214,7 +229,7 @@ class Backpressure:
     engaged: bool
 
 
-Action = Union[CompactChunks, PersistChunks, UnloadChunk, DropChunk, Backpressure]
+Action = Union[CompactChunks, CompactPersistedChunks, PersistChunks, UnloadChunk, DropChunk, Backpressure]
 
 
 # --------------------------------------------------------------------- rules
@@ -251,6 +266,24 @@ def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now:
             run.append(chunk.chunk_id)
             rows_left -= chunk.row_count
     return tuple(run) if len(run) >= 2 else None
+
+
+def select_persisted_compaction(partition: PartitionState, rules: LifecycleRules,
+                                now: float) -> tuple[int, ...] | None:
+    """The persisted chunks to merge into one Parquet file, if the partition is due (see ``decide``).
+
+    Due: at least ``persisted_compaction_file_threshold`` persisted chunks, or at
+    least 2 and no chunk of the partition was written for ``late_arrive_window_s``.
+    """
+    stored = [c for c in partition.chunks if c.state in _IN_OBJECT_STORE]
+    if len(stored) < 2:
+        return None
+    if len(stored) >= rules.persisted_compaction_file_threshold:
+        return tuple(c.chunk_id for c in stored)
+    last_write = max(c.time_of_last_write for c in partition.chunks)
+    if _elapsed_at_least(now, last_write, rules.late_arrive_window_s):
+        return tuple(c.chunk_id for c in stored)
+    return None
 
 
 @dataclass(frozen=True)
@@ -342,7 +375,9 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
        persist_row_threshold`` or the oldest unpersisted write is at least
        ``persist_age_threshold_s`` old (and a flush handle would be granted);
        otherwise compact the first contiguous run of >= 2 small unpersisted
-       chunks, while fewer than ``max_active_compactions`` run.
+       chunks, or else the partition's Parquet files when
+       :func:`select_persisted_compaction` says so, while fewer than
+       ``max_active_compactions`` run.
     3. At or above ``buffer_size_soft_bytes``: unload persisted chunks, least
        recently used first, until under; if that is not enough and no persist
        is running, force-persist the idle partition with the most unpersisted
@@ -379,6 +414,13 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
                 actions.append(CompactChunks(p.table, p.partition_key, run))
                 acted.add((p.table, p.partition_key))
                 claimed.update((p.table, p.partition_key, cid) for cid in run)
+                active_compactions += 1
+                continue
+            stored = select_persisted_compaction(p, rules, now) if rules.persist else None
+            if stored is not None:
+                actions.append(CompactPersistedChunks(p.table, p.partition_key, stored))
+                acted.add((p.table, p.partition_key))
+                claimed.update((p.table, p.partition_key, cid) for cid in stored)
                 active_compactions += 1
 
     if over_soft:

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_MUB_ROW_THRESHOLD",
     "DEFAULT_WORKER_BACKOFF_MS",
     "DEFAULT_MAX_ACTIVE_COMPACTIONS",
+    "DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD",
     "DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT",
     "DEFAULT_CATALOG_TRANSACTION_PRUNE_AGE_S",
     "DEFAULT_DRIVER_MEMORY_BYTES",
@@ -54,6 +55,11 @@ DEFAULT_PERSIST_AGE_THRESHOLD_S = 30 * 60.0
 DEFAULT_MUB_ROW_THRESHOLD = 100_000
 #: IOx ``DEFAULT_WORKER_BACKOFF_MILLIS``: the policy loop runs again after this long.
 DEFAULT_WORKER_BACKOFF_MS = 1_000
+#: Compact a partition's Parquet files into one once it has this many, even while it is written
+#: to (a partition with no write for ``late_arrive_window_s`` is compacted from 2 files on).
+#: Each such compaction rewrites the partition's persisted rows, so a partition written for a
+#: long time is rewritten about every this-many persists.
+DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD = 10
 #: Concurrent compactions (IOx: number of CPUs, see module docstring).
 DEFAULT_MAX_ACTIVE_COMPACTIONS = 1
 #: IOx ``DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT``: full preserved-catalog checkpoint every N transactions.
@@ -137,6 +143,8 @@ class LifecycleRules:
     worker_backoff_ms: int = DEFAULT_WORKER_BACKOFF_MS
     #: At most this many compactions run at once.
     max_active_compactions: int = DEFAULT_MAX_ACTIVE_COMPACTIONS
+    #: A partition with this many Parquet files gets them compacted into one (see the constant).
+    persisted_compaction_file_threshold: int = DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD
     #: Write a full preserved-catalog checkpoint every this many transactions.
     catalog_transactions_until_checkpoint: int = DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT
     #: Preserved-catalog transactions older than this (seconds) may be pruned.
@@ -146,8 +154,11 @@ class LifecycleRules:
         if not isinstance(self.persist, bool):
             raise InvalidLifecycleRule("persist", self.persist, "must be a bool")
         for name in ("persist_row_threshold", "mub_row_threshold", "worker_backoff_ms", "max_active_compactions",
-                     "catalog_transactions_until_checkpoint"):
+                     "catalog_transactions_until_checkpoint", "persisted_compaction_file_threshold"):
             _positive_int(name, getattr(self, name))
+        if self.persisted_compaction_file_threshold < 2:
+            raise InvalidLifecycleRule("persisted_compaction_file_threshold", self.persisted_compaction_file_threshold,
+                                       "must be at least 2 (compacting one file into one changes nothing)")
         for name in ("persist_age_threshold_s", "late_arrive_window_s", "catalog_transaction_prune_age_s"):
             _positive_seconds(name, getattr(self, name))
         for name in ("buffer_size_soft_bytes", "buffer_size_hard_bytes"):

@@ -25,8 +25,9 @@ from server.crash_points import crash_point
 
 from .chunk_data import release_chunk_data
 from .compact import compact_chunks
+from .compact_persisted import compact_persisted_chunks
 from .persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
-from .policy import (Backpressure, CompactChunks, DatabaseState, DropChunk, PartitionState, PersistChunks,
+from .policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState, PersistChunks,
                      UnloadChunk, decide)
 from .rules import LifecycleRules
 from .unload import unload_chunk
@@ -151,6 +152,9 @@ class LifecycleWorker:
             if isinstance(action, CompactChunks):
                 return compact_chunks(self.spark, self.catalog, db, action.table, action.partition_key,
                                       tuple(action.chunk_ids), now, self.refresh_view) is not None
+            if isinstance(action, CompactPersistedChunks):
+                return self.compact_persisted(db, action.table, action.partition_key, tuple(action.chunk_ids),
+                                              now) is not None
             if isinstance(action, UnloadChunk):
                 return unload_chunk(self.spark, self.catalog, db, action.table, action.partition_key,
                                     action.chunk_id, self.store, self.cache_dir)
@@ -194,6 +198,20 @@ class LifecycleWorker:
         with self._action_lock:
             return compact_chunks(self.spark, self.catalog, db, table, partition_key, None, now, self.refresh_view)
 
+    def compact_persisted(self, db, table: str, partition_key: str, chunk_ids: tuple | None, now: float):
+        """Merges the partition's Parquet files into one (see lifecycle/compact_persisted.py)."""
+        preserved = self.preserved_for(db.name, now)
+        return compact_persisted_chunks(self.spark, self.catalog, db, table, partition_key, chunk_ids, self.store,
+                                        preserved, self.in_flight, now, self.refresh_view, self.cache_dir)
+
+    def compact_persisted_now(self, db, table: str, partition_key: str, now: float):
+        with self._action_lock:
+            try:
+                return self.compact_persisted(db, table, partition_key, None, now)
+            except RevisionConflict as e:
+                self._fence(e)
+                raise
+
     def preserved_for(self, db_name: str, now: float):
         pc = self.preserved.get(db_name)
         if pc is None:
@@ -224,7 +242,9 @@ class LifecycleWorker:
         """Deletes Parquet files no retained transaction references (never in-flight ones)."""
         deleted = []
         for db_name, pc in list(self.preserved.items()):
-            in_flight = self.in_flight.snapshot()  # before reading the state: see catalog/cleanup.py
+            # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
+            # compaction of persisted files) still read stay until those chunks are released
+            in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys()
             crash_point("cleanup_before_delete")
             deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now)
         if deleted:

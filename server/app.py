@@ -281,11 +281,17 @@ class IoxServer:
                                files=list(r.files), revision=r.revision, flush_timestamp_ns=r.flush_timestamp_ns)
         return resp
 
-    def compact_now(self, database: str, table: str, partition_key: str):
+    def compact_now(self, database: str, table: str, partition_key: str, persisted: bool = False):
         try:
             db = self.catalog.database(database)
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
+        if persisted:
+            r = self.lifecycle.compact_persisted_now(db, table, partition_key, time.time())
+            if r is None:
+                return management_pb2.CompactResponse(compacted=False)
+            return management_pb2.CompactResponse(compacted=True, rows=r.rows, removed_files=list(r.removed),
+                                                  added_file=r.added or "", revision=r.revision)
         c = self.lifecycle.compact_now(db, table, partition_key, time.time())
         if c is None:
             return management_pb2.CompactResponse(compacted=False)

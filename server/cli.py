@@ -50,6 +50,7 @@ LIFECYCLE_OPTIONS = [
     ("--worker-backoff-ms", int, "worker_backoff_ms"),
     ("--catalog-transactions-until-checkpoint", int, "catalog_transactions_until_checkpoint"),
     ("--max-active-compactions", int, "max_active_compactions"),
+    ("--persisted-compaction-file-threshold", int, "persisted_compaction_file_threshold"),
 ]
 
 
@@ -94,11 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--stop", required=True, help="RFC3339 or integer nanoseconds (exclusive)")
     de.add_argument("--predicate", default="", help="e.g. host = 'a' AND region != 'eu'")
 
-    co = sub.add_parser("compact", help="compact the in-memory chunks of one partition")
+    co = sub.add_parser("compact", help="compact the in-memory chunks of one partition (or its Parquet files)")
     _add_addr(co)
     co.add_argument("--db", required=True)
     co.add_argument("--table", required=True)
     co.add_argument("--partition", required=True)
+    co.add_argument("--persisted", action="store_true",
+                    help="merge the partition's Parquet files into one file (one catalog transaction)")
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
@@ -248,7 +251,7 @@ def main(argv=None) -> int:
         print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
         return 0
     if a.cmd == "compact":
-        r = _client_call(lambda: client.compact(a.db, a.table, a.partition))
+        r = _client_call(lambda: client.compact(a.db, a.table, a.partition, persisted=a.persisted))
         print(json.dumps(r, indent=2))
         return 0
     if a.cmd == "status":

@@ -107,9 +107,11 @@ class IoxClient:
                                                                   partition_key=partition_key), timeout=timeout_s)
         return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
-    def compact(self, database: str, table: str, partition_key: str, timeout_s: float = 300.0) -> dict:
+    def compact(self, database: str, table: str, partition_key: str, timeout_s: float = 300.0,
+                persisted: bool = False) -> dict:
         r = self.mgmt_stub.Compact(management_pb2.CompactRequest(database=database, table=table,
-                                                                  partition_key=partition_key), timeout=timeout_s)
+                                                                  partition_key=partition_key, persisted=persisted),
+                                   timeout=timeout_s)
         return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
     def applied(self, database: str) -> dict:

@@ -149,7 +149,8 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
 
     def Compact(self, request, context):
         try:
-            return self.server.compact_now(request.database, request.table, request.partition_key)
+            return self.server.compact_now(request.database, request.table, request.partition_key,
+                                           request.persisted)
         except Exception as e:
             _abort(context, e)
 

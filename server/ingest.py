@@ -26,7 +26,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflic
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from lifecycle.chunk_data import estimate_bytes, release_df, table_deletes
+from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, table_deletes
 
 from .crash_points import crash_point
 from .recovery import keep_mask_fn
@@ -386,10 +386,7 @@ class Ingestor:
         """Replaces the table's view with one over its current chunks."""
         schema = db.schemas.get(table)
         chunks = self.catalog.table_chunks(db, table)
-        sources = []
-        for c in chunks:
-            if c.view is not None:
-                sources.append((f"global_temp.{quote(c.view)}", c.column_names()))
+        sources = [chunk_source(c) for c in chunks if c.view is not None]
         if not sources:
             return
         sql = table_view_sql(schema, sources, deletes=table_deletes(db, table))

@@ -162,7 +162,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                           state="unloaded", rows=f.row_count,
                           size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,
                           max_time_ns=f.max_time_ns, columns=[list(c) for c in f.schema], view=view,
-                          parquet_keys=[key], created_at=now)
+                          parquet_keys=[key], created_at=now, deduplicated=True)
             part = catalog.partition(db, f.table, f.partition_key)
             part.chunks.append(chunk)
             part.files.append(f)

@@ -6,15 +6,55 @@ write-buffer order (`_iox_seq`). Chunk views are never changed in place; a
 table view is replaced atomically (CREATE OR REPLACE), so a query already
 planned keeps the chunks it resolved.
 
+Deduplication is planned only where it can change a row (IOx: only overlapping
+chunks are deduplicated): chunks are split into groups whose time ranges
+overlap; a group of one chunk that is already deduplicated (compaction and
+persist output, Parquet files) is read as it is, every other group is merged
+with GROUP BY (tags, time). Two groups never share a (tags, time) key, since
+their time ranges are disjoint.
+
 Naming (stable, documented in the README): chunk data `global_temp.iox_chunk_<id>`;
 table view `global_temp.<database>__<table>` (backtick-quoted when needed).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
 
-__all__ = ["deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql", "table_view_sql",
-           "spark_struct_for"]
+__all__ = ["ChunkSource", "deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql",
+           "overlap_groups", "table_view_sql", "spark_struct_for"]
+
+
+class ChunkSource(NamedTuple):
+    """One chunk as a view reads it."""
+
+    #: SQL naming the chunk's rows (a global temp view)
+    sql: str
+    #: the columns the chunk holds
+    columns: set
+    #: inclusive time range of its rows
+    min_time_ns: int
+    max_time_ns: int
+    #: no two rows of the chunk share (tags, time): it needs no GROUP BY of its own
+    deduplicated: bool = False
+
+
+def overlap_groups(sources: list) -> list:
+    """`sources` split into groups of chunks whose inclusive time ranges overlap (transitively),
+    ordered by time; within a group the input order is kept. Pure."""
+    order = sorted(range(len(sources)), key=lambda i: (sources[i].min_time_ns, i))
+    groups: list = []
+    hi = None
+    for i in order:
+        s = sources[i]
+        if groups and s.min_time_ns <= hi:
+            groups[-1].append(i)
+            hi = max(hi, s.max_time_ns)
+        else:
+            groups.append([i])
+            hi = s.max_time_ns
+    return [[sources[i] for i in sorted(g)] for g in groups]
 
 
 def quote(name: str) -> str:
@@ -63,33 +103,54 @@ def deletes_sql(schema: TableSchema, deletes: list) -> str:
 
 
 def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = False, deletes: list = ()) -> str:
-    """The deduplicating view over `chunk_sources`: [(source_sql, chunk_columns)].
+    """The deduplicating view over `chunk_sources` (a list of ChunkSource).
 
     as_chunk=False: what users query (tags, fields, `time` TIMESTAMP, `time_ns`).
     as_chunk=True: the chunk layout (tags, fields, `time_ns`, `_iox_seq` = the
     newest write merged into the row), used by compaction and persist so a
     merged chunk orders exactly like the chunks it replaces.
+    Only groups of overlapping chunks are merged (see the module docstring).
     """
-    union = "\nUNION ALL\n".join(chunk_select_sql(src, cols, schema) for src, cols in chunk_sources)
-    tags = [quote(t) for t in schema.tags()]
-    fields = schema.fields()
-    t = quote(TIME_NS_COLUMN)
-    s = quote(SEQ_COLUMN)
-    sel = list(tags)
-    for f in fields:
-        q = quote(f.name)
-        sel.append(f"max_by({q}, CASE WHEN {q} IS NOT NULL THEN {s} END) AS {q}")
-    # exact floor division: time is TIMESTAMP (microseconds), time_ns keeps every digit
-    if as_chunk:
-        sel.append(t)
-        sel.append(f"max({s}) AS {s}")
-    else:
-        sel.append(f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS `time`")
-        sel.append(t)
-    group = ", ".join(tags + [t])
     where = deletes_sql(schema, list(deletes))
     where = f" WHERE {where}" if where else ""
-    return f"SELECT {', '.join(sel)} FROM (\n{union}\n){where} GROUP BY {group}"
+    parts = []
+    for group in overlap_groups(list(chunk_sources)):
+        if len(group) == 1 and group[0].deduplicated:
+            parts.append(_plain_sql(schema, group[0], as_chunk, where))
+        else:
+            parts.append(_merge_sql(schema, group, as_chunk, where))
+    return "\nUNION ALL\n".join(parts)
+
+
+def _time_columns(as_chunk: bool) -> list:
+    t, s = quote(TIME_NS_COLUMN), quote(SEQ_COLUMN)
+    if as_chunk:
+        return [t, s]
+    # exact floor division: time is TIMESTAMP (microseconds), time_ns keeps every digit
+    return [f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS `time`", t]
+
+
+def _plain_sql(schema: TableSchema, src: ChunkSource, as_chunk: bool, where: str) -> str:
+    """One deduplicated chunk read as it is, in the merged layout."""
+    sel = [quote(c) for c in schema.tags()] + [quote(f.name) for f in schema.fields()] + _time_columns(as_chunk)
+    return f"SELECT {', '.join(sel)} FROM (\n{chunk_select_sql(src.sql, src.columns, schema)}\n){where}"
+
+
+def _merge_sql(schema: TableSchema, group: list, as_chunk: bool, where: str) -> str:
+    """Overlapping chunks merged on (tags, time): the last non-null value per field by `_iox_seq`."""
+    union = "\nUNION ALL\n".join(chunk_select_sql(src.sql, src.columns, schema) for src in group)
+    tags = [quote(t) for t in schema.tags()]
+    t, s = quote(TIME_NS_COLUMN), quote(SEQ_COLUMN)
+    sel = list(tags)
+    for f in schema.fields():
+        q = quote(f.name)
+        sel.append(f"max_by({q}, CASE WHEN {q} IS NOT NULL THEN {s} END) AS {q}")
+    if as_chunk:
+        sel += [t, f"max({s}) AS {s}"]
+    else:
+        sel += _time_columns(False)
+    group_by = ", ".join(tags + [t])
+    return f"SELECT {', '.join(sel)} FROM (\n{union}\n){where} GROUP BY {group_by}"
 
 
 def spark_struct_for(schema: TableSchema):

@@ -27,11 +27,14 @@ def data_dir():
 
 
 @pytest.mark.parametrize("point", ["consume_before_applied", "compact_before_swap", "persist_after_parquet",
-                                   "persist_after_commit"])
+                                   "persist_after_commit", "compact_persisted_after_parquet",
+                                   "compact_persisted_after_commit"])
 def test_kill_at_point_then_restart_exactly_once(data_dir, point):
     w = Writer(f"c_{uuid.uuid4().hex[:8]}")
     # compaction needs persistence not to take the chunks first
     extra = ["--worker-backoff-ms", "200"] if point == "compact_before_swap" else LIFECYCLE
+    if point.startswith("compact_persisted"):  # persists every 150 rows; the 3rd file starts a compaction
+        extra = LIFECYCLE + ["--persisted-compaction-file-threshold", "3"]
     s1 = ServerProcess(data_dir, crash_at=point, extra=extra).wait_ready()
     broker_pid = broker_record(data_dir)["pid"]
     w.write_until_dead(s1, n=60)

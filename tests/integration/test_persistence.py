@@ -184,6 +184,68 @@ def test_compaction_keeps_answers(manual):
     assert len(chunks) == 1 and int(chunks[0]["rows"]) == 4
 
 
+def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual):
+    """Three files (overwrites across them, a recorded delete on the first) become one file in
+    one transaction; answers, the delete and a restart agree; the old files go only once the
+    chunks reading them are released."""
+    from lifecycle.chunk_data import release_chunk_data
+
+    c, db = manual.client, f"k_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    c.persist(db)
+    _write(c, db, [f"cpu,host=h0 v=1000 {T0}", f"cpu,host=h3 v=5 {T0 + 100}"])  # overwrite + a new series
+    c.persist(db)
+    c.wait_applied(db, c.delete(db, T0 + 1, T0 + 2, "", "cpu"), timeout_s=90)  # removes h1 at T0+1
+    _write(c, db, [f"cpu,host=h2 w=99i {T0 + 2}"])  # overwrites w only: v of T0+2 stays 2
+    c.persist(db)
+    expect = [{"host": "h0", "n": 10, "s": 1000.0 + sum(range(3, 30, 3)), "w": 27},
+              {"host": "h1", "n": 9, "s": float(sum(range(4, 30, 3))), "w": 28},
+              {"host": "h2", "n": 10, "s": float(sum(range(2, 30, 3))), "w": 99},
+              {"host": "h3", "n": 1, "s": 5.0, "w": None}]
+    assert c.query(db, Q).to_pylist() == expect
+    old = [f["key"] for f in _partitions(c, db)["2023-11-14"]["files"]]
+    assert len(old) == 3
+    pc = manual.server.lifecycle.preserved[db]
+    # recorded by the third persist, naming every file of the table then (its own included)
+    assert [set(p.applies_to) for p in pc.state.delete_predicates] == [set(old)]
+    r = c.compact(db, "cpu", "2023-11-14", persisted=True)
+    assert r["compacted"] is True and int(r["rows"]) == 30 and sorted(r["removed_files"]) == sorted(old)
+    assert c.query(db, Q).to_pylist() == expect
+    part = _partitions(c, db)["2023-11-14"]
+    assert [f["key"] for f in part["files"]] == [r["added_file"]] and int(part["files"][0]["rows"]) == 30
+    assert [ch["state"] for ch in part["chunks"]] == ["persisted"]
+    assert set(pc.state.files) == {r["added_file"]} and pc.state.delete_predicates == []
+    # a second request has nothing to merge
+    assert c.compact(db, "cpu", "2023-11-14", persisted=True)["compacted"] is False
+    # the replaced files stay while retired chunks (queries planned before the swap) read them
+    srv, store = manual.server, manual.server.store
+    assert manual.server.lifecycle.cleanup(time.time() + 10_000, 900.0) == []
+    assert all(store.exists(k) for k in old)
+    for ch in srv.catalog.take_retired(time.time() + 1):
+        release_chunk_data(srv.spark, ch)
+    assert sorted(srv.lifecycle.cleanup(time.time() + 10_000, 900.0)) == sorted(old)
+    assert c.query(db, Q).to_pylist() == expect
+    r2 = manual.restart()
+    try:
+        assert r2.client.query(db, Q).to_pylist() == expect
+        assert [f["key"] for f in _partitions(r2.client, db)["2023-11-14"]["files"]] == [r["added_file"]]
+    finally:
+        manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
+
+
+def test_the_policy_compacts_the_files_of_a_cold_partition(auto):
+    c, db = auto.client, f"f_{uuid.uuid4().hex[:8]}"
+    for k in range(3):  # three forced persists: three files, then the partition goes cold (1 s)
+        _write(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
+        c.persist(db)
+    part = _wait(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],
+                 what="the policy's compaction of the persisted files")
+    assert int(part["files"][0]["rows"]) == 30
+    assert c.query(db, Q2).to_pylist() == [
+        {"host": "h0", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(0, 10, 2)))},
+        {"host": "h1", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(1, 10, 2)))}]
+
+
 def test_restart_recovers_parquet_and_replays_the_rest_exactly_once(manual, request):
     c, db = manual.client, f"r_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(10)])

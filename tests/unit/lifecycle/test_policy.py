@@ -599,3 +599,55 @@ def test_sim_two_partitions_compaction_slots() -> None:
     second = ex.tick(11.0)
     assert first == [CompactChunks("cpu", "d1", (1, 3, 5))]
     assert second == [CompactChunks("mem", "d1", (2, 4, 6))]
+
+
+# ------------------------------------------------- compaction of persisted files
+
+
+def test_persisted_compaction_waits_for_the_file_threshold_while_the_partition_is_written():
+    from lifecycle.policy import CompactPersistedChunks, select_persisted_compaction
+
+    r = rules(persisted_compaction_file_threshold=3, late_arrive_window_s=60.0)
+    two = part([chunk(1, 100.0, "persisted"), chunk(2, 100.0, "unloaded"), chunk(3, 100.0, "open")])
+    assert select_persisted_compaction(two, r, now=110.0) is None
+    assert decide(db([two]), r, now=110.0) == []
+    three = part([chunk(1, 100.0, "persisted"), chunk(2, 100.0, "unloaded"), chunk(4, 105.0, "persisted"),
+                  chunk(3, 109.0, "open")])
+    assert select_persisted_compaction(three, r, now=110.0) == (1, 2, 4)
+    assert decide(db([three]), r, now=110.0) == [CompactPersistedChunks("t", "p", (1, 2, 4))]
+
+
+def test_a_cold_partition_gets_its_files_compacted_from_two_on():
+    from lifecycle.policy import CompactPersistedChunks
+
+    r = rules(persisted_compaction_file_threshold=10, late_arrive_window_s=60.0)
+    p = part([chunk(1, 100.0, "persisted"), chunk(2, 130.0, "unloaded")])
+    assert decide(db([p]), r, now=189.9) == []  # the last write is 59.9 s old
+    assert decide(db([p]), r, now=190.0) == [CompactPersistedChunks("t", "p", (1, 2))]
+    one = part([chunk(1, 100.0, "persisted"), chunk(3, 100.0, "closed")])
+    assert decide(db([one]), r, now=1000.0) == []  # one file: nothing to merge
+
+
+def test_persisted_compaction_yields_to_persist_memory_compaction_busy_partitions_and_replay():
+    from lifecycle.policy import CompactPersistedChunks
+
+    r = rules(persisted_compaction_file_threshold=2, late_arrive_window_s=60.0, mub_row_threshold=5)
+    files = [chunk(1, 0.0, "persisted"), chunk(2, 0.0, "persisted")]
+    # in-memory compaction first (two cold closed chunks)
+    p = part(files + [chunk(3, 0.0, "closed"), chunk(4, 0.0, "closed")])
+    assert decide(db([p]), r, now=100.0) == [CompactChunks("t", "p", (3, 4))]
+    # persist first
+    p = part(files, persistable_row_count=10**7, flush_timestamp_ns=5)
+    assert [type(a) for a in decide(db([p]), r, now=100.0)] == [PersistChunks]
+    # busy partition, replay, the compaction budget, persistence disabled: nothing
+    assert decide(db([part(files, persisting=True)]), r, now=100.0) == []
+    assert decide(db([part(files)], replaying=True), r, now=100.0) == []
+    busy_other = part([chunk(9, 0.0, "compacting")], key="q")
+    assert decide(db([busy_other, part(files)]), r, now=100.0) == []
+    assert decide(db([part(files)]), rules(persist=False, persisted_compaction_file_threshold=2), now=100.0) == []
+    assert decide(db([part(files)]), r, now=100.0) == [CompactPersistedChunks("t", "p", (1, 2))]
+
+
+def test_persisted_compaction_file_threshold_must_be_at_least_two():
+    with pytest.raises(InvalidLifecycleRule):
+        rules(persisted_compaction_file_threshold=1)
