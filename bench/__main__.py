@@ -39,7 +39,7 @@ WORKER_SCENARIOS = ("e2e", "restart", "query")
 SIZES = {
     "quick": dict(parse_lines=100_000, repeat=2, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
-                  e2e_persist_row_threshold=100_000, files_persists=12, restart_points=100_000, lat_s=5,
+                  e2e_persist_row_threshold=100_000, files_persists=6, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g"),
     "full": dict(parse_lines=1_000_000, repeat=5, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,

@@ -42,8 +42,11 @@ class ChunkSource(NamedTuple):
 
 def overlap_groups(sources: list) -> list:
     """`sources` split into groups of chunks whose inclusive time ranges overlap (transitively),
-    ordered by time; within a group the input order is kept. Pure."""
-    order = sorted(range(len(sources)), key=lambda i: (sources[i].min_time_ns, i))
+    ordered by time; within a group the input order is kept. A chunk without rows (no time
+    range) is a group of its own, last. Pure."""
+    order = sorted((i for i, s in enumerate(sources) if s.min_time_ns is not None),
+                   key=lambda i: (sources[i].min_time_ns, i))
+    empty = [[sources[i]] for i, s in enumerate(sources) if s.min_time_ns is None]
     groups: list = []
     hi = None
     for i in order:
@@ -54,7 +57,7 @@ def overlap_groups(sources: list) -> list:
         else:
             groups.append([i])
             hi = s.max_time_ns
-    return [[sources[i] for i in sorted(g)] for g in groups]
+    return [[sources[i] for i in sorted(g)] for g in groups] + empty
 
 
 def quote(name: str) -> str:

@@ -39,15 +39,24 @@ def _write(srv, clients: int, batches: list) -> dict:
     return st
 
 
-def _query(srv, table: str, repeat: int) -> tuple[float, int]:
+def _query(srv, table: str, repeat: int, expect: dict) -> tuple[float, int, bool]:
+    """Median latency, groups returned, and whether every answer had the exact count and sum
+    per host of the generated rows (`expect`: host -> (count, sum of requests))."""
     sql = SQL.format(t=table)
     srv.client.query(DB, sql, timeout_s=600)
-    times, rows = [], 0
+    times, rows, exact = [], 0, True
     for _ in range(repeat):
         t0 = time.monotonic()
-        rows = srv.client.query(DB, sql, timeout_s=600).num_rows
+        res = srv.client.query(DB, sql, timeout_s=600)
         times.append(time.monotonic() - t0)
-    return statistics.median(times), rows
+        rows = res.num_rows
+        exact = exact and {r["host"]: (r["n"], r["r"]) for r in res.to_pylist()} == expect
+    return statistics.median(times), rows, exact
+
+
+def _expected(data) -> dict:
+    g = data.group_by("host").aggregate([("requests", "sum"), ("host", "count")]).to_pylist()
+    return {r["host"]: (r["host_count"], r["requests_sum"]) for r in g}
 
 
 def run(ctx) -> list[Row]:
@@ -91,7 +100,8 @@ def run(ctx) -> list[Row]:
         base_q = statistics.median(r["times"])
     laps.lap("baseline_sql")
 
-    q_mem, nrows = _query(srv, "qm", s["repeat"])
+    expect = _expected(data)
+    q_mem, nrows, ok_mem = _query(srv, "qm", s["repeat"], expect)
     laps.lap("query_mem")
     states_mem = sorted({st for p in parts for st in p["chunk_states"]})
 
@@ -115,7 +125,7 @@ def run(ctx) -> list[Row]:
 
     parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == "qm"]
     states_pers = sorted({st for p in parts for st in p["chunk_states"]})
-    q_pers, _ = _query(srv, "qm", s["repeat"])
+    q_pers, _, ok_pers = _query(srv, "qm", s["repeat"], expect)
     laps.lap("query_persisted")
 
     # ---------------------------------------------------------- mixed
@@ -124,16 +134,16 @@ def run(ctx) -> list[Row]:
     _write(srv, s["clients"], lpx[:half])
     srv.client.persist(DB, "qx", timeout_s=1800)
     _write(srv, s["clients"], lpx[half:])
-    q_mix, _ = _query(srv, "qx", s["repeat"])
+    q_mix, _, ok_mix = _query(srv, "qx", s["repeat"], expect)
     laps.lap("mixed")
 
-    for label, v, note in (("all in memory", q_mem, f"chunk states {states_mem}"),
-                           ("all persisted", q_pers, f"chunk states after persist {states_pers} (persisted chunks "
-                                                     "stay cached until memory pressure unloads them)"),
-                           ("mixed", q_mix, "half persisted, half in memory")):
+    for label, v, ok, note in (("all in memory", q_mem, ok_mem, f"chunk states {states_mem}"),
+                               ("all persisted", q_pers, ok_pers, f"chunk states after persist {states_pers} "
+                                "(persisted chunks stay cached until memory pressure unloads them)"),
+                               ("mixed", q_mix, ok_mix, "half persisted, half in memory")):
         r = Row(f"query latency, grouped aggregate, {label}", "s", v, "Spark SQL over plain Parquet", base_q,
                 target="<= 1.2x baseline", better="lower", size=size,
-                note=f"median of {s['repeat']}; {nrows} groups; {note}")
-        r.met = r.ratio is not None and r.ratio <= 1.2
+                note=f"median of {s['repeat']}; {nrows} groups, exact count and sum per host: {ok}; {note}")
+        r.met = r.ratio is not None and r.ratio <= 1.2 and ok
         rows.append(r)
     return rows

@@ -18,6 +18,8 @@ def test_overlap_groups_joins_transitively_overlapping_time_ranges_and_keeps_inp
     assert overlap_groups([c, b, a, d]) == [[b, a, d], [c]]
     assert overlap_groups([src("x", 5, 5), src("y", 6, 9)]) == [[src("x", 5, 5)], [src("y", 6, 9)]]
     assert overlap_groups([]) == []
+    empty = ChunkSource("global_temp.e", set(), None, None, True)  # every row deleted by a compaction
+    assert overlap_groups([empty, a, b]) == [[a, b], [empty]]
 
 
 def test_one_deduplicated_chunk_is_read_without_group_by():
