@@ -29,7 +29,8 @@ from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
 from server.crash_points import crash_point
 
-from .chunk_data import estimate_bytes, merged_df, register_df_chunk, register_parquet_chunk, table_deletes
+from .chunk_data import (estimate_bytes, merged_df, register_df_chunk, register_parquet_chunk, release_df,
+                         table_deletes)
 from .persist import InFlightFiles, add_parquet_action, write_one_file
 
 __all__ = ["PersistedCompaction", "compact_persisted_chunks"]
@@ -75,6 +76,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         part.compacting = True
     old_keys = tuple(k for c in stored for k in c.parquet_keys)
     key = parquet_key(db.name, table, partition_key, uuid.uuid4())
+    merged = None
     try:
         schema = db.schemas.get(table)
         merged = merged_df(spark, schema, stored, table_deletes(db, table))
@@ -93,6 +95,8 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         with catalog.lock:
             part.compacting = False
         in_flight.discard([key])
+        if in_memory:
+            release_df(merged)  # its checkpoint blocks, if it got that far
         raise
     in_flight.discard([key])
     value_cols = len([c for c in schema.columns if c.role != "time"])
@@ -114,6 +118,8 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         gone = set(old_keys)
         part.files = [f for f in part.files if f.key not in gone] + added
         part.compacting = False
+    if in_memory and not added:
+        release_df(merged)  # every row was deleted: the empty checkpoint backs no chunk
     refresh_view(db, table)
     catalog.retire(stored, now)
     rows = sum(f.row_count for f in added)

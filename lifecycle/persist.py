@@ -263,6 +263,8 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                        view=register_df_chunk(to_persist, cid), offsets={}, df=to_persist,
                        parquet_keys=[f.key for f in files], created_at=now, deduplicated=True)
             new_chunks.append(pc)
+        else:
+            release_df(to_persist)  # every row was deleted: the empty checkpoint backs no chunk
         if rem_stats["n"]:
             cid = catalog.next_chunk_id()
             rc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rem_stats["n"],

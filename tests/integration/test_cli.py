@@ -47,6 +47,17 @@ def test_write_sql_status_persist_delete_commands(iox_server, db):
         c.wait_applied(db, token, timeout_s=90)
     r = _iox("sql", "--db", db, "--format", "json", "SELECT host FROM cpu", addr=addr)
     assert [json.loads(line) for line in r.stdout.splitlines()] == [{"host": "b"}]
+    # a second file, then both merged into one (the delete applied)
+    r = _iox("write", "--db", db, "-", stdin=f"cpu,host=c v=3 {T0 + 2}\n", addr=addr)
+    with IoxClient(addr) as c:
+        c.wait_applied(db, {int(k): v for k, v in json.loads(r.stdout)["token"].items()}, timeout_s=90)
+    assert _iox("persist", "--db", db, addr=addr).returncode == 0
+    r = _iox("compact", "--db", db, "--table", "cpu", "--partition", "2023-11-14", "--persisted", addr=addr)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["compacted"] is True and len(out["removed_files"]) == 2 and out["rows"] == "2" and out["added_file"]
+    r = _iox("sql", "--db", db, "--format", "json", "SELECT host FROM cpu ORDER BY host", addr=addr)
+    assert [json.loads(line) for line in r.stdout.splitlines()] == [{"host": "b"}, {"host": "c"}]
 
 
 def test_errors_exit_non_zero_with_the_servers_message(iox_server, db):
