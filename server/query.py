@@ -12,7 +12,7 @@ import pyarrow as pa
 from catalog.catalog import Catalog, DatabaseNotFoundError
 
 from .errors import DatabaseNotFound, InvalidArgument
-from .views import quote, table_view_name
+from .views import empty_table_view_sql, quote, table_view_name
 
 __all__ = ["QueryEngine", "QueryResult"]
 
@@ -37,11 +37,14 @@ class QueryEngine:
         session = self.spark.newSession()
         existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
                     self.spark.sql("SHOW VIEWS IN global_temp").collect()}
-        for table in db.table_names():
+        for table in sorted(set(db.table_names()) | set(db.schemas.tables())):
             view = table_view_name(database, table)
             if view in existing:
                 session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS "
                             f"SELECT * FROM global_temp.{quote(view)}")
+            elif db.schemas.get(table) is not None:  # columns known, no row yet: an empty table
+                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS "
+                            f"{empty_table_view_sql(db.schemas.get(table))}")
         try:
             df = session.sql(sql)
             result = df.toArrow()

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
 
 __all__ = ["ChunkSource", "deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql",
-           "overlap_groups", "table_view_sql", "spark_struct_for"]
+           "empty_table_view_sql", "overlap_groups", "table_view_sql", "spark_struct_for"]
 
 
 class ChunkSource(NamedTuple):
@@ -123,6 +123,15 @@ def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = Fa
         else:
             parts.append(_merge_sql(schema, group, as_chunk, where))
     return "\nUNION ALL\n".join(parts)
+
+
+def empty_table_view_sql(schema: TableSchema) -> str:
+    """A table with columns (its schema known, e.g. reserved by a request that was then aborted)
+    but no rows yet: the user layout of `table_view_sql`, without a row."""
+    sel = [f"CAST(NULL AS STRING) AS {quote(c)}" for c in schema.tags()]
+    sel += [f"CAST(NULL AS {SPARK_TYPES[f.type]}) AS {quote(f.name)}" for f in schema.fields()]
+    sel += ["CAST(NULL AS TIMESTAMP) AS `time`", f"CAST(NULL AS BIGINT) AS {quote(TIME_NS_COLUMN)}"]
+    return f"SELECT {', '.join(sel)} WHERE false"
 
 
 def _time_columns(as_chunk: bool) -> list:

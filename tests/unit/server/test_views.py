@@ -43,3 +43,11 @@ def test_only_overlapping_chunks_are_merged_and_deletes_filter_every_group():
     assert merged.count("GROUP BY") == 1 and "global_temp.a" in merged and "global_temp.b" in merged
     assert "GROUP BY" not in plain and "global_temp.c" in plain
     assert merged.count("`_iox_seq` < 7") == 1 and plain.count("`_iox_seq` < 7") == 1
+
+
+def test_a_table_without_rows_is_an_empty_view_in_the_user_layout():
+    from server.views import empty_table_view_sql
+
+    sql = empty_table_view_sql(SCHEMA)
+    assert sql == ("SELECT CAST(NULL AS STRING) AS `host`, CAST(NULL AS DOUBLE) AS `usage`, "
+                   "CAST(NULL AS TIMESTAMP) AS `time`, CAST(NULL AS BIGINT) AS `time_ns` WHERE false")
