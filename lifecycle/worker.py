@@ -2,8 +2,8 @@
 
 When it runs: a daemon thread started by the server after recovery; every
 `worker_backoff_ms` it snapshots each database, asks `policy.decide` for
-actions and executes them one at a time (compact, persist, unload,
-backpressure); it also releases retired chunk data after a grace period and
+actions and executes them one at a time (compact in memory, persist, compact
+persisted files, unload, backpressure); it also releases retired chunk data after a grace period and
 deletes unreferenced Parquet files. It stops on server shutdown, or when a
 commit lost the race for a catalog revision (fencing: another writer owns the
 database, this server must stop).
@@ -27,8 +27,8 @@ from .chunk_data import release_chunk_data
 from .compact import compact_chunks
 from .compact_persisted import compact_persisted_chunks
 from .persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
-from .policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState, PersistChunks,
-                     UnloadChunk, decide)
+from .policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState,
+                     PersistChunks, UnloadChunk, decide)
 from .rules import LifecycleRules
 from .unload import unload_chunk
 
