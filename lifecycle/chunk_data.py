@@ -17,7 +17,7 @@ from catalog.chunk import Chunk
 from catalog.schema import TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes",
+__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "schema_bytes",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -26,6 +26,11 @@ PARQUET_SOURCE_NAME = "iox_parquet"
 def estimate_bytes(rows: int, value_columns: int) -> int:
     """Bytes a chunk takes in Spark's block manager, roughly (8 bytes a value + row overhead)."""
     return rows * (8 * (value_columns + 2) + 16)
+
+
+def schema_bytes(rows: int, schema: TableSchema) -> int:
+    """`estimate_bytes` of `rows` rows holding every value column of `schema`."""
+    return estimate_bytes(rows, len([c for c in schema.columns if c.role != "time"]))
 
 
 def chunk_source_sql(chunk: Chunk) -> str:

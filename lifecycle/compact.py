@@ -16,7 +16,7 @@ from catalog.schema import TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .chunk_data import estimate_bytes, merged_df, table_deletes, register_df_chunk
+from .chunk_data import merged_df, register_df_chunk, schema_bytes, table_deletes
 
 __all__ = ["compact_chunks"]
 
@@ -64,9 +64,8 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             for kp, (lo, hi) in c.offsets.items():
                 a, b = offsets.get(kp, (lo, hi))
                 offsets[kp] = (min(a, lo), max(b, hi))
-        value_cols = len([c for c in schema.columns if c.role != "time"])
         new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=st["n"],
-                    size_bytes=estimate_bytes(st["n"], value_cols), min_time_ns=st["lo"], max_time_ns=st["hi"],
+                    size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"], max_time_ns=st["hi"],
                     columns=schema.to_json(), view=register_df_chunk(df, cid), offsets=offsets, df=df,
                     created_at=max(c.created_at for c in chunks), deduplicated=True)
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], [new])

@@ -29,7 +29,7 @@ from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
 from server.crash_points import crash_point
 
-from .chunk_data import (estimate_bytes, merged_df, register_df_chunk, register_parquet_chunk, release_df,
+from .chunk_data import (merged_df, register_df_chunk, register_parquet_chunk, release_df, schema_bytes,
                          table_deletes)
 from .persist import InFlightFiles, add_parquet_action, write_one_file
 
@@ -99,7 +99,6 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
             release_df(merged)  # its checkpoint blocks, if it got that far
         raise
     in_flight.discard([key])
-    value_cols = len([c for c in schema.columns if c.role != "time"])
     with catalog.lock:
         new_chunks = []
         for f in added:
@@ -110,7 +109,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
                 view, df, state = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache_dir), \
                     None, "unloaded"
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state=state,
-                                    rows=f.row_count, size_bytes=estimate_bytes(f.row_count, value_cols),
+                                    rows=f.row_count, size_bytes=schema_bytes(f.row_count, schema),
                                     min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns, columns=schema.to_json(),
                                     view=view, offsets={}, df=df, parquet_keys=[f.key],
                                     created_at=max(c.created_at for c in stored), deduplicated=True))
@@ -123,6 +122,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
     refresh_view(db, table)
     catalog.retire(stored, now)
     rows = sum(f.row_count for f in added)
+    new_key = added[0].key if added else None
     log.info("compacted %d Parquet files of %s/%s/%s into %s (%d rows), revision %d", len(old_keys), db.name, table,
-             partition_key, added[0].key if added else "nothing", rows, revision)
-    return PersistedCompaction(table, partition_key, old_keys, added[0].key if added else None, rows, revision)
+             partition_key, new_key or "nothing", rows, revision)
+    return PersistedCompaction(table, partition_key, old_keys, new_key, rows, revision)

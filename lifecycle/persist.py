@@ -32,7 +32,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .chunk_data import estimate_bytes, merged_df, register_df_chunk, release_df, table_deletes
+from .chunk_data import merged_df, register_df_chunk, release_df, schema_bytes, table_deletes
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
@@ -204,7 +204,6 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         meta = write_one_file(to_persist, store, key)
         rem_stats = {"n": 0} if remainder is None else remainder.selectExpr(
             "count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo", f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
-        value_cols = len([c for c in schema.columns if c.role != "time"])
         # one committer: the driver builds and commits the transaction
         with catalog.lock:
             applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
@@ -258,7 +257,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         if rows:
             cid = catalog.next_chunk_id()
             pc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="persisted", rows=rows,
-                       size_bytes=estimate_bytes(rows, value_cols), min_time_ns=min(f.min_time_ns for f in files),
+                       size_bytes=schema_bytes(rows, schema), min_time_ns=min(f.min_time_ns for f in files),
                        max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
                        view=register_df_chunk(to_persist, cid), offsets={}, df=to_persist,
                        parquet_keys=[f.key for f in files], created_at=now, deduplicated=True)
@@ -268,7 +267,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         if rem_stats["n"]:
             cid = catalog.next_chunk_id()
             rc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rem_stats["n"],
-                       size_bytes=estimate_bytes(rem_stats["n"], value_cols), min_time_ns=rem_stats["lo"],
+                       size_bytes=schema_bytes(rem_stats["n"], schema), min_time_ns=rem_stats["lo"],
                        max_time_ns=rem_stats["hi"], columns=schema.to_json(), view=register_df_chunk(remainder, cid),
                        offsets={}, df=remainder, created_at=now, deduplicated=True)
             new_chunks.append(rc)

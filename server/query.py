@@ -42,9 +42,10 @@ class QueryEngine:
             if view in existing:
                 session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS "
                             f"SELECT * FROM global_temp.{quote(view)}")
-            elif db.schemas.get(table) is not None:  # columns known, no row yet: an empty table
-                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS "
-                            f"{empty_table_view_sql(db.schemas.get(table))}")
+                continue
+            schema = db.schemas.get(table)
+            if schema is not None:  # columns known, no row yet: an empty table
+                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {empty_table_view_sql(schema)}")
         try:
             df = session.sql(sql)
             result = df.toArrow()

@@ -176,13 +176,8 @@ def run(ctx) -> list[Row]:
     # lifecycle settles: it persists (by row threshold) until no partition holds a threshold's worth of
     # unpersisted rows; wait for that (at most settle_s), then count the files
     threshold = s["e2e_persist_row_threshold"]
-    settle_deadline = time.monotonic() + s["settle_s"]
-    while True:
-        parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] in tables]
-        settled = bool(parts) and all(p["unpersisted_rows"] < threshold for p in parts)
-        if settled or time.monotonic() >= settle_deadline:
-            break
-        time.sleep(0.2)
+    parts, settled = _poll_partitions(srv, tables, lambda ps: all(p["unpersisted_rows"] < threshold for p in ps),
+                                      s["settle_s"])
     ours_files = max((p["files"] for p in parts), default=0)
     settle_took = laps.lap("settle")
 
@@ -263,14 +258,21 @@ def _persists_then_compaction(srv, n_persists: int, settle_s: float) -> dict:
         files = [p["files"] for p in status_partitions(srv.client.status(DB), DB) if p["table"] == table]
         peak = max([peak] + files)
     done = time.monotonic()
-    deadline = done + settle_s
-    while True:
-        parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == table]
-        after = max(p["files"] for p in parts)
-        if after <= 1 or time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
+    parts, _ = _poll_partitions(srv, [table], lambda ps: max(p["files"] for p in ps) <= 1, settle_s)
+    after = max(p["files"] for p in parts)
     n = srv.client.query(DB, f"SELECT count(*) AS n, count(DISTINCT time_ns) AS d FROM {table}").to_pylist()[0]
     want = n_persists * POINTS_PER_BATCH
     return {"files_peak": peak, "files_after": after, "settle_s": time.monotonic() - done, "rows": n["n"],
             "rows_ok": n["n"] == want and n["d"] == want and sum(p["file_rows"] for p in parts) == want}
+
+
+def _poll_partitions(srv, tables: list, done, timeout_s: float) -> tuple[list, bool]:
+    """Polls the status of `tables`' partitions until `done(partitions)` holds (some partition
+    must exist) or `timeout_s` passed; returns the last partitions seen and whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] in tables]
+        ok = bool(parts) and done(parts)
+        if ok or time.monotonic() >= deadline:
+            return parts, ok
+        time.sleep(0.2)
