@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -136,11 +137,12 @@ class Ingestor:
 
     # foreachBatch entry point
     def apply_batch(self, df, batch_id: int) -> None:
-        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         t0 = time.perf_counter()
-        raw = df.persist(StorageLevel.MEMORY_AND_DISK)
+        # read once, kept as rows (not Spark's columnar cache: building it for the large binary
+        # payloads costs more than the batch's other reads of them); released in `finally`
+        raw = df.localCheckpoint(eager=True)
         try:
             meta = raw.select(*_META_COLUMNS).collect()
             t_meta = time.perf_counter()
@@ -173,10 +175,12 @@ class Ingestor:
                 staged_txns, stash_changes = self._resolve_transactions(
                     raw, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, F)
             touched = []
+            builds: list[_ChunkBuild] = []
             for (topic, table), msgs in by_table.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
-                self._apply_table(raw, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
+                builds += self._plan_table(raw, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
+            self._build_and_add_chunks(builds)
             if has_deletes or committed_deletes:
                 touched += self._apply_deletes(raw, F, has_deletes, committed_deletes)
             t_chunks = time.perf_counter()
@@ -208,7 +212,7 @@ class Ingestor:
             log.exception("micro-batch %s failed", batch_id)
             raise
         finally:
-            raw.unpersist()
+            release_df(raw)
 
     # -- transactions (catalog/transactions.py) -------------------------------------------
     def _resolve_transactions(self, raw, txn_rows: dict, hi: dict, by_table: dict, at_offset: dict,
@@ -285,8 +289,9 @@ class Ingestor:
             produced += len(msgs)
         return produced
 
-    def _apply_table(self, raw, db: Database, topic: str, table: str, msgs: list, F, at_offset: dict,
-                     stashed: list) -> None:
+    def _plan_table(self, raw, db: Database, topic: str, table: str, msgs: list, F, at_offset: dict,
+                    stashed: list) -> list["_ChunkBuild"]:
+        """Merges the table's schema and plans one chunk per UTC day of the batch's rows (driver, in order)."""
         cols: list[Column] = []
         for m in msgs:
             for name, role, typ in json.loads(m["schema"]):
@@ -310,7 +315,10 @@ class Ingestor:
         parts_here = sorted({off for (kp, off) in remap})
         if parts_here:
             kind = kind | ((F.col("kind") == PART) & F.col("offset").isin(parts_here))
-        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & kind).select("kp", "offset", "payload")
+        # a table lives on one Kafka partition, so its rows are in one partition of `raw`:
+        # one task (not one per Kafka partition, mostly empty ones) decodes them
+        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & kind) \
+            .select("kp", "offset", "payload").coalesce(1)
         if stashed:
             sel = sel.unionByName(self.spark.createDataFrame(stashed, "kp int, offset long, payload binary"))
         struct = spark_struct_for(schema)
@@ -319,29 +327,52 @@ class Ingestor:
             lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
             offsets_by_kp[m["kp"]] = (min(lo, m["offset"]), max(hi, m["offset"]))
         chunk_cols = [[c.name, c.role, c.type] for c in schema.columns]
+        filters = self.row_filters.get((db.name, table))
+        keep = keep_mask_fn(filters) if filters else None
+        out = []
         for key in sorted(days):
             rows, lo, hi, _ = days[key]
             day = lo // NS_PER_DAY
             bounds = None if len(days) == 1 else (day, day)
-            filters = self.row_filters.get((db.name, table))
-            keep = keep_mask_fn(filters) if filters else None
             decoded = sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap), struct)
-            cdf = decoded.localCheckpoint(eager=True)
-            if keep is not None:  # replayed rows were filtered: count what is left
-                st = cdf.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
-                                    f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
-                if st["n"] == 0:
-                    release_df(cdf)
-                    continue
-                rows, lo, hi = st["n"], st["lo"], st["hi"]
+            out.append(_ChunkBuild(db=db, table=table, partition_key=key, decoded=decoded, count_rows=keep is not None,
+                                   rows=rows, min_time_ns=lo, max_time_ns=hi, columns=chunk_cols,
+                                   value_columns=len(value_cols), offsets=dict(offsets_by_kp)))
+        return out
+
+    def _build_and_add_chunks(self, builds: list["_ChunkBuild"]) -> None:
+        """Materialises the planned chunks, several Spark jobs at once, then adds them to the catalog in plan order.
+
+        Nothing is added unless every chunk was built (a failed batch is retried whole);
+        the checkpoints already built are then released.
+        """
+        if len(builds) > 1:
+            futures = [_build_pool().submit(_materialise, b) for b in builds]
+            errors = []
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException as e:  # noqa: B902 - re-raised below once every job finished
+                    errors.append(e)
+            if errors:
+                for b in builds:
+                    release_df(b.cdf)
+                raise errors[0]
+        else:
+            for b in builds:
+                _materialise(b)
+        for b in builds:
+            if b.rows == 0:
+                release_df(b.cdf)
+                continue
             cid = self.catalog.next_chunk_id()
             view = chunk_view_name(cid)
-            cdf.createOrReplaceGlobalTempView(view)
-            chunk = Chunk(id=cid, table=table, partition_key=key, order=self.catalog.next_order(), state="open",
-                          rows=rows, size_bytes=estimate_bytes(rows, len(value_cols)), min_time_ns=lo,
-                          max_time_ns=hi, columns=chunk_cols, view=view, offsets=dict(offsets_by_kp), df=cdf,
-                          created_at=time.time())
-            self.catalog.add_chunk(db, chunk, now=time.time())
+            b.cdf.createOrReplaceGlobalTempView(view)
+            chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
+                          state="open", rows=b.rows, size_bytes=estimate_bytes(b.rows, b.value_columns),
+                          min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns, view=view,
+                          offsets=b.offsets, df=b.cdf, created_at=time.time())
+            self.catalog.add_chunk(b.db, chunk, now=time.time())
 
     def _apply_deletes(self, raw, F, has_deletes: bool, committed: list) -> list:
         """Records the batch's deletes; returns the (db, table) pairs whose view must change.
@@ -413,3 +444,47 @@ def _dedupe(cols: list[Column]) -> list[Column]:
     for c in cols:
         seen.setdefault(c.name, c)
     return list(seen.values())
+
+
+#: Spark jobs of one micro-batch that build chunks at the same time (small jobs are latency-bound)
+_BUILD_THREADS = 4
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _build_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(_BUILD_THREADS, thread_name_prefix="iox-chunk-build")
+        return _pool
+
+
+@dataclass
+class _ChunkBuild:
+    """One chunk of a micro-batch: planned on the driver, materialised by `_materialise`."""
+    db: Database
+    table: str
+    partition_key: str
+    decoded: object  # the lazy DataFrame of the chunk's rows
+    count_rows: bool  # replay dropped rows on the executors: rows/min/max are counted after the build
+    rows: int
+    min_time_ns: int
+    max_time_ns: int
+    columns: list
+    value_columns: int
+    offsets: dict
+    cdf: object = None  # the locally checkpointed DataFrame, once built
+
+
+def _materialise(b: _ChunkBuild) -> None:
+    """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread)."""
+    b.cdf = b.decoded.localCheckpoint(eager=True)
+    if b.count_rows:
+        st = b.cdf.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
+                              f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+        b.rows = st["n"]
+        if b.rows:
+            b.min_time_ns, b.max_time_ns = st["lo"], st["hi"]

@@ -7,7 +7,10 @@ Where each part runs:
 - `IoxKafkaStreamReader.initialOffset/latestOffset/partitions/commit` run in the
   Python worker Spark starts for the streaming source (driver side, NOT the
   server's own Python process: no shared state, only options and Kafka).
-- `read` runs on executors, one task per Kafka partition; it must be stateless.
+- `read` runs on executors, one task per Kafka partition; it keeps no state
+  between tasks except an idle Kafka consumer per Python worker process, which
+  the next task of that worker assigns anew (connecting per task dominated
+  small micro-batches).
 
 Invariants:
 - A micro-batch covers, per Kafka partition, exactly the offsets [start, end):
@@ -26,7 +29,7 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_end", "reader_consumer"]
+__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_end", "true_ends", "reader_consumer"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
@@ -37,6 +40,10 @@ _COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", 
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
+#: bootstrap -> a consumer no task is using. Spark reuses its Python workers, so the next task
+#: of this worker process reads with it instead of connecting anew (connecting dominates small
+#: micro-batches). A task that fails closes its consumer.
+_idle_consumers: dict = {}
 
 
 class _TopicPartitionRange(InputPartition):
@@ -67,30 +74,41 @@ def reader_consumer(bootstrap: str, **extra):
 
 
 def true_end(consumer, topic: str, partition: int, high_watermark: int) -> int:
-    """Last offset + 1 of a partition whose broker reported `high_watermark`.
+    """Last offset + 1 of a partition whose broker reported `high_watermark`; see `true_ends`."""
+    return true_ends(consumer, topic, {partition: high_watermark})[partition]
+
+
+def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int, int]:
+    """{partition: last offset + 1} of a topic's partitions whose broker reported `high_watermarks`.
 
     Tansu reports the base offset of the last record batch + 1: read that batch
     and take its last offset. On Apache Kafka the batch ends at the watermark.
-    Uses (and then unassigns) `consumer`.
+    Every partition is probed at once (one fetch round trip, not one per
+    partition). Uses (and then unassigns) `consumer`.
     """
     from confluent_kafka import TopicPartition
 
-    if high_watermark <= 0:
-        return 0
-    end = high_watermark
-    consumer.assign([TopicPartition(topic, partition, high_watermark - 1)])
+    out = {p: max(0, hw) for p, hw in high_watermarks.items()}
+    todo = {p for p, hw in high_watermarks.items() if hw > 0}
+    if not todo:
+        return out
+    consumer.assign([TopicPartition(topic, p, high_watermarks[p] - 1) for p in sorted(todo)])
     deadline = time.monotonic() + 2.0
-    got = False
-    while time.monotonic() < deadline:
-        msgs = consumer.consume(1000, timeout=0.1)
-        for m in msgs:
-            if m.error() is None and m.topic() == topic and m.partition() == partition:
-                end = max(end, m.offset() + 1)
-                got = True
-        if got and not msgs:
-            break
-    consumer.unassign()
-    return end
+    waiting = set(todo)  # partitions whose last batch has not arrived yet
+    try:
+        while time.monotonic() < deadline:
+            # a fetch delivers a record batch whole: once a partition's first record came, the
+            # rest of its batch is already queued, so waiting is only for partitions not heard from
+            msgs = consumer.consume(1000, timeout=0.1 if waiting else 0)
+            for m in msgs:
+                if m.error() is None and m.topic() == topic and m.partition() in todo:
+                    out[m.partition()] = max(out[m.partition()], m.offset() + 1)
+                    waiting.discard(m.partition())
+            if not waiting and not msgs:
+                break
+    finally:
+        consumer.unassign()
+    return out
 
 
 class IoxKafkaStreamReader(DataSourceStreamReader):
@@ -129,18 +147,24 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         lo, _hi = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=_ADMIN_TIMEOUT_S)
         return max(0, lo)
 
-    def _end_of(self, topic: str, partition: int) -> int:
-        """The true end (last offset + 1) of a partition; see the module invariant."""
+    def _ends_of(self, topic: str, partitions: int) -> dict[int, int]:
+        """{partition: true end (last offset + 1)} of a topic's partitions; see the module invariant."""
         from confluent_kafka import TopicPartition
 
         probe, _ = self._clients()
-        _lo, hi = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=_ADMIN_TIMEOUT_S)
-        known = self._true_end.get((topic, partition), 0)
-        if hi <= known:
-            return known
-        end = true_end(probe, topic, partition, hi)
-        self._true_end[(topic, partition)] = end
-        return end
+        out: dict[int, int] = {}
+        grown: dict[int, int] = {}
+        for p in range(partitions):
+            _lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)
+            known = self._true_end.get((topic, p), 0)
+            if hi <= known:
+                out[p] = known
+            else:
+                grown[p] = hi
+        for p, end in true_ends(probe, topic, grown).items():
+            self._true_end[(topic, p)] = end
+            out[p] = end
+        return out
 
     def initialOffset(self) -> dict:
         out: dict = {}
@@ -160,9 +184,10 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         for topic, n in self._topics().items():
             prev = start.get(topic, {})
             parts = {}
+            ends = self._ends_of(topic, n)
             for p in range(n):
                 s = int(prev[str(p)]) if str(p) in prev else self._start_of(topic, p)
-                e = max(s, self._end_of(topic, p))
+                e = max(s, ends[p])
                 if cap is not None:
                     e = min(e, s + cap)
                 parts[str(p)] = e
@@ -194,7 +219,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         import pyarrow as pa
         from confluent_kafka import TopicPartition
 
-        c = reader_consumer(self.bootstrap)
+        c = _idle_consumers.pop(self.bootstrap, None) or reader_consumer(self.bootstrap)
+        ok = False
         try:
             c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
             next_offset = partition.start
@@ -209,7 +235,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                             f"within {READ_STALL_TIMEOUT_S}s (expected up to {partition.end_exclusive - 1})")
                     continue
                 for m in msgs:
-                    if m.error() is not None:
+                    if m.error() is not None or m.partition() != partition.partition or m.topic() != partition.topic:
                         continue
                     off = m.offset()
                     if off < next_offset or off >= partition.end_exclusive:
@@ -235,8 +261,13 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                     cols = {k: [] for k in cols}
             if cols["offset"]:
                 yield _batch(pa, cols)
+            ok = True
         finally:
-            c.close()
+            if ok and self.bootstrap not in _idle_consumers:
+                c.unassign()
+                _idle_consumers[self.bootstrap] = c
+            else:
+                c.close()
 
 
 def _batch(pa, cols: dict):

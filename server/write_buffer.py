@@ -188,18 +188,17 @@ class WriteBuffer:
         """{kafka partition: (low watermark, true end = last offset + 1)} of a topic ({} if absent)."""
         from confluent_kafka import TopicPartition
 
-        from .kafka_source import reader_consumer, true_end
+        from .kafka_source import reader_consumer, true_ends
 
         md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
         if topic not in md.topics or md.topics[topic].error is not None:
             return {}
         c = reader_consumer(self.bootstrap)
         try:
-            out = {}
-            for kp in range(partitions):
-                lo, hi = c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
-                out[kp] = (max(lo, 0), true_end(c, topic, kp, hi))
-            return out
+            marks = {kp: c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
+                     for kp in range(partitions)}
+            ends = true_ends(c, topic, {kp: hi for kp, (_lo, hi) in marks.items()})
+            return {kp: (max(lo, 0), ends[kp]) for kp, (lo, _hi) in marks.items()}
         finally:
             c.close()
 
