@@ -426,6 +426,21 @@ _RANGE = {"integer": (_I64_MIN, _I64_MAX), "uinteger": (0, _U64_MAX), "time": (_
 _CAST = {"integer": pa.int64(), "uinteger": pa.uint64(), "time": pa.int64()}
 
 
+# The same groups for RE2 (pyarrow.compute.extract_regex: every group named, no possessive
+# quantifiers, which change no match here). Only for bodies without quotes or backslashes
+# (see _bulk_match), so there is no string field and no escape to read.
+_TAGVAL_GROUP_RE2 = r"(?P<{g}>[^ \t\n,\\]+)"
+_VALUE_GROUP_RE2 = {
+    "float": r"(?P<{g}>-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)",
+    "integer": r"(?P<{g}>-?[0-9]+)i",
+    "uinteger": r"(?P<{g}>[0-9]+)u",
+    "boolean": r"(?P<{g}>t(?:rue)?|T(?:rue|RUE)?|f(?:alse)?|F(?:alse|ALSE)?)",
+}
+_TS_GROUP_RE2 = r"(?: +(?P<{g}>-?[0-9]+) *)?\r?"
+#: a body with at least this many segments after a shape's first line has the rest of its
+#: lines matched against that shape at once, in Arrow (RE2, without the GIL)
+_BULK_MIN_SEGMENTS = 64
+
 _TAG_UNESCAPE = r"\\([\\,= ])"  # (RE2, for pyarrow.compute)
 _STRING_UNESCAPE_RE2 = r'\\(["\\])'
 
@@ -448,21 +463,44 @@ def _shape_matcher(raw_meas: str, raw_tag_keys, raw_fields):
     return fm
 
 
-class _Shape:
-    __slots__ = ("table", "fm", "spec", "rows", "ids")
+def _shape_matcher_re2(raw_meas: str, raw_tag_keys, raw_fields) -> str | None:
+    """The RE2 twin of `_shape_matcher` (anchored, named groups g0..), or None for a string field."""
+    if any(t == "string" for _, t in raw_fields):
+        return None
+    parts = ["^", re.escape(raw_meas)]
+    g = 0
+    for k in raw_tag_keys:
+        parts.append("," + re.escape(k) + "=" + _TAGVAL_GROUP_RE2.format(g=f"g{g}"))
+        g += 1
+    parts.append(" +")
+    for i, (k, t) in enumerate(raw_fields):
+        parts.append(("," if i else "") + re.escape(k) + "=" + _VALUE_GROUP_RE2[t].format(g=f"g{g}"))
+        g += 1
+    parts.append(_TS_GROUP_RE2.format(g=f"g{g}") + "$")
+    return "".join(parts)
 
-    def __init__(self, table, fm, spec):
+
+class _Shape:
+    __slots__ = ("table", "fm", "re2", "spec", "rows", "ids", "bulk")
+
+    def __init__(self, table, fm, spec, re2=None):
         self.table = table
         self.fm = fm
+        self.re2 = re2  # the RE2 twin of fm (None: no bulk matching)
         self.spec = spec  # [(column, role, type)] per regex group, the timestamp last
         self.rows = []  # captured strings, len(spec) per row, flattened
         self.ids = []  # index of the line's segment in the body (row order, recheck)
+        #: rows matched in bulk, after every row in `rows`: per group, string arrays
+        self.bulk: list[list] = [[] for _ in spec]
 
     def arrays(self, req):
         """Validate and convert the captured strings: {column: pa.Array}."""
         k = len(self.spec)
         rows = self.rows
         cols = [pa.array(rows[j::k], pa.string()) for j in range(k)]
+        if self.bulk[0]:
+            cols = [pa.concat_arrays([cols[j]] + self.bulk[j]) for j in range(k)]
+            rows = None  # the texts of the range checks below come from `cols`
         suspects = set()
         mult = req.mult
         for j, (name, role, typ) in enumerate(self.spec):
@@ -487,7 +525,7 @@ class _Shape:
                     lo, hi = _RANGE[typ]
                     if typ == "time" and mult != 1:
                         lo, hi = -(_I64_MAX // mult), _I64_MAX // mult
-                    for r, text in enumerate(rows[j::k]):
+                    for r, text in enumerate(rows[j::k] if rows is not None else cols[j].to_pylist()):
                         if text is not None and len(text) > 8 and _int_of(text, lo, hi) is None:
                             suspects.add(r)
                     continue
@@ -753,7 +791,8 @@ class _Request:
             return None
         spec = [(k, "tag", "string") for k, _ in tags] + [(k, "field", t) for k, t, _ in fields]
         spec.append(("time", "time", "time"))
-        shape = _Shape(table, _shape_matcher(raw[0], raw[1:1 + nt], raw_fields), spec)
+        shape = _Shape(table, _shape_matcher(raw[0], raw[1:1 + nt], raw_fields), spec,
+                       _shape_matcher_re2(raw[0], raw[1:1 + nt], raw_fields))
         self.shape_by_key[key] = shape
         lst.append(shape)
         table.shapes.append(shape)
@@ -787,8 +826,13 @@ def _run(text: str, precision: str, default_time: int, fast: bool, bad_utf8: boo
     shapes_by_meas = req.shapes_by_meas
     it = iter(segs)
     i = -1
+    #: segments whose rows were taken in bulk (None until then; see _bulk_match)
+    taken = None
+    bulk_tried = not use_shapes or special or len(segs) < _BULK_MIN_SEGMENTS
     for line in it:
         i += 1
+        if taken is not None and taken[i]:
+            continue
         if use_shapes:
             m = fm(line)
             if m is not None:
@@ -836,7 +880,31 @@ def _run(text: str, precision: str, default_time: int, fast: bool, bad_utf8: boo
             fm = sh.fm
             rows_extend = sh.rows.extend
             ids_append = sh.ids.append
+            if not bulk_tried and len(segs) - i - 1 >= _BULK_MIN_SEGMENTS and sh.re2 is not None:
+                bulk_tried = True
+                taken = _bulk_match(sh, segs, i + 1)
     return req.result()
+
+
+def _bulk_match(sh: _Shape, segs: list, start: int) -> list | None:
+    """Matches segs[start:] against the shape's RE2 twin at once; adds the matching rows to the shape.
+
+    Returns, per segment, whether its row was taken (None if none was). Only for bodies with no
+    quote and no backslash, so a segment is a whole line and the twin matches exactly what
+    `sh.fm` matches; the lines it does not match go through the line loop as before.
+    """
+    m = pc.extract_regex(pa.array(segs[start:], pa.string()), sh.re2)
+    valid = m.is_valid()
+    if not valid.true_count:
+        return None
+    hit = m.filter(valid)
+    cols = [hit.field(j) for j in range(len(sh.spec))]
+    ts = cols[-1]  # an absent timestamp reads as "" (RE2): null, as `fm` gives None
+    cols[-1] = pc.if_else(pc.equal(ts, ""), pa.nulls(len(ts), pa.string()), ts)
+    for j, c in enumerate(cols):
+        sh.bulk[j].append(c)
+    sh.ids.extend(pc.add(pc.indices_nonzero(valid), start).to_pylist())
+    return [False] * start + valid.to_pylist()
 
 
 def _join_continuations(line: str, it):

@@ -48,10 +48,18 @@ CASES = _load_cases()
 # --------------------------------------------------------------------------
 
 def parse_both(body, precision="ns", default_time_ns=DEFAULT_TIME) -> ParseResult:
-    """parse_lines (fast path) after checking that the full parser agrees."""
+    """parse_lines (fast path) after checking that the full parser agrees, also when every
+    body is long enough for the bulk (Arrow RE2) match of a shape's later lines."""
     fast = parse_lines(body, precision, default_time_ns)
     full = lp._parse(body, precision, default_time_ns, fast=False)
     assert_same_result(fast, full)
+    saved = lp._BULK_MIN_SEGMENTS
+    lp._BULK_MIN_SEGMENTS = 1
+    try:
+        bulk = parse_lines(body, precision, default_time_ns)
+    finally:
+        lp._BULK_MIN_SEGMENTS = saved
+    assert_same_result(bulk, full)
     return fast
 
 
