@@ -26,7 +26,7 @@ from .grpc_services import SERVICE_NAMES, build_grpc_server
 from .ingest import Ingestor
 from .query import QueryEngine
 from .router import Router
-from .spark import build_spark
+from .spark import build_spark, lower_spark_priority
 from .write_buffer import WriteBuffer, topic_for
 
 __all__ = ["IoxServer", "DRAIN_TIMEOUT_S"]
@@ -77,6 +77,9 @@ class IoxServer:
         self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, cfg.spark_connect_port,
                                  cfg.extra_spark_conf)
+        if self._owns_spark and cfg.spark_nice:
+            n = lower_spark_priority(self.spark, cfg.spark_nice)
+            log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
         from catalog.object_store import object_store_from_url
         from lifecycle.worker import LifecycleWorker
 

@@ -16,7 +16,7 @@ import sys
 
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
-                     DEFAULT_SPARK_MASTER, DEFAULT_TRIGGER_INTERVAL_MS, DEFAULT_HTTP_PORT, ServerConfig)
+                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TRIGGER_INTERVAL_MS, DEFAULT_HTTP_PORT, ServerConfig)
 
 __all__ = ["main", "build_parser", "SERVE_OPTIONS"]
 
@@ -33,6 +33,8 @@ SERVE_OPTIONS = [
     ("--txn-timeout-s", float, DEFAULT_TXN_TIMEOUT_S,
      "abort a multi-message request whose commit has not appeared this long after its parts"),
     ("--trigger-interval-ms", int, DEFAULT_TRIGGER_INTERVAL_MS, "micro-batch trigger interval"),
+    ("--spark-nice", int, DEFAULT_SPARK_NICE,
+     "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
     ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
     ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
@@ -136,7 +138,7 @@ def _config_from_args(a) -> ServerConfig:
     return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
                         partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
-                        trigger_interval_ms=a.trigger_interval_ms,
+                        trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
                         embedded_broker_port=a.broker_port, object_store=a.object_store,
                         s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,

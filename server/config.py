@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_SPARK_CONNECT_PORT",
     "DEFAULT_HTTP_PORT",
     "DEFAULT_TXN_TIMEOUT_S",
+    "DEFAULT_SPARK_NICE",
     "InvalidConfig",
     "parse_memory_bytes",
 ]
@@ -45,6 +46,12 @@ DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 DEFAULT_HTTP_PORT = 8086
 #: Spark Connect endpoint inside the server's Spark application; 0 disables it.
 DEFAULT_SPARK_CONNECT_PORT = 15002
+#: Nice value (0-19) of the Spark application's JVM and the Python workers it starts: the
+#: consume path, lifecycle and queries yield the CPU to the write path (request parsing, the
+#: Kafka producer) and the broker, so acknowledgements stay fast while ingest saturates the
+#: machine (IOx likewise keeps its write path off the executor that runs queries and
+#: compactions). 0 = same priority as the server. Only a Spark application the server starts.
+DEFAULT_SPARK_NICE = 10
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
 DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH = 2_000
 
@@ -79,6 +86,7 @@ class ServerConfig:
     produce_timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS
     txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S
     trigger_interval_ms: int = DEFAULT_TRIGGER_INTERVAL_MS
+    spark_nice: int = DEFAULT_SPARK_NICE
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
@@ -99,6 +107,9 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         from .write_buffer import TXN_SLACK_S, txn_commit_deadline_s
+
+        if isinstance(self.spark_nice, bool) or not isinstance(self.spark_nice, int) or not 0 <= self.spark_nice <= 19:
+            raise InvalidConfig("spark_nice", self.spark_nice, "must be an integer from 0 to 19")
 
         if txn_commit_deadline_s(self.txn_timeout_s, self.produce_timeout_ms) <= 0:
             raise InvalidConfig("txn_timeout_s", self.txn_timeout_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["build_spark"]
+__all__ = ["build_spark", "lower_spark_priority"]
 
 
 def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect_port: int = 0,
@@ -54,3 +54,31 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
 
     spark.dataSource.register(IoxParquetDataSource)
     return spark
+
+
+def lower_spark_priority(spark, nice: int) -> int:
+    """Sets the nice value of every thread of the Spark application's JVM; returns how many.
+
+    Called by the server right after it started its Spark application (driver). Threads and
+    processes the JVM creates later (executor threads, Python workers) inherit the value, so
+    the whole consume path, lifecycle and query execution run below the server's own threads
+    (gRPC handlers, the Kafka producer). Linux only; elsewhere, or without a JVM process of
+    our own, nothing changes (returns 0).
+    """
+    gw = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gw, "proc", None)
+    pid = getattr(proc, "pid", None)
+    tasks = f"/proc/{pid}/task"
+    if not nice or pid is None or not os.path.isdir(tasks):
+        return 0
+    done: set = set()
+    for _ in range(2):  # a thread started during the first pass by a thread not yet lowered
+        for tid in os.listdir(tasks):
+            if tid in done:
+                continue
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                done.add(tid)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return len(done)

@@ -18,3 +18,39 @@ def test_serve_rejects_a_too_short_txn_timeout_as_a_usage_error(capsys):
         main(["serve", "--txn-timeout-s", "5"])
     assert ei.value.code == 2
     assert "--txn-timeout-s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nice", [-1, 20, True, 2.5])
+def test_spark_nice_must_be_0_to_19(nice):
+    with pytest.raises(InvalidConfig) as ei:
+        ServerConfig(spark_nice=nice)
+    assert ei.value.field == "spark_nice"
+    assert ServerConfig(spark_nice=0).spark_nice == 0 and ServerConfig().spark_nice == 10
+
+
+def test_lower_spark_priority_sets_every_thread_of_the_jvm_process():
+    """Against a real child process standing in for the JVM (the function only needs its pid)."""
+    import os
+    import subprocess
+    import sys
+    import types
+
+    from server.spark import lower_spark_priority
+
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "for _ in range(3): threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+                              "print('up', flush=True); time.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"up\n"
+        spark = types.SimpleNamespace(sparkContext=types.SimpleNamespace(
+            _gateway=types.SimpleNamespace(proc=child)))
+        assert lower_spark_priority(spark, 7) == 4
+        tids = os.listdir(f"/proc/{child.pid}/task")
+        assert len(tids) == 4
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids} == {7}
+        assert lower_spark_priority(spark, 0) == 0  # 0: off
+        no_jvm = types.SimpleNamespace(sparkContext=types.SimpleNamespace(_gateway=None))
+        assert lower_spark_priority(no_jvm, 7) == 0
+    finally:
+        child.kill()
+        child.wait()
