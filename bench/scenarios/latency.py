@@ -2,11 +2,13 @@
 
 Load: paced writers at half of the maximum write rate measured by scenario 1
 (5,000-point batches, open loop). Ack latency = request round trip of those
-batches (p50/p99). Visibility: meanwhile a probe writes one uniquely tagged
-point every `probe_interval_s`; from its acknowledgement the probe polls the
-applied watermark and then runs a real SQL query until the query sees the
-point. Visibility latency = acknowledgement -> first query result containing
-the point (includes one query's own latency).
+batches (p50/p99). Visibility: meanwhile a probe writer writes one uniquely
+tagged point every `probe_interval_s` (whether or not earlier probes are
+visible yet), and a checker polls the applied watermark and runs a real SQL
+query for the probes whose write tokens are applied until the query returns
+them. Visibility latency = acknowledgement -> the end of the first query
+result containing the point (includes one query's own latency); a probe not
+seen within 30 s is a miss.
 """
 from __future__ import annotations
 
@@ -41,7 +43,12 @@ def run(ctx) -> list[Row]:
     misses = [0]
     stop = threading.Event()
 
-    def probe():
+    #: (probe id, token, monotonic ack time) written and not seen yet; probe_writer appends, probe_checker removes
+    pending: list = []
+    lock = threading.Lock()
+    writing_done = threading.Event()
+
+    def probe_writer():
         from server.client import IoxClient
 
         pc = IoxClient(srv.addr)
@@ -54,30 +61,51 @@ def run(ctx) -> list[Row]:
             except Exception:
                 misses[0] += 1
                 continue
-            t_ack = time.monotonic()
-            seen = None
-            while time.monotonic() - t_ack < 30:
-                ap = pc.applied(DB)
-                if all(ap.get(int(p), -1) >= off for p, off in t.items()):
-                    n = pc.query(DB, f"SELECT count(*) AS n FROM probe WHERE id = '{pid}'").column("n")[0].as_py()
-                    if n == 1:
-                        seen = time.monotonic()
-                        break
-                else:
-                    time.sleep(0.01)
-            if seen is None:
-                misses[0] += 1
-            else:
-                vis.append(seen - t_ack)
+            with lock:
+                pending.append((pid, t, time.monotonic()))
             stop.wait(s["probe_interval_s"])
         pc.close()
+        writing_done.set()
 
-    th = threading.Thread(target=probe, daemon=True)
-    th.start()
+    def probe_checker():
+        from server.client import IoxClient
+
+        pc = IoxClient(srv.addr)
+        while True:
+            with lock:
+                waiting = list(pending)
+            if not waiting:
+                if writing_done.is_set():
+                    break
+                time.sleep(0.01)
+                continue
+            ap = pc.applied(DB)
+            ready = [w for w in waiting if all(ap.get(int(p), -1) >= off for p, off in w[1].items())]
+            seen: set = set()
+            if ready:
+                ids = ", ".join(f"'{w[0]}'" for w in ready)
+                seen = set(pc.query(DB, f"SELECT id FROM probe WHERE id IN ({ids})").column("id").to_pylist())
+            now = time.monotonic()
+            with lock:
+                for w in waiting:
+                    if w[0] in seen:
+                        vis.append(now - w[2])
+                        pending.remove(w)
+                    elif now - w[2] > 30:
+                        misses[0] += 1
+                        pending.remove(w)
+            if not ready:
+                time.sleep(0.01)
+        pc.close()
+
+    probes = [threading.Thread(target=probe_writer, daemon=True), threading.Thread(target=probe_checker, daemon=True)]
+    for th in probes:
+        th.start()
     st = run_writers(srv.addr, DB, batches, s["clients"], s["lat_s"], rate_points_per_s=half)
     laps.lap("load")
     stop.set()
-    th.join(60)
+    for th in probes:
+        th.join(60)
     laps.lap("probe_tail")
     # the half load may exceed the sustainable ingest rate: leave an idle server to the next scenario
     drained = True
