@@ -252,11 +252,13 @@ def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now:
     Size tiers (not in IOx, whose open chunk grows to ``mub_row_threshold`` before it
     closes; here every micro-batch closes one): while the partition is written, a
     run's leading chunk is left out while it holds more rows than the rest of the run
-    together, so a big compacted chunk is rewritten only once the small chunks after
-    it outweigh it. Each row is then rewritten about log2(chunks) times before it is
-    persisted instead of once per micro-batch, and the partition keeps about log2 of
-    its micro-batches as chunks. A partition unwritten for ``late_arrive_window_s``
-    has its whole run merged.
+    together and overlaps none of them in time, so a big compacted chunk is rewritten
+    only once the small chunks after it outweigh it. Each row is then rewritten about
+    log2(chunks) times before it is persisted instead of once per micro-batch, and the
+    partition keeps about log2 of its micro-batches as chunks. Chunks that overlap in
+    time are always merged (a query would have to deduplicate across them, IOx's
+    reason to compact), and a partition unwritten for ``late_arrive_window_s`` has its
+    whole run merged.
     """
     by_id = {c.chunk_id: c for c in partition.chunks}
     run = _first_run(partition, rules, now)
@@ -265,10 +267,16 @@ def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now:
     written_lately = not _elapsed_at_least(now, max(c.time_of_last_write for c in partition.chunks),
                                            rules.late_arrive_window_s)
     if written_lately:
-        rows = [by_id[cid].row_count for cid in run]
-        while len(run) >= 2 and rows[0] > sum(rows[1:]):
-            run, rows = run[1:], rows[1:]
+        chunks = [by_id[cid] for cid in run]
+        while len(chunks) >= 2 and chunks[0].row_count > sum(c.row_count for c in chunks[1:]) \
+                and not any(_overlap(chunks[0], c) for c in chunks[1:]):
+            chunks = chunks[1:]
+        run = tuple(c.chunk_id for c in chunks)
     return run if len(run) >= 2 else None
+
+
+def _overlap(a: ChunkState, b: ChunkState) -> bool:
+    return a.min_time_ns <= b.max_time_ns and b.min_time_ns <= a.max_time_ns
 
 
 def _first_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:

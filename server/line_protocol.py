@@ -426,17 +426,18 @@ _RANGE = {"integer": (_I64_MIN, _I64_MAX), "uinteger": (0, _U64_MAX), "time": (_
 _CAST = {"integer": pa.int64(), "uinteger": pa.uint64(), "time": pa.int64()}
 
 
-# The same groups for RE2 (pyarrow.compute.extract_regex: every group named, no possessive
-# quantifiers, which change no match here). Only for bodies without quotes or backslashes
-# (see _bulk_match), so there is no string field and no escape to read.
-_TAGVAL_GROUP_RE2 = r"(?P<{g}>[^ \t\n,\\]+)"
-_VALUE_GROUP_RE2 = {
-    "float": r"(?P<{g}>-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)",
-    "integer": r"(?P<{g}>-?[0-9]+)i",
-    "uinteger": r"(?P<{g}>[0-9]+)u",
-    "boolean": r"(?P<{g}>t(?:rue)?|T(?:rue|RUE)?|f(?:alse)?|F(?:alse|ALSE)?)",
-}
-_TS_GROUP_RE2 = r"(?: +(?P<{g}>-?[0-9]+) *)?\r?"
+def _re2_group(group: str) -> str:
+    """The RE2 twin of one of the groups above (pyarrow.compute.extract_regex): its capture
+    named by a `{g}` placeholder, possessive quantifiers made plain (they change no match)."""
+    plain = group.replace("++", "+").replace("*+", "*").replace("?+", "?")
+    return re.sub(r"\((?!\?)", "(?P<{g}>", plain, count=1)
+
+
+# Only for bodies without quotes or backslashes (see _bulk_match), so there is no string
+# field, and the escape alternative of a tag value never matches.
+_TAGVAL_GROUP_RE2 = _re2_group(_TAGVAL_GROUP)
+_VALUE_GROUP_RE2 = {t: _re2_group(g) for t, g in _VALUE_GROUP.items() if t != "string"}
+_TS_GROUP_RE2 = _re2_group(_TS_GROUP)
 #: a body with at least this many segments after a shape's first line has the rest of its
 #: lines matched against that shape at once, in Arrow (RE2, without the GIL)
 _BULK_MIN_SEGMENTS = 64

@@ -656,25 +656,31 @@ def test_persisted_compaction_file_threshold_must_be_at_least_two():
 
 
 def test_a_written_partition_compacts_in_size_tiers() -> None:
-    """A big chunk is rewritten only once the chunks after it together outweigh it."""
+    """A big chunk is rewritten only once the chunks after it together outweigh it (or overlap it)."""
     r = rules(late_arrive_window_s=10, persist_row_threshold=1_000_000)
     now = 100
-    written = [chunk(1, 99, "closed", rows=400), chunk(2, 99, "closed", rows=100), chunk(3, 99, "closed", rows=100),
-               chunk(4, 99, "open", rows=100)]
+    written = [chunk(1, 99, "closed", rows=400, min_ts=0), chunk(2, 99, "closed", rows=100, min_ts=10),
+               chunk(3, 99, "closed", rows=100, min_ts=20), chunk(4, 99, "open", rows=100, min_ts=30)]
     # 400 > 200: the big chunk stays out, the two small closed ones merge
     assert select_compaction_run(part(written), r, now) == (2, 3)
     # 400 > 100 and then one chunk left: nothing to do
-    assert select_compaction_run(part(written[:2] + [chunk(4, 99, "open", rows=100)]), r, now) is None
+    assert select_compaction_run(part(written[:2] + [chunk(4, 99, "open", rows=100, min_ts=30)]), r, now) is None
     # the small ones outweigh it: everything merges
-    even = [chunk(1, 99, "closed", rows=200), chunk(2, 99, "closed", rows=100), chunk(3, 99, "closed", rows=100)]
+    even = [chunk(1, 99, "closed", rows=200, min_ts=0), chunk(2, 99, "closed", rows=100, min_ts=10),
+            chunk(3, 99, "closed", rows=100, min_ts=20)]
     assert select_compaction_run(part(even), r, now) == (1, 2, 3)
+    # a big chunk that overlaps a later one in time is merged with it (queries would deduplicate across them)
+    overlapping = [chunk(1, 99, "closed", rows=400, min_ts=0), chunk(2, 99, "closed", rows=100, min_ts=10),
+                   chunk(3, 99, "closed", rows=100, min_ts=0)]
+    assert select_compaction_run(part(overlapping), r, now) == (1, 2, 3)
     # unwritten for the late-arrival window: the whole run merges whatever the sizes
-    cold = [chunk(1, 80, "closed", rows=400), chunk(2, 80, "closed", rows=100), chunk(3, 80, "open", rows=100)]
+    cold = [chunk(1, 80, "closed", rows=400, min_ts=0), chunk(2, 80, "closed", rows=100, min_ts=10),
+            chunk(3, 80, "open", rows=100, min_ts=20)]
     assert select_compaction_run(part(cold), r, now) == (1, 2, 3)
 
 
 def test_size_tiers_bound_rewrites_and_chunks_of_a_growing_partition() -> None:
-    """Micro-batches of equal size, compacting whenever the policy asks: every row is rewritten
+    """Micro-batches of equal size in time order, compacting whenever the policy asks: every row is rewritten
     about log2(batches) times (not once per batch) and the chunk count stays logarithmic."""
     r = rules(late_arrive_window_s=10, persist_row_threshold=10**9, max_active_compactions=1)
     now = 100.0
@@ -686,7 +692,7 @@ def test_size_tiers_bound_rewrites_and_chunks_of_a_growing_partition() -> None:
     most_chunks = 0
     for _ in range(batches):
         chunks = [dataclasses.replace(c, state="closed") for c in chunks]
-        chunks.append(chunk(next_id, now, "open", rows=1_000, order=next_id))
+        chunks.append(chunk(next_id, now, "open", rows=1_000, order=next_id, min_ts=10 * next_id))  # in time order
         members[next_id] = [next_id]
         rewrites[next_id] = 0
         next_id += 1
@@ -695,8 +701,11 @@ def test_size_tiers_bound_rewrites_and_chunks_of_a_growing_partition() -> None:
             for m in merged:
                 rewrites[m] += 1
             first = next(c for c in chunks if c.chunk_id == run[0])
-            new = chunk(next_id, now, "closed", rows=sum(c.row_count for c in chunks if c.chunk_id in run),
-                        order=first.order)
+            merged_chunks = [c for c in chunks if c.chunk_id in run]
+            new = dataclasses.replace(
+                chunk(next_id, now, "closed", rows=sum(c.row_count for c in merged_chunks), order=first.order),
+                min_time_ns=min(c.min_time_ns for c in merged_chunks),
+                max_time_ns=max(c.max_time_ns for c in merged_chunks))
             members[next_id] = merged
             next_id += 1
             chunks = sorted([c for c in chunks if c.chunk_id not in run] + [new], key=lambda c: c.order)
