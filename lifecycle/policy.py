@@ -243,43 +243,12 @@ def can_compact_open_chunk(rules: LifecycleRules, chunk: ChunkState, now: float)
 
 
 def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:
-    """The run of >= 2 compactable chunks to merge, contiguous in chunk order (IOx ``maybe_compact_chunks``).
+    """The first run of >= 2 compactable chunks, contiguous in chunk order (IOx ``maybe_compact_chunks``).
 
     Compactable: closed chunks and the open chunk once cold.  A run's rows stay
     below ``persist_row_threshold`` (IOx's ``rows_left``); any chunk that is not
     compactable (persisted, unloaded, under an action, warm, or too big) ends the run.
-
-    Size tiers (not in IOx, whose open chunk grows to ``mub_row_threshold`` before it
-    closes; here every micro-batch closes one): while the partition is written, a
-    run's leading chunk is left out while it holds more rows than the rest of the run
-    together and overlaps none of them in time, so a big compacted chunk is rewritten
-    only once the small chunks after it outweigh it. Each row is then rewritten about
-    log2(chunks) times before it is persisted instead of once per micro-batch, and the
-    partition keeps about log2 of its micro-batches as chunks. Chunks that overlap in
-    time are always merged (a query would have to deduplicate across them, IOx's
-    reason to compact), and a partition unwritten for ``late_arrive_window_s`` has its
-    whole run merged.
     """
-    by_id = {c.chunk_id: c for c in partition.chunks}
-    run = _first_run(partition, rules, now)
-    if run is None:
-        return None
-    written_lately = not _elapsed_at_least(now, max(c.time_of_last_write for c in partition.chunks),
-                                           rules.late_arrive_window_s)
-    if written_lately:
-        chunks = [by_id[cid] for cid in run]
-        while len(chunks) >= 2 and chunks[0].row_count > sum(c.row_count for c in chunks[1:]) \
-                and not any(_overlap(chunks[0], c) for c in chunks[1:]):
-            chunks = chunks[1:]
-        run = tuple(c.chunk_id for c in chunks)
-    return run if len(run) >= 2 else None
-
-
-def _overlap(a: ChunkState, b: ChunkState) -> bool:
-    return a.min_time_ns <= b.max_time_ns and b.min_time_ns <= a.max_time_ns
-
-
-def _first_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:
     run: list[int] = []
     rows_left = rules.persist_row_threshold
     for chunk in partition.chunks:

@@ -8,8 +8,6 @@ actions on real PersistenceWindows and records them.
 
 from __future__ import annotations
 
-import dataclasses
-
 from dataclasses import dataclass, field
 
 import pytest
@@ -653,63 +651,3 @@ def test_persisted_compaction_yields_to_persist_memory_compaction_busy_partition
 def test_persisted_compaction_file_threshold_must_be_at_least_two():
     with pytest.raises(InvalidLifecycleRule):
         rules(persisted_compaction_file_threshold=1)
-
-
-def test_a_written_partition_compacts_in_size_tiers() -> None:
-    """A big chunk is rewritten only once the chunks after it together outweigh it (or overlap it)."""
-    r = rules(late_arrive_window_s=10, persist_row_threshold=1_000_000)
-    now = 100
-    written = [chunk(1, 99, "closed", rows=400, min_ts=0), chunk(2, 99, "closed", rows=100, min_ts=10),
-               chunk(3, 99, "closed", rows=100, min_ts=20), chunk(4, 99, "open", rows=100, min_ts=30)]
-    # 400 > 200: the big chunk stays out, the two small closed ones merge
-    assert select_compaction_run(part(written), r, now) == (2, 3)
-    # 400 > 100 and then one chunk left: nothing to do
-    assert select_compaction_run(part(written[:2] + [chunk(4, 99, "open", rows=100, min_ts=30)]), r, now) is None
-    # the small ones outweigh it: everything merges
-    even = [chunk(1, 99, "closed", rows=200, min_ts=0), chunk(2, 99, "closed", rows=100, min_ts=10),
-            chunk(3, 99, "closed", rows=100, min_ts=20)]
-    assert select_compaction_run(part(even), r, now) == (1, 2, 3)
-    # a big chunk that overlaps a later one in time is merged with it (queries would deduplicate across them)
-    overlapping = [chunk(1, 99, "closed", rows=400, min_ts=0), chunk(2, 99, "closed", rows=100, min_ts=10),
-                   chunk(3, 99, "closed", rows=100, min_ts=0)]
-    assert select_compaction_run(part(overlapping), r, now) == (1, 2, 3)
-    # unwritten for the late-arrival window: the whole run merges whatever the sizes
-    cold = [chunk(1, 80, "closed", rows=400, min_ts=0), chunk(2, 80, "closed", rows=100, min_ts=10),
-            chunk(3, 80, "open", rows=100, min_ts=20)]
-    assert select_compaction_run(part(cold), r, now) == (1, 2, 3)
-
-
-def test_size_tiers_bound_rewrites_and_chunks_of_a_growing_partition() -> None:
-    """Micro-batches of equal size in time order, compacting whenever the policy asks: every row is rewritten
-    about log2(batches) times (not once per batch) and the chunk count stays logarithmic."""
-    r = rules(late_arrive_window_s=10, persist_row_threshold=10**9, max_active_compactions=1)
-    now = 100.0
-    chunks: list[ChunkState] = []
-    rewrites: dict[int, int] = {}  # chunk id -> times its rows were rewritten (rows of one batch each)
-    members: dict[int, list[int]] = {}
-    next_id = 0
-    batches = 256
-    most_chunks = 0
-    for _ in range(batches):
-        chunks = [dataclasses.replace(c, state="closed") for c in chunks]
-        chunks.append(chunk(next_id, now, "open", rows=1_000, order=next_id, min_ts=10 * next_id))  # in time order
-        members[next_id] = [next_id]
-        rewrites[next_id] = 0
-        next_id += 1
-        while (run := select_compaction_run(part(chunks), r, now)) is not None:
-            merged = [m for cid in run for m in members.pop(cid)]
-            for m in merged:
-                rewrites[m] += 1
-            first = next(c for c in chunks if c.chunk_id == run[0])
-            merged_chunks = [c for c in chunks if c.chunk_id in run]
-            new = dataclasses.replace(
-                chunk(next_id, now, "closed", rows=sum(c.row_count for c in merged_chunks), order=first.order),
-                min_time_ns=min(c.min_time_ns for c in merged_chunks),
-                max_time_ns=max(c.max_time_ns for c in merged_chunks))
-            members[next_id] = merged
-            next_id += 1
-            chunks = sorted([c for c in chunks if c.chunk_id not in run] + [new], key=lambda c: c.order)
-        most_chunks = max(most_chunks, len(chunks))
-    assert sum(c.row_count for c in chunks) == batches * 1_000
-    assert max(rewrites.values()) <= 9  # log2(256) + 1; without tiers the first batch is rewritten 255 times
-    assert most_chunks <= 10
