@@ -7,7 +7,9 @@ Invariant: a micro-batch is applied whole or not at all: new chunks are built
 and registered first, table views are swapped next, and only then does
 `applied_hi_inclusive` advance, so a reader that sees an offset as applied sees
 all of its rows. Payload decoding runs on the executors (`_decode_fn`); the
-driver only collects per-message metadata.
+driver only collects per-message metadata, and builds a batch's chunks as
+concurrent Spark jobs from a small thread pool (`_build_pool`; small jobs are
+latency-bound), adding them to the catalog only once every one was built.
 """
 from __future__ import annotations
 
@@ -346,21 +348,23 @@ class Ingestor:
         Nothing is added unless every chunk was built (a failed batch is retried whole);
         the checkpoints already built are then released.
         """
+        errors = []
         if len(builds) > 1:
-            futures = [_build_pool().submit(_materialise, b) for b in builds]
-            errors = []
-            for f in futures:
+            for f in [_build_pool().submit(_materialise, b) for b in builds]:
                 try:
                     f.result()
-                except BaseException as e:  # noqa: B902 - re-raised below once every job finished
+                except BaseException as e:  # kept until every job finished, then re-raised
                     errors.append(e)
-            if errors:
-                for b in builds:
-                    release_df(b.cdf)
-                raise errors[0]
         else:
             for b in builds:
-                _materialise(b)
+                try:
+                    _materialise(b)
+                except BaseException as e:
+                    errors.append(e)
+        if errors:
+            for b in builds:
+                release_df(b.cdf)
+            raise errors[0]
         for b in builds:
             if b.rows == 0:
                 release_df(b.cdf)

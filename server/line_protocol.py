@@ -482,7 +482,7 @@ def _shape_matcher_re2(raw_meas: str, raw_tag_keys, raw_fields) -> str | None:
 
 
 class _Shape:
-    __slots__ = ("table", "fm", "re2", "spec", "rows", "ids", "bulk")
+    __slots__ = ("table", "fm", "re2", "spec", "rows", "ids", "bulk", "bulk_ids")
 
     def __init__(self, table, fm, spec, re2=None):
         self.table = table
@@ -491,17 +491,27 @@ class _Shape:
         self.spec = spec  # [(column, role, type)] per regex group, the timestamp last
         self.rows = []  # captured strings, len(spec) per row, flattened
         self.ids = []  # index of the line's segment in the body (row order, recheck)
-        #: rows matched in bulk, after every row in `rows`: per group, string arrays
+        #: rows matched in bulk (_bulk_match): per group, string arrays; their segment indices
         self.bulk: list[list] = [[] for _ in spec]
+        self.bulk_ids: list[int] = []
+
+    def has_rows(self) -> bool:
+        return bool(self.ids or self.bulk_ids)
 
     def arrays(self, req):
         """Validate and convert the captured strings: {column: pa.Array}."""
         k = len(self.spec)
         rows = self.rows
         cols = [pa.array(rows[j::k], pa.string()) for j in range(k)]
-        if self.bulk[0]:
+        if self.bulk_ids:
             cols = [pa.concat_arrays([cols[j]] + self.bulk[j]) for j in range(k)]
             rows = None  # the texts of the range checks below come from `cols`
+            ids = self.ids + self.bulk_ids
+            if any(a > b for a, b in zip(ids, ids[1:])):  # a line the loop took after the bulk match
+                order = sorted(range(len(ids)), key=ids.__getitem__)
+                cols = [c.take(pa.array(order, pa.int64())) for c in cols]
+                ids = [ids[r] for r in order]
+            self.ids, self.bulk_ids, self.bulk = ids, [], [[] for _ in self.spec]
         suspects = set()
         mult = req.mult
         for j, (name, role, typ) in enumerate(self.spec):
@@ -615,7 +625,7 @@ class _Table:
                  + [ColumnSpec("time", "time", "time")])
         parts = []
         for sh in self.shapes:
-            if sh.ids:
+            if sh.has_rows():
                 arrays = sh.arrays(req)
                 if sh.ids:
                     parts.append((sh.ids, arrays))
@@ -904,7 +914,7 @@ def _bulk_match(sh: _Shape, segs: list, start: int) -> list | None:
     cols[-1] = pc.if_else(pc.equal(ts, ""), pa.nulls(len(ts), pa.string()), ts)
     for j, c in enumerate(cols):
         sh.bulk[j].append(c)
-    sh.ids.extend(pc.add(pc.indices_nonzero(valid), start).to_pylist())
+    sh.bulk_ids.extend(pc.add(pc.indices_nonzero(valid), start).to_pylist())
     return [False] * start + valid.to_pylist()
 
 

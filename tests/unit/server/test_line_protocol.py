@@ -1005,3 +1005,23 @@ def test_arbitrary_input_never_crashes(data):
     res = parse_lines(data, "ns", DEFAULT_TIME)
     assert isinstance(res, ParseResult)
     assert_same_result(res, lp._parse(data, "ns", DEFAULT_TIME, fast=False))
+
+
+def test_bulk_match_keeps_line_order_when_the_loop_takes_lines_of_the_same_shape_after_it(monkeypatch):
+    """The bulk (RE2) twin and the line loop's regex match the same lines; should a line escape the
+    twin, the loop takes it after the bulk rows were added, and the rows still come out in line order."""
+    real = lp._shape_matcher_re2
+
+    def stricter(raw_meas, raw_tag_keys, raw_fields):  # a twin that misses the lines with v=2i
+        src = real(raw_meas, raw_tag_keys, raw_fields)
+        return None if src is None else src.replace("(?P<g1>-?[0-9]+)i", "(?P<g1>-?[013-9][0-9]*)i")
+
+    monkeypatch.setattr(lp, "_shape_matcher_re2", stricter)
+    monkeypatch.setattr(lp, "_BULK_MIN_SEGMENTS", 1)
+    body = "".join(f"m,t=a v={v}i {ts}\n" for ts, v in enumerate([1, 2, 3, 2, 1, 2]))
+    got = parse_lines(body)
+    assert got.errors == [] and got.lines == 6
+    t = got.tables["m"].data
+    assert t.column("v").to_pylist() == [1, 2, 3, 2, 1, 2]
+    assert t.column("time").to_pylist() == [0, 1, 2, 3, 4, 5]
+    assert_same_result(got, lp._parse(body, "ns", DEFAULT_TIME, fast=False))
