@@ -29,7 +29,7 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_end", "true_ends", "reader_consumer"]
+__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
@@ -71,11 +71,6 @@ def reader_consumer(bootstrap: str, **extra):
     }
     conf.update(extra)
     return Consumer(conf)
-
-
-def true_end(consumer, topic: str, partition: int, high_watermark: int) -> int:
-    """Last offset + 1 of a partition whose broker reported `high_watermark`; see `true_ends`."""
-    return true_ends(consumer, topic, {partition: high_watermark})[partition]
 
 
 def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int, int]:
