@@ -19,6 +19,8 @@ Invariants:
   short of the last message: Tansu reports the high watermark as the base
   offset of the last record batch + 1, so the true end is found by reading the
   last batch (exact on Apache Kafka too, where the probe is a no-op).
+- A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
+  partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - New database topics (prefix `iox.`) are discovered on every trigger and read
   from their start offset (option `start_offsets`, else the low watermark).
 """
@@ -167,14 +169,27 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             out[topic] = {str(p): self._start_of(topic, p) for p in range(n)}
         return out
 
+    def getDefaultReadLimit(self):
+        """The micro-batch read limit: `max_messages_per_partition` messages per Kafka partition.
+
+        Spark asks for it once and passes it to every `latestOffset` (without it Spark passes
+        ReadAllAvailable and a micro-batch takes the whole backlog). The limit counts messages
+        per Kafka partition, not rows of the whole batch: a table lives on one partition, so
+        every table's backlog advances in every micro-batch.
+        """
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        return ReadMaxRows(self.max_per_partition)
+
     def latestOffset(self, start: dict, limit=None) -> dict:
         import os
 
-        from pyspark.sql.streaming.datasource import ReadAllAvailable
+        from pyspark.sql.streaming.datasource import ReadMaxRows
 
         if self.pause_file and os.path.exists(self.pause_file):
             return start  # backpressure: the server is over its hard memory limit
-        cap = None if isinstance(limit, ReadAllAvailable) else self.max_per_partition
+        # ReadAllAvailable (e.g. Trigger.AvailableNow) reads every partition to its end
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         out: dict = {}
         for topic, n in self._topics().items():
             prev = start.get(topic, {})

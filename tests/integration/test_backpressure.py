@@ -71,3 +71,36 @@ def test_hard_limit_rejects_writes_until_memory_is_back_under(iox_server, sessio
         c.close()
         srv.stop()
         broker.stop()
+
+
+def test_a_micro_batch_takes_at_most_the_read_limit_of_each_kafka_partition(broker):
+    """The source's default read limit caps every Kafka partition of a micro-batch at
+    `max_messages_per_partition` messages; a backlog is read in steps, and ReadAllAvailable
+    (Trigger.AvailableNow) still reads to the end."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from server.kafka_source import IoxKafkaStreamReader
+    from server.write_buffer import _producer_conf
+
+    topic = f"iox.readlimit_{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
+    p = Producer(_producer_conf(broker.bootstrap, 10_000))
+    for i, kp in enumerate([0] * 7 + [1] * 2):
+        p.produce(topic, value=b"x%d" % i, partition=kp)
+    assert p.flush(30) == 0
+    r = IoxKafkaStreamReader({"bootstrap": broker.bootstrap, "topic_prefix": topic, "max_messages_per_partition": "3"})
+    try:
+        limit = r.getDefaultReadLimit()
+        start = r.initialOffset()
+        assert start == {topic: {"0": 0, "1": 0}}
+        first = r.latestOffset(start, limit)
+        assert first == {topic: {"0": 3, "1": 2}}
+        second = r.latestOffset(first, limit)
+        assert second == {topic: {"0": 6, "1": 2}}
+        assert r.latestOffset(second, limit) == {topic: {"0": 7, "1": 2}}
+        assert r.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 7, "1": 2}}
+    finally:
+        r.stop()
