@@ -14,10 +14,10 @@ import json
 import pickle
 
 from catalog.chunk import Chunk
-from catalog.schema import TableSchema
+from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "schema_bytes",
+__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -26,6 +26,13 @@ PARQUET_SOURCE_NAME = "iox_parquet"
 def estimate_bytes(rows: int, value_columns: int) -> int:
     """Bytes a chunk takes in Spark's block manager, roughly (8 bytes a value + row overhead)."""
     return rows * (8 * (value_columns + 2) + 16)
+
+
+def row_stats(df) -> dict:
+    """{"n": rows, "lo": min time_ns, "hi": max time_ns} of a DataFrame in chunk layout (lo/hi None
+    without rows). Runs one Spark job; called on the driver for a checkpointed chunk."""
+    return df.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
+                         f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0].asDict()
 
 
 def schema_bytes(rows: int, schema: TableSchema) -> int:

@@ -12,11 +12,10 @@ import logging
 
 from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
-from catalog.schema import TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .chunk_data import merged_df, register_df_chunk, schema_bytes, table_deletes
+from .chunk_data import merged_df, register_df_chunk, row_stats, schema_bytes, table_deletes
 
 __all__ = ["compact_chunks"]
 
@@ -49,7 +48,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     try:
         schema = db.schemas.get(table)
         df = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
-        st = df.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo", f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+        st = row_stats(df)
     except BaseException:
         with catalog.lock:
             for c in chunks:

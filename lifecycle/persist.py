@@ -32,7 +32,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .chunk_data import merged_df, register_df_chunk, release_df, schema_bytes, table_deletes
+from .chunk_data import merged_df, register_df_chunk, release_df, row_stats, schema_bytes, table_deletes
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
@@ -202,8 +202,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         in_flight.add([key])
         keys_written.append(key)
         meta = write_one_file(to_persist, store, key)
-        rem_stats = {"n": 0} if remainder is None else remainder.selectExpr(
-            "count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo", f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+        rem_stats = {"n": 0} if remainder is None else row_stats(remainder)
         # one committer: the driver builds and commits the transaction
         with catalog.lock:
             applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring

@@ -29,7 +29,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflic
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, table_deletes
+from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, row_stats, table_deletes
 
 from .crash_points import crash_point
 from .recovery import keep_mask_fn
@@ -487,8 +487,7 @@ def _materialise(b: _ChunkBuild) -> None:
     """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread)."""
     b.cdf = b.decoded.localCheckpoint(eager=True)
     if b.count_rows:
-        st = b.cdf.selectExpr("count(*) AS n", f"min(`{TIME_NS_COLUMN}`) AS lo",
-                              f"max(`{TIME_NS_COLUMN}`) AS hi").collect()[0]
+        st = row_stats(b.cdf)
         b.rows = st["n"]
         if b.rows:
             b.min_time_ns, b.max_time_ns = st["lo"], st["hi"]
