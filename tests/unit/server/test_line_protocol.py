@@ -1025,3 +1025,57 @@ def test_bulk_match_keeps_line_order_when_the_loop_takes_lines_of_the_same_shape
     assert t.column("v").to_pylist() == [1, 2, 3, 2, 1, 2]
     assert t.column("time").to_pylist() == [0, 1, 2, 3, 4, 5]
     assert_same_result(got, lp._parse(body, "ns", DEFAULT_TIME, fast=False))
+
+
+def _bulk_rows_taken(monkeypatch, body) -> int:
+    """Parses `body` with the bulk match on from the second line (parse_both: the full parser agrees);
+    returns how many rows the last parse's one bulk match took."""
+    taken = []
+    real = lp._bulk_match
+
+    def spy(sh, segs, start, crlf):
+        out = real(sh, segs, start, crlf)
+        taken.append(0 if out is None else sum(out))
+        return out
+
+    monkeypatch.setattr(lp, "_bulk_match", spy)
+    monkeypatch.setattr(lp, "_BULK_MIN_SEGMENTS", 1)
+    parse_both(body)
+    return taken[-1]
+
+
+def test_bulk_match_cuts_values_out_of_the_tokens(monkeypatch):
+    """Tag values holding "=", non-ASCII keys and values, every field type, CRLF endings: the bulk
+    match takes every line after the first and gives exactly the full parser's rows."""
+    body = "".join(f"m\u00e9,h\u00f6st=a=b{i},r=\u00fc{i} f=1.5e{i % 3},i={-i}i,u={i}u,b={'t' if i % 2 else 'FALSE'} {i}\r\n"
+                   for i in range(6))
+    assert _bulk_rows_taken(monkeypatch, body) == 5
+    t = parse_lines(body).tables["m\u00e9"].data
+    assert t.column("h\u00f6st").to_pylist() == [f"a=b{i}" for i in range(6)]
+    assert t.column("r").to_pylist() == [f"\u00fc{i}" for i in range(6)]
+    assert t.column("f").to_pylist() == [1.5, 15.0, 150.0, 1.5, 15.0, 150.0]
+    assert t.column("i").to_pylist() == [0, -1, -2, -3, -4, -5]
+    assert t.column("u").to_pylist() == [0, 1, 2, 3, 4, 5]
+    assert t.column("b").to_pylist() == [False, True, False, True, False, True]
+    assert t.column("time").to_pylist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_bulk_match_leaves_lines_with_empty_tokens_or_the_other_timestamp_form_to_the_loop(monkeypatch):
+    """Runs of spaces and a space after the timestamp give empty tokens; in a body whose lines have
+    timestamps, a line without one has one token less: the loop takes those lines, in line order."""
+    lines = ["m,t=a v=1i 10", "m,t=b v=2i 20", "m,t=c  v=3i 30", "m,t=d v=4i  40", "m,t=e v=5i 50 ",
+             "m,t=f v=6i", "m,t=g v=7i 70", "m,t=h  v=8i"]
+    body = "\n".join(lines) + "\n"
+    assert _bulk_rows_taken(monkeypatch, body) == 2  # lines 2 and 7
+    t = parse_lines(body, default_time_ns=DEFAULT_TIME).tables["m"].data
+    assert t.column("t").to_pylist() == list("abcdefgh")
+    assert t.column("v").to_pylist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert t.column("time").to_pylist() == [10, 20, 30, 40, 50, DEFAULT_TIME, 70, DEFAULT_TIME]
+
+
+def test_bulk_match_takes_lines_without_timestamps(monkeypatch):
+    body = "".join(f"m,t=x{i} v={i}i\n" for i in range(5))
+    assert _bulk_rows_taken(monkeypatch, body) == 4
+    t = parse_lines(body, default_time_ns=DEFAULT_TIME).tables["m"].data
+    assert t.column("v").to_pylist() == [0, 1, 2, 3, 4]
+    assert t.column("time").to_pylist() == [DEFAULT_TIME] * 5
