@@ -88,6 +88,12 @@ def day_numbers(time_ns: pa.Array) -> pa.Array:
 
 def day_partitions(time_ns: pa.Array) -> dict[str, list[int]]:
     """{partition key (UTC day): [rows, min_time_ns, max_time_ns]} of a time column."""
+    mm = pc.min_max(time_ns)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    if lo is None:
+        return {}
+    if lo // NS_PER_DAY == hi // NS_PER_DAY:  # one day (a request's usual case): no grouping
+        return {partition_key_of_day(lo // NS_PER_DAY): [len(time_ns) - time_ns.null_count, lo, hi]}
     tbl = pa.table({"d": day_numbers(time_ns), "t": time_ns})
     g = tbl.group_by("d").aggregate([("t", "count"), ("t", "min"), ("t", "max")]).sort_by("d")
     cols = [g.column(c).to_pylist() for c in ("d", "t_count", "t_min", "t_max")]
