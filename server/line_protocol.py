@@ -482,17 +482,13 @@ def _shape_matcher_re2(raw_meas: str, raw_tag_keys, raw_fields) -> str | None:
 
 
 class _Shape:
-    __slots__ = ("table", "fm", "re2", "spec", "cuts", "rows", "ids", "bulk", "bulk_ids")
+    __slots__ = ("table", "fm", "re2", "spec", "rows", "ids", "bulk", "bulk_ids")
 
-    def __init__(self, table, fm, spec, re2=None, cuts=()):
+    def __init__(self, table, fm, spec, re2=None):
         self.table = table
         self.fm = fm
         self.re2 = re2  # the RE2 twin of fm (None: no bulk matching)
         self.spec = spec  # [(column, role, type)] per regex group, the timestamp last
-        #: per group but the timestamp, the (start, stop) UTF-8 bytes of its value within its
-        #: token "key=value" (see _bulk_match): after "key=", without an "i"/"u" suffix (stop
-        #: None: to the end)
-        self.cuts = cuts
         self.rows = []  # captured strings, len(spec) per row, flattened
         self.ids = []  # index of the line's segment in the body (row order, recheck)
         #: rows matched in bulk (_bulk_match): per group, string arrays; their segment indices
@@ -808,10 +804,8 @@ class _Request:
             return None
         spec = [(k, "tag", "string") for k, _ in tags] + [(k, "field", t) for k, t, _ in fields]
         spec.append(("time", "time", "time"))
-        cuts = [(len(k.encode()) + 1, None) for k in raw[1:1 + nt]]
-        cuts += [(len(k.encode()) + 1, -1 if t in ("integer", "uinteger") else None) for k, t in raw_fields]
         shape = _Shape(table, _shape_matcher(raw[0], raw[1:1 + nt], raw_fields), spec,
-                       _shape_matcher_re2(raw[0], raw[1:1 + nt], raw_fields), cuts)
+                       _shape_matcher_re2(raw[0], raw[1:1 + nt], raw_fields))
         self.shape_by_key[key] = shape
         lst.append(shape)
         table.shapes.append(shape)
@@ -928,14 +922,12 @@ def _bulk_match(sh: _Shape, segs: list, start: int, crlf: bool) -> list | None:
     tokens = pc.split_pattern(pc.replace_substring(lines, ",", " "), " ")
     n = len(sh.spec) + 1  # the measurement, the groups, the timestamp
     counts = pc.list_value_length(tokens)
-    with_ts = True
-    for _ in range(2):
-        take = pc.and_(ok, pc.equal(counts, n if with_ts else n - 1))
-        if take.true_count:
-            break
-        with_ts = False
-    else:
-        return None
+    take = pc.and_(ok, pc.equal(counts, n))
+    with_ts = bool(take.true_count)
+    if not with_ts:
+        take = pc.and_(ok, pc.equal(counts, n - 1))
+        if not take.true_count:
+            return None
     taken = tokens if take.true_count == len(take) else tokens.filter(take)
     if pc.min(pc.binary_length(pc.list_flatten(taken))).as_py() == 0:  # a run of spaces in a line
         take = pc.and_(take, pc.invert(pc.match_substring(lines, "  ")))
@@ -944,8 +936,11 @@ def _bulk_match(sh: _Shape, segs: list, start: int, crlf: bool) -> list | None:
         taken = tokens.filter(take)
     # pyarrow's binary_slice takes no open stop (and overflows on a huge one): the longest line's
     end = pc.max(pc.binary_length(lines)).as_py()
-    for j, (lo, hi) in enumerate(sh.cuts):  # the bytes cut are ASCII: the values stay UTF-8
-        value = pc.binary_slice(pc.list_element(taken, j + 1).view(pa.binary()), lo, end if hi is None else hi)
+    for j, (name, _, typ) in enumerate(sh.spec[:-1]):
+        # the key as written is the column's name (no backslash in the body); the bytes cut, "key="
+        # and an "i"/"u" suffix, are ASCII: the values stay UTF-8
+        lo, hi = len(name.encode()) + 1, -1 if typ in ("integer", "uinteger") else end
+        value = pc.binary_slice(pc.list_element(taken, j + 1).view(pa.binary()), lo, hi)
         sh.bulk[j].append(value.view(pa.string()))
     sh.bulk[-1].append(pc.list_element(taken, n - 1) if with_ts else pa.nulls(len(taken), pa.string()))
     sh.bulk_ids.extend(pc.add(pc.indices_nonzero(take), start).to_pylist())
