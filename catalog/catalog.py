@@ -75,6 +75,9 @@ class Database:
     deletes: DeleteMailbox = field(default_factory=DeleteMailbox)
     #: Kafka partitions whose lost offsets were skipped at start (--skip-lost-writes): {kp: (from, to_exclusive)}
     lost_writes_skipped: dict = field(default_factory=dict)
+    #: messages the consumer skipped as unreadable (server/wire_format.py header_problem), since this
+    #: server started: {kp: (count, last offset, last reason)}
+    skipped_messages: dict = field(default_factory=dict)
     #: Kafka's id of the topic incarnation this server reads (None until known); recorded in
     #: database checkpoints so a topic deleted and created again is detected at start
     topic_id: str | None = None

@@ -325,6 +325,8 @@ class IoxServer:
                                               **({} if hi is None else {"to_offset_exclusive": hi}))
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
+                for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
+                    d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
                 for kp in sorted(db.applied_hi_inclusive):
                     d.write_buffer.add(partition=kp, applied_hi_inclusive=db.applied_hi_inclusive[kp])
                 for table in sorted(set(db.schemas.tables()) | set(db.partitions)):

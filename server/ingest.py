@@ -32,10 +32,11 @@ from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER
 from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, row_stats, table_deletes
 
 from .crash_points import crash_point
+from .delete_predicate import from_json
 from .recovery import keep_mask_fn
 from .views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
 from .wire_format import (FORMAT_VERSION, NS_PER_DAY, SUPPORTED_FORMATS, WireFormatMismatch, day_numbers,
-                          encode_decision, encode_marker)
+                          encode_decision, encode_marker, header_problem)
 from .write_buffer import database_of_topic, partition_for
 
 __all__ = ["Ingestor", "SEQ_ROW_BITS", "SEQ_OFFSET_BITS", "seq_base"]
@@ -155,16 +156,24 @@ class Ingestor:
             hi: dict = defaultdict(dict)
             txn_rows: dict = defaultdict(list)
             has_deletes = False
+            skipped = []
             for m in meta:
-                if m["fmt"] not in SUPPORTED_FORMATS:
+                if m["fmt"] and m["fmt"] not in SUPPORTED_FORMATS:
                     raise WireFormatMismatch(FORMAT_VERSION, m["fmt"], m["topic"], m["offset"])
                 hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
+                problem = header_problem(m["fmt"], m["kind"], m["tbl"], m["schema"], m["days"], m["txn"],
+                                         m["txn_info"])
+                if problem is not None:
+                    skipped.append((m["topic"], m["kp"], m["offset"], problem))
+                    continue
                 if m["kind"] == "write":
                     by_table[(m["topic"], m["tbl"])].append(m.asDict())
                 elif m["kind"] == "delete":
                     has_deletes = True
                 elif m["kind"] in TXN_KINDS:
                     txn_rows[m["topic"]].append(m)
+            # what plans and reads payloads below sees: `raw` without the skipped messages
+            readable = raw.filter(~_message_in(skipped, F)) if skipped else raw
             #: (topic, kp, offset of the part) -> offset it is applied at
             at_offset: dict = {}
             #: (topic, table) -> [(kp, offset, payload)] of parts decided in this batch, read in an earlier one
@@ -175,16 +184,16 @@ class Ingestor:
             stash_changes: tuple = ({}, set())
             if txn_rows:
                 staged_txns, stash_changes = self._resolve_transactions(
-                    raw, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, F)
+                    readable, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, F)
             touched = []
             builds: list[_ChunkBuild] = []
             for (topic, table), msgs in by_table.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
-                builds += self._plan_table(raw, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
+                builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
             self._build_and_add_chunks(builds)
             if has_deletes or committed_deletes:
-                touched += self._apply_deletes(raw, F, has_deletes, committed_deletes)
+                touched += self._apply_deletes(readable, F, has_deletes, committed_deletes, skipped)
             t_chunks = time.perf_counter()
             for db, table in touched:
                 self.refresh_table_view(db, table)
@@ -200,6 +209,7 @@ class Ingestor:
                 for db, txns in staged_txns.values():
                     txns.adopt_repairs_of(db.txns)
                     db.txns = txns
+            self._record_skipped(skipped)
             added, removed = stash_changes
             for key in removed:
                 self._stash.pop(key, None)
@@ -215,6 +225,17 @@ class Ingestor:
             raise
         finally:
             release_df(raw)
+
+    def _record_skipped(self, skipped: list) -> None:
+        """Logs and counts the batch's unreadable messages (once the batch is applied: a retried
+        batch counts them once). Their offsets advance `applied_hi_inclusive` like any other's."""
+        for topic, kp, offset, problem in sorted(skipped):
+            db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+            log.warning("database %s: skipped write-buffer message %s[%d]@%d: %s", db.name, topic, kp, offset,
+                        problem)
+            with self.catalog.lock:
+                count = db.skipped_messages.get(kp, (0,))[0]
+                db.skipped_messages[kp] = (count + 1, offset, problem)
 
     # -- transactions (catalog/transactions.py) -------------------------------------------
     def _resolve_transactions(self, raw, txn_rows: dict, hi: dict, by_table: dict, at_offset: dict,
@@ -378,7 +399,7 @@ class Ingestor:
                           offsets=b.offsets, df=b.cdf, created_at=time.time())
             self.catalog.add_chunk(b.db, chunk, now=time.time())
 
-    def _apply_deletes(self, raw, F, has_deletes: bool, committed: list) -> list:
+    def _apply_deletes(self, raw, F, has_deletes: bool, committed: list, skipped: list) -> list:
         """Records the batch's deletes; returns the (db, table) pairs whose view must change.
 
         `committed`: delete parts of transactions committed in this batch, as
@@ -401,11 +422,18 @@ class Ingestor:
             found.append((topic, kp, at, payload if payload is not None else payloads[(topic,) + key]))
         for topic, kp, offset, payload in sorted(found, key=lambda f: (f[0], f[1], f[2])):
             db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
-            body = json.loads(payload)
-            d = Delete(table=body["table"] or None, start_ns=body["start_ns"],
-                       stop_ns_exclusive=body["stop_ns_exclusive"],
-                       predicate=tuple(tuple(t) for t in body["predicate"]),
-                       seq=seq_base(db.epoch, offset), kafka_partition=kp)
+            try:
+                body = json.loads(payload)
+                from_json(body["predicate"])  # raises what a term the router could not have written raises
+                if body["table"] is not None and not isinstance(body["table"], str):
+                    raise TypeError(f"table {body['table']!r}")
+                d = Delete(table=body["table"] or None, start_ns=int(body["start_ns"]),
+                           stop_ns_exclusive=int(body["stop_ns_exclusive"]),
+                           predicate=tuple(tuple(t) for t in body["predicate"]),
+                           seq=seq_base(db.epoch, offset), kafka_partition=kp)
+            except (ValueError, KeyError, TypeError) as e:
+                skipped.append((topic, kp, offset, f"delete whose value is not a delete ({type(e).__name__}: {e})"))
+                continue
             db.deletes.add(d)
             with self.catalog.lock:
                 for table in list(db.partitions):
@@ -441,6 +469,17 @@ def _txn_record(m) -> TxnRecord:
     parts = tuple((int(kp), int(off)) for kp, off in info.get("parts", [])) if m["kind"] == DECISION else ()
     return TxnRecord(kp=m["kp"], offset=m["offset"], kind=m["kind"], txn=m["txn"], ts_ms=m["ts_ms"] or 0,
                      decision=info["decision"], parts=parts)
+
+
+def _message_in(keys: list, F):
+    """A Spark condition true for the messages `keys` [(topic, kp, offset, ...)] name."""
+    offsets: dict = defaultdict(list)
+    for topic, kp, offset, *_rest in keys:
+        offsets[(topic, kp)].append(offset)
+    cond = F.lit(False)
+    for (topic, kp), offs in offsets.items():
+        cond = cond | ((F.col("topic") == topic) & (F.col("kp") == kp) & F.col("offset").isin(offs))
+    return cond
 
 
 def _dedupe(cols: list[Column]) -> list[Column]:

@@ -229,6 +229,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         import pyarrow as pa
         from confluent_kafka import TopicPartition
 
+        from server.wire_format import header_text
+
         c = _idle_consumers.pop(self.bootstrap, None) or reader_consumer(self.bootstrap)
         ok = False
         try:
@@ -257,15 +259,16 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                     cols["kp"].append(partition.partition)
                     cols["offset"].append(off)
                     cols["ts_ms"].append(m.timestamp()[1])
-                    cols["kind"].append(h.get("iox-kind", b"").decode())
-                    cols["tbl"].append(h.get("iox-table", b"").decode())
-                    cols["schema"].append(h.get("iox-schema", b"[]").decode())
-                    cols["nrows"].append(int(h.get("iox-rows", b"0")))
-                    cols["days"].append(h.get("iox-days", b"{}").decode())
+                    cols["kind"].append(header_text(h, "iox-kind"))
+                    cols["tbl"].append(header_text(h, "iox-table"))
+                    cols["schema"].append(header_text(h, "iox-schema"))
+                    rows = header_text(h, "iox-rows")
+                    cols["nrows"].append(int(rows) if rows.isascii() and rows.isdigit() else -1)
+                    cols["days"].append(header_text(h, "iox-days"))
                     cols["payload"].append(m.value() or b"")
-                    cols["fmt"].append(h.get("iox-format", b"").decode())
-                    cols["txn"].append(h.get("iox-txn", b"").decode())
-                    cols["txn_info"].append(h.get("iox-txn-info", b"").decode())
+                    cols["fmt"].append(header_text(h, "iox-format"))
+                    cols["txn"].append(header_text(h, "iox-txn"))
+                    cols["txn_info"].append(header_text(h, "iox-txn-info"))
                 if len(cols["offset"]) >= 256:
                     yield _batch(pa, cols)
                     cols = {k: [] for k in cols}

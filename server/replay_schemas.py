@@ -23,6 +23,7 @@ from catalog.transactions import PART
 
 # READ_STALL_TIMEOUT_S: how long Kafka may deliver nothing before the start fails (as a micro-batch read)
 from .kafka_source import READ_STALL_TIMEOUT_S, reader_consumer
+from .wire_format import header_problem, header_text
 
 __all__ = ["load_replay_schemas", "ReplaySchemasStalled"]
 
@@ -76,8 +77,11 @@ def load_replay_schemas(bootstrap: str, db: Database, start_offsets: dict[int, i
                 h = dict(m.headers() or [])
                 if h.get("iox-kind") not in (b"write", PART.encode()) or "iox-schema" not in h:
                     continue
-                table = h["iox-table"].decode()
-                cols = [Column(*c) for c in json.loads(h["iox-schema"])]
+                text = [header_text(h, f"iox-{k}") for k in ("format", "kind", "table", "schema", "days", "txn",
+                                                             "txn-info")]
+                if header_problem(*text) is not None:
+                    continue  # the consumer skips it too (and logs why)
+                table, cols = text[2], [Column(*c) for c in json.loads(text[3])]
                 try:
                     db.schemas.merge(table, cols)
                 except ColumnTypeConflict as e:

@@ -22,6 +22,13 @@ partition, so it is ordered with the writes of every table.
   Kafka partition, "of": "write" | "delete"} (its value and other headers are
   those of the write or delete it holds), a decision {"decision": "commit" |
   "abort", "parts": [[kafka partition, offset], ...]}, a marker {"decision": ...}.
+
+A message without `iox-format` was not written by an iox server (another
+producer on the topic): readers skip it, and so they do a message whose headers
+the server could never have written (`header_problem`), logging and counting
+it, as IOx skips write-buffer entries it cannot decode. Only a format version
+they do not know stops them: that message may hold writes a newer server
+acknowledged.
 """
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ import pyarrow.compute as pc
 __all__ = [
     "FORMAT_VERSION",
     "WireFormatMismatch",
+    "header_problem",
+    "header_text",
     "EncodedWrite",
     "encode_write",
     "encode_delete",
@@ -61,6 +70,77 @@ class WireFormatMismatch(Exception):
         self.topic = topic
         self.offset = offset
         super().__init__(f"write-buffer message at {topic}@{offset} has format {actual!r}, expected {expected}")
+
+
+_ROLES_TYPES = {"tag": {"string"}, "field": {"string", "float", "integer", "uinteger", "boolean"},
+                "time": {"time"}}
+
+
+def header_problem(fmt: str, kind: str, table: str, schema: str, days: str, txn: str, txn_info: str) -> str | None:
+    """Why a message of a supported (or missing) format cannot be applied, judged from its
+    headers (decoded to str; "" when absent); None when it can.
+
+    Called by the consumer (driver) for every message of a micro-batch, before anything
+    is planned; a message with a reason is skipped. A format that is present but not in
+    SUPPORTED_FORMATS is not judged here: the caller raises `WireFormatMismatch`.
+    """
+    if not fmt:
+        return "no iox-format header (not written by an iox server)"
+    if kind == "delete":
+        return None  # its JSON value is checked where it is read
+    if kind in ("decision", "marker", "part"):
+        info = _json(txn_info)
+        if not txn or not isinstance(info, dict):
+            return f"{kind} without iox-txn or a JSON object in iox-txn-info"
+        if kind == "part":
+            if info.get("of") not in ("write", "delete") or not isinstance(info.get("q"), int):
+                return f"part with iox-txn-info {txn_info!r} (expected q and of)"
+            if info["of"] == "delete":
+                return None
+        elif info.get("decision") not in ("commit", "abort") or (
+                kind == "decision" and not _pairs(info.get("parts"))):
+            return f"{kind} with iox-txn-info {txn_info!r}"
+        else:
+            return None
+    elif kind != "write":
+        return f"unknown iox-kind {kind!r}"
+    # a write, or a part holding one
+    if not table:
+        return "write without iox-table"
+    cols = _json(schema)
+    if not isinstance(cols, list) or not all(
+            isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and c[0]
+            and c[2] in _ROLES_TYPES.get(c[1], ()) for c in cols):
+        return f"write with iox-schema {schema[:200]!r} (expected [[name, role, type], ...])"
+    per_day = _json(days)
+    if not isinstance(per_day, dict) or not all(
+            isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) for x in v) for v in per_day.values()):
+        return f"write with iox-days {days[:200]!r} (expected {{day: [rows, min_ns, max_ns]}})"
+    return None
+
+
+#: what a reader takes for an absent (or null) header; "" for the others
+_HEADER_DEFAULTS = {"iox-schema": "[]", "iox-days": "{}", "iox-rows": "0"}
+
+
+def header_text(headers: dict, name: str) -> str:
+    """A Kafka header's value as text, its default when absent or null; bytes that are not UTF-8
+    (a foreign producer's) read with replacement characters, never an error that would stop a
+    reader (`header_problem` then names the message's problem). Pure; runs on executors too."""
+    v = headers.get(name)
+    return _HEADER_DEFAULTS.get(name, "") if v is None else v.decode("utf-8", "replace")
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _pairs(v) -> bool:
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
+                                       for p in v)
 
 
 @dataclass(frozen=True)

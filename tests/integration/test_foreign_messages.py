@@ -1,0 +1,82 @@
+"""Messages on a database's topic that the server cannot read are skipped, logged and counted.
+
+A foreign producer on an `iox.*` topic, or headers an iox server could never
+have written, must not stop ingestion (the stream would fail on every restart,
+and no later write would ever become queryable). IOx skips write-buffer entries
+it cannot decode; so does the consumer (server/wire_format.py header_problem),
+advancing past them. Real broker, real server.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from confluent_kafka import Producer
+
+from server.write_buffer import partition_for, topic_for
+
+T0 = 1_700_000_000_000_000_000
+PARTITIONS = 4
+
+
+def _produce(bootstrap: str, topic: str, kp: int, msgs: list) -> list[int]:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 3})
+    offsets = []
+
+    def on(err, m):
+        assert err is None, err
+        offsets.append(m.offset())
+
+    for value, headers in msgs:
+        p.produce(topic, value=value, key=b"foreign", headers=headers, partition=kp, on_delivery=on)
+    assert p.flush(30) == 0
+    return sorted(offsets)
+
+
+def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_server, caplog):
+    first = client.write(db, f"cpu,host=a v=1 {T0}\n")
+    client.wait_applied(db, first, timeout_s=60)
+    restarts = iox_server.consumer.restarts
+    kp = partition_for("cpu", PARTITIONS)
+    bad = [
+        (b"hello from another producer", []),
+        (b"", [("iox-format", b"2"), ("iox-kind", b"upsert")]),
+        (b"{}", [("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", b"not json"),
+                 ("iox-rows", b"many")]),
+        (b"DELETE everything", [("iox-format", b"2"), ("iox-kind", b"delete"), ("iox-table", b"cpu")]),
+        (b"\x00\x01", [("iox-format", None), ("iox-kind", b"\xffwrite")]),
+        # a delete of every row, but not from an iox server: never applied, also when a real
+        # delete is read in the same micro-batch
+        (json.dumps({"table": "cpu", "start_ns": 0, "stop_ns_exclusive": 2 ** 62, "predicate": []}).encode(),
+         [("iox-kind", b"delete"), ("iox-table", b"cpu")]),
+    ]
+    with caplog.at_level(logging.WARNING, logger="server.ingest"):
+        offsets = _produce(iox_server.bootstrap, topic_for(db), kp, bad)
+        client.delete(db, 0, 2 ** 62, predicate="host = 'nobody'", table="cpu")
+        second = client.write(db, f"cpu,host=b v=2 {T0 + 1}\n")
+        assert second[kp] > offsets[-1]
+        client.wait_applied(db, second, timeout_s=60)
+
+    assert client.query(db, "SELECT host, v, time_ns FROM cpu ORDER BY host").to_pylist() == [
+        {"host": "a", "v": 1.0, "time_ns": T0}, {"host": "b", "v": 2.0, "time_ns": T0 + 1}]
+    assert iox_server.consumer.restarts == restarts
+    st = client.status(db)["databases"][0]
+    assert [{k: int(v) if k in ("count", "last_offset") else v for k, v in s.items()}
+            for s in st["skipped_messages"]] == [
+        {"partition": kp, "count": 6, "last_offset": offsets[-1],
+         "last_reason": "no iox-format header (not written by an iox server)"}]
+    skipped = sorted(r.getMessage() for r in caplog.records if "skipped write-buffer message" in r.getMessage())
+    topic = topic_for(db)
+    assert skipped == sorted([
+        f"database {db}: skipped write-buffer message {topic}[{kp}]@{offsets[0]}: "
+        "no iox-format header (not written by an iox server)",
+        f"database {db}: skipped write-buffer message {topic}[{kp}]@{offsets[1]}: unknown iox-kind 'upsert'",
+        f"database {db}: skipped write-buffer message {topic}[{kp}]@{offsets[2]}: "
+        "write with iox-schema 'not json' (expected [[name, role, type], ...])",
+        f"database {db}: skipped write-buffer message {topic}[{kp}]@{offsets[3]}: "
+        "delete whose value is not a delete (JSONDecodeError: Expecting value: line 1 column 1 (char 0))",
+        f"database {db}: skipped write-buffer message {topic}[{kp}]@{offsets[4]}: "
+        "no iox-format header (not written by an iox server)",
+        f"database {db}: skipped write-buffer message {topic}[{kp}]@{offsets[5]}: "
+        "no iox-format header (not written by an iox server)",
+    ])
