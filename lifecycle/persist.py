@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_acti
 log = logging.getLogger(__name__)
 
 _META_SCHEMA = "key string, rows long, size long, min_t long, max_t long, min_seq long, max_seq long"
+#: rows per Parquet row group (pyarrow's default for a whole table): Spark hands the writer
+#: 10,000-row Arrow batches, and a row group each made files ~1.7x larger
+ROW_GROUP_ROWS = 1 << 20
 
 
 class InFlightFiles:
@@ -76,7 +80,8 @@ class PersistOutcome:
 
 
 def _writer_fn(store: ObjectStore, key: str):
-    """Executor side: writes every batch it gets into ONE Parquet file at `key`; yields its metadata.
+    """Executor side: writes every batch it gets into ONE Parquet file at `key`, in row groups of
+    ROW_GROUP_ROWS rows (the last one smaller); yields its metadata.
 
     Picklable (captures the store config and a key).
     """
@@ -89,6 +94,7 @@ def _writer_fn(store: ObjectStore, key: str):
         writer = None
         rows = 0
         min_t = max_t = min_s = max_s = None
+        pending, pending_rows = [], 0
         fs, path = store.arrow_prepare_write(key)
         try:
             for b in batches:
@@ -96,7 +102,11 @@ def _writer_fn(store: ObjectStore, key: str):
                     continue
                 if writer is None:
                     writer = pq.ParquetWriter(path, b.schema, filesystem=fs, compression="zstd")
-                writer.write_batch(b)
+                pending.append(b)
+                pending_rows += b.num_rows
+                if pending_rows >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.Table.from_batches(pending), row_group_size=ROW_GROUP_ROWS)
+                    pending, pending_rows = [], 0
                 rows += b.num_rows
                 t = pc.min_max(b.column(TIME_NS_COLUMN))
                 s = pc.min_max(b.column(SEQ_COLUMN))
@@ -104,6 +114,8 @@ def _writer_fn(store: ObjectStore, key: str):
                 max_t = t["max"].as_py() if max_t is None else max(max_t, t["max"].as_py())
                 min_s = s["min"].as_py() if min_s is None else min(min_s, s["min"].as_py())
                 max_s = s["max"].as_py() if max_s is None else max(max_s, s["max"].as_py())
+            if pending:
+                writer.write_table(pa.Table.from_batches(pending), row_group_size=ROW_GROUP_ROWS)
         finally:
             if writer is not None:
                 writer.close()
@@ -163,6 +175,17 @@ def chunk_states(part) -> list:
             for c in part.live_chunks()]
 
 
+def _reusable(chunks: list, schema, deletes: list):
+    """The checkpoint of `chunks` when it already is their merge: one in-memory, deduplicated chunk
+    holding every column of `schema`, and no delete that the merge would materialise; else None."""
+    if len(chunks) != 1 or deletes:
+        return None
+    c = chunks[0]
+    if c.df is None or not c.deduplicated or [list(col) for col in c.columns] != [list(col) for col in schema.to_json()]:
+        return None
+    return c.df
+
+
 def persist_partition(spark, catalog: Catalog, db: Database, table: str, partition_key: str, store: ObjectStore,
                       preserved, in_flight: InFlightFiles, now: float, force: bool,
                       refresh_view) -> PersistOutcome | None:
@@ -189,19 +212,29 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             c.state = "persisting"
         part.persisting = True
     keys_written: list = []
+    t0 = time.perf_counter()
     try:
         schema = db.schemas.get(table)
-        merged = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
+        deletes = table_deletes(db, table)
+        # one deduplicated chunk of the whole schema with no delete to materialise (a compacted
+        # partition): its rows are the merge's, so its checkpoint is reused, not copied
+        reused = _reusable(chunks, schema, deletes)
+        merged = reused if reused is not None else \
+            merged_df(spark, schema, chunks, deletes).localCheckpoint(eager=True)
+        t_merge = time.perf_counter()
         if max(c.max_time_ns for c in chunks) <= flush_ts:
             to_persist, remainder = merged, None  # every row goes to Parquet: no split to compute
         else:
             to_persist = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
             remainder = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
-            release_df(merged)
+            if reused is None:
+                release_df(merged)
         key = parquet_key(db.name, table, partition_key, uuid.uuid4())
         in_flight.add([key])
         keys_written.append(key)
+        t_split = time.perf_counter()
         meta = write_one_file(to_persist, store, key)
+        t_write = time.perf_counter()
         rem_stats = {"n": 0} if remainder is None else row_stats(remainder)
         # one committer: the driver builds and commits the transaction
         with catalog.lock:
@@ -237,6 +270,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             {kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()}))
         crash_point("persist_after_parquet")
         revision = preserved.commit(actions, now)
+        t_commit = time.perf_counter()
         crash_point("persist_after_commit")
     except BaseException:
         with catalog.lock:
@@ -261,7 +295,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                        view=register_df_chunk(to_persist, cid), offsets={}, df=to_persist,
                        parquet_keys=[f.key for f in files], created_at=now, deduplicated=True)
             new_chunks.append(pc)
-        else:
+        elif to_persist is not reused:
             release_df(to_persist)  # every row was deleted: the empty checkpoint backs no chunk
         if rem_stats["n"]:
             cid = catalog.next_chunk_id()
@@ -275,7 +309,11 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         part.checkpoint = actions[-2]
         part.persisting = False
     refresh_view(db, table)
+    if rows and to_persist is reused:
+        chunks[0].df = None  # its checkpoint now backs the persisted chunk: retiring frees its view only
     catalog.retire([c for c in chunks])
-    log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d", db.name, table, partition_key, rows,
-             len(files), revision)
+    log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d (%d chunk(s) merged %.3f s, split %.3f s, "
+             "Parquet %.3f s, commit %.3f s, swap %.3f s)", db.name, table, partition_key, rows, len(files), revision,
+             len(chunks), t_merge - t0, t_split - t_merge, t_write - t_split, t_commit - t_write,
+             time.perf_counter() - t_commit)
     return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts, actions[-1])

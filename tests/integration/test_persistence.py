@@ -184,6 +184,34 @@ def test_compaction_keeps_answers(manual):
     assert len(chunks) == 1 and int(chunks[0]["rows"]) == 4
 
 
+def test_persisting_a_compacted_chunk_reuses_its_data_in_whole_row_groups(manual):
+    """One compacted (deduplicated) chunk and no delete: persist writes its checkpoint as it is, and
+    releasing the retired chunk afterwards leaves the persisted chunk's data (the same blocks) intact."""
+    from lifecycle.chunk_data import release_chunk_data
+
+    c, db, srv = manual.client, f"r_{uuid.uuid4().hex[:8]}", manual.server
+    n = 9_000
+    for k in range(3):  # 27,000 rows: more than Spark's 10,000-row Arrow batches
+        _write(c, db, [f"cpu,host=h{i % 3} v={k * n + i},w={k}i {T0 + k * n + i}" for i in range(n)])
+    expect = [{"host": f"h{h}", "n": n, "s": float(sum(range(h, 3 * n, 3))), "w": 2} for h in range(3)]
+    assert c.query(db, Q).to_pylist() == expect
+    assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
+    dbo = srv.catalog.database(db)
+    [compacted] = srv.catalog.table_chunks(dbo, "cpu")
+    data = compacted.df
+    r = c.persist(db)
+    assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 3 * n)]
+    [persisted] = srv.catalog.table_chunks(dbo, "cpu")
+    assert persisted.state == "persisted" and persisted.df is data and compacted.df is None
+    for ch in srv.catalog.take_retired(time.time() + 1):
+        release_chunk_data(srv.spark, ch)
+    assert c.query(db, Q).to_pylist() == expect
+    store = object_store_from_url(manual.cfg.object_store, manual.cfg.s3_endpoint)
+    fs, _ = store.arrow_fs()
+    f = pq.ParquetFile(store.arrow_path(_partitions(c, db)["2023-11-14"]["files"][0]["key"]), filesystem=fs)
+    assert (f.metadata.num_rows, f.metadata.num_row_groups) == (3 * n, 1)
+
+
 def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual):
     """Three files (overwrites across them, a recorded delete on the first) become one file in
     one transaction; answers, the delete and a restart agree; the old files go only once the
