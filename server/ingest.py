@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
 
 from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
@@ -61,14 +62,39 @@ def _arrow_type(typ: str) -> pa.DataType:
             "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
 
 
-def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0, at_offset: dict | None = None):
+class _ListParam(AccumulatorParam):
+    """Accumulates lists (executors add [(kp, offset, reason)] of payloads they could not decode)."""
+
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, value1, value2):
+        value1.extend(value2)
+        return value1
+
+
+def _payload_problem(t) -> str | None:
+    """Why a decoded payload cannot be applied (None when it can): every row needs its time."""
+    import pyarrow as pa
+
+    if "time" not in t.column_names or t.schema.field("time").type != pa.int64():
+        return "payload without an int64 time column"
+    if t.column("time").null_count:
+        return "payload with rows without a time"
+    return None
+
+
+def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0, at_offset: dict | None = None,
+               unreadable=None):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
 
-    Picklable (captures only plain lists/tuples/dicts). `day_lo_hi` = (first, last) day
+    Picklable (captures only plain lists/tuples/dicts and an accumulator). `day_lo_hi` = (first, last) day
     number to keep, or None for all rows. `keep_mask(kp, offset, days, times)`
     (replay after a restart) drops rows the preserved catalog already holds.
     `at_offset`: {(kp, offset): offset}: a committed transaction part is applied at
-    the offset of the marker that committed it.
+    the offset of the marker that committed it. A payload that does not decode to a table
+    with its times yields no rows and is reported to `unreadable` (a `_ListParam`
+    accumulator) as (kp, offset, reason).
     """
     at_offset = at_offset or {}
 
@@ -82,9 +108,17 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
             offsets = b.column("offset").to_pylist()
             kps = b.column("kp").to_pylist()
             payloads = b.column("payload")
-            for i, off in enumerate(offsets):
-                off = at_offset.get((kps[i], off), off)
-                t = decode_payload(payloads[i].as_py())
+            for i, read_at in enumerate(offsets):
+                off = at_offset.get((kps[i], read_at), read_at)
+                try:
+                    t = decode_payload(payloads[i].as_py())
+                    problem = _payload_problem(t)
+                except Exception as e:  # untrusted bytes: whatever fails to decode is unreadable
+                    problem = f"payload is not an Arrow IPC stream ({type(e).__name__}: {e})"
+                if problem is not None:
+                    if unreadable is not None:
+                        unreadable.add([(kps[i], read_at, problem)])
+                    continue
                 n = t.num_rows
                 arrays = []
                 names = []
@@ -191,7 +225,7 @@ class Ingestor:
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
-            self._build_and_add_chunks(builds)
+            skipped += self._build_and_add_chunks(builds)
             if has_deletes or committed_deletes:
                 touched += self._apply_deletes(readable, F, has_deletes, committed_deletes, skipped)
             t_chunks = time.perf_counter()
@@ -357,17 +391,20 @@ class Ingestor:
             rows, lo, hi, _ = days[key]
             day = lo // NS_PER_DAY
             bounds = None if len(days) == 1 else (day, day)
-            decoded = sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap), struct)
+            unreadable = self.spark.sparkContext.accumulator([], _ListParam())
+            decoded = sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap, unreadable), struct)
             out.append(_ChunkBuild(db=db, table=table, partition_key=key, decoded=decoded, count_rows=keep is not None,
                                    rows=rows, min_time_ns=lo, max_time_ns=hi, columns=chunk_cols,
-                                   value_columns=len(value_cols), offsets=dict(offsets_by_kp)))
+                                   value_columns=len(value_cols), offsets=dict(offsets_by_kp), topic=topic,
+                                   unreadable=unreadable))
         return out
 
-    def _build_and_add_chunks(self, builds: list["_ChunkBuild"]) -> None:
+    def _build_and_add_chunks(self, builds: list["_ChunkBuild"]) -> list:
         """Materialises the planned chunks, several Spark jobs at once, then adds them to the catalog in plan order.
 
         Nothing is added unless every chunk was built (a failed batch is retried whole);
-        the checkpoints already built are then released.
+        the checkpoints already built are then released. Returns the messages whose payload
+        did not decode, [(topic, kp, offset, reason)] (their rows are not in any chunk).
         """
         errors = []
         if len(builds) > 1:
@@ -398,6 +435,8 @@ class Ingestor:
                           min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns, view=view,
                           offsets=b.offsets, df=b.cdf, created_at=time.time())
             self.catalog.add_chunk(b.db, chunk, now=time.time())
+        # a message spanning several days is decoded by each day's build: reported once
+        return sorted({(b.topic, kp, off, why) for b in builds for kp, off, why in b.unreadable_seen})
 
     def _apply_deletes(self, raw, F, has_deletes: bool, committed: list, skipped: list) -> list:
         """Records the batch's deletes; returns the (db, table) pairs whose view must change.
@@ -519,13 +558,17 @@ class _ChunkBuild:
     columns: list
     value_columns: int
     offsets: dict
+    topic: str = ""
+    unreadable: object = None  # the decoder's accumulator of undecodable payloads
     cdf: object = None  # the locally checkpointed DataFrame, once built
+    unreadable_seen: tuple = ()  # what `unreadable` held once the chunk was built
 
 
 def _materialise(b: _ChunkBuild) -> None:
     """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread)."""
     b.cdf = b.decoded.localCheckpoint(eager=True)
-    if b.count_rows:
+    b.unreadable_seen = tuple(b.unreadable.value) if b.unreadable is not None else ()
+    if b.count_rows or b.unreadable_seen:  # rows were dropped: the headers' counts do not hold
         st = row_stats(b.cdf)
         b.rows = st["n"]
         if b.rows:

@@ -25,8 +25,9 @@ partition, so it is ordered with the writes of every table.
 
 A message without `iox-format` was not written by an iox server (another
 producer on the topic): readers skip it, and so they do a message whose headers
-the server could never have written (`header_problem`), logging and counting
-it, as IOx skips write-buffer entries it cannot decode. Only a format version
+the server could never have written (`header_problem`) or whose payload does
+not decode (server/ingest.py), logging and counting it, as IOx skips
+write-buffer entries it cannot decode. Only a format version
 they do not know stops them: that message may hold writes a newer server
 acknowledged.
 """
