@@ -73,6 +73,15 @@ class _ListParam(AccumulatorParam):
         return value1
 
 
+def _forget_accumulator(acc) -> None:
+    """Drops a finished job's accumulator from PySpark's driver registry, which otherwise keeps
+    every accumulator for the life of the process (one per chunk build would grow without end).
+    Updates that arrive for it later are ignored by PySpark's update server."""
+    from pyspark.accumulators import _accumulatorRegistry
+
+    _accumulatorRegistry.pop(acc.aid, None)
+
+
 def _payload_problem(t) -> str | None:
     """Why a decoded payload cannot be applied (None when it can): every row needs its time."""
     import pyarrow as pa
@@ -566,8 +575,12 @@ class _ChunkBuild:
 
 def _materialise(b: _ChunkBuild) -> None:
     """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread)."""
-    b.cdf = b.decoded.localCheckpoint(eager=True)
-    b.unreadable_seen = tuple(b.unreadable.value) if b.unreadable is not None else ()
+    try:
+        b.cdf = b.decoded.localCheckpoint(eager=True)
+        b.unreadable_seen = tuple(b.unreadable.value) if b.unreadable is not None else ()
+    finally:
+        if b.unreadable is not None:
+            _forget_accumulator(b.unreadable)
     if b.count_rows or b.unreadable_seen:  # rows were dropped: the headers' counts do not hold
         st = row_stats(b.cdf)
         b.rows = st["n"]

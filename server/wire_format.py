@@ -110,7 +110,7 @@ def header_problem(fmt: str, kind: str, table: str, schema: str, days: str, txn:
         return "write without iox-table"
     cols = _json(schema)
     if not isinstance(cols, list) or not all(
-            isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and c[0]
+            isinstance(c, list) and len(c) == 3 and all(isinstance(x, str) for x in c) and c[0]
             and c[2] in _ROLES_TYPES.get(c[1], ()) for c in cols):
         return f"write with iox-schema {schema[:200]!r} (expected [[name, role, type], ...])"
     per_day = _json(days)
@@ -135,7 +135,7 @@ def header_text(headers: dict, name: str) -> str:
 def _json(text: str):
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         return None
 
 

@@ -68,6 +68,11 @@ def test_every_message_the_server_writes_is_readable():
      "write with iox-schema"),
     ([("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", b'[["v","field"]]')],
      "write with iox-schema"),
+    # JSON lists where strings belong (unhashable: a set lookup would raise)
+    ([("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", b'[["v",["field"],"float"]]')],
+     "write with iox-schema"),
+    ([("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", b'[["v","field",["float"]]]')],
+     "write with iox-schema"),
     ([("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", b"[]"),
       ("iox-days", b'{"2026-11-23": [1, 2]}')], "write with iox-days"),
     ([("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", b"[]"),
