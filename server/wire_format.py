@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from catalog.transactions import ABORT, COMMIT, DECISION, PART, TXN_KINDS
+
 __all__ = [
     "FORMAT_VERSION",
     "WireFormatMismatch",
@@ -89,17 +91,17 @@ def header_problem(fmt: str, kind: str, table: str, schema: str, days: str, txn:
         return "no iox-format header (not written by an iox server)"
     if kind == "delete":
         return None  # its JSON value is checked where it is read
-    if kind in ("decision", "marker", "part"):
+    if kind in TXN_KINDS:
         info = _json(txn_info)
         if not txn or not isinstance(info, dict):
             return f"{kind} without iox-txn or a JSON object in iox-txn-info"
-        if kind == "part":
+        if kind == PART:
             if info.get("of") not in ("write", "delete") or not isinstance(info.get("q"), int):
                 return f"part with iox-txn-info {txn_info!r} (expected q and of)"
             if info["of"] == "delete":
                 return None
-        elif info.get("decision") not in ("commit", "abort") or (
-                kind == "decision" and not _pairs(info.get("parts"))):
+        elif info.get("decision") not in (COMMIT, ABORT) or (
+                kind == DECISION and not _pairs(info.get("parts"))):
             return f"{kind} with iox-txn-info {txn_info!r}"
         else:
             return None
