@@ -215,7 +215,7 @@ class Catalog:
 
     def memory_bytes(self) -> int:
         """Bytes of chunk data held in memory (every chunk that has an in-memory copy)."""
-        return sum(c.size_bytes for c in self.all_chunks() if c.df is not None)
+        return sum(c.size_bytes for c in self.all_chunks() if c.in_memory)
 
     def advance_applied(self, db: Database, hi_inclusive: dict) -> None:
         with self._lock:

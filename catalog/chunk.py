@@ -5,6 +5,13 @@ replace chunks with new ones (compaction, persist) and only its `state` and the
 delete predicates attached to it move. Its data lives in Spark (a locally
 checkpointed DataFrame registered as a global temp view), so the driver holds
 metadata only; `order` keeps the write-buffer order of chunks in a partition.
+
+A chunk's rows are held in one or two forms (IOx: the mutable buffer and the
+read buffer): `segments`, the write-buffer form (the Kafka payloads' Arrow IPC
+streams, cheap to build and to persist, decoded wherever they are read; see
+lifecycle/ipc_segments.py), and `df`, the read form (deduplicated rows in
+Spark, fast to query). Both hold the same rows; the view reads `df` when there
+is one. A chunk with neither is read from its Parquet files.
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ class Chunk:
     view: str | None
     #: per Kafka partition (min offset, max offset) of the rows it holds
     offsets: dict = field(default_factory=dict)
-    #: Spark DataFrame backing `view` (kept referenced so its checkpoint blocks stay alive)
+    #: the read form: Spark DataFrame of rows (kept referenced so its checkpoint blocks stay alive)
     df: Any = None
     #: Parquet object keys holding the same rows (persisted/unloaded chunks)
     parquet_keys: list = field(default_factory=list)
@@ -46,6 +53,28 @@ class Chunk:
     #: no two rows share (tags, time): the output of a merge (compaction, persist, Parquet
     #: files); chunks straight from the write buffer may hold duplicates
     deduplicated: bool = False
+    #: the write-buffer form: checkpointed DataFrames of Arrow IPC streams, in write-buffer order
+    #: (lifecycle/ipc_segments.py); empty when the chunk has none
+    segments: list = field(default_factory=list)
+    #: no two rows of the write-buffer form share (tags, time) (the writers said so, and its streams
+    #: do not overlap in time)
+    segments_deduplicated: bool = False
+    #: bytes of the write-buffer form (IPC streams), part of `size_bytes`
+    segment_bytes: int = 0
 
     def column_names(self) -> set:
         return {c[0] for c in self.columns}
+
+    @property
+    def in_memory(self) -> bool:
+        """Some form of the rows is held in Spark (not only in Parquet)."""
+        return self.df is not None or bool(self.segments)
+
+    @property
+    def storage(self) -> str:
+        """Where the rows are read from: "read_buffer" (rows), "write_buffer" (IPC segments only),
+        "object_store" (Parquet only); "+write_buffer" is appended when a read buffer chunk also
+        keeps its write-buffer form (persist writes from it)."""
+        if self.df is not None:
+            return "read_buffer+write_buffer" if self.segments else "read_buffer"
+        return "write_buffer" if self.segments else "object_store"

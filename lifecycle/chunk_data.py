@@ -17,7 +17,7 @@ from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
+__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes", "time_disjoint",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -26,6 +26,12 @@ PARQUET_SOURCE_NAME = "iox_parquet"
 def estimate_bytes(rows: int, value_columns: int) -> int:
     """Bytes a chunk takes in Spark's block manager, roughly (8 bytes a value + row overhead)."""
     return rows * (8 * (value_columns + 2) + 16)
+
+
+def time_disjoint(chunks: list) -> bool:
+    """No two of `chunks` have rows at the same time (their inclusive time ranges do not meet). Pure."""
+    spans = sorted((c.min_time_ns, c.max_time_ns) for c in chunks)
+    return all(spans[i][1] < spans[i + 1][0] for i in range(len(spans) - 1))
 
 
 def row_stats(df) -> dict:
@@ -115,17 +121,24 @@ def _cached_copy(store, key: str, cache_dir: str) -> str:
 
 
 def release_chunk_data(spark, chunk: Chunk) -> None:
-    """Drops a chunk's view and frees its checkpointed blocks. Driver only."""
+    """Drops a chunk's view and frees its checkpointed blocks (both forms). Driver only."""
     if chunk.view is not None:
         spark.catalog.dropGlobalTempView(chunk.view)
     release_df(chunk.df)
+    for seg in chunk.segments:
+        release_df(seg)
 
 
 def release_df(df) -> None:
-    """Frees the blocks of a locally checkpointed DataFrame (Dataset.unpersist does not reach them)."""
+    """Frees the blocks of a locally checkpointed DataFrame (Dataset.unpersist does not reach them).
+
+    `df` is the checkpoint itself, or a projection/filter of one (found below them): its
+    checkpoint must back nothing else."""
     if df is None:
         return
     plan = df._jdf.queryExecution().analyzed()
+    while not plan.getClass().getName().endswith("LogicalRDD") and plan.children().size() == 1:
+        plan = plan.children().apply(0)
     if plan.getClass().getName().endswith("LogicalRDD"):
         plan.rdd().unpersist(False)
     else:

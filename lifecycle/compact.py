@@ -1,10 +1,19 @@
 """Compact a contiguous run of in-memory chunks of one partition into one chunk.
 
 When it runs: the lifecycle worker executes a `CompactChunks` action (or a user
-runs `iox compact`). Invariant: the new chunk holds exactly the deduplicated
-rows of the run (order kept: it takes the run's place, and every row keeps the
-newest `_iox_seq` merged into it), so every query answers the same before and
-after; the replaced chunks' data is released only after a grace period.
+runs `iox compact`). Invariant: the new chunk holds exactly the rows of the run
+(order kept: it takes the run's place, and every row keeps its `_iox_seq`), so
+every query answers the same before and after; the replaced chunks' data is
+released only after a grace period.
+
+Two ways, by the forms the chunks are held in (catalog/chunk.py):
+- write-buffer chunks merged into a write-buffer chunk: the new chunk takes over
+  the run's segments as they are (no Spark job, no row decoded); it is known to
+  be deduplicated when each of them was and no two meet in time;
+- otherwise (`to_read_buffer`, or chunks that have a read form) the chunks' views
+  are merged in Spark SQL into deduplicated rows with the deletes materialised,
+  the read form; when every chunk of the run holds the write-buffer form the new
+  chunk keeps it too (persist writes from it).
 """
 from __future__ import annotations
 
@@ -15,7 +24,8 @@ from catalog.chunk import Chunk
 
 from server.crash_points import crash_point
 
-from .chunk_data import merged_df, register_df_chunk, row_stats, schema_bytes, table_deletes
+from .chunk_data import merged_df, register_df_chunk, row_stats, schema_bytes, table_deletes, time_disjoint
+from .ipc_segments import register_segments_chunk
 
 __all__ = ["compact_chunks"]
 
@@ -23,8 +33,10 @@ log = logging.getLogger(__name__)
 
 
 def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_key: str, chunk_ids: tuple | None,
-                   now: float, refresh_view) -> Chunk | None:
-    """Compacts `chunk_ids` (None: every in-memory unpersisted chunk). Returns the new chunk or None."""
+                   now: float, refresh_view, to_read_buffer: bool = True) -> Chunk | None:
+    """Compacts `chunk_ids` (None: every in-memory unpersisted chunk). Returns the new chunk or None.
+
+    A run of one chunk is compacted only `to_read_buffer` (it moves to the read buffer)."""
     with catalog.lock:
         part = catalog.get_partition(db, table, partition_key)
         if part is None or part.persisting or part.compacting:
@@ -36,7 +48,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             chunks = [c for c in live if c.id in set(chunk_ids)]
             if len(chunks) != len(chunk_ids) or any(c.state not in ("open", "closed") for c in chunks):
                 return None
-        if len(chunks) < 2:
+        if len(chunks) < (1 if to_read_buffer and chunk_ids is not None else 2):
             return None
         # contiguous: no other chunk of the partition sits between the first and last
         positions = [live.index(c) for c in chunks]
@@ -45,10 +57,21 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         for c in chunks:
             c.state = "compacting"
         part.compacting = True
+    schema = db.schemas.get(table)
+    keep_segments = all(c.segments for c in chunks)
+    segments = [s for c in chunks for s in c.segments] if keep_segments else []
+    segment_bytes = sum(c.segment_bytes for c in chunks) if keep_segments else 0
+    segments_dedup = keep_segments and all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks)
+    as_segments = keep_segments and not to_read_buffer and all(c.df is None for c in chunks)
+    df = None
     try:
-        schema = db.schemas.get(table)
-        df = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
-        st = row_stats(df)
+        if as_segments:
+            rows = sum(c.rows for c in chunks)
+            lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
+        else:
+            df = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
+            st = row_stats(df)
+            rows, lo, hi = st["n"], st["lo"], st["hi"]
     except BaseException:
         with catalog.lock:
             for c in chunks:
@@ -56,21 +79,28 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             part.compacting = False
         raise
     crash_point("compact_before_swap")
+    cid = catalog.next_chunk_id()
+    columns = schema.to_json()
+    view = register_segments_chunk(segments, columns, cid) if as_segments else register_df_chunk(df, cid)
     with catalog.lock:
-        cid = catalog.next_chunk_id()
         offsets: dict = {}
         for c in chunks:
-            for kp, (lo, hi) in c.offsets.items():
-                a, b = offsets.get(kp, (lo, hi))
-                offsets[kp] = (min(a, lo), max(b, hi))
-        new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=st["n"],
-                    size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"], max_time_ns=st["hi"],
-                    columns=schema.to_json(), view=register_df_chunk(df, cid), offsets=offsets, df=df,
-                    created_at=max(c.created_at for c in chunks), deduplicated=True)
+            for kp, (a_lo, a_hi) in c.offsets.items():
+                a, b = offsets.get(kp, (a_lo, a_hi))
+                offsets[kp] = (min(a, a_lo), max(b, a_hi))
+        new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rows,
+                    size_bytes=segment_bytes + (schema_bytes(rows, schema) if df is not None else 0),
+                    min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
+                    created_at=max(c.created_at for c in chunks),
+                    deduplicated=segments_dedup if as_segments else True, segments=segments,
+                    segments_deduplicated=segments_dedup, segment_bytes=segment_bytes)
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], [new])
         part.compacting = False
+        if keep_segments:
+            for c in chunks:
+                c.segments = []  # handed over to the new chunk: retiring them frees only their views and rows
     refresh_view(db, table)
     catalog.retire(chunks, now)
-    log.info("compacted %d chunks of %s/%s/%s into chunk %d (%d rows)", len(chunks), db.name, table,
-             partition_key, cid, st["n"])
+    log.info("compacted %d chunks of %s/%s/%s into chunk %d (%d rows, %s)", len(chunks), db.name, table,
+             partition_key, cid, rows, new.storage)
     return new

@@ -73,6 +73,8 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         if len(stored) < 2:
             return None
         in_memory = any(c.df is not None for c in stored)
+        # "unloaded" only stays "unloaded": a chunk read from Parquet since its persist is "persisted"
+        state = "persisted" if any(c.state == "persisted" for c in stored) else "unloaded"
         part.compacting = True
     old_keys = tuple(k for c in stored for k in c.parquet_keys)
     key = parquet_key(db.name, table, partition_key, uuid.uuid4())
@@ -104,10 +106,9 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         for f in added:
             cid = catalog.next_chunk_id()
             if in_memory:
-                view, df, state = register_df_chunk(merged, cid), merged, "persisted"
+                view, df = register_df_chunk(merged, cid), merged
             else:
-                view, df, state = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache_dir), \
-                    None, "unloaded"
+                view, df = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache_dir), None
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state=state,
                                     rows=f.row_count, size_bytes=schema_bytes(f.row_count, schema),
                                     min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns, columns=schema.to_json(),

@@ -6,6 +6,11 @@ was rolled back: the flush handle aborted, the chunks back to their state).
 
 Invariants (IOx persist + persist_sink's many writers / one committer):
 - Rows with time <= the flush timestamp go to Parquet, the rest stay in memory.
+- The rows written are the chunks' merge: deduplicated on (tags, time), the
+  deletes applied. When every chunk holds the write-buffer form, an executor
+  reads those Arrow IPC streams and merges them in Arrow
+  (lifecycle/arrow_merge.py), so no row passes through Spark's row format;
+  otherwise the chunks' views are merged in Spark SQL. Both give the same rows.
 - Parquet files are written by Spark executors; the driver alone commits ONE
   preserved-catalog transaction naming the files, the partition checkpoint,
   the database checkpoint and the table schema.
@@ -33,7 +38,10 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .chunk_data import merged_df, register_df_chunk, release_df, row_stats, schema_bytes, table_deletes
+from .arrow_merge import ArrowDelete, deletes_supported
+from .chunk_data import (merged_df, register_df_chunk, register_parquet_chunk, release_df, row_stats, schema_bytes,
+                         table_deletes, time_disjoint)
+from .ipc_segments import LAYOUT_CHUNK, SEGMENT_COLUMNS, register_segments_chunk
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
@@ -170,9 +178,99 @@ def mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
 
 def chunk_states(part) -> list:
     return [ChunkState(chunk_id=c.id, order=int(c.order * 1000), state=c.state, row_count=c.rows,
-                       size_bytes=c.size_bytes if c.df is not None else 0, min_time_ns=c.min_time_ns,
-                       max_time_ns=c.max_time_ns, time_of_last_write=c.created_at)
+                       size_bytes=c.size_bytes if c.in_memory else 0, min_time_ns=c.min_time_ns,
+                       max_time_ns=c.max_time_ns, time_of_last_write=c.created_at, storage=c.storage)
             for c in part.live_chunks()]
+
+
+def layout_columns(schema) -> list:
+    """[(name, type)] of a table's value columns in the merged layout: tags, then fields, by name."""
+    return [(t, "string") for t in schema.tags()] + [(f.name, f.type) for f in schema.fields()]
+
+
+_SEGMENTS_OUT = ("kind string, key string, rows long, size long, min_t long, max_t long, min_seq long, "
+                 "max_seq long, payload binary")
+#: rows per IPC stream of the rows a persist keeps in memory
+REMAINDER_ROWS_PER_STREAM = 1 << 16
+
+
+def _out_schema():
+    import pyarrow as pa
+
+    return pa.schema([("kind", pa.string()), ("key", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),
+                      ("min_t", pa.int64()), ("max_t", pa.int64()), ("min_seq", pa.int64()),
+                      ("max_seq", pa.int64()), ("payload", pa.binary())])
+
+
+def _out_row(kind: str, key, rows: int, size: int, stats: tuple, payload):
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pylist([dict(zip(("kind", "key", "rows", "size", "min_t", "max_t", "min_seq", "max_seq",
+                                                 "payload"), (kind, key, rows, size, *stats, payload)))],
+                                      schema=_out_schema())
+
+
+def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list, flush_ts: int, deletes: list,
+                         dedup: bool):
+    """Executor side of a persist from the write-buffer form (one task): decodes the chunks' IPC
+    streams in chunk order (column `ci`), applies `deletes` (ArrowDelete), deduplicates when
+    `dedup`, writes the rows with time <= `flush_ts` into ONE Parquet file at `key` and yields its
+    metadata ("file"), then the later rows as IPC streams in the chunk layout ("rem", one row
+    each, with their stats). `tags`: names; `fields`: [(name, type)].
+
+    Picklable (captures the store config and plain data).
+    """
+    columns = [(t, "string") for t in tags] + list(fields)
+
+    def fn(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        from lifecycle.arrow_merge import apply_deletes, deduplicate
+        from lifecycle.ipc_segments import arrow_type, chunk_table, encode_ipc
+
+        target = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns]
+                           + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())])
+        parts = []
+        for b in batches:
+            cis = b.column("ci").to_pylist()
+            layouts = b.column("layout").to_pylist()
+            bases = b.column("seq_base").to_pylist()
+            los = b.column("day_lo").to_pylist()
+            his = b.column("day_hi").to_pylist()
+            payloads = b.column("payload")
+            for i in range(b.num_rows):
+                t = pa.ipc.open_stream(payloads[i].as_buffer()).read_all()
+                parts.append((cis[i], chunk_table(t, layouts[i], bases[i], los[i], his[i], columns).cast(target)))
+        if not parts:
+            return
+        parts.sort(key=lambda p: p[0])  # stable: each chunk's streams keep their order
+        t = pa.concat_tables([p for _ci, p in parts])
+        t = apply_deletes(t, deletes, dict(columns))
+        if dedup:
+            t = deduplicate(t, tags, [n for n, _t in fields])
+
+        def stats(x):
+            tt = pc.min_max(x.column(TIME_NS_COLUMN))
+            ss = pc.min_max(x.column(SEQ_COLUMN))
+            return tt["min"].as_py(), tt["max"].as_py(), ss["min"].as_py(), ss["max"].as_py()
+
+        later = pc.greater(t.column(TIME_NS_COLUMN), flush_ts)
+        to_write = t.filter(pc.invert(later))
+        rest = t.filter(later)
+        if to_write.num_rows:
+            fs, path = store.arrow_prepare_write(key)
+            pq.write_table(to_write.combine_chunks(), path, filesystem=fs, compression="zstd",
+                           row_group_size=ROW_GROUP_ROWS)
+            yield _out_row("file", key, to_write.num_rows, fs.get_file_info(path).size, stats(to_write), None)
+        rest = rest.combine_chunks()
+        for off in range(0, rest.num_rows, REMAINDER_ROWS_PER_STREAM):
+            piece = rest.slice(off, REMAINDER_ROWS_PER_STREAM)
+            payload = encode_ipc(piece)
+            yield _out_row("rem", None, piece.num_rows, len(payload), stats(piece), payload)
+
+    return fn
 
 
 def _reusable(chunks: list, schema, deletes: list):
@@ -186,13 +284,122 @@ def _reusable(chunks: list, schema, deletes: list):
     return c.df
 
 
+@dataclass
+class _Written:
+    """What a writer produced: the Parquet file's metadata and what stays in memory."""
+    #: [row with key, rows, size, min_t, max_t, min_seq, max_seq] of the file written (or [])
+    meta: list
+    #: how the rows were merged ("arrow" from the write-buffer form, "sql" from the views)
+    via: str
+    #: SQL path: the persisted rows, kept as the persisted chunk's read form (may be a chunk's own)
+    persisted_df: object = None
+    reused: bool = False
+    #: SQL path: the rows after the flush timestamp (read form) and their stats
+    remainder_df: object = None
+    remainder_stats: dict | None = None
+    #: Arrow path: the rows after the flush timestamp as one segment (write-buffer form), their stats
+    remainder_segment: object = None
+    remainder_rows: int = 0
+    remainder_bytes: int = 0
+    remainder_min_t: int | None = None
+    remainder_max_t: int | None = None
+    t_merge: float = 0.0
+    t_split: float = 0.0
+
+    def timing(self, total_s: float) -> str:
+        if self.via == "arrow":  # one task merges, splits and writes
+            return f"written in {total_s:.3f} s"
+        return (f"merge {self.t_merge:.3f} s, split {self.t_split:.3f} s, "
+                f"Parquet {total_s - self.t_merge - self.t_split:.3f} s")
+
+    def release(self) -> None:
+        """Frees what was built (a failed persist)."""
+        if not self.reused:
+            release_df(self.persisted_df)
+        release_df(self.remainder_df)
+        release_df(self.remainder_segment)
+
+
+def arrow_plan(chunks: list, schema, deletes: list):
+    """(ArrowDelete list, whether to deduplicate) when `chunks` can be persisted from their
+    write-buffer form: every chunk holds it and every delete term is evaluable in Arrow; else None.
+    Deduplication is skipped when every chunk's streams are known to be deduplicated and no two
+    chunks meet in time."""
+    if not chunks or not all(c.segments for c in chunks):
+        return None
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
+    arrow_deletes = [ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq, tuple(tuple(t[:4]) for t in d.predicate))
+                     for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    if not deletes_supported(arrow_deletes, col_types):
+        return None
+    dedup = not (all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks))
+    return arrow_deletes, dedup
+
+
+def _write_from_segments(spark, store: ObjectStore, key: str, chunks: list, schema, plan, flush_ts: int) -> _Written:
+    """One executor task reads the chunks' write-buffer form, merges in Arrow and writes the file."""
+    from pyspark.sql import functions as F
+
+    arrow_deletes, dedup = plan
+    inputs = None
+    for i, c in enumerate(chunks):
+        for seg in c.segments:
+            d = seg.select(F.lit(i).alias("ci"), *SEGMENT_COLUMNS)
+            inputs = d if inputs is None else inputs.union(d)
+    fn = _segments_persist_fn(store, key, schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
+                              arrow_deletes, dedup)
+    out = inputs.coalesce(1).mapInArrow(fn, _SEGMENTS_OUT).localCheckpoint(eager=True)
+    rows = out.drop("payload").collect()
+    w = _Written(meta=[r for r in rows if r["kind"] == "file"], via="arrow")
+    rems = [r for r in rows if r["kind"] == "rem"]
+    if rems:
+        # its blocks are `out`'s: released with the remainder chunk (release_df finds the checkpoint)
+        w.remainder_segment = out.filter(F.col("kind") == "rem").select(
+            F.lit(LAYOUT_CHUNK).alias("layout"), F.lit(0).cast("long").alias("seq_base"),
+            F.lit(None).cast("int").alias("day_lo"), F.lit(None).cast("int").alias("day_hi"), "payload")
+        w.remainder_rows = sum(r["rows"] for r in rems)
+        w.remainder_bytes = sum(r["size"] for r in rems)
+        w.remainder_min_t = min(r["min_t"] for r in rems)
+        w.remainder_max_t = max(r["max_t"] for r in rems)
+    else:
+        release_df(out)
+    return w
+
+
+def _write_from_views(spark, store: ObjectStore, key: str, chunks: list, schema, deletes: list,
+                      flush_ts: int) -> _Written:
+    """Merges the chunks' views in Spark SQL, splits at the flush timestamp, writes the file."""
+    t0 = time.perf_counter()
+    # one deduplicated chunk of the whole schema with no delete to materialise (a compacted
+    # partition): its rows are the merge's, so its checkpoint is reused, not copied
+    reused = _reusable(chunks, schema, deletes)
+    merged = reused if reused is not None else \
+        merged_df(spark, schema, chunks, deletes).localCheckpoint(eager=True)
+    t_merge = time.perf_counter()
+    w = _Written(meta=[], via="sql", reused=reused is not None)
+    if max(c.max_time_ns for c in chunks) <= flush_ts:
+        w.persisted_df = merged  # every row goes to Parquet: no split to compute
+    else:
+        w.persisted_df = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
+        w.remainder_df = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
+        w.reused = False
+        if reused is None:
+            release_df(merged)
+    w.t_merge, w.t_split = t_merge - t0, time.perf_counter() - t_merge
+    w.meta = write_one_file(w.persisted_df, store, key)
+    w.remainder_stats = {"n": 0} if w.remainder_df is None else row_stats(w.remainder_df)
+    return w
+
+
 def persist_partition(spark, catalog: Catalog, db: Database, table: str, partition_key: str, store: ObjectStore,
                       preserved, in_flight: InFlightFiles, now: float, force: bool,
-                      refresh_view) -> PersistOutcome | None:
+                      refresh_view, cache_dir: str | None = None) -> PersistOutcome | None:
     """Persists one partition. Returns None when there is nothing to persist.
 
     `preserved` is the database's PreservedCatalog (the one committer);
-    `refresh_view(db, table)` swaps the table view after the catalog changed.
+    `refresh_view(db, table)` swaps the table view after the catalog changed; `cache_dir`: local
+    copies of S3 files a chunk without an in-memory form reads (see chunk_data.register_parquet_chunk).
     Raises what the commit raises (e.g. RevisionConflict: the caller must stop).
     """
     with catalog.lock:
@@ -213,29 +420,19 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         part.persisting = True
     keys_written: list = []
     t0 = time.perf_counter()
+    w = None
     try:
         schema = db.schemas.get(table)
         deletes = table_deletes(db, table)
-        # one deduplicated chunk of the whole schema with no delete to materialise (a compacted
-        # partition): its rows are the merge's, so its checkpoint is reused, not copied
-        reused = _reusable(chunks, schema, deletes)
-        merged = reused if reused is not None else \
-            merged_df(spark, schema, chunks, deletes).localCheckpoint(eager=True)
-        t_merge = time.perf_counter()
-        if max(c.max_time_ns for c in chunks) <= flush_ts:
-            to_persist, remainder = merged, None  # every row goes to Parquet: no split to compute
-        else:
-            to_persist = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
-            remainder = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
-            if reused is None:
-                release_df(merged)
         key = parquet_key(db.name, table, partition_key, uuid.uuid4())
         in_flight.add([key])
         keys_written.append(key)
-        t_split = time.perf_counter()
-        meta = write_one_file(to_persist, store, key)
+        plan = arrow_plan(chunks, schema, deletes)
+        if plan is not None:
+            w = _write_from_segments(spark, store, key, chunks, schema, plan, flush_ts)
+        else:
+            w = _write_from_views(spark, store, key, chunks, schema, deletes, flush_ts)
         t_write = time.perf_counter()
-        rem_stats = {"n": 0} if remainder is None else row_stats(remainder)
         # one committer: the driver builds and commits the transaction
         with catalog.lock:
             applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
@@ -257,7 +454,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             part_ckpt, db_ckpt = builder.build()
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         files = []
-        for m in meta:
+        for m in w.meta:
             add = add_parquet_action(m, table, partition_key, schema)
             actions.append(add)
             files.append(add)
@@ -279,41 +476,56 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                 c.state = "closed"
             part.persisting = False
         in_flight.discard(keys_written)
+        if w is not None:
+            w.release()
         raise
     in_flight.discard(keys_written)
     db.deletes.mark_recorded(flushed)
+    rows = sum(f.row_count for f in files)
+    pid = catalog.next_chunk_id() if rows else None
+    # the persisted chunk reads its file, unless the SQL path kept its rows in memory
+    parquet_view = register_parquet_chunk(spark, store, [f.key for f in files], schema.to_json(), pid, cache_dir) \
+        if rows and w.persisted_df is None else None
     # committed: now the flush handle, then the in-memory swap
     with catalog.lock:
         part.windows.flush(handle)
         new_chunks = []
-        rows = sum(f.row_count for f in files)
         if rows:
+            view = register_df_chunk(w.persisted_df, pid) if w.persisted_df is not None else parquet_view
+            new_chunks.append(Chunk(id=pid, table=table, partition_key=partition_key, order=0, state="persisted",
+                                    rows=rows, size_bytes=schema_bytes(rows, schema),
+                                    min_time_ns=min(f.min_time_ns for f in files),
+                                    max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
+                                    view=view, offsets={}, df=w.persisted_df, parquet_keys=[f.key for f in files],
+                                    created_at=now, deduplicated=True))
+        elif not w.reused:
+            release_df(w.persisted_df)  # every row was deleted: the empty checkpoint backs no chunk
+        if w.remainder_stats and w.remainder_stats["n"]:
+            st = w.remainder_stats
             cid = catalog.next_chunk_id()
-            pc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="persisted", rows=rows,
-                       size_bytes=schema_bytes(rows, schema), min_time_ns=min(f.min_time_ns for f in files),
-                       max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
-                       view=register_df_chunk(to_persist, cid), offsets={}, df=to_persist,
-                       parquet_keys=[f.key for f in files], created_at=now, deduplicated=True)
-            new_chunks.append(pc)
-        elif to_persist is not reused:
-            release_df(to_persist)  # every row was deleted: the empty checkpoint backs no chunk
-        if rem_stats["n"]:
+            new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
+                                    rows=st["n"], size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"],
+                                    max_time_ns=st["hi"], columns=schema.to_json(),
+                                    view=register_df_chunk(w.remainder_df, cid), offsets={}, df=w.remainder_df,
+                                    created_at=now, deduplicated=True))
+        if w.remainder_segment is not None:
             cid = catalog.next_chunk_id()
-            rc = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rem_stats["n"],
-                       size_bytes=schema_bytes(rem_stats["n"], schema), min_time_ns=rem_stats["lo"],
-                       max_time_ns=rem_stats["hi"], columns=schema.to_json(), view=register_df_chunk(remainder, cid),
-                       offsets={}, df=remainder, created_at=now, deduplicated=True)
-            new_chunks.append(rc)
+            new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
+                                    rows=w.remainder_rows, size_bytes=w.remainder_bytes, min_time_ns=w.remainder_min_t,
+                                    max_time_ns=w.remainder_max_t, columns=schema.to_json(),
+                                    view=register_segments_chunk([w.remainder_segment], schema.to_json(), cid),
+                                    offsets={}, created_at=max(c.created_at for c in chunks), deduplicated=True,
+                                    segments=[w.remainder_segment], segments_deduplicated=True,
+                                    segment_bytes=w.remainder_bytes))
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], new_chunks)
         part.files.extend(files)
         part.checkpoint = actions[-2]
         part.persisting = False
     refresh_view(db, table)
-    if rows and to_persist is reused:
+    if rows and w.reused:
         chunks[0].df = None  # its checkpoint now backs the persisted chunk: retiring frees its view only
     catalog.retire([c for c in chunks])
-    log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d (%d chunk(s) merged %.3f s, split %.3f s, "
-             "Parquet %.3f s, commit %.3f s, swap %.3f s)", db.name, table, partition_key, rows, len(files), revision,
-             len(chunks), t_merge - t0, t_split - t_merge, t_write - t_split, t_commit - t_write,
-             time.perf_counter() - t_commit)
+    log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d, %d chunk(s) merged via %s (%s, "
+             "commit %.3f s, swap %.3f s)", db.name, table, partition_key, rows, len(files), revision, len(chunks),
+             w.via, w.timing(t_write - t0), t_commit - t_write, time.perf_counter() - t_commit)
     return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts, actions[-1])

@@ -11,8 +11,13 @@ Invariants kept here:
 * At most one action per partition per decision, and none on a partition that
   is already persisting or compacting (chunks of it in state ``persisting`` /
   ``compacting`` count); memory relief may still unload its persisted chunks.
-* A :class:`CompactChunks` names a run of >= 2 unpersisted chunks that are
-  contiguous in chunk order, so compaction never reorders writes.
+* A :class:`CompactChunks` names a run of unpersisted chunks that are
+  contiguous in chunk order, so compaction never reorders writes: >= 2 chunks
+  held in the same form (all only in the write-buffer form, or all with a read
+  form), or, with ``to_read_buffer``, >= 1 write-buffer chunks whose last write is
+  at least ``read_buffer_delay_s`` old (they move to the read buffer). Fresh
+  write-buffer chunks are never merged into rows: merging them with each other
+  keeps the cheap form.
 * A :class:`CompactPersistedChunks` names every persisted chunk (one Parquet
   file each) of a partition, once there are ``persisted_compaction_file_threshold``
   of them, or >= 2 and the partition had no write for ``late_arrive_window_s``
@@ -55,6 +60,8 @@ __all__ = [
     "PersistSelection",
     "can_compact_open_chunk",
     "select_compaction_run",
+    "select_read_buffer_run",
+    "STORAGES",
     "select_persisted_compaction",
     "select_persistable_chunks",
     "persist_reason",
@@ -70,6 +77,8 @@ _WITH_ACTION = ("compacting", "persisting")
 _IN_OBJECT_STORE = ("persisted", "unloaded")
 
 PersistReason = Literal["row_threshold", "age_threshold", "memory"]
+#: where a chunk's rows are held (catalog/chunk.py `Chunk.storage`)
+STORAGES: tuple[str, ...] = ("write_buffer", "read_buffer", "read_buffer+write_buffer", "object_store")
 
 
 def _decimal(seconds: float) -> Decimal:
@@ -101,10 +110,19 @@ class ChunkState:
     time_of_last_write: float
     #: wall time (s) the chunk was last read; memory relief unloads least recently used first
     time_of_last_access: float | None = None
+    #: where its rows are held (one of STORAGES)
+    storage: str = "read_buffer"
 
     def __post_init__(self) -> None:
         if self.state not in CHUNK_STATES:
             raise InvalidLifecycleState("chunk.state", self.state, f"must be one of {CHUNK_STATES}")
+        if self.storage not in STORAGES:
+            raise InvalidLifecycleState("chunk.storage", self.storage, f"must be one of {STORAGES}")
+
+    @property
+    def write_buffer_only(self) -> bool:
+        """Held only in the write-buffer form (no read form yet)."""
+        return self.storage == "write_buffer"
 
     @property
     def has_action(self) -> bool:
@@ -174,11 +192,15 @@ class DatabaseState:
 
 @dataclass(frozen=True)
 class CompactChunks:
-    """Merge a contiguous (in chunk order) run of >= 2 unpersisted chunks into one closed chunk."""
+    """Merge a contiguous (in chunk order) run of unpersisted chunks into one closed chunk.
+
+    ``to_read_buffer``: the merged chunk gets the read form (deduplicated rows); otherwise
+    write-buffer chunks are merged into a write-buffer chunk (no row is decoded)."""
 
     table: str
     partition_key: str
     chunk_ids: tuple[int, ...]
+    to_read_buffer: bool = False
 
 
 @dataclass(frozen=True)
@@ -242,30 +264,60 @@ def can_compact_open_chunk(rules: LifecycleRules, chunk: ChunkState, now: float)
     return _elapsed_at_least(now, chunk.time_of_last_write, rules.late_arrive_window_s)
 
 
+def _compactable(chunk: ChunkState, rules: LifecycleRules, now: float) -> bool:
+    """Closed chunks, and the open chunk once cold or full."""
+    return chunk.state == "closed" or (chunk.state == "open" and can_compact_open_chunk(rules, chunk, now))
+
+
 def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:
     """The first run of >= 2 compactable chunks, contiguous in chunk order (IOx ``maybe_compact_chunks``).
 
     Compactable: closed chunks and the open chunk once cold.  A run's rows stay
-    below ``persist_row_threshold`` (IOx's ``rows_left``); any chunk that is not
-    compactable (persisted, unloaded, under an action, warm, or too big) ends the run.
+    below ``persist_row_threshold`` (IOx's ``rows_left``) and its chunks are held in
+    the same form (only the write-buffer form, or with a read form); any chunk that
+    is not compactable (persisted, unloaded, under an action, warm, or too big) ends
+    the run, and one of the other form starts a new one.
     """
     run: list[int] = []
+    run_form: bool | None = None
     rows_left = rules.persist_row_threshold
     for chunk in partition.chunks:
-        compactable = chunk.state == "closed" or (
-            chunk.state == "open" and can_compact_open_chunk(rules, chunk, now)
-        )
-        if compactable and chunk.row_count < rows_left:
+        compactable = _compactable(chunk, rules, now)
+        if compactable and chunk.row_count < rows_left and run_form in (None, chunk.write_buffer_only):
             run.append(chunk.chunk_id)
+            run_form = chunk.write_buffer_only
             rows_left -= chunk.row_count
             continue
         if len(run) >= 2:
             return tuple(run)
-        run, rows_left = [], rules.persist_row_threshold
-        if compactable and chunk.row_count < rows_left:  # too big for the run, may start the next one
+        run, run_form, rows_left = [], None, rules.persist_row_threshold
+        if compactable and chunk.row_count < rows_left:  # too big for the run, or the other form: may start the next
             run.append(chunk.chunk_id)
+            run_form = chunk.write_buffer_only
             rows_left -= chunk.row_count
     return tuple(run) if len(run) >= 2 else None
+
+
+def select_read_buffer_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:
+    """The first run of write-buffer chunks due for the read buffer, contiguous in chunk order.
+
+    Due: compactable, held only in the write-buffer form, last written at least
+    ``read_buffer_delay_s`` ago. The run's rows stay below ``persist_row_threshold``
+    except that its first chunk is always taken (a big chunk moves alone); any other
+    chunk ends it.
+    """
+    run: list[int] = []
+    rows_left = rules.persist_row_threshold
+    for chunk in partition.chunks:
+        due = (_compactable(chunk, rules, now) and chunk.write_buffer_only
+               and _elapsed_at_least(now, chunk.time_of_last_write, rules.read_buffer_delay_s))
+        if due and (not run or chunk.row_count < rows_left):
+            run.append(chunk.chunk_id)
+            rows_left -= chunk.row_count
+            continue
+        if run:
+            return tuple(run)
+    return tuple(run) if run else None
 
 
 def select_persisted_compaction(partition: PartitionState, rules: LifecycleRules,
@@ -348,6 +400,8 @@ def _free_memory(
     candidates: list[tuple[int, float, str, str, int, int, ChunkState]] = []
     for p in state.partitions:
         for c in p.chunks:
+            if c.size_bytes <= 0:
+                continue  # nothing of it is in memory
             if c.state == "persisted":
                 rank = 0  # unload first
             elif not rules.persist and c.state == "closed" and (p.table, p.partition_key, c.chunk_id) not in claimed:
@@ -374,8 +428,10 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
     2. Per partition not busy: persist if ``persistable_row_count >=
        persist_row_threshold`` or the oldest unpersisted write is at least
        ``persist_age_threshold_s`` old (and a flush handle would be granted);
-       otherwise compact the first contiguous run of >= 2 small unpersisted
-       chunks, or else the partition's Parquet files when
+       otherwise move the first run of write-buffer chunks due for it to the
+       read buffer (:func:`select_read_buffer_run`), or else compact the first
+       contiguous run of >= 2 small unpersisted chunks of one form, or else the
+       partition's Parquet files when
        :func:`select_persisted_compaction` says so, while fewer than
        ``max_active_compactions`` run.
     3. At or above ``buffer_size_soft_bytes``: unload persisted chunks, least
@@ -409,9 +465,10 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
                 persist_running = True
                 continue
         if background_allowed and active_compactions < rules.max_active_compactions:
-            run = select_compaction_run(p, rules, now)
+            to_rb = select_read_buffer_run(p, rules, now)
+            run = to_rb if to_rb is not None else select_compaction_run(p, rules, now)
             if run is not None:
-                actions.append(CompactChunks(p.table, p.partition_key, run))
+                actions.append(CompactChunks(p.table, p.partition_key, run, to_read_buffer=to_rb is not None))
                 acted.add((p.table, p.partition_key))
                 claimed.update((p.table, p.partition_key, cid) for cid in run)
                 active_compactions += 1

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_PERSIST_AGE_THRESHOLD_S",
     "DEFAULT_LATE_ARRIVE_WINDOW_S",
     "DEFAULT_MUB_ROW_THRESHOLD",
+    "DEFAULT_READ_BUFFER_DELAY_S",
     "DEFAULT_WORKER_BACKOFF_MS",
     "DEFAULT_MAX_ACTIVE_COMPACTIONS",
     "DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD",
@@ -53,6 +54,11 @@ DEFAULT_PERSIST_ROW_THRESHOLD = 1_000_000
 DEFAULT_PERSIST_AGE_THRESHOLD_S = 30 * 60.0
 #: IOx ``DEFAULT_MUB_ROW_THRESHOLD``: an open chunk with this many rows may be compacted at once.
 DEFAULT_MUB_ROW_THRESHOLD = 100_000
+#: A chunk still in the write-buffer form (Arrow IPC, cheap to build and to persist, slower to
+#: query) whose last write is this old moves to the read buffer (rows in Spark, fast to query,
+#: as costly to build as decoding every row). Younger chunks are usually persisted first (by
+#: row threshold) and never pay for it. Not an IOx rule: IOx's read buffer costs little to build.
+DEFAULT_READ_BUFFER_DELAY_S = 30.0
 #: IOx ``DEFAULT_WORKER_BACKOFF_MILLIS``: the policy loop runs again after this long.
 DEFAULT_WORKER_BACKOFF_MS = 1_000
 #: Compact a partition's Parquet files into one once it has this many, even while it is written
@@ -135,6 +141,8 @@ class LifecycleRules:
     late_arrive_window_s: float = DEFAULT_LATE_ARRIVE_WINDOW_S
     #: An open chunk with at least this many rows may be compacted even if still written to.
     mub_row_threshold: int = DEFAULT_MUB_ROW_THRESHOLD
+    #: A write-buffer chunk whose last write is this old (seconds) moves to the read buffer.
+    read_buffer_delay_s: float = DEFAULT_READ_BUFFER_DELAY_S
     #: At or above this buffer size, unload/drop chunks (None: no limit).
     buffer_size_soft_bytes: int | None = _DEFAULT_BUFFER_SIZES.soft_bytes
     #: Above this buffer size, push back on writers (None: no limit).
@@ -159,7 +167,8 @@ class LifecycleRules:
         if self.persisted_compaction_file_threshold < 2:
             raise InvalidLifecycleRule("persisted_compaction_file_threshold", self.persisted_compaction_file_threshold,
                                        "must be at least 2 (compacting one file into one changes nothing)")
-        for name in ("persist_age_threshold_s", "late_arrive_window_s", "catalog_transaction_prune_age_s"):
+        for name in ("persist_age_threshold_s", "late_arrive_window_s", "catalog_transaction_prune_age_s",
+                     "read_buffer_delay_s"):
             _positive_seconds(name, getattr(self, name))
         for name in ("buffer_size_soft_bytes", "buffer_size_hard_bytes"):
             value = getattr(self, name)

@@ -151,7 +151,8 @@ class LifecycleWorker:
                 return self.persist(db, action.table, action.partition_key, now, action.force) is not None
             if isinstance(action, CompactChunks):
                 return compact_chunks(self.spark, self.catalog, db, action.table, action.partition_key,
-                                      tuple(action.chunk_ids), now, self.refresh_view) is not None
+                                      tuple(action.chunk_ids), now, self.refresh_view,
+                                      to_read_buffer=action.to_read_buffer) is not None
             if isinstance(action, CompactPersistedChunks):
                 return self.compact_persisted(db, action.table, action.partition_key, tuple(action.chunk_ids),
                                               now) is not None
@@ -166,7 +167,7 @@ class LifecycleWorker:
     def persist(self, db, table: str, partition_key: str, now: float, force: bool):
         preserved = self.preserved_for(db.name, now)
         r = persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
-                              self.in_flight, now, force, self.refresh_view)
+                              self.in_flight, now, force, self.refresh_view, self.cache_dir)
         if r is not None and self.on_persisted is not None:
             self.on_persisted(db, r.database_checkpoint)
         return r

@@ -348,5 +348,5 @@ class IoxServer:
                                                          max_seen=hi)
                         for c in part.live_chunks():
                             p.chunks.add(id=c.id, state=c.state, rows=c.rows, size_bytes=c.size_bytes,
-                                         min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns)
+                                         min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns, storage=c.storage)
         return resp

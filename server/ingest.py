@@ -6,10 +6,15 @@ driver process (Spark calls back into Python). It stops with the stream.
 Invariant: a micro-batch is applied whole or not at all: new chunks are built
 and registered first, table views are swapped next, and only then does
 `applied_hi_inclusive` advance, so a reader that sees an offset as applied sees
-all of its rows. Payload decoding runs on the executors (`_decode_fn`); the
-driver only collects per-message metadata, and builds a batch's chunks as
-concurrent Spark jobs from a small thread pool (`_build_pool`; small jobs are
-latency-bound), adding them to the catalog only once every one was built.
+all of its rows. The driver only collects per-message metadata; a table's
+messages of one UTC day become a chunk held in the write-buffer form
+(lifecycle/ipc_segments.py): their Arrow IPC payloads copied into one
+checkpointed segment, with no decoding (the source already checked that every
+payload decodes). While a table replays after a restart its rows are decoded on
+the executors instead (`_decode_fn`), dropping those already in Parquet. A
+batch's chunks are built as concurrent Spark jobs from a small thread pool
+(`_build_pool`; small jobs are latency-bound) and added to the catalog only
+once every one was built.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflic
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
 from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, row_stats, table_deletes
+from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk
 
 from .crash_points import crash_point
 from .delete_predicate import from_json
@@ -54,7 +60,8 @@ SEQ_OFFSET_BITS = 35
 def seq_base(epoch: int, offset: int) -> int:
     """The `_iox_seq` of row 0 of the message at `offset` in write-buffer epoch `epoch`."""
     return (epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS)) | (offset << SEQ_ROW_BITS)
-_META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt", "txn", "txn_info"]
+_META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt", "txn", "txn_info",
+                 "unique", "problem"]
 
 
 def _arrow_type(typ: str) -> pa.DataType:
@@ -190,7 +197,7 @@ class Ingestor:
         # payloads costs more than the batch's other reads of them); released in `finally`
         raw = df.localCheckpoint(eager=True)
         try:
-            meta = raw.select(*_META_COLUMNS).collect()
+            meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes")).collect()
             t_meta = time.perf_counter()
             log.debug("batch %s: %d messages", batch_id, len(meta))
             if not meta:
@@ -206,6 +213,8 @@ class Ingestor:
                 hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
                 problem = header_problem(m["fmt"], m["kind"], m["tbl"], m["schema"], m["days"], m["txn"],
                                          m["txn_info"])
+                if problem is None and m["kind"] == "write":
+                    problem = m["problem"]  # the source could not decode its payload
                 if problem is not None:
                     skipped.append((m["topic"], m["kp"], m["offset"], problem))
                     continue
@@ -227,7 +236,7 @@ class Ingestor:
             stash_changes: tuple = ({}, set())
             if txn_rows:
                 staged_txns, stash_changes = self._resolve_transactions(
-                    readable, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, F)
+                    readable, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, skipped, F)
             touched = []
             builds: list[_ChunkBuild] = []
             for (topic, table), msgs in by_table.items():
@@ -282,10 +291,11 @@ class Ingestor:
 
     # -- transactions (catalog/transactions.py) -------------------------------------------
     def _resolve_transactions(self, raw, txn_rows: dict, hi: dict, by_table: dict, at_offset: dict,
-                              stashed: dict, committed_deletes: list, F) -> tuple[dict, tuple]:
+                              stashed: dict, committed_deletes: list, skipped: list, F) -> tuple[dict, tuple]:
         """Feeds the batch's parts, decisions and markers to copies of the databases' TxnLogs; a
         committed part joins `by_table` (or `committed_deletes`) at its marker's offset, an
-        undecided one is stashed (its payload collected) until a later batch decides it.
+        undecided one is stashed (its payload collected) until a later batch decides it. A committed
+        part whose payload the source could not decode is skipped (added to `skipped`).
 
         Returns ({database name: (db, new TxnLog)}, (stash entries to add, stash keys to remove)), which
         `apply_batch` installs only once the batch is applied: a failed batch is retried
@@ -316,6 +326,9 @@ class Ingestor:
                     removed.add((topic,) + key)
                 if json.loads(m["txn_info"])["of"] == "delete":
                     committed_deletes.append((topic, m["kp"], marker_offset, key, payload))
+                    continue
+                if m.get("problem"):
+                    skipped.append((topic, m["kp"], m["offset"], m["problem"]))
                     continue
                 applied = dict(m, offset=marker_offset, kind="write")
                 by_table[(topic, m["tbl"])].append(applied)
@@ -357,7 +370,11 @@ class Ingestor:
 
     def _plan_table(self, raw, db: Database, topic: str, table: str, msgs: list, F, at_offset: dict,
                     stashed: list) -> list["_ChunkBuild"]:
-        """Merges the table's schema and plans one chunk per UTC day of the batch's rows (driver, in order)."""
+        """Merges the table's schema and plans one chunk per UTC day of the batch's rows (driver, in order).
+
+        A chunk is planned in the write-buffer form (its messages' payloads, one segment), or,
+        while the table replays after a restart, as decoded rows without those already persisted.
+        """
         cols: list[Column] = []
         for m in msgs:
             for name, role, typ in json.loads(m["schema"]):
@@ -370,24 +387,23 @@ class Ingestor:
             schema.merge([c for c in _dedupe(cols) if schema.get(c.name) is None])
         value_cols = [(c.name, c.type) for c in schema.columns if c.role != "time"]
         days: dict = {}
+        #: day -> [(min_ns, max_ns, unique)] of each message's rows of that day
+        ranges: dict = defaultdict(list)
         for m in msgs:
             for key, (n, lo, hi) in json.loads(m["days"]).items():
                 d = days.setdefault(key, [0, lo, hi, 0])
                 d[0] += n
                 d[1] = min(d[1], lo)
                 d[2] = max(d[2], hi)
+                ranges[key].append((lo, hi, bool(m.get("unique"))))
         remap = {(kp, off): at for (t, kp, off), at in at_offset.items() if t == topic}
         kind = F.col("kind") == "write"
         parts_here = sorted({off for (kp, off) in remap})
         if parts_here:
             kind = kind | ((F.col("kind") == PART) & F.col("offset").isin(parts_here))
         # a table lives on one Kafka partition, so its rows are in one partition of `raw`:
-        # one task (not one per Kafka partition, mostly empty ones) decodes them
-        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & kind) \
-            .select("kp", "offset", "payload").coalesce(1)
-        if stashed:
-            sel = sel.unionByName(self.spark.createDataFrame(stashed, "kp int, offset long, payload binary"))
-        struct = spark_struct_for(schema)
+        # one task (not one per Kafka partition, mostly empty ones) reads them
+        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & kind)
         offsets_by_kp: dict = {}
         for m in msgs:
             lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
@@ -395,18 +411,47 @@ class Ingestor:
         chunk_cols = [[c.name, c.role, c.type] for c in schema.columns]
         filters = self.row_filters.get((db.name, table))
         keep = keep_mask_fn(filters) if filters else None
+        nbytes = sum(m.get("nbytes") or 0 for m in msgs) + sum(len(p) for _kp, _off, p in stashed)
         out = []
         for key in sorted(days):
             rows, lo, hi, _ = days[key]
             day = lo // NS_PER_DAY
             bounds = None if len(days) == 1 else (day, day)
-            unreadable = self.spark.sparkContext.accumulator([], _ListParam())
-            decoded = sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap, unreadable), struct)
-            out.append(_ChunkBuild(db=db, table=table, partition_key=key, decoded=decoded, count_rows=keep is not None,
-                                   rows=rows, min_time_ns=lo, max_time_ns=hi, columns=chunk_cols,
-                                   value_columns=len(value_cols), offsets=dict(offsets_by_kp), topic=topic,
-                                   unreadable=unreadable))
+            b = _ChunkBuild(db=db, table=table, partition_key=key, rows=rows, min_time_ns=lo, max_time_ns=hi,
+                            columns=chunk_cols, value_columns=len(value_cols), offsets=dict(offsets_by_kp),
+                            topic=topic)
+            if keep is None:
+                b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
+                b.segment_bytes = nbytes if bounds is None else nbytes * rows // max(1, sum(d[0] for d in days.values()))
+                b.deduplicated = _disjoint_unique(ranges[key])
+            else:
+                decode_sel = sel.select("kp", "offset", "payload").coalesce(1)
+                if stashed:
+                    decode_sel = decode_sel.unionByName(
+                        self.spark.createDataFrame(stashed, "kp int, offset long, payload binary"))
+                b.unreadable = self.spark.sparkContext.accumulator([], _ListParam())
+                b.decoded = decode_sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap, b.unreadable),
+                                                  spark_struct_for(schema))
+                b.count_rows = True
+            out.append(b)
         return out
+
+    def _segment_plan(self, sel, stashed: list, epoch: int, remap: dict, bounds, F):
+        """The lazy segment (lifecycle/ipc_segments.py) of a table's messages `sel` of one batch:
+        each payload as it is, its rows ordered at the offset it is applied at (`remap`: a committed
+        transaction part at its marker's), plus the `stashed` parts [(kp, offset applied at, payload)]."""
+        applied_at = F.col("offset")
+        for (kp, off), at in remap.items():
+            applied_at = F.when((F.col("kp") == kp) & (F.col("offset") == off), F.lit(at)).otherwise(applied_at)
+        base = F.shiftleft(F.lit(epoch).cast("long"), SEQ_OFFSET_BITS + SEQ_ROW_BITS).bitwiseOR(
+            F.shiftleft(applied_at.cast("long"), SEQ_ROW_BITS))
+        lo, hi = bounds if bounds is not None else (None, None)
+        seg = sel.select(F.lit(LAYOUT_WIRE).alias("layout"), base.alias("seq_base"),
+                         F.lit(lo).cast("int").alias("day_lo"), F.lit(hi).cast("int").alias("day_hi"), "payload")
+        if stashed:
+            rows = [(LAYOUT_WIRE, seq_base(epoch, at), lo, hi, payload) for _kp, at, payload in stashed]
+            seg = seg.unionByName(self.spark.createDataFrame(rows, SEGMENT_SCHEMA))
+        return seg.select(*SEGMENT_COLUMNS)
 
     def _build_and_add_chunks(self, builds: list["_ChunkBuild"]) -> list:
         """Materialises the planned chunks, several Spark jobs at once, then adds them to the catalog in plan order.
@@ -437,12 +482,20 @@ class Ingestor:
                 release_df(b.cdf)
                 continue
             cid = self.catalog.next_chunk_id()
-            view = chunk_view_name(cid)
-            b.cdf.createOrReplaceGlobalTempView(view)
-            chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
-                          state="open", rows=b.rows, size_bytes=estimate_bytes(b.rows, b.value_columns),
-                          min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns, view=view,
-                          offsets=b.offsets, df=b.cdf, created_at=time.time())
+            if b.segment is not None:  # the write-buffer form
+                chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
+                              state="open", rows=b.rows, size_bytes=b.segment_bytes, min_time_ns=b.min_time_ns,
+                              max_time_ns=b.max_time_ns, columns=b.columns,
+                              view=register_segments_chunk([b.cdf], b.columns, cid), offsets=b.offsets,
+                              created_at=time.time(), deduplicated=b.deduplicated, segments=[b.cdf],
+                              segments_deduplicated=b.deduplicated, segment_bytes=b.segment_bytes)
+            else:
+                view = chunk_view_name(cid)
+                b.cdf.createOrReplaceGlobalTempView(view)
+                chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
+                              state="open", rows=b.rows, size_bytes=estimate_bytes(b.rows, b.value_columns),
+                              min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns, view=view,
+                              offsets=b.offsets, df=b.cdf, created_at=time.time())
             self.catalog.add_chunk(b.db, chunk, now=time.time())
         # a message spanning several days is decoded by each day's build: reported once
         return sorted({(b.topic, kp, off, why) for b in builds for kp, off, why in b.unreadable_seen})
@@ -553,14 +606,23 @@ def _build_pool():
         return _pool
 
 
+def _disjoint_unique(ranges: list) -> bool:
+    """Whether rows of messages [(min_ns, max_ns, unique)] are deduplicated taken together: each
+    message's keys are unique and no two messages' time ranges meet. Pure."""
+    if not all(u for _lo, _hi, u in ranges):
+        return False
+    spans = sorted((lo, hi) for lo, hi, _u in ranges)
+    return all(spans[i][1] < spans[i + 1][0] for i in range(len(spans) - 1))
+
+
 @dataclass
 class _ChunkBuild:
-    """One chunk of a micro-batch: planned on the driver, materialised by `_materialise`."""
+    """One chunk of a micro-batch: planned on the driver, materialised by `_materialise`.
+
+    Exactly one of `segment` (the write-buffer form) and `decoded` (rows, while replaying) is set."""
     db: Database
     table: str
     partition_key: str
-    decoded: object  # the lazy DataFrame of the chunk's rows
-    count_rows: bool  # replay dropped rows on the executors: rows/min/max are counted after the build
     rows: int
     min_time_ns: int
     max_time_ns: int
@@ -568,13 +630,21 @@ class _ChunkBuild:
     value_columns: int
     offsets: dict
     topic: str = ""
+    segment: object = None  # the lazy DataFrame of the chunk's segment (SEGMENT_SCHEMA)
+    segment_bytes: int = 0
+    deduplicated: bool = False  # the segment's rows are known to be deduplicated
+    decoded: object = None  # the lazy DataFrame of the chunk's decoded rows
+    count_rows: bool = False  # replay dropped rows on the executors: rows/min/max are counted after the build
     unreadable: object = None  # the decoder's accumulator of undecodable payloads
-    cdf: object = None  # the locally checkpointed DataFrame, once built
+    cdf: object = None  # the locally checkpointed DataFrame (segment or rows), once built
     unreadable_seen: tuple = ()  # what `unreadable` held once the chunk was built
 
 
 def _materialise(b: _ChunkBuild) -> None:
     """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread)."""
+    if b.segment is not None:
+        b.cdf = b.segment.coalesce(1).localCheckpoint(eager=True)
+        return
     try:
         b.cdf = b.decoded.localCheckpoint(eager=True)
         b.unreadable_seen = tuple(b.unreadable.value) if b.unreadable is not None else ()

@@ -23,6 +23,11 @@ Invariants:
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - New database topics (prefix `iox.`) are discovered on every trigger and read
   from their start offset (option `start_offsets`, else the low watermark).
+- Every write (and transaction part holding one) is checked where it is read:
+  `problem` names why its payload cannot be applied (not an Arrow IPC stream, no
+  int64 time for every row; `wire_format.payload_problem`), NULL when it can, so
+  the consumer never decodes a bad payload later. `unique` is the writer's
+  iox-unique header.
 """
 from __future__ import annotations
 
@@ -35,10 +40,11 @@ __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "r
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
-                 "schema string, nrows long, days string, payload binary, fmt string, txn string, txn_info string")
+                 "schema string, nrows long, days string, payload binary, fmt string, txn string, txn_info string, "
+                 "unique boolean, problem string")
 #: the columns of SOURCE_SCHEMA, in order
 _COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "payload", "fmt", "txn",
-            "txn_info"]
+            "txn_info", "unique", "problem"]
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
@@ -229,7 +235,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         import pyarrow as pa
         from confluent_kafka import TopicPartition
 
-        from server.wire_format import header_text
+        from server.wire_format import header_text, holds_write, payload_problem
 
         c = _idle_consumers.pop(self.bootstrap, None) or reader_consumer(self.bootstrap)
         ok = False
@@ -265,10 +271,14 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                     rows = header_text(h, "iox-rows")
                     cols["nrows"].append(int(rows) if rows.isascii() and rows.isdigit() else -1)
                     cols["days"].append(header_text(h, "iox-days"))
-                    cols["payload"].append(m.value() or b"")
+                    value = m.value() or b""
+                    cols["payload"].append(value)
                     cols["fmt"].append(header_text(h, "iox-format"))
                     cols["txn"].append(header_text(h, "iox-txn"))
-                    cols["txn_info"].append(header_text(h, "iox-txn-info"))
+                    info = header_text(h, "iox-txn-info")
+                    cols["txn_info"].append(info)
+                    cols["unique"].append(header_text(h, "iox-unique") == "1")
+                    cols["problem"].append(payload_problem(value) if holds_write(cols["kind"][-1], info) else None)
                 if len(cols["offset"]) >= 256:
                     yield _batch(pa, cols)
                     cols = {k: [] for k in cols}
@@ -291,7 +301,8 @@ def _batch(pa, cols: dict):
          pa.array(cols["schema"], pa.string()), pa.array(cols["nrows"], pa.int64()),
          pa.array(cols["days"], pa.string()), pa.array(cols["payload"], pa.binary()),
          pa.array(cols["fmt"], pa.string()), pa.array(cols["txn"], pa.string()),
-         pa.array(cols["txn_info"], pa.string())],
+         pa.array(cols["txn_info"], pa.string()), pa.array(cols["unique"], pa.bool_()),
+         pa.array(cols["problem"], pa.string())],
         names=_COLUMNS)
 
 

@@ -31,7 +31,7 @@ from .line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
 from .wire_format import encode_write
 from .write_buffer import WriteBuffer
 
-__all__ = ["Router", "WriteResult", "ArrowTableWrite", "validate_database_name", "MAX_REPORTED_BAD_LINES",
+__all__ = ["Router", "WriteResult", "ArrowTableWrite", "validate_database_name", "unique_keys", "MAX_REPORTED_BAD_LINES",
            "MAX_DATABASE_NAME_CHARS", "MAX_ROWS_PER_TABLE", "ARROW_ROLES"]
 
 #: At most this many bad lines are listed in an error.
@@ -96,7 +96,7 @@ class Router:
         if result.errors:
             errs = [(e.line_number, e.reason) for e in result.errors[:MAX_REPORTED_BAD_LINES]]
             raise BadLines(errs, len(result.errors))
-        batches = {name: ([Column(c.name, c.role, c.type) for c in tb.columns], tb.data)
+        batches = {name: ([Column(c.name, c.role, c.type) for c in tb.columns], tb.data, tb.unique_keys)
                    for name, tb in result.tables.items()}
         return self._produce(database, batches, result.lines)
 
@@ -120,7 +120,7 @@ class Router:
             decoded_bytes += data.nbytes
             cols, out = _validate_arrow_table(t.table, data, t.roles)
             if out.num_rows:
-                batches[t.table] = (cols, out)
+                batches[t.table] = (cols, out, unique_keys(out, [c.name for c in cols if c.role == "tag"]))
         return self._produce(database, batches, sum(b[1].num_rows for b in batches.values()))
 
     def _decode_ipc(self, t: ArrowTableWrite, budget: int) -> pa.Table:
@@ -141,13 +141,14 @@ class Router:
 
     # -- the one path to the write buffer ----------------------------------------------
     def _produce(self, database: str, batches: dict, points: int) -> WriteResult:
-        """batches: {table: ([Column], pa.Table)} already validated row by row."""
+        """batches: {table: ([Column], pa.Table, unique_keys)} already validated row by row;
+        unique_keys: True when no two rows share a tag set and a time (None: unknown)."""
         overloaded = self.overload_check()
         if overloaded is not None:
             raise overloaded
         if not batches:
             raise InvalidArgument("the request holds no points")
-        for name, (cols, data) in batches.items():
+        for name, (cols, data, _unique) in batches.items():
             for c in cols:
                 if c.role != "time" and c.name in RESERVED_COLUMNS:
                     raise InvalidArgument(f"table {name!r}: column name {c.name!r} is reserved")
@@ -159,15 +160,26 @@ class Router:
         if db.topic_id is None:
             db.topic_id = self.write_buffer.topic_id(topic)
         try:
-            db.schemas.check_and_reserve({name: cols for name, (cols, _) in batches.items()})
+            db.schemas.check_and_reserve({name: cols for name, (cols, _data, _u) in batches.items()})
         except ColumnTypeConflict as e:
             raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
-        writes = [encode_write(name, cols, data) for name, (cols, data) in batches.items()]
+        writes = [encode_write(name, cols, data, unique) for name, (cols, data, unique) in batches.items()]
         token = self.write_buffer.produce(database, writes)
         return WriteResult(token=token, points=points, topic=topic)
 
 
 # -- Arrow validation (pure) -----------------------------------------------------------
+
+def unique_keys(data: pa.Table, tags: list) -> bool:
+    """Whether no two rows of `data` (write-buffer layout) share their tag values and `time`."""
+    if data.num_rows < 2:
+        return True
+    t = data.column(_TIME)
+    if pc.all(pc.greater(t.slice(1), t.slice(0, len(t) - 1))).as_py():
+        return True  # strictly increasing times: no key can repeat
+    groups = data.group_by(list(tags) + [_TIME], use_threads=False).aggregate([])
+    return groups.num_rows == data.num_rows
+
 
 def _check_name(name: str, what: str, table: str) -> None:
     where = "" if what == "table name" else f"table {table!r}: "

@@ -22,6 +22,9 @@ partition, so it is ordered with the writes of every table.
   Kafka partition, "of": "write" | "delete"} (its value and other headers are
   those of the write or delete it holds), a decision {"decision": "commit" |
   "abort", "parts": [[kafka partition, offset], ...]}, a marker {"decision": ...}.
+  Optional on a write: iox-unique "1" when the writer knows that no two of its
+  rows share a tag set and a time (readers that do not know it ignore it; absent
+  means unknown), so the consumer may treat the message as deduplicated.
 
 A message without `iox-format` was not written by an iox server (another
 producer on the topic): readers skip it, and so they do a message whose headers
@@ -54,6 +57,8 @@ __all__ = [
     "encode_marker",
     "SUPPORTED_FORMATS",
     "decode_payload",
+    "payload_problem",
+    "holds_write",
     "partition_key_of_day",
     "day_partitions",
     "day_numbers",
@@ -183,8 +188,10 @@ def day_partitions(time_ns: pa.Array) -> dict[str, list[int]]:
     return {partition_key_of_day(d): [n, lo, hi] for d, n, lo, hi in zip(*cols)}
 
 
-def encode_write(table: str, columns: list, data: pa.Table) -> EncodedWrite:
-    """Encodes one table's validated rows as a write-buffer message. Runs on the router."""
+def encode_write(table: str, columns: list, data: pa.Table, unique_keys: bool | None = None) -> EncodedWrite:
+    """Encodes one table's validated rows as a write-buffer message. Runs on the router.
+
+    `unique_keys`: True when no two rows share a tag set and a time (the iox-unique header)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as w:
         w.write_table(data)
@@ -198,6 +205,8 @@ def encode_write(table: str, columns: list, data: pa.Table) -> EncodedWrite:
         ("iox-rows", str(data.num_rows).encode()),
         ("iox-days", json.dumps(days, separators=(",", ":")).encode()),
     ]
+    if unique_keys:
+        headers.append(("iox-unique", b"1"))
     return EncodedWrite(table=table, key=table.encode(), value=sink.getvalue().to_pybytes(), headers=headers)
 
 
@@ -251,3 +260,27 @@ def encode_marker(txn: str, decision: str, kp: int) -> EncodedWrite:
 def decode_payload(value: bytes) -> pa.Table:
     """Arrow IPC stream bytes -> table. Runs on Spark executors (pure, picklable)."""
     return pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+
+
+def holds_write(kind: str, txn_info: str) -> bool:
+    """A message whose value is a write's payload: a write, or a transaction part of one. Pure."""
+    if kind == "write":
+        return True
+    if kind != PART:
+        return False
+    info = _json(txn_info)
+    return isinstance(info, dict) and info.get("of") == "write"
+
+
+def payload_problem(value: bytes) -> str | None:
+    """Why a write's payload cannot be applied (None when it can): it must be an Arrow IPC
+    stream whose rows all have an int64 `time`. Pure; runs where the source reads Kafka."""
+    try:
+        t = decode_payload(value)
+    except Exception as e:  # untrusted bytes: whatever fails to decode is unreadable
+        return f"payload is not an Arrow IPC stream ({type(e).__name__}: {e})"
+    if "time" not in t.column_names or t.schema.field("time").type != pa.int64():
+        return "payload without an int64 time column"
+    if t.column("time").null_count:
+        return "payload with rows without a time"
+    return None

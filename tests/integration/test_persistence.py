@@ -170,6 +170,45 @@ def test_persist_splits_at_the_flush_timestamp_and_late_rows_stay(manual):
     assert all(ch["state"] == "persisted" for ch in part["chunks"])
 
 
+def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same_answers(manual):
+    """Fresh chunks are held as the write buffer's IPC streams; the policy first merges closed ones
+    among themselves (no row decoded), then moves chunks whose last write is read_buffer_delay_s old
+    to the read buffer (deduplicated rows, keeping the IPC streams), and persist writes from those.
+    Every step answers the same, duplicates and overwrites included."""
+    c, db, srv = manual.client, f"m_{uuid.uuid4().hex[:8]}", manual.server
+    for k in range(3):
+        _write(c, db, [f"cpu,host=h{i % 3} v={k * 10 + i},w={k}i {T0 + k * 10 + i}" for i in range(10)])
+    _write(c, db, [f"cpu,host=h0 v=500 {T0}", f"cpu,host=h0 w=7i {T0}"])  # overwrites: not deduplicated
+    points = {(f"h{i % 3}", T0 + k * 10 + i): [float(k * 10 + i), k] for k in range(3) for i in range(10)}
+    points[("h0", T0)] = [500.0, 7]
+    expect = [{"host": h, "n": sum(1 for (hh, _t) in points if hh == h),
+               "s": sum(v for (hh, _t), (v, _w) in points.items() if hh == h),
+               "w": max(w for (hh, _t), (_v, w) in points.items() if hh == h)} for h in ("h0", "h1", "h2")]
+    dbo = srv.catalog.database(db)
+
+    def chunks():
+        return [(ch.state, ch.storage, ch.rows, ch.segments_deduplicated)
+                for ch in srv.catalog.table_chunks(dbo, "cpu")]
+
+    # the router marked each request's keys unique: each of the first three is deduplicated alone,
+    # the last one repeats a key within itself
+    assert chunks() == [("closed", "write_buffer", 10, True)] * 3 + [("open", "write_buffer", 2, False)]
+    assert c.query(db, Q).to_pylist() == expect
+    now = time.time()
+    srv.lifecycle.run_once(now + 10)  # the closed chunks merge; the open one is still warm
+    assert chunks() == [("closed", "write_buffer", 30, True), ("open", "write_buffer", 2, False)]
+    assert c.query(db, Q).to_pylist() == expect
+    for k in range(3):  # read buffer delay (30 s) and late-arrival window (300 s) passed: everything moves
+        srv.lifecycle.run_once(now + 400 + k)
+    assert chunks() == [("closed", "read_buffer+write_buffer", 30, False)]
+    assert srv.catalog.table_chunks(dbo, "cpu")[0].deduplicated is True  # the read form is
+    assert c.query(db, Q).to_pylist() == expect
+    r = c.persist(db)
+    assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 30)]
+    assert chunks() == [("persisted", "object_store", 30, False)]
+    assert c.query(db, Q).to_pylist() == expect
+
+
 def test_compaction_keeps_answers(manual):
     c, db = manual.client, f"c_{uuid.uuid4().hex[:8]}"
     for k in range(3):
@@ -184,10 +223,14 @@ def test_compaction_keeps_answers(manual):
     assert len(chunks) == 1 and int(chunks[0]["rows"]) == 4
 
 
-def test_persisting_a_compacted_chunk_reuses_its_data_in_whole_row_groups(manual):
-    """One compacted (deduplicated) chunk and no delete: persist writes its checkpoint as it is, and
-    releasing the retired chunk afterwards leaves the persisted chunk's data (the same blocks) intact."""
-    from lifecycle.chunk_data import release_chunk_data
+@pytest.mark.parametrize("form", ["write_buffer", "read_buffer_only"])
+def test_persisting_a_compacted_chunk(manual, form):
+    """One compacted (deduplicated) chunk and no delete. Compaction keeps the chunk's write-buffer
+    form, so persist merges its IPC streams in Arrow and the persisted chunk reads its file; a chunk
+    without that form (as replay builds them) has its rows checkpoint written as it is and kept as
+    the persisted chunk's data. Either way, releasing the retired chunk afterwards leaves the answers
+    intact, and the file holds whole row groups."""
+    from lifecycle.chunk_data import release_chunk_data, release_df
 
     c, db, srv = manual.client, f"r_{uuid.uuid4().hex[:8]}", manual.server
     n = 9_000
@@ -195,14 +238,25 @@ def test_persisting_a_compacted_chunk_reuses_its_data_in_whole_row_groups(manual
         _write(c, db, [f"cpu,host=h{i % 3} v={k * n + i},w={k}i {T0 + k * n + i}" for i in range(n)])
     expect = [{"host": f"h{h}", "n": n, "s": float(sum(range(h, 3 * n, 3))), "w": 2} for h in range(3)]
     assert c.query(db, Q).to_pylist() == expect
-    assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
     dbo = srv.catalog.database(db)
+    assert {ch.storage for ch in srv.catalog.table_chunks(dbo, "cpu")} == {"write_buffer"}
+    assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
     [compacted] = srv.catalog.table_chunks(dbo, "cpu")
+    assert compacted.storage == "read_buffer+write_buffer" and compacted.rows == 3 * n
+    assert [ch["storage"] for ch in _partitions(c, db)["2023-11-14"]["chunks"]] == ["read_buffer+write_buffer"]
     data = compacted.df
+    if form == "read_buffer_only":
+        for seg in compacted.segments:
+            release_df(seg)
+        compacted.segments = []
     r = c.persist(db)
     assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 3 * n)]
     [persisted] = srv.catalog.table_chunks(dbo, "cpu")
-    assert persisted.state == "persisted" and persisted.df is data and compacted.df is None
+    assert persisted.state == "persisted"
+    if form == "write_buffer":
+        assert persisted.storage == "object_store" and persisted.df is None
+    else:
+        assert persisted.df is data and compacted.df is None
     for ch in srv.catalog.take_retired(time.time() + 1):
         release_chunk_data(srv.spark, ch)
     assert c.query(db, Q).to_pylist() == expect
@@ -308,10 +362,11 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_se
     c, db = auto.client, f"a_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i}" for i in range(200)])
     expect = c.query(db, Q2).to_pylist()
-    # rows >= persist_row_threshold and older than the late-arrival window: persisted;
-    # the soft limit (1 byte) then unloads the persisted chunk
+    # rows >= persist_row_threshold and older than the late-arrival window: persisted (from the
+    # write-buffer form, so nothing of it stays in memory; a persisted chunk that kept its rows in
+    # memory would be unloaded by the soft limit of 1 byte)
     part = _wait(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
-                 all(ch["state"] == "unloaded" for ch in _partitions(c, db)["2023-11-14"]["chunks"]) and
+                 all(ch["storage"] == "object_store" for ch in _partitions(c, db)["2023-11-14"]["chunks"]) and
                  _partitions(c, db)["2023-11-14"], what="persist + unload")
     assert sum(int(f["rows"]) for f in part["files"]) == 200
     assert expect == [{"host": f"h{h}", "n": 50, "s": float(sum(range(h, 200, 4)))} for h in range(4)]

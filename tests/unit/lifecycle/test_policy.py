@@ -651,3 +651,64 @@ def test_persisted_compaction_yields_to_persist_memory_compaction_busy_partition
 def test_persisted_compaction_file_threshold_must_be_at_least_two():
     with pytest.raises(InvalidLifecycleRule):
         rules(persisted_compaction_file_threshold=1)
+
+
+# ============================================================ write-buffer form and the read buffer
+
+
+def wb(chunk_id: int, last_write: float, state: str = "closed", **kw: object) -> ChunkState:
+    """A chunk held only in the write-buffer form."""
+    import dataclasses
+
+    return dataclasses.replace(chunk(chunk_id, last_write, state, **kw), storage="write_buffer")  # type: ignore[arg-type]
+
+
+def test_read_buffer_delay_rule() -> None:
+    assert LifecycleRules().read_buffer_delay_s == 30.0
+    with pytest.raises(InvalidLifecycleRule):
+        rules(read_buffer_delay_s=0)
+    with pytest.raises(InvalidLifecycleState):
+        ChunkState(1, 1, "closed", 1, 1, 0, 1, 0.0, storage="disk")
+
+
+def test_write_buffer_chunks_merge_among_themselves_without_the_read_buffer() -> None:
+    r = rules(read_buffer_delay_s=30)
+    p = part([wb(1, 10), wb(2, 11), wb(3, 12, "open")])
+    # the open chunk is warm (late-arrive window 300 s): the two closed ones merge, in the write-buffer form
+    assert decide(db([p]), r, 20) == [CompactChunks("t", "p", (1, 2), to_read_buffer=False)]
+
+
+def test_due_write_buffer_run_moves_to_the_read_buffer_even_alone() -> None:
+    r = rules(read_buffer_delay_s=30)
+    p = part([chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), wb(4, 50)])
+    # chunk 1 already has a read form; 2 and 3 are due (last write >= 30 s ago at 45), 4 is not
+    assert decide(db([p]), r, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
+    alone = part([wb(7, 0, "open")])
+    assert decide(db([alone]), rules(read_buffer_delay_s=30, late_arrive_window_s=10), 31) == \
+        [CompactChunks("t", "p", (7,), to_read_buffer=True)]
+    # an open chunk that is still warm never moves
+    assert decide(db([alone]), rules(read_buffer_delay_s=30, late_arrive_window_s=100), 31) == []
+
+
+def test_read_buffer_run_row_limit_lets_a_big_first_chunk_move_alone() -> None:
+    r = rules(read_buffer_delay_s=1, persist_row_threshold=100)
+    p = part([wb(1, 0, rows=500), wb(2, 0, rows=10), wb(3, 0, rows=10)])
+    assert decide(db([p]), r, 5) == [CompactChunks("t", "p", (1,), to_read_buffer=True)]
+    p = part([wb(2, 0, rows=60), wb(3, 0, rows=30), wb(4, 0, rows=30)])
+    assert decide(db([p]), r, 5) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
+
+
+def test_compaction_runs_do_not_mix_forms() -> None:
+    r = rules(read_buffer_delay_s=1000)
+    # a read-form chunk between write-buffer ones: no run of 2 of one form
+    assert select_compaction_run(part([wb(1, 0), chunk(2, 0, "closed"), wb(3, 0)]), r, 10) is None
+    # a form change ends a run and starts the next one
+    assert select_compaction_run(part([chunk(1, 0, "closed"), wb(2, 0), wb(3, 0)]), r, 10) == (2, 3)
+    assert select_compaction_run(part([chunk(1, 0, "closed"), chunk(2, 0, "closed"), wb(3, 0)]), r, 10) == (1, 2)
+
+
+def test_memory_relief_skips_chunks_with_nothing_in_memory() -> None:
+    r = rules(buffer_size_soft_bytes=10, buffer_size_hard_bytes=1000)
+    gone = chunk(1, 0, "persisted", size=0)
+    held = chunk(2, 0, "persisted", size=50)
+    assert decide(db([part([gone, held])], size=50), r, 1) == [UnloadChunk("t", "p", 2)]

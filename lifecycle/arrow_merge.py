@@ -1,0 +1,118 @@
+"""Merging chunk rows in Arrow: deletes and deduplication, exactly as the table views do them in SQL.
+
+Invariant: for rows in the chunk layout (value columns, `time_ns`, `_iox_seq`),
+`apply_deletes` removes exactly the rows `server/views.py deletes_sql` removes
+(a delete takes rows written before it, `_iox_seq < seq`, with start <= time <
+stop, matching every term NULL-safely: a NULL never matches), and
+`deduplicate` gives exactly `views._merge_sql`'s rows: one per (tags, time_ns),
+each field its last non-null value in `_iox_seq` order (NULL if none),
+`_iox_seq` the newest merged. Row order of the result is not specified.
+
+Pure pyarrow, no Spark: runs on the executors (persist from the write-buffer
+form) and in unit tests.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+
+__all__ = ["ArrowDelete", "deletes_supported", "apply_deletes", "deduplicate", "sort_by_seq"]
+
+#: (column type, literal kind) pairs a delete term may compare (server/delete_predicate.py
+#: validate_against_schema); others are not evaluated here
+_SUPPORTED = {("string", "string"), ("float", "float"), ("float", "integer"), ("integer", "integer"),
+              ("uinteger", "integer"), ("boolean", "boolean")}
+
+
+class ArrowDelete(NamedTuple):
+    """A delete as `apply_deletes` takes it (picklable: it travels to the executors)."""
+
+    start_ns: int
+    stop_ns_exclusive: int
+    #: rows with a smaller `_iox_seq` were written before it
+    seq: int
+    #: ((column, op, value, kind), ...) as server/delete_predicate.py to_json
+    terms: tuple
+
+
+def deletes_supported(deletes, col_types: dict) -> bool:
+    """Whether `apply_deletes` evaluates every term of `deletes` (terms on columns the table lacks
+    are fine: such a delete removes nothing, as in SQL)."""
+    for d in deletes:
+        for col, op, _value, kind in d[3]:
+            typ = col_types.get(col)
+            if typ is not None and ((typ, kind) not in _SUPPORTED or op not in ("=", "!=")):
+                return False
+    return True
+
+
+def _literal(value, kind: str, typ: str):
+    if typ == "string":
+        return pa.scalar(value, pa.string())
+    if typ == "float":
+        return pa.scalar(float(value), pa.float64())
+    if typ == "integer":
+        return pa.scalar(int(value), pa.int64())
+    if typ == "uinteger":
+        return pa.scalar(Decimal(int(value)), pa.decimal128(20, 0))
+    return pa.scalar(bool(value), pa.bool_())
+
+
+def apply_deletes(t: pa.Table, deletes, col_types: dict) -> pa.Table:
+    """`t` without the rows `deletes` (ArrowDelete) remove; `col_types`: {column: type} of `t`'s value columns."""
+    if not deletes or t.num_rows == 0:
+        return t
+    times = t.column(TIME_NS_COLUMN)
+    seqs = t.column(SEQ_COLUMN)
+    removed = None
+    for start, stop, seq, terms in deletes:
+        if any(col not in col_types for col, _op, _v, _k in terms):
+            continue  # a column the table lacks is NULL: nothing matches
+        m = pc.and_(pc.less(seqs, seq), pc.and_(pc.greater_equal(times, start), pc.less(times, stop)))
+        for col, op, value, kind in terms:
+            lit = _literal(value, kind, col_types[col])
+            cmp = pc.equal(t.column(col), lit) if op == "=" else pc.not_equal(t.column(col), lit)
+            m = pc.and_(m, pc.fill_null(cmp, False))
+        removed = m if removed is None else pc.or_(removed, m)
+    if removed is None:
+        return t
+    return t.filter(pc.invert(removed))
+
+
+def sort_by_seq(t: pa.Table) -> pa.Table:
+    """`t` in `_iox_seq` order (as it is when already sorted)."""
+    seq = t.column(SEQ_COLUMN)
+    if t.num_rows < 2:
+        return t
+    s = seq.combine_chunks()
+    if pc.all(pc.greater_equal(s.slice(1), s.slice(0, len(s) - 1))).as_py():
+        return t
+    return t.take(pc.sort_indices(s))
+
+
+def deduplicate(t: pa.Table, tags: list, fields: list) -> pa.Table:
+    """One row per (tags, time_ns): each field its last non-null value by `_iox_seq`, `_iox_seq` the max.
+
+    `tags`/`fields`: column names; the result has `t`'s columns in `t`'s order.
+    """
+    if t.num_rows < 2:
+        return t
+    t = sort_by_seq(t)
+    schema = t.schema
+    # Arrow's hash_last has no decimal kernel: unsigned fields (decimal(20, 0) in the chunk layout,
+    # values in [0, 2^64 - 1]) are aggregated as uint64, exactly
+    for f in fields:
+        if pa.types.is_decimal(schema.field(f).type):
+            t = t.set_column(t.schema.get_field_index(f), f, pc.cast(t.column(f), pa.uint64()))
+    keys = list(tags) + [TIME_NS_COLUMN]
+    aggs = [(f, "last", pc.ScalarAggregateOptions(skip_nulls=True)) for f in fields] + [(SEQ_COLUMN, "max")]
+    g = t.group_by(keys, use_threads=False).aggregate(aggs)
+    renamed = {f"{f}_last": f for f in fields}
+    renamed[f"{SEQ_COLUMN}_max"] = SEQ_COLUMN
+    g = g.rename_columns([renamed.get(n, n) for n in g.column_names])
+    return g.select(schema.names).cast(schema)

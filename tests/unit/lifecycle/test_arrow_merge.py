@@ -1,0 +1,133 @@
+"""lifecycle/arrow_merge.py against a plain-Python reference of the SQL views' semantics
+(server/views.py: deletes per row before the merge, then one row per (tags, time) with each
+field's last non-null value by `_iox_seq`)."""
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lifecycle.arrow_merge import ArrowDelete, apply_deletes, deduplicate, deletes_supported, sort_by_seq
+
+TAGS = ["host", "region"]
+FIELDS = [("f", "float"), ("i", "integer"), ("u", "uinteger"), ("s", "string"), ("b", "boolean")]
+COL_TYPES = dict([(t, "string") for t in TAGS] + FIELDS)
+ARROW = {"string": pa.string(), "float": pa.float64(), "integer": pa.int64(), "uinteger": pa.decimal128(20, 0),
+         "boolean": pa.bool_()}
+
+_values = {
+    "float": st.one_of(st.none(), st.sampled_from([0.0, 1.5, -2.25, 1e300])),
+    "integer": st.one_of(st.none(), st.sampled_from([0, 1, -7, 2**63 - 1])),
+    "uinteger": st.one_of(st.none(), st.sampled_from([0, 3, 2**64 - 1]).map(Decimal)),
+    "string": st.one_of(st.none(), st.sampled_from(["", "x", "y\n", "é"])),
+    "boolean": st.one_of(st.none(), st.booleans()),
+}
+
+
+@st.composite
+def rows(draw):
+    n = draw(st.integers(0, 30))
+    seqs = draw(st.lists(st.integers(0, 10_000), min_size=n, max_size=n, unique=True))
+    out = []
+    for k in range(n):
+        r = {"host": draw(st.sampled_from(["a", "b", None])), "region": draw(st.sampled_from(["eu", None]))}
+        for name, typ in FIELDS:
+            r[name] = draw(_values[typ])
+        r["time_ns"] = draw(st.sampled_from([-5, 0, 1, 2]))
+        r["_iox_seq"] = seqs[k]
+        out.append(r)
+    return out
+
+
+def _table(rs: list) -> pa.Table:
+    cols = {t: pa.array([r[t] for r in rs], pa.string()) for t in TAGS}
+    for name, typ in FIELDS:
+        cols[name] = pa.array([r[name] for r in rs], ARROW[typ])
+    cols["time_ns"] = pa.array([r["time_ns"] for r in rs], pa.int64())
+    cols["_iox_seq"] = pa.array([r["_iox_seq"] for r in rs], pa.int64())
+    return pa.table(cols)
+
+
+def _key(r: dict):
+    return tuple((k, repr(r[k])) for k in sorted(r))
+
+
+def _reference_dedup(rs: list) -> list:
+    groups: dict = {}
+    for r in sorted(rs, key=lambda r: r["_iox_seq"]):
+        groups.setdefault((r["host"], r["region"], r["time_ns"]), []).append(r)
+    out = []
+    for (host, region, t), members in groups.items():
+        m = {"host": host, "region": region, "time_ns": t, "_iox_seq": max(x["_iox_seq"] for x in members)}
+        for name, _typ in FIELDS:
+            vals = [x[name] for x in members if x[name] is not None]
+            m[name] = vals[-1] if vals else None
+        out.append(m)
+    return out
+
+
+def _matches(r: dict, terms) -> bool:
+    for col, op, value, _kind in terms:
+        v = r[col]
+        if v is None:
+            return False
+        eq = v == (Decimal(value) if isinstance(v, Decimal) else value)
+        if eq != (op == "="):
+            return False
+    return True
+
+
+def _reference_deletes(rs: list, deletes: list) -> list:
+    return [r for r in rs if not any(r["_iox_seq"] < seq and start <= r["time_ns"] < stop and _matches(r, terms)
+                                     for start, stop, seq, terms in deletes)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows())
+def test_deduplicate_equals_reference(rs):
+    got = deduplicate(_table(rs), TAGS, [n for n, _t in FIELDS])
+    assert got.schema == _table(rs).schema
+    assert sorted(map(_key, got.to_pylist())) == sorted(map(_key, _reference_dedup(rs)))
+
+
+_terms = st.lists(st.one_of(
+    st.tuples(st.just("host"), st.sampled_from(["=", "!="]), st.sampled_from(["a", "b"]), st.just("string")),
+    st.tuples(st.just("f"), st.sampled_from(["=", "!="]), st.sampled_from([1.5, 0.0]), st.just("float")),
+    st.tuples(st.just("f"), st.sampled_from(["=", "!="]), st.just(0), st.just("integer")),
+    st.tuples(st.just("i"), st.sampled_from(["=", "!="]), st.sampled_from([1, 2**63 - 1]), st.just("integer")),
+    st.tuples(st.just("u"), st.sampled_from(["=", "!="]), st.sampled_from([3, 2**64 - 1]), st.just("integer")),
+    st.tuples(st.just("s"), st.sampled_from(["=", "!="]), st.sampled_from(["x", ""]), st.just("string")),
+    st.tuples(st.just("b"), st.sampled_from(["=", "!="]), st.booleans(), st.just("boolean")),
+), max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows(), st.lists(st.tuples(st.sampled_from([-5, 0, 1]), st.sampled_from([0, 2, 3]), st.integers(0, 10_000),
+                                  _terms), max_size=3))
+def test_apply_deletes_equals_reference(rs, ds):
+    deletes = [ArrowDelete(*d) for d in ds]
+    assert deletes_supported(deletes, COL_TYPES)
+    got = apply_deletes(_table(rs), deletes, COL_TYPES)
+    assert sorted(map(_key, got.to_pylist())) == sorted(map(_key, _reference_deletes(rs, deletes)))
+
+
+def test_delete_on_a_column_the_table_lacks_removes_nothing():
+    rs = [{"host": "a", "region": None, "f": 1.0, "i": 1, "u": None, "s": None, "b": None, "time_ns": 0,
+           "_iox_seq": 1}]
+    d = ArrowDelete(-10, 10, 100, [("nope", "=", "a", "string")])
+    assert apply_deletes(_table(rs), [d], COL_TYPES).num_rows == 1
+    assert apply_deletes(_table(rs), [ArrowDelete(-10, 10, 100, [])], COL_TYPES).num_rows == 0
+
+
+def test_unsupported_terms_are_refused():
+    assert not deletes_supported([ArrowDelete(0, 1, 1, [("f", "=", "x", "string")])], COL_TYPES)
+    assert not deletes_supported([ArrowDelete(0, 1, 1, [("host", "<", "x", "string")])], COL_TYPES)
+
+
+@pytest.mark.parametrize("seqs", [[1, 2, 3], [3, 1, 2], [5]])
+def test_sort_by_seq(seqs):
+    t = pa.table({"_iox_seq": pa.array(seqs, pa.int64()), "x": pa.array(range(len(seqs)))})
+    assert sort_by_seq(t).column("_iox_seq").to_pylist() == sorted(seqs)
