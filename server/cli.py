@@ -16,7 +16,8 @@ import sys
 
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
-                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TRIGGER_INTERVAL_MS, DEFAULT_HTTP_PORT, ServerConfig)
+                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TRIGGER_INTERVAL_MS, DEFAULT_HTTP_PORT, InvalidConfig,
+                     ServerConfig)
 
 __all__ = ["main", "build_parser", "SERVE_OPTIONS"]
 
@@ -47,6 +48,7 @@ LIFECYCLE_OPTIONS = [
     ("--persist-age-threshold-s", float, "persist_age_threshold_s"),
     ("--late-arrive-window-s", float, "late_arrive_window_s"),
     ("--mub-row-threshold", int, "mub_row_threshold"),
+    ("--read-buffer-delay-s", float, "read_buffer_delay_s"),
     ("--buffer-size-soft-bytes", int, "buffer_size_soft_bytes"),
     ("--buffer-size-hard-bytes", int, "buffer_size_hard_bytes"),
     ("--worker-backoff-ms", int, "worker_backoff_ms"),
@@ -81,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("IOX_SKIP_LOST_WRITES", "") not in ("", "0", "false"),
                    help="start even when Kafka no longer holds offsets that are not persisted (they are lost; "
                         "logged and counted in status) (env IOX_SKIP_LOST_WRITES)")
+    s.add_argument("--spark-conf", action="append", metavar="KEY=VALUE",
+                   default=[kv for kv in os.environ.get("IOX_SPARK_CONF", "").split(";") if kv],
+                   help="a Spark configuration property of the server's Spark application, repeatable "
+                        "(env IOX_SPARK_CONF: KEY=VALUE;KEY=VALUE); spark.driver.extraJavaOptions is added to "
+                        "the server's own JVM options")
     s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"))
 
     pe = sub.add_parser("persist", help="persist now (all partitions of the scope) and wait for the commit")
@@ -134,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _spark_conf(pairs: list) -> dict:
+    out = {}
+    for kv in pairs:
+        key, sep, value = kv.partition("=")
+        if not sep or not key.strip():
+            raise InvalidConfig("spark_conf", kv, "must be KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
 def _config_from_args(a) -> ServerConfig:
     return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
                         partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
@@ -142,6 +159,7 @@ def _config_from_args(a) -> ServerConfig:
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
                         embedded_broker_port=a.broker_port, object_store=a.object_store,
                         s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
+                        extra_spark_conf=_spark_conf(a.spark_conf),
                         lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
                                    if getattr(a, fld) is not None})
 
@@ -207,8 +225,6 @@ def main(argv=None) -> int:
     if a.cmd == "serve":
         logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from .app import IoxServer
-
-        from .config import InvalidConfig
 
         try:
             cfg = _config_from_args(a)

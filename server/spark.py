@@ -52,6 +52,8 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
              .config("spark.connect.grpc.binding.port", str(spark_connect_port)))
     for k, v in (extra_conf or {}).items():
+        if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
+            v = f"-Dderby.system.home={scratch_dir} {v}"
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
