@@ -61,6 +61,9 @@ class Chunk:
     segments_deduplicated: bool = False
     #: bytes of the write-buffer form (IPC streams), part of `size_bytes`
     segment_bytes: int = 0
+    #: where in time the rows lie, finer than [min_time_ns, max_time_ns] (catalog/time_spans.py);
+    #: () = the hull
+    time_spans: tuple = ()
 
     def column_names(self) -> set:
         return {c[0] for c in self.columns}

@@ -13,11 +13,12 @@ import base64
 import json
 import pickle
 
+from catalog import time_spans
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes", "time_disjoint",
+__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes", "time_disjoint", "merged_spans",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -29,9 +30,14 @@ def estimate_bytes(rows: int, value_columns: int) -> int:
 
 
 def time_disjoint(chunks: list) -> bool:
-    """No two of `chunks` have rows at the same time (their inclusive time ranges do not meet). Pure."""
-    spans = sorted((c.min_time_ns, c.max_time_ns) for c in chunks)
-    return all(spans[i][1] < spans[i + 1][0] for i in range(len(spans) - 1))
+    """No two of `chunks` have rows at the same time (their time spans do not meet). Pure."""
+    return time_spans.disjoint([time_spans.of_chunk(c) for c in chunks])
+
+
+def merged_spans(chunks: list, lo: int | None = None, hi: int | None = None) -> tuple:
+    """The time spans of the merge of `chunks` (of its rows within [lo, hi] when given). Pure."""
+    spans = time_spans.union([time_spans.of_chunk(c) for c in chunks])
+    return spans if lo is None or hi is None else time_spans.clip(spans, lo, hi)
 
 
 def row_stats(df) -> dict:
@@ -53,7 +59,7 @@ def chunk_source_sql(chunk: Chunk) -> str:
 def chunk_source(chunk: Chunk) -> ChunkSource:
     """How views read `chunk` (its view must be registered)."""
     return ChunkSource(chunk_source_sql(chunk), chunk.column_names(), chunk.min_time_ns, chunk.max_time_ns,
-                       chunk.deduplicated)
+                       chunk.deduplicated, chunk.time_spans)
 
 
 def merged_df(spark, schema: TableSchema, chunks: list, deletes: list = (), extra_where: str = ""):

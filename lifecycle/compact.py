@@ -24,7 +24,8 @@ from catalog.chunk import Chunk
 
 from server.crash_points import crash_point
 
-from .chunk_data import merged_df, register_df_chunk, row_stats, schema_bytes, table_deletes, time_disjoint
+from .chunk_data import (merged_df, merged_spans, register_df_chunk, row_stats, schema_bytes, table_deletes,
+                         time_disjoint)
 from .ipc_segments import register_segments_chunk
 
 __all__ = ["compact_chunks"]
@@ -93,7 +94,8 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                     min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
                     created_at=max(c.created_at for c in chunks),
                     deduplicated=segments_dedup if as_segments else True, segments=segments,
-                    segments_deduplicated=segments_dedup, segment_bytes=segment_bytes)
+                    segments_deduplicated=segments_dedup, segment_bytes=segment_bytes,
+                    time_spans=merged_spans(chunks, lo, hi) if rows else ())
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], [new])
         part.compacting = False
         if keep_segments:

@@ -39,8 +39,8 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 from server.crash_points import crash_point
 
 from .arrow_merge import ArrowDelete, deletes_supported
-from .chunk_data import (merged_df, register_df_chunk, register_parquet_chunk, release_df, row_stats, schema_bytes,
-                         table_deletes, time_disjoint)
+from .chunk_data import (merged_df, merged_spans, register_df_chunk, register_parquet_chunk, release_df, row_stats,
+                         schema_bytes, table_deletes, time_disjoint)
 from .ipc_segments import LAYOUT_CHUNK, SEGMENT_COLUMNS, register_segments_chunk
 from .policy import ChunkState, select_persistable_chunks
 
@@ -507,7 +507,8 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                                     rows=st["n"], size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"],
                                     max_time_ns=st["hi"], columns=schema.to_json(),
                                     view=register_df_chunk(w.remainder_df, cid), offsets={}, df=w.remainder_df,
-                                    created_at=now, deduplicated=True))
+                                    created_at=now, deduplicated=True,
+                                    time_spans=merged_spans(chunks, st["lo"], st["hi"])))
         if w.remainder_segment is not None:
             cid = catalog.next_chunk_id()
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
@@ -516,7 +517,8 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                                     view=register_segments_chunk([w.remainder_segment], schema.to_json(), cid),
                                     offsets={}, created_at=max(c.created_at for c in chunks), deduplicated=True,
                                     segments=[w.remainder_segment], segments_deduplicated=True,
-                                    segment_bytes=w.remainder_bytes))
+                                    segment_bytes=w.remainder_bytes,
+                                    time_spans=merged_spans(chunks, w.remainder_min_t, w.remainder_max_t)))
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], new_chunks)
         part.files.extend(files)
         part.checkpoint = actions[-2]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
+from catalog import time_spans
 from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
@@ -424,6 +425,7 @@ class Ingestor:
                 b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
                 b.segment_bytes = nbytes if bounds is None else nbytes * rows // max(1, sum(d[0] for d in days.values()))
                 b.deduplicated = _disjoint_unique(ranges[key])
+                b.time_spans = time_spans.normalize([(r_lo, r_hi) for r_lo, r_hi, _u in ranges[key]])
             else:
                 decode_sel = sel.select("kp", "offset", "payload").coalesce(1)
                 if stashed:
@@ -488,7 +490,8 @@ class Ingestor:
                               max_time_ns=b.max_time_ns, columns=b.columns,
                               view=register_segments_chunk([b.cdf], b.columns, cid), offsets=b.offsets,
                               created_at=time.time(), deduplicated=b.deduplicated, segments=[b.cdf],
-                              segments_deduplicated=b.deduplicated, segment_bytes=b.segment_bytes)
+                              segments_deduplicated=b.deduplicated, segment_bytes=b.segment_bytes,
+                              time_spans=b.time_spans)
             else:
                 view = chunk_view_name(cid)
                 b.cdf.createOrReplaceGlobalTempView(view)
@@ -633,6 +636,7 @@ class _ChunkBuild:
     segment: object = None  # the lazy DataFrame of the chunk's segment (SEGMENT_SCHEMA)
     segment_bytes: int = 0
     deduplicated: bool = False  # the segment's rows are known to be deduplicated
+    time_spans: tuple = ()  # its messages' time spans (catalog/time_spans.py)
     decoded: object = None  # the lazy DataFrame of the chunk's decoded rows
     count_rows: bool = False  # replay dropped rows on the executors: rows/min/max are counted after the build
     unreadable: object = None  # the decoder's accumulator of undecodable payloads

@@ -7,11 +7,13 @@ table view is replaced atomically (CREATE OR REPLACE), so a query already
 planned keeps the chunks it resolved.
 
 Deduplication is planned only where it can change a row (IOx: only overlapping
-chunks are deduplicated): chunks are split into groups whose time ranges
-overlap; a group of one chunk that is already deduplicated (compaction and
-persist output, Parquet files) is read as it is, every other group is merged
-with GROUP BY (tags, time). Two groups never share a (tags, time) key, since
-their time ranges are disjoint.
+chunks are deduplicated): chunks are split into groups whose time spans meet
+(catalog/time_spans.py: each chunk's rows lie in its spans, finer than its
+[min, max] hull); a group of one chunk that is already deduplicated
+(compaction and persist output, Parquet files, write-buffer chunks of
+unique-keyed requests apart in time) is read as it is, every other group is
+merged with GROUP BY (tags, time). Two groups never share a (tags, time) key,
+since their spans are disjoint.
 
 Naming (stable, documented in the README): chunk data `global_temp.iox_chunk_<id>`;
 table view `global_temp.<database>__<table>` (backtick-quoted when needed).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from catalog import time_spans
 from catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
 
 __all__ = ["ChunkSource", "deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql",
@@ -38,26 +41,40 @@ class ChunkSource(NamedTuple):
     max_time_ns: int
     #: no two rows of the chunk share (tags, time): it needs no GROUP BY of its own
     deduplicated: bool = False
+    #: where in time its rows lie (catalog/time_spans.py); () = [min_time_ns, max_time_ns]
+    time_spans: tuple = ()
 
 
 def overlap_groups(sources: list) -> list:
-    """`sources` split into groups of chunks whose inclusive time ranges overlap (transitively),
-    ordered by time; within a group the input order is kept. A chunk without rows (no time
+    """`sources` split into groups of chunks whose time spans meet (transitively), ordered by
+    their earliest time; within a group the input order is kept. A chunk without rows (no time
     range) is a group of its own, last. Pure."""
-    order = sorted((i for i, s in enumerate(sources) if s.min_time_ns is not None),
-                   key=lambda i: (sources[i].min_time_ns, i))
-    empty = [[sources[i]] for i, s in enumerate(sources) if s.min_time_ns is None]
-    groups: list = []
-    hi = None
-    for i in order:
-        s = sources[i]
-        if groups and s.min_time_ns <= hi:
-            groups[-1].append(i)
-            hi = max(hi, s.max_time_ns)
+    flat = sorted((lo, hi, i) for i, s in enumerate(sources) for lo, hi in time_spans.of_chunk(s))
+    parent = list(range(len(sources)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    # a sweep over all spans by start: a span meeting the run so far joins its chunk to the run's
+    run_hi, run_chunk = None, None
+    for lo, hi, i in flat:
+        if run_hi is not None and lo <= run_hi:
+            parent[root(i)] = root(run_chunk)
+            run_hi = max(run_hi, hi)
         else:
-            groups.append([i])
-            hi = s.max_time_ns
-    return [[sources[i] for i in sorted(g)] for g in groups] + empty
+            run_hi, run_chunk = hi, i
+    groups: dict = {}
+    first: dict = {}
+    for lo, _hi, i in flat:
+        first.setdefault(root(i), lo)
+    for i, s in enumerate(sources):
+        if s.min_time_ns is not None:
+            groups.setdefault(root(i), []).append(s)
+    empty = [[s] for s in sources if s.min_time_ns is None]
+    return [groups[r] for r in sorted(groups, key=lambda r: (first[r], r))] + empty
 
 
 def quote(name: str) -> str:

@@ -209,6 +209,36 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     assert c.query(db, Q).to_pylist() == expect
 
 
+def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(manual):
+    """Two unique-keyed requests merged into one chunk keep their own time spans: a later chunk
+    falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
+    so compaction keeps the merge known-deduplicated and persist writes without deduplicating."""
+    from lifecycle.chunk_data import table_deletes
+    from lifecycle.persist import arrow_plan
+
+    c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
+    _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
+    _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(20, 30)])
+    assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
+    _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10, 20)])  # the gap
+    dbo = srv.catalog.database(db)
+    chunks = srv.catalog.table_chunks(dbo, "cpu")
+    assert [(ch.rows, ch.min_time_ns - T0, ch.max_time_ns - T0, ch.segments_deduplicated) for ch in chunks] == \
+        [(20, 0, 29, True), (10, 10, 19, True)]
+    assert chunks[0].time_spans == ((T0, T0 + 9), (T0 + 20, T0 + 29))
+    assert arrow_plan(chunks, dbo.schemas.get("cpu"), table_deletes(dbo, "cpu")) == ([], False)
+    expect = [{"host": f"h{h}", "n": 15, "s": float(sum(range(h, 30, 2)))} for h in (0, 1)]
+    assert c.query(db, Q2).to_pylist() == expect
+    assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
+    (merged,) = srv.catalog.table_chunks(dbo, "cpu")
+    assert (merged.rows, merged.segments_deduplicated, merged.time_spans) == \
+        (30, True, ((T0, T0 + 9), (T0 + 10, T0 + 19), (T0 + 20, T0 + 29)))
+    assert c.query(db, Q2).to_pylist() == expect
+    r = c.persist(db)
+    assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 30)]
+    assert c.query(db, Q2).to_pylist() == expect
+
+
 def test_compaction_keeps_answers(manual):
     c, db = manual.client, f"c_{uuid.uuid4().hex[:8]}"
     for k in range(3):

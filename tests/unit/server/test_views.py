@@ -51,3 +51,18 @@ def test_a_table_without_rows_is_an_empty_view_in_the_user_layout():
     sql = empty_table_view_sql(SCHEMA)
     assert sql == ("SELECT CAST(NULL AS STRING) AS `host`, CAST(NULL AS DOUBLE) AS `usage`, "
                    "CAST(NULL AS TIMESTAMP) AS `time`, CAST(NULL AS BIGINT) AS `time_ns` WHERE false")
+
+
+def test_chunks_whose_hulls_overlap_but_spans_do_not_are_read_without_group_by():
+    # two write-buffer chunks of interleaved requests: hulls [0, 39] and [10, 49], spans apart
+    a = ChunkSource("global_temp.a", {"host", "usage"}, 0, 39, True, ((0, 9), (20, 29), (30, 39)))
+    b = ChunkSource("global_temp.b", {"host", "usage"}, 10, 49, True, ((10, 19), (40, 49)))
+    assert overlap_groups([a, b]) == [[a], [b]]
+    assert "GROUP BY" not in table_view_sql(SCHEMA, [a, b])
+    # a third chunk meeting a span of each joins both into one merged group, in input order
+    c = ChunkSource("global_temp.c", {"host", "usage"}, 29, 40, True, ((29, 29), (40, 40)))
+    assert overlap_groups([b, c, a]) == [[b, c, a]]
+    assert table_view_sql(SCHEMA, [a, b, c]).count("GROUP BY") == 1
+    # a span-less chunk is its hull
+    d = src("d", 50, 60)
+    assert overlap_groups([d, a]) == [[a], [d]]
