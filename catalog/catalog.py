@@ -83,6 +83,9 @@ class Database:
     topic_id: str | None = None
     #: multi-message requests: pending parts, decisions, pins (catalog/transactions.py; under Catalog.lock)
     txns: TxnLog = field(default_factory=TxnLog)
+    #: table -> wall time (s) of the last query that may have read it (set by the query engine;
+    #: the lifecycle moves a queried table's write-buffer chunks to the read buffer sooner)
+    queried_at: dict = field(default_factory=dict)
 
     def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
         """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})

@@ -256,13 +256,15 @@ def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list,
             ss = pc.min_max(x.column(SEQ_COLUMN))
             return tt["min"].as_py(), tt["max"].as_py(), ss["min"].as_py(), ss["max"].as_py()
 
+        # a filter copies every value: skipped when all rows are on one side (a persist of everything)
         later = pc.greater(t.column(TIME_NS_COLUMN), flush_ts)
-        to_write = t.filter(pc.invert(later))
-        rest = t.filter(later)
+        n_later = pc.sum(later.cast(pa.int64())).as_py() or 0
+        to_write = t if n_later == 0 else t.slice(0, 0) if n_later == t.num_rows else t.filter(pc.invert(later))
+        rest = t.slice(0, 0) if n_later == 0 else t if n_later == t.num_rows else t.filter(later)
         if to_write.num_rows:
             fs, path = store.arrow_prepare_write(key)
-            pq.write_table(to_write.combine_chunks(), path, filesystem=fs, compression="zstd",
-                           row_group_size=ROW_GROUP_ROWS)
+            # the writer cuts row groups of ROW_GROUP_ROWS across the table's chunks (no copy)
+            pq.write_table(to_write, path, filesystem=fs, compression="zstd", row_group_size=ROW_GROUP_ROWS)
             yield _out_row("file", key, to_write.num_rows, fs.get_file_info(path).size, stats(to_write), None)
         rest = rest.combine_chunks()
         for off in range(0, rest.num_rows, REMAINDER_ROWS_PER_STREAM):

@@ -154,6 +154,8 @@ class PartitionState:
     persisting: bool = False
     #: a compaction is in progress on this partition
     compacting: bool = False
+    #: wall time (s) of the last query that may have read the table (None: none since the start)
+    time_of_last_query: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunks", tuple(sorted(self.chunks, key=lambda c: (c.order, c.chunk_id))))
@@ -302,15 +304,20 @@ def select_read_buffer_run(partition: PartitionState, rules: LifecycleRules, now
     """The first run of write-buffer chunks due for the read buffer, contiguous in chunk order.
 
     Due: compactable, held only in the write-buffer form, last written at least
-    ``read_buffer_delay_s`` ago. The run's rows stay below ``persist_row_threshold``
+    ``read_buffer_delay_s`` ago, or at least ``queried_read_buffer_delay_s`` ago when the
+    table was queried after that last write. The run's rows stay below ``persist_row_threshold``
     except that its first chunk is always taken (a big chunk moves alone); any other
     chunk ends it.
     """
     run: list[int] = []
     rows_left = rules.persist_row_threshold
     for chunk in partition.chunks:
+        queried = (partition.time_of_last_query is not None
+                   and partition.time_of_last_query >= chunk.time_of_last_write)
+        delay_s = min(rules.read_buffer_delay_s, rules.queried_read_buffer_delay_s) if queried \
+            else rules.read_buffer_delay_s
         due = (_compactable(chunk, rules, now) and chunk.write_buffer_only
-               and _elapsed_at_least(now, chunk.time_of_last_write, rules.read_buffer_delay_s))
+               and _elapsed_at_least(now, chunk.time_of_last_write, delay_s))
         if due and (not run or chunk.row_count < rows_left):
             run.append(chunk.chunk_id)
             rows_left -= chunk.row_count

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_LATE_ARRIVE_WINDOW_S",
     "DEFAULT_MUB_ROW_THRESHOLD",
     "DEFAULT_READ_BUFFER_DELAY_S",
+    "DEFAULT_QUERIED_READ_BUFFER_DELAY_S",
     "DEFAULT_WORKER_BACKOFF_MS",
     "DEFAULT_MAX_ACTIVE_COMPACTIONS",
     "DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD",
@@ -59,6 +60,10 @@ DEFAULT_MUB_ROW_THRESHOLD = 100_000
 #: as costly to build as decoding every row). Younger chunks are usually persisted first (by
 #: row threshold) and never pay for it. Not an IOx rule: IOx's read buffer costs little to build.
 DEFAULT_READ_BUFFER_DELAY_S = 30.0
+#: A write-buffer chunk of a table queried since its last write moves to the read buffer once
+#: its last write is this old: a table that is read is likely read again (dashboards), and each
+#: query of the write-buffer form decodes every row again.
+DEFAULT_QUERIED_READ_BUFFER_DELAY_S = 2.0
 #: IOx ``DEFAULT_WORKER_BACKOFF_MILLIS``: the policy loop runs again after this long.
 DEFAULT_WORKER_BACKOFF_MS = 1_000
 #: Compact a partition's Parquet files into one once it has this many, even while it is written
@@ -143,6 +148,8 @@ class LifecycleRules:
     mub_row_threshold: int = DEFAULT_MUB_ROW_THRESHOLD
     #: A write-buffer chunk whose last write is this old (seconds) moves to the read buffer.
     read_buffer_delay_s: float = DEFAULT_READ_BUFFER_DELAY_S
+    #: ... or this old when its table was queried since (see the constant).
+    queried_read_buffer_delay_s: float = DEFAULT_QUERIED_READ_BUFFER_DELAY_S
     #: At or above this buffer size, unload/drop chunks (None: no limit).
     buffer_size_soft_bytes: int | None = _DEFAULT_BUFFER_SIZES.soft_bytes
     #: Above this buffer size, push back on writers (None: no limit).
@@ -168,7 +175,7 @@ class LifecycleRules:
             raise InvalidLifecycleRule("persisted_compaction_file_threshold", self.persisted_compaction_file_threshold,
                                        "must be at least 2 (compacting one file into one changes nothing)")
         for name in ("persist_age_threshold_s", "late_arrive_window_s", "catalog_transaction_prune_age_s",
-                     "read_buffer_delay_s"):
+                     "read_buffer_delay_s", "queried_read_buffer_delay_s"):
             _positive_seconds(name, getattr(self, name))
         for name in ("buffer_size_soft_bytes", "buffer_size_hard_bytes"):
             value = getattr(self, name)

@@ -119,7 +119,8 @@ class LifecycleWorker:
                         unpersisted_row_count=w.unpersisted_row_count() if w else 0,
                         time_of_first_unpersisted_write=w.time_of_first_unpersisted_write() if w else None,
                         flush_timestamp_ns=w.peek_flush_timestamp_ns(now) if w else None,
-                        persisting=part.persisting, compacting=part.compacting))
+                        persisting=part.persisting, compacting=part.compacting,
+                        time_of_last_query=db.queried_at.get(table)))
         return DatabaseState(buffer_size_bytes=self.catalog.memory_bytes(), partitions=tuple(parts),
                              replaying=self.is_replaying(), backpressure_engaged=self.backpressure_engaged)
 

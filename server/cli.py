@@ -49,6 +49,7 @@ LIFECYCLE_OPTIONS = [
     ("--late-arrive-window-s", float, "late_arrive_window_s"),
     ("--mub-row-threshold", int, "mub_row_threshold"),
     ("--read-buffer-delay-s", float, "read_buffer_delay_s"),
+    ("--queried-read-buffer-delay-s", float, "queried_read_buffer_delay_s"),
     ("--buffer-size-soft-bytes", int, "buffer_size_soft_bytes"),
     ("--buffer-size-hard-bytes", int, "buffer_size_hard_bytes"),
     ("--worker-backoff-ms", int, "worker_backoff_ms"),

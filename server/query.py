@@ -7,6 +7,9 @@ each other's table names.
 """
 from __future__ import annotations
 
+import re
+import time
+
 import pyarrow as pa
 
 from catalog.catalog import Catalog, DatabaseNotFoundError
@@ -34,6 +37,9 @@ class QueryEngine:
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
         applied = dict(db.applied_hi_inclusive)
+        now = time.time()
+        for table in _tables_named(sql, db.table_names()):
+            db.queried_at[table] = now
         session = self.spark.newSession()
         existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
                     self.spark.sql("SHOW VIEWS IN global_temp").collect()}
@@ -61,3 +67,12 @@ class QueryEngine:
 def _first_line(msg: str) -> str:
     lines = [l for l in msg.strip().splitlines() if l.strip()]
     return " ".join(lines[:3])[:2000] if lines else msg
+
+
+def _tables_named(sql: str, tables: list) -> list:
+    """The tables whose names occur in `sql` as a whole word, ignoring case (Spark's identifiers
+    do): every table the query may read, and maybe a few it does not (a name inside a string
+    literal), which only moves their chunks to the read buffer sooner."""
+    low = sql.lower()
+    return [t for t in tables if t.lower() in low
+            and re.search(r"(?<![\w$])" + re.escape(t.lower()) + r"(?![\w$])", low)]

@@ -194,9 +194,15 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     # the last one repeats a key within itself
     assert chunks() == [("closed", "write_buffer", 10, True)] * 3 + [("open", "write_buffer", 2, False)]
     assert c.query(db, Q).to_pylist() == expect
+    assert list(dbo.queried_at) == ["cpu"]
+    dbo.queried_at.clear()  # as if nobody had queried the table yet
     now = time.time()
     srv.lifecycle.run_once(now + 10)  # the closed chunks merge; the open one is still warm
     assert chunks() == [("closed", "write_buffer", 30, True), ("open", "write_buffer", 2, False)]
+    assert c.query(db, Q).to_pylist() == expect
+    # queried since its last write: the closed chunk moves once 2 s old, not 30 (the open one is warm)
+    srv.lifecycle.run_once(now + 12)
+    assert chunks() == [("closed", "read_buffer+write_buffer", 30, True), ("open", "write_buffer", 2, False)]
     assert c.query(db, Q).to_pylist() == expect
     for k in range(3):  # read buffer delay (30 s) and late-arrival window (300 s) passed: everything moves
         srv.lifecycle.run_once(now + 400 + k)

@@ -712,3 +712,21 @@ def test_memory_relief_skips_chunks_with_nothing_in_memory() -> None:
     gone = chunk(1, 0, "persisted", size=0)
     held = chunk(2, 0, "persisted", size=50)
     assert decide(db([part([gone, held])], size=50), r, 1) == [UnloadChunk("t", "p", 2)]
+
+
+def test_a_queried_tables_write_buffer_chunks_move_to_the_read_buffer_sooner() -> None:
+    r = rules(read_buffer_delay_s=30, queried_read_buffer_delay_s=2)
+    assert LifecycleRules().queried_read_buffer_delay_s == 2.0
+    chunks = [wb(1, 10), wb(2, 11), wb(3, 14)]
+    # queried at 12: after chunks 1 and 2 were last written, before chunk 3; at 14 both are 2 s old
+    assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 14) == \
+        [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
+    # at 12.5 only chunk 1 is 2 s old: it moves alone; never queried: nothing moves before 30 s
+    assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 12.5) == \
+        [CompactChunks("t", "p", (1,), to_read_buffer=True)]
+    assert decide(db([part(chunks)]), r, 14) == [CompactChunks("t", "p", (1, 2, 3), to_read_buffer=False)]
+    # a query before the writes does not count
+    assert decide(db([part(chunks, time_of_last_query=5.0)]), r, 14) == \
+        [CompactChunks("t", "p", (1, 2, 3), to_read_buffer=False)]
+    with pytest.raises(InvalidLifecycleRule):
+        rules(queried_read_buffer_delay_s=0)

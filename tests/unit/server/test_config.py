@@ -69,3 +69,12 @@ def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usag
     assert ei.value.code == 2
     err = capsys.readouterr().err
     assert "--spark-conf" in err and "KEY=VALUE" in err
+
+
+def test_the_query_engine_notes_every_table_a_query_names():
+    from server.query import _tables_named
+
+    tables = ["cpu", "cpu_total", "My-Table", "mem"]
+    assert _tables_named("SELECT * FROM cpu JOIN `my-table` USING (host)", tables) == ["cpu", "My-Table"]
+    assert _tables_named("select count(*) from CPU_TOTAL", tables) == ["cpu_total"]
+    assert _tables_named("SELECT 1", tables) == []
