@@ -39,11 +39,11 @@ WORKER_SCENARIOS = ("e2e", "restart", "query")
 SIZES = {
     "quick": dict(parse_lines=100_000, repeat=2, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
-                  e2e_persist_row_threshold=100_000, files_persists=6, restart_points=100_000, lat_s=5,
+                  e2e_persist_row_threshold=100_000, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g"),
     "full": dict(parse_lines=1_000_000, repeat=5, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
-                 e2e_persist_row_threshold=1_000_000, files_persists=120, restart_points=2_000_000, lat_s=30,
+                 e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=3, restart_points=2_000_000, lat_s=30,
                  probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="8g"),
 }
 #: server A (end-to-end, files): lifecycle persists by row threshold (sizes' e2e_persist_row_threshold;
@@ -64,6 +64,8 @@ class Context:
         self.figures: dict = {}
         #: phase_seconds of the run; scenarios add sub-phases as "<scenario>.<part>" (harness.Laps)
         self.timings: dict = {}
+        #: `--server-arg`s, added to both servers' arguments
+        self.server_extra: list = []
         self.server_args_after_restart = SERVER_B_ARGS
         #: how the baseline Spark application's start was measured (the restart row says it)
         self.worker_start_note = ""
@@ -145,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one size (development; the JSON records overrides)")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="an extra `iox serve` argument for our servers, e.g. --server-arg=--spark-nice=0 "
+                         "(experiments; the JSON records them; never passed to the baselines)")
     a = ap.parse_args(argv)
     mode = "full" if a.full else "quick"
     selected = [s.strip() for s in a.only.split(",") if s.strip()] or list(SCENARIOS)
@@ -163,6 +168,10 @@ def main(argv=None) -> int:
             ap.error(f"unknown size {k!r}; choose from {', '.join(ctx.sizes)}")
         overrides[k] = type(ctx.sizes[k])(v)
     ctx.sizes = dict(ctx.sizes, **overrides)
+    if a.server_arg:
+        ctx.server_extra = list(a.server_arg)
+        ctx.server_args_after_restart = SERVER_B_ARGS + ctx.server_extra
+        overrides["server_args"] = ctx.server_extra
     machine = harness.machine_info()
     started = time.time()
     t_start = time.monotonic()
@@ -177,12 +186,12 @@ def main(argv=None) -> int:
             try:
                 if needs_server and ctx.server is None:
                     args = (SERVER_A_ARGS + ["--persist-row-threshold", str(ctx.sizes["e2e_persist_row_threshold"])]
-                            if name == "e2e" else SERVER_B_ARGS)
+                            if name == "e2e" else SERVER_B_ARGS) + ctx.server_extra
                     _start_server_and_worker(ctx, args, selected)
-                elif needs_server and name != "restart" and ctx.server.extra_args != SERVER_B_ARGS \
+                elif needs_server and name != "restart" and ctx.server.extra_args != ctx.server_args_after_restart \
                         and name != "e2e":
                     ctx.server.stop()  # --only without restart: switch to server B's rules cleanly
-                    ctx.server.start(extra_args=SERVER_B_ARGS)
+                    ctx.server.start(extra_args=ctx.server_args_after_restart)
                 out = _run_scenario(name, ctx)
             except Exception as e:
                 traceback.print_exc()

@@ -569,6 +569,7 @@ def status_partitions(status: dict, database: str) -> list[dict]:
                             "file_rows": sum(int(f["rows"]) for f in p.get("files", [])),
                             "chunks": len(p.get("chunks", [])),
                             "chunk_states": sorted({c["state"] for c in p.get("chunks", [])}),
+                            "chunk_list": list(p.get("chunks", [])),
                             "chunk_bytes": sum(int(c["size_bytes"]) for c in p.get("chunks", [])),
                             "unpersisted_rows": int(p.get("unpersisted_rows", 0))})
     return out
@@ -605,16 +606,25 @@ class WriteStats:
         return self.points / self.seconds if self.seconds > 0 else 0.0
 
 
+def distinct_cycle(body: bytes, cycle: int) -> bytes:
+    """The `cycle`-th resend of a bench body as new points: cycle 0 is the body itself, cycle c >= 1
+    prefixes every host tag value with "c<c>." (new series, so no point repeats an earlier one)."""
+    return body if cycle == 0 else body.replace(b",host=", b",host=c%d." % cycle)
+
+
 def run_writers(addr: str, database: str, batches: list, clients: int, duration_s: float,
                 rate_points_per_s: float | None = None, points_per_batch: int = POINTS_PER_BATCH,
                 stats: WriteStats | None = None,
-                once: bool = False) -> WriteStats:
+                once: bool = False, cycle_base: int = 0) -> WriteStats:
     """`clients` threads, each with its own gRPC channel, write line-protocol batches for `duration_s`.
 
-    Thread k sends batches[k::clients] cyclically. With `rate_points_per_s` the
-    threads pace themselves (open loop: a late request does not postpone later
-    schedules beyond the catch-up) to that total rate. `once`: each batch is sent
-    exactly once (thread k sends batches[k::clients]) and the run ends then.
+    Thread k sends batches[k::clients] cyclically, each cycle as new points
+    (`distinct_cycle`: a sustained ingest of new data, not rewrites of the same
+    points). With `rate_points_per_s` the threads pace themselves (open loop: a
+    late request does not postpone later schedules beyond the catch-up) to that
+    total rate. `once`: each batch is sent exactly once (thread k sends
+    batches[k::clients]) and the run ends then. `cycle_base`: the first cycle's
+    number (runs over the same batches with bases far apart write distinct points).
     """
     import grpc
 
@@ -645,7 +655,7 @@ def run_writers(addr: str, database: str, batches: list, clients: int, duration_
                     if next_at > now:
                         time.sleep(next_at - now)
                     next_at += interval
-                body = mine[i % len(mine)]
+                body = distinct_cycle(mine[i % len(mine)], cycle_base + i // len(mine))
                 i += 1
                 offered += points_per_batch
                 t0 = time.monotonic()

@@ -69,3 +69,16 @@ def test_quick_sizes_are_not_larger_than_full():
     assert SIZES["full"]["restart_points"] == 2_000_000
     assert SIZES["full"]["e2e_s"] >= 60
     assert set(SCENARIOS) == {"parse", "e2e", "restart", "write", "latency", "query", "overload"}
+
+
+def test_distinct_cycle_makes_every_resend_new_points():
+    from bench.harness import distinct_cycle
+    from server.line_protocol import parse_lines
+
+    body = b"cpu,host=a,region=x v=1 10\ncpu,host=b,region=x v=2 10\n"
+    assert distinct_cycle(body, 0) == body
+    keys = set()
+    for c in range(3):
+        t = parse_lines(distinct_cycle(body, c)).tables["cpu"].data
+        keys |= set(zip(t.column("host").to_pylist(), t.column("time").to_pylist()))
+    assert len(keys) == 6  # 2 points x 3 cycles, none repeated
