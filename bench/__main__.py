@@ -40,11 +40,13 @@ SIZES = {
     "quick": dict(parse_lines=100_000, repeat=2, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
                   e2e_persist_row_threshold=100_000, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
-                  probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g"),
+                  probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g",
+                  worker_memory="4g"),
     "full": dict(parse_lines=1_000_000, repeat=5, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
-                 e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=3, restart_points=2_000_000, lat_s=30,
-                 probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="8g"),
+                 e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
+                 probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="8g",
+                 worker_memory="5g"),
 }
 #: server A (end-to-end, files): lifecycle persists by row threshold (sizes' e2e_persist_row_threshold;
 #: IOx's default 1M in full mode) once the late-arrive window passed
@@ -103,7 +105,7 @@ def _start_server_and_worker(ctx: Context, args: list, selected: list) -> None:
             ctx.baseline_warmup = BaselineWarmup(ctx, broker.bootstrap)
             timings["broker_and_warm_topic"] = time.monotonic() - tb
         t0 = time.monotonic()
-        ctx.worker = harness.SparkWorker(os.path.join(ctx.tmp, "spark-worker"), ctx.sizes["driver_memory"],
+        ctx.worker = harness.SparkWorker(os.path.join(ctx.tmp, "spark-worker"), ctx.sizes["worker_memory"],
                                          wait=False)
         overlap = harness.session_nice_supported()
         if overlap:

@@ -31,7 +31,8 @@ from __future__ import annotations
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 __all__ = ["SEGMENT_SCHEMA", "SEGMENT_COLUMNS", "LAYOUT_WIRE", "LAYOUT_CHUNK", "decode_fn", "chunk_table",
-           "segments_df", "register_segments_chunk", "value_columns_of", "arrow_type", "encode_ipc",
+           "segments_df", "register_segments_chunk", "value_columns_of", "value_arrays", "read_segment_rows",
+           "arrow_type", "encode_ipc",
            "DECODE_PARTITIONS"]
 
 SEGMENT_SCHEMA = "layout int, seq_base long, day_lo int, day_hi int, payload binary"
@@ -52,6 +53,33 @@ def arrow_type(typ: str):
             "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
 
 
+def value_arrays(t, columns: list, combine: bool = False) -> list:
+    """The arrays of `columns` [(name, type)] of a decoded table `t` in the chunk layout's types: a
+    column `t` lacks, or holds in a conflicting type (a foreign producer), reads as nulls.
+    `combine`: plain Arrays (for a RecordBatch) instead of ChunkedArrays. Executor side."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = t.num_rows
+    have = set(t.column_names)
+    out = []
+    for name, typ in columns:
+        target = arrow_type(typ)
+        if name in have:
+            a = t.column(name)
+            if combine:
+                a = a.combine_chunks()
+            if a.type != target:
+                try:
+                    a = pc.cast(a, target)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    a = pa.nulls(n, target)  # a conflicting type from a foreign producer
+        else:
+            a = pa.nulls(n, target)
+        out.append(a)
+    return out
+
+
 def value_columns_of(columns) -> list:
     """[(name, type)] of the value columns (tags and fields) of chunk columns [[name, role, type]]."""
     return [(c[0], c[2]) for c in columns if c[1] != "time"]
@@ -65,21 +93,8 @@ def chunk_table(t, layout: int, seq_base: int, day_lo, day_hi, columns: list):
     import pyarrow.compute as pc
 
     n = t.num_rows
-    arrays, names = [], []
-    have = set(t.column_names)
-    for name, typ in columns:
-        target = arrow_type(typ)
-        if name in have:
-            a = t.column(name)
-            if a.type != target:
-                try:
-                    a = pc.cast(a, target)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    a = pa.nulls(n, target)  # a conflicting type from a foreign producer
-        else:
-            a = pa.nulls(n, target)
-        arrays.append(a)
-        names.append(name)
+    arrays = value_arrays(t, columns)
+    names = [name for name, _typ in columns]
     if layout == LAYOUT_WIRE:
         time_ns = t.column("time")
         seq = pa.array(np.arange(n, dtype=np.int64) + seq_base)
@@ -97,19 +112,22 @@ def chunk_table(t, layout: int, seq_base: int, day_lo, day_hi, columns: list):
     return out
 
 
-def read_segment_rows(batches, columns: list):
-    """Executor side: segment record batches -> chunk-layout Tables, one per IPC stream, in input order."""
+def read_segment_rows(batches, columns: list, key_column: str | None = None):
+    """Executor side: segment record batches -> chunk-layout Tables, one per IPC stream, in input order;
+    with `key_column` (another column of the batches), (its value, Table) pairs."""
     import pyarrow as pa
 
     for b in batches:
+        keys = b.column(key_column).to_pylist() if key_column else None
         layouts = b.column("layout").to_pylist()
         bases = b.column("seq_base").to_pylist()
         los = b.column("day_lo").to_pylist()
         his = b.column("day_hi").to_pylist()
         payloads = b.column("payload")
         for i in range(b.num_rows):
-            t = pa.ipc.open_stream(payloads[i].as_buffer()).read_all()
-            yield chunk_table(t, layouts[i], bases[i], los[i], his[i], columns)
+            t = chunk_table(pa.ipc.open_stream(payloads[i].as_buffer()).read_all(), layouts[i], bases[i], los[i],
+                            his[i], columns)
+            yield t if keys is None else (keys[i], t)
 
 
 def decode_fn(columns: list):

@@ -228,21 +228,11 @@ def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list,
         import pyarrow.parquet as pq
 
         from lifecycle.arrow_merge import apply_deletes, deduplicate
-        from lifecycle.ipc_segments import arrow_type, chunk_table, encode_ipc
+        from lifecycle.ipc_segments import arrow_type, encode_ipc, read_segment_rows
 
         target = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns]
                            + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())])
-        parts = []
-        for b in batches:
-            cis = b.column("ci").to_pylist()
-            layouts = b.column("layout").to_pylist()
-            bases = b.column("seq_base").to_pylist()
-            los = b.column("day_lo").to_pylist()
-            his = b.column("day_hi").to_pylist()
-            payloads = b.column("payload")
-            for i in range(b.num_rows):
-                t = pa.ipc.open_stream(payloads[i].as_buffer()).read_all()
-                parts.append((cis[i], chunk_table(t, layouts[i], bases[i], los[i], his[i], columns).cast(target)))
+        parts = [(ci, t.cast(target)) for ci, t in read_segment_rows(batches, columns, key_column="ci")]
         if not parts:
             return
         parts.sort(key=lambda p: p[0])  # stable: each chunk's streams keep their order
@@ -271,6 +261,9 @@ def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list,
             piece = rest.slice(off, REMAINDER_ROWS_PER_STREAM)
             payload = encode_ipc(piece)
             yield _out_row("rem", None, piece.num_rows, len(payload), stats(piece), payload)
+        # the Python worker lives on (reused): hand the merge's memory back to the OS, not to the pool
+        del t, to_write, rest, parts
+        pa.default_memory_pool().release_unused()
 
     return fn
 

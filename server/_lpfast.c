@@ -177,6 +177,19 @@ typedef struct {
 
 #define NAME_AT(base, stride, i) ((const Name *)((const char *)(base) + (size_t)(i) * (stride)))
 
+/* Doubles the capacity *cap (8 at first) of the array *p of elements of `size` bytes; 0 on success,
+   -1 when out of memory or the count would overflow (then *p and *cap are unchanged). */
+static int grow_array(void **p, int32_t *cap, size_t size) {
+    if (*cap > INT32_MAX / 2) return -1;
+    int32_t nc = *cap ? *cap * 2 : 8;
+    if ((size_t)nc > SIZE_MAX / size) return -1;
+    void *np = realloc(*p, (size_t)nc * size);
+    if (np == NULL) return -1;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
 static int32_t map_find(const Map *m, const void *base, size_t stride, uint64_t h, const char *k, size_t kl) {
     if (m->cap == 0) return -1;
     size_t mask = m->cap - 1;
@@ -376,15 +389,8 @@ static Table *get_table(Ctx *x, const char *k, size_t kl, int *err) {
     uint64_t h = hash_bytes(k, kl);
     int32_t i = map_find(&x->tmap, x->tables, sizeof(Table), h, k, kl);
     if (i < 0) {
-        if (x->ntables == x->captables) {
-            if (x->captables > INT32_MAX / 2) goto nomem;
-            int32_t nc = x->captables ? x->captables * 2 : 8;
-            if ((size_t)nc > SIZE_MAX / sizeof(Table)) goto nomem;
-            Table *nt = realloc(x->tables, (size_t)nc * sizeof(Table));
-            if (nt == NULL) goto nomem;
-            x->tables = nt;
-            x->captables = nc;
-        }
+        if (x->ntables == x->captables && grow_array((void **)&x->tables, &x->captables, sizeof(Table)) < 0)
+            goto nomem;
         Table *t = &x->tables[x->ntables];
         memset(t, 0, sizeof(Table));
         for (int g = 0; g < NGUESS; g++) t->tag_guess[g] = t->field_guess[g] = -1;
@@ -422,15 +428,7 @@ static int32_t find_col(Table *t, const char *k, size_t kl, int kind, int32_t *g
     g = map_find(&t->colmap, t->cols, sizeof(Col), h, k, kl);
     if (g < 0) {
         if (kl == 4 && memcmp(k, "time", 4) == 0) return BAD;
-        if (t->ncols == t->capcols) {
-            if (t->capcols > INT32_MAX / 2) return NOMEM;
-            int32_t nc = t->capcols ? t->capcols * 2 : 8;
-            if ((size_t)nc > SIZE_MAX / sizeof(Col)) return NOMEM;
-            Col *ncs = realloc(t->cols, (size_t)nc * sizeof(Col));
-            if (ncs == NULL) return NOMEM;
-            t->cols = ncs;
-            t->capcols = nc;
-        }
+        if (t->ncols == t->capcols && grow_array((void **)&t->cols, &t->capcols, sizeof(Col)) < 0) return NOMEM;
         Col *c = &t->cols[t->ncols];
         memset(c, 0, sizeof(Col));
         c->kind = kind;

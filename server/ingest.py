@@ -26,7 +26,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
 from catalog import time_spans
@@ -37,7 +36,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflic
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
 from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, row_stats, table_deletes
-from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk
+from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
 
 from .crash_points import crash_point
 from .delete_predicate import from_json
@@ -63,11 +62,6 @@ def seq_base(epoch: int, offset: int) -> int:
     return (epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS)) | (offset << SEQ_ROW_BITS)
 _META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt", "txn", "txn_info",
                  "unique", "problem"]
-
-
-def _arrow_type(typ: str) -> pa.DataType:
-    return {"string": pa.string(), "float": pa.float64(), "integer": pa.int64(),
-            "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
 
 
 class _ListParam(AccumulatorParam):
@@ -137,21 +131,8 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
                         unreadable.add([(kps[i], read_at, problem)])
                     continue
                 n = t.num_rows
-                arrays = []
-                names = []
-                for name, typ in columns:
-                    target = _arrow_type(typ)
-                    if name in t.column_names:
-                        a = t.column(name).combine_chunks()
-                        if a.type != target:
-                            try:
-                                a = pc.cast(a, target)
-                            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                                a = pa.nulls(n, target)  # a conflicting type from a foreign producer
-                    else:
-                        a = pa.nulls(n, target)
-                    arrays.append(a)
-                    names.append(name)
+                arrays = value_arrays(t, columns, combine=True)
+                names = [name for name, _typ in columns]
                 time_ns = t.column("time").combine_chunks()
                 arrays.append(time_ns)
                 names.append(TIME_NS_COLUMN)
