@@ -45,7 +45,7 @@ SIZES = {
     "full": dict(parse_lines=1_000_000, repeat=5, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
-                 probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="8g",
+                 probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="6g",
                  worker_memory="5g"),
 }
 #: server A (end-to-end, files): lifecycle persists by row threshold (sizes' e2e_persist_row_threshold;
@@ -129,6 +129,23 @@ def _start_server_and_worker(ctx: Context, args: list, selected: list) -> None:
         secs = ctx.server.wait_ready()
     print(f"  server up in {secs:.1f} s (pid {ctx.server.pid})", flush=True)
     timings["server_start"] = secs
+    if harness.MemoryWatch.current is not None:
+        harness.MemoryWatch.current.record("server_start")
+
+
+def _watched_processes(ctx: Context) -> dict:
+    """{label: pid} of the run's processes for the memory watch (absent ones left out)."""
+    out = {}
+    if ctx.server is not None and ctx.server.proc is not None and ctx.server.proc.poll() is None:
+        out["server"] = ctx.server.pid
+        try:
+            with open(os.path.join(ctx.server.data_dir, "broker.json")) as f:
+                out["broker"] = int(json.load(f)["pid"])
+        except (OSError, ValueError, KeyError):
+            pass
+    if ctx.worker is not None and ctx.worker.proc.poll() is None:
+        out["baseline_spark"] = ctx.worker.pid
+    return out
 
 
 def _run_scenario(name: str, ctx: Context) -> list[Row]:
@@ -181,6 +198,7 @@ def main(argv=None) -> int:
     timings = ctx.timings
     print(f"iox bench ({mode}) on {machine['cores']} cores, {machine['memory_gib']} GiB, {machine['cpu_model']}; "
           f"scratch {ctx.tmp}", flush=True)
+    watch = harness.MemoryWatch(lambda: _watched_processes(ctx)).__enter__()
     try:
         for name in selected:
             needs_server = name != "parse"
@@ -197,7 +215,10 @@ def main(argv=None) -> int:
                 out = _run_scenario(name, ctx)
             except Exception as e:
                 traceback.print_exc()
-                out = [Row(f"{name} (failed)", "", None, note=f"not measured: {type(e).__name__}: {e}"[:400])]
+                why = ctx.server.diagnose() if ctx.server is not None else ""
+                out = [Row(f"{name} (failed)", "", None, note=f"not measured: {type(e).__name__}: {e}"[:400]
+                           + (f"; {why}"[:800] if why else ""))]
+            watch.record(f"{name}.end")
             timings[name] = time.monotonic() - t0
             for r in out:
                 print(f"  {r.name}: ours {harness.fmt_num(r.ours)} {r.unit}"
@@ -206,6 +227,7 @@ def main(argv=None) -> int:
             rows += out
             print(f"[{name}] {timings[name]:.1f} s (total {time.monotonic() - t_start:.0f} s)", flush=True)
     finally:
+        watch.__exit__(None, None, None)
         t_end = time.monotonic()
         if ctx.worker is not None:
             ctx.worker.stop(graceful=False)  # nothing of it is kept
@@ -220,7 +242,7 @@ def main(argv=None) -> int:
     doc = {"machine": machine, "mode": mode, "started_at": _dt.datetime.fromtimestamp(started).isoformat(
         timespec="seconds"), "duration_s": round(total, 1), "phase_seconds": {k: round(v, 1) for k, v in
                                                                               timings.items()},
-           "overrides": overrides, "scenarios": [r.to_json() for r in rows]}
+           "overrides": overrides, "memory_gib": watch.phases, "scenarios": [r.to_json() for r in rows]}
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"{_dt.date.today().isoformat()}-{mode}.json")
     with open(path, "w") as f:

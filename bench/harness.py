@@ -147,12 +147,15 @@ def markdown_table(rows: list[dict], machine: dict, mode: str, when: str) -> str
 
 class Laps:
     """Sub-phase stopwatch: `lap(name)` records the seconds since the previous lap as `<prefix>.<name>`
-    in `sink` (the run's phase_seconds) and prints it."""
+    in `sink` (the run's phase_seconds) and prints it; with the run's `MemoryWatch` running
+    (`MemoryWatch.current`), also that sub-phase's memory figures in the watch's `phases`."""
 
     def __init__(self, prefix: str, sink: dict | None):
         self.prefix = prefix
         self.sink = sink if sink is not None else {}
         self.t = time.monotonic()
+        if MemoryWatch.current is not None:
+            MemoryWatch.current.take()  # what came before this scenario is not its first lap's
 
     def lap(self, name: str) -> float:
         now = time.monotonic()
@@ -160,8 +163,88 @@ class Laps:
         self.t = now
         key = f"{self.prefix}.{name}"
         self.sink[key] = self.sink.get(key, 0.0) + dt
-        print(f"    {key}: {dt:.1f} s", flush=True)
+        mem = ""
+        if MemoryWatch.current is not None:
+            m = MemoryWatch.current.record(key)
+            if m:
+                mem = f" (available >= {m['min_available_gib']} GiB; peak RSS GiB {m['peak_rss_gib']})"
+        print(f"    {key}: {dt:.1f} s{mem}", flush=True)
         return dt
+
+
+def mem_available_bytes() -> int:
+    """The kernel's estimate of memory available for new allocations (MemAvailable), 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class MemoryWatch:
+    """Samples the machine's available memory and the RSS of the run's processes (broker, server
+    tree, baseline Spark application tree) every `interval_s` in a thread, so a run that runs out
+    of memory says where. `record(key)` stores the lowest available memory and each process's peak
+    RSS since the previous `record`/`take` under `phases[key]` (the JSON's `memory_gib`).
+
+    `processes` is called at every sample and returns {label: pid} (a pid may change: the server
+    restarts). One watch per run, published as `MemoryWatch.current` for `Laps`."""
+
+    current: "MemoryWatch | None" = None
+
+    def __init__(self, processes, interval_s: float = 1.0):
+        self.processes = processes
+        self.interval_s = interval_s
+        self.phases: dict = {}
+        self._lock = threading.Lock()
+        self._reset()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _reset(self) -> None:
+        self._min_avail: int | None = None
+        self._peaks: dict = {}
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            avail = mem_available_bytes()
+            try:
+                rss = {label: tree_rss_bytes(pid) for label, pid in self.processes().items() if pid}
+            except Exception:  # noqa: BLE001 - a process went away between listing and reading
+                rss = {}
+            with self._lock:
+                if avail and (self._min_avail is None or avail < self._min_avail):
+                    self._min_avail = avail
+                for label, v in rss.items():
+                    self._peaks[label] = max(self._peaks.get(label, 0), v)
+
+    def take(self) -> dict:
+        """The figures since the previous take, and a fresh interval."""
+        with self._lock:
+            out = {"min_available_gib": None if self._min_avail is None else round(self._min_avail / 2**30, 2),
+                   "peak_rss_gib": {k: round(v / 2**30, 2) for k, v in sorted(self._peaks.items())}}
+            self._reset()
+        return out
+
+    def record(self, key: str) -> dict | None:
+        m = self.take()
+        if m["min_available_gib"] is None and not m["peak_rss_gib"]:
+            return None
+        self.phases[key] = m
+        return m
+
+    def __enter__(self) -> "MemoryWatch":
+        MemoryWatch.current = self
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join(5)
+        MemoryWatch.current = None
 
 
 # ---------------------------------------------------------------- processes
@@ -242,6 +325,14 @@ def _children() -> dict:
             continue
         kids.setdefault(ppid, []).append(int(d))
     return kids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def process_tree(pid: int) -> list[int]:
@@ -361,6 +452,31 @@ class ServerProcess:
 
     def rss(self) -> int:
         return tree_rss_bytes(self.pid)
+
+    def diagnose(self) -> str:
+        """What is wrong with the server process, for a failed scenario's note: exited, or its JVM is
+        gone, plus the last fatal-looking lines of its log ("" when nothing looks wrong)."""
+        if self.proc is None:
+            return ""
+        out = []
+        if self.proc.poll() is not None:
+            out.append(f"server exited with {self.proc.returncode}")
+        elif not any(_cmdline(p).startswith("java") or "/java" in _cmdline(p).split(" ", 1)[0]
+                     for p in process_tree(self.pid)[1:]):
+            out.append("the server's Spark JVM is gone")
+        path = os.path.join(self.data_dir, f"server-{self._logs}.log")
+        marks = ("OutOfMemoryError", "Killed", "FATAL", "fatal error", "Py4JNetworkError", "SIGKILL",
+                 "Connection refused")
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 4 * 2**20))
+                lines = [ln.decode("utf-8", "replace").strip() for ln in f.read().replace(b"\r", b"\n").splitlines()]
+            hits = [ln[:240] for ln in lines if any(m in ln for m in marks)]
+            if hits:
+                out.append("log: " + " | ".join(dict.fromkeys(hits[-3:])))
+        except OSError:
+            pass
+        return "; ".join(out)
 
     def kill9(self) -> None:
         """SIGKILL the server's whole process group at once (a crash: driver, JVM and Python workers die

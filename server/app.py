@@ -28,6 +28,7 @@ from .query import QueryEngine
 from .router import Router
 from .spark import build_spark, lower_spark_priority
 from .write_buffer import WriteBuffer, topic_for
+from .write_buffer_tail import WriteBufferTail
 
 __all__ = ["IoxServer", "DRAIN_TIMEOUT_S"]
 
@@ -54,6 +55,7 @@ class IoxServer:
         self._stop_lock = threading.Lock()
         self.started_at = None
         self.lifecycle = None
+        self.tail = None
         self._replay_until: dict = {}
 
     # -- lifecycle ------------------------------------------------------------------
@@ -109,7 +111,10 @@ class IoxServer:
         for db in self.catalog.databases():
             for table in db.table_names():
                 self.ingestor.refresh_table_view(db, table)
-        self.query_engine = QueryEngine(self.spark, self.catalog)
+        self.tail = None
+        if cfg.tail_max_bytes:
+            self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
+        self.query_engine = QueryEngine(self.spark, self.catalog, self.tail)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         self.pause_file = os.path.join(data_dir, "backpressure")
         if os.path.exists(self.pause_file):
@@ -118,6 +123,8 @@ class IoxServer:
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
             cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file)
         self.consumer.start(rec.start_offsets)
+        if self.tail is not None:
+            self.tail.start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
                                          is_replaying=self.is_replaying, on_fenced=self._on_fenced,
@@ -166,6 +173,8 @@ class IoxServer:
                 self._drain_and_persist()
             if self.lifecycle is not None:
                 self.lifecycle.stop()
+            if self.tail is not None:
+                self.tail.stop()
             if self.consumer is not None:
                 self.consumer.stop()
             if self.write_buffer is not None:
@@ -327,8 +336,11 @@ class IoxServer:
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
                     d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
+                visible = self.tail.visible(db) if self.tail is not None else {}
                 for kp in sorted(db.applied_hi_inclusive):
-                    d.write_buffer.add(partition=kp, applied_hi_inclusive=db.applied_hi_inclusive[kp])
+                    applied = db.applied_hi_inclusive[kp]
+                    d.write_buffer.add(partition=kp, applied_hi_inclusive=applied,
+                                       visible_hi_inclusive=max(applied, visible.get(kp, applied)))
                 for table in sorted(set(db.schemas.tables()) | set(db.partitions)):
                     t = d.tables.add(name=table)
                     sch = db.schemas.get(table)

@@ -16,10 +16,10 @@ import sys
 
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
-                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TRIGGER_INTERVAL_MS, DEFAULT_HTTP_PORT, InvalidConfig,
-                     ServerConfig)
+                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
+                     DEFAULT_HTTP_PORT, InvalidConfig, ServerConfig, parse_memory_bytes)
 
-__all__ = ["main", "build_parser", "SERVE_OPTIONS"]
+__all__ = ["main", "build_parser", "parse_log_levels", "SERVE_OPTIONS"]
 
 #: (flag, type, default, help) of `iox serve`; each also read from IOX_<FLAG>.
 SERVE_OPTIONS = [
@@ -37,6 +37,9 @@ SERVE_OPTIONS = [
     ("--spark-nice", int, DEFAULT_SPARK_NICE,
      "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
     ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
+    ("--tail-max-bytes", parse_memory_bytes, DEFAULT_TAIL_MAX_BYTES,
+     "payload bytes of acknowledged writes not yet applied by Spark that queries read from the write "
+     "buffer's tail (e.g. 256m; 0 = queries see applied writes only)"),
     ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--object-store", str, None, "directory or s3://bucket/prefix for Parquet + catalog (default <data-dir>/objects)"),
@@ -89,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Spark configuration property of the server's Spark application, repeatable "
                         "(env IOX_SPARK_CONF: KEY=VALUE;KEY=VALUE); spark.driver.extraJavaOptions is added to "
                         "the server's own JVM options")
-    s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"))
+    s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"),
+                   help="LEVEL[,LOGGER=LEVEL...]: the root level, then levels of single loggers, e.g. "
+                        "WARNING,server.ingest=DEBUG (each micro-batch's timings) (env IOX_LOG_LEVEL)")
 
     pe = sub.add_parser("persist", help="persist now (all partitions of the scope) and wait for the commit")
     _add_addr(pe)
@@ -158,6 +163,7 @@ def _config_from_args(a) -> ServerConfig:
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
                         trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
+                        tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, object_store=a.object_store,
                         s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
                         extra_spark_conf=_spark_conf(a.spark_conf),
@@ -221,10 +227,37 @@ def _client_call(fn):
         sys.exit(1)
 
 
+def parse_log_levels(text: str) -> tuple[str, dict]:
+    """'WARNING,server.ingest=DEBUG' -> ('WARNING', {'server.ingest': 'DEBUG'}). The root level comes
+    first and may be left out ('server.ingest=DEBUG' keeps INFO). Raises ValueError naming a bad part."""
+    known = {"CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"}
+    root, levels = "INFO", {}
+    for i, part in enumerate(p.strip() for p in text.split(",")):
+        name, eq, level = part.rpartition("=")
+        level = level.strip().upper()
+        if level not in known:
+            raise ValueError(f"{part!r}: the level must be one of {', '.join(sorted(known))}")
+        if not eq:
+            if i:
+                raise ValueError(f"{part!r}: only the first part may be a level alone (the root logger's)")
+            root = level
+        elif not name.strip():
+            raise ValueError(f"{part!r}: a logger name is missing before '='")
+        else:
+            levels[name.strip()] = level
+    return root, levels
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     if a.cmd == "serve":
-        logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            root_level, levels = parse_log_levels(a.log_level)
+        except ValueError as e:
+            build_parser().error(f"--log-level: {e}")
+        logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
         from .app import IoxServer
 
         try:

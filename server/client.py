@@ -122,6 +122,19 @@ class IoxClient:
                 out[wb.partition] = wb.applied_hi_inclusive
         return out
 
+    def visible(self, database: str) -> dict:
+        """{kafka partition: visible_hi_inclusive}: every offset up to it is queryable (applied, or
+        read from the write buffer's tail)."""
+        out = {}
+        for db in self.status_proto(database).databases:
+            for wb in db.write_buffer:
+                out[wb.partition] = max(wb.visible_hi_inclusive, wb.applied_hi_inclusive)
+        return out
+
+    def wait_visible(self, database: str, token: dict, timeout_s: float = 30.0) -> None:
+        """Waits until every offset of a write token is visible to queries (see `visible`)."""
+        self._wait_watermark(database, token, timeout_s, self.visible, "visible")
+
     def wait_caught_up(self, database: str, timeout_s: float = 120.0) -> None:
         """Waits until a restarted server replayed everything the write buffer held at its start."""
         deadline = time.monotonic() + timeout_s
@@ -134,12 +147,17 @@ class IoxClient:
             time.sleep(0.1)
 
     def wait_applied(self, database: str, token: dict, timeout_s: float = 30.0) -> None:
-        """Waits until every offset of a write token is queryable."""
+        """Waits until every offset of a write token is applied to the catalog (queryable, also
+        through Spark Connect's views, and seen by the lifecycle)."""
+        self._wait_watermark(database, token, timeout_s, self.applied, "applied")
+
+    @staticmethod
+    def _wait_watermark(database: str, token: dict, timeout_s: float, read, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            applied = self.applied(database)
-            if all(applied.get(int(p), -1) >= off for p, off in token.items()):
+            have = read(database)
+            if all(have.get(int(p), -1) >= off for p, off in token.items()):
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"write token {token} not applied within {timeout_s}s (applied: {applied})")
+                raise TimeoutError(f"write token {token} not {what} within {timeout_s}s ({what}: {have})")
             time.sleep(0.05)

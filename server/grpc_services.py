@@ -113,7 +113,8 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
                 if b is not None:
                     w.write_batch(b)
             yield query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),
-                                          applied_hi_inclusive=res.applied_hi_inclusive)
+                                          applied_hi_inclusive=res.applied_hi_inclusive,
+                                          visible_hi_inclusive=res.visible_hi_inclusive)
 
 
 class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):

@@ -46,7 +46,7 @@ from .wire_format import (FORMAT_VERSION, NS_PER_DAY, SUPPORTED_FORMATS, WireFor
                           encode_decision, encode_marker, header_problem)
 from .write_buffer import database_of_topic, partition_for
 
-__all__ = ["Ingestor", "SEQ_ROW_BITS", "SEQ_OFFSET_BITS", "seq_base"]
+__all__ = ["Ingestor", "SEQ_ROW_BITS", "SEQ_OFFSET_BITS", "seq_base", "decode_delete", "disjoint_unique"]
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +84,6 @@ def _forget_accumulator(acc) -> None:
     _accumulatorRegistry.pop(acc.aid, None)
 
 
-def _payload_problem(t) -> str | None:
-    """Why a decoded payload cannot be applied (None when it can): every row needs its time."""
-    import pyarrow as pa
-
-    if "time" not in t.column_names or t.schema.field("time").type != pa.int64():
-        return "payload without an int64 time column"
-    if t.column("time").null_count:
-        return "payload with rows without a time"
-    return None
-
-
 def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0, at_offset: dict | None = None,
                unreadable=None):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
@@ -113,7 +102,7 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from server.wire_format import decode_payload
+        from server.wire_format import decode_payload, decoded_problem
 
         for b in batches:
             offsets = b.column("offset").to_pylist()
@@ -123,7 +112,7 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
                 off = at_offset.get((kps[i], read_at), read_at)
                 try:
                     t = decode_payload(payloads[i].as_py())
-                    problem = _payload_problem(t)
+                    problem = decoded_problem(t)
                 except Exception as e:  # untrusted bytes: whatever fails to decode is unreadable
                     problem = f"payload is not an Arrow IPC stream ({type(e).__name__}: {e})"
                 if problem is not None:
@@ -405,7 +394,7 @@ class Ingestor:
             if keep is None:
                 b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
                 b.segment_bytes = nbytes if bounds is None else nbytes * rows // max(1, sum(d[0] for d in days.values()))
-                b.deduplicated = _disjoint_unique(ranges[key])
+                b.deduplicated = disjoint_unique(ranges[key])
                 b.time_spans = time_spans.normalize([(r_lo, r_hi) for r_lo, r_hi, _u in ranges[key]])
             else:
                 decode_sel = sel.select("kp", "offset", "payload").coalesce(1)
@@ -508,14 +497,7 @@ class Ingestor:
         for topic, kp, offset, payload in sorted(found, key=lambda f: (f[0], f[1], f[2])):
             db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
             try:
-                body = json.loads(payload)
-                from_json(body["predicate"])  # raises what a term the router could not have written raises
-                if body["table"] is not None and not isinstance(body["table"], str):
-                    raise TypeError(f"table {body['table']!r}")
-                d = Delete(table=body["table"] or None, start_ns=int(body["start_ns"]),
-                           stop_ns_exclusive=int(body["stop_ns_exclusive"]),
-                           predicate=tuple(tuple(t) for t in body["predicate"]),
-                           seq=seq_base(db.epoch, offset), kafka_partition=kp)
+                d = decode_delete(payload, db.epoch, offset, kp)
             except (ValueError, KeyError, TypeError) as e:
                 skipped.append((topic, kp, offset, f"delete whose value is not a delete ({type(e).__name__}: {e})"))
                 continue
@@ -544,6 +526,21 @@ class Ingestor:
     def wait_for_batches(self, n: int, timeout_s: float) -> bool:
         with self._applied:
             return self._applied.wait_for(lambda: self.batches_applied >= n, timeout_s)
+
+
+def decode_delete(payload: bytes, epoch: int, offset: int, kp: int) -> Delete:
+    """A delete message's value as the Delete it applies at `offset` (a committed delete part: its
+    marker's offset) of Kafka partition `kp` in write-buffer epoch `epoch`. Raises ValueError,
+    KeyError or TypeError for a value the router could not have written (the message is skipped).
+    Pure; called by the consumer and the write-buffer tail."""
+    body = json.loads(payload)
+    from_json(body["predicate"])  # raises what a term the router could not have written raises
+    if body["table"] is not None and not isinstance(body["table"], str):
+        raise TypeError(f"table {body['table']!r}")
+    return Delete(table=body["table"] or None, start_ns=int(body["start_ns"]),
+                  stop_ns_exclusive=int(body["stop_ns_exclusive"]),
+                  predicate=tuple(tuple(t) for t in body["predicate"]),
+                  seq=seq_base(epoch, offset), kafka_partition=kp)
 
 
 def _txn_record(m) -> TxnRecord:
@@ -590,7 +587,7 @@ def _build_pool():
         return _pool
 
 
-def _disjoint_unique(ranges: list) -> bool:
+def disjoint_unique(ranges: list) -> bool:
     """Whether rows of messages [(min_ns, max_ns, unique)] are deduplicated taken together: each
     message's keys are unique and no two messages' time ranges meet. Pure."""
     if not all(u for _lo, _hi, u in ranges):

@@ -58,6 +58,7 @@ __all__ = [
     "SUPPORTED_FORMATS",
     "decode_payload",
     "payload_problem",
+    "decoded_problem",
     "holds_write",
     "partition_key_of_day",
     "day_partitions",
@@ -279,6 +280,12 @@ def payload_problem(value: bytes) -> str | None:
         t = decode_payload(value)
     except Exception as e:  # untrusted bytes: whatever fails to decode is unreadable
         return f"payload is not an Arrow IPC stream ({type(e).__name__}: {e})"
+    return decoded_problem(t)
+
+
+def decoded_problem(t: pa.Table) -> str | None:
+    """Why a decoded payload cannot be applied (None when it can): every row needs an int64 time.
+    Pure; the one rule the source, the consumer and the write-buffer tail apply."""
     if "time" not in t.column_names or t.schema.field("time").type != pa.int64():
         return "payload without an int64 time column"
     if t.column("time").null_count:

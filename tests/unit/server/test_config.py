@@ -78,3 +78,20 @@ def test_the_query_engine_notes_every_table_a_query_names():
     assert _tables_named("SELECT * FROM cpu JOIN `my-table` USING (host)", tables) == ["cpu", "My-Table"]
     assert _tables_named("select count(*) from CPU_TOTAL", tables) == ["cpu_total"]
     assert _tables_named("SELECT 1", tables) == []
+
+
+def test_log_levels_root_then_loggers():
+    from server.cli import parse_log_levels
+
+    assert parse_log_levels("WARNING,server.ingest=debug, lifecycle = INFO") == (
+        "WARNING", {"server.ingest": "DEBUG", "lifecycle": "INFO"})
+    assert parse_log_levels("info") == ("INFO", {})
+    assert parse_log_levels("server.ingest=DEBUG") == ("INFO", {"server.ingest": "DEBUG"})
+
+
+@pytest.mark.parametrize("bad", ["LOUD", "INFO,DEBUG", "=DEBUG", "INFO,x=LOUD"])
+def test_log_levels_reject_bad_parts(bad):
+    from server.cli import parse_log_levels
+
+    with pytest.raises(ValueError):
+        parse_log_levels(bad)

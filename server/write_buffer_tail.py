@@ -1,0 +1,369 @@
+"""The write buffer's tail: acknowledged writes Spark has not applied yet, queryable at once.
+
+A write becomes part of the catalog when the Spark micro-batch holding it is
+applied (`applied_hi_inclusive`): one micro-batch cycle or more, seconds under
+load. IOx's ingester answers queries from its buffer as soon as it has read a
+write; the tail does the same here. A thread of the server process reads every
+database topic from `applied_hi_inclusive + 1` with a Kafka consumer of its own
+and keeps, per Kafka partition, the messages past the applied watermark until
+the consumer (server/ingest.py) has applied them. The query engine
+(server/query.py) reads a table's tail rows next to its chunks, so a query
+reflects `visible_hi_inclusive`, not only what Spark has applied.
+
+Invariants:
+- Per Kafka partition, `visible_hi_inclusive` >= `applied_hi_inclusive`, and
+  every message at an offset in (applied, visible] is held exactly as the
+  consumer will apply it: a write's rows with `_iox_seq` from its offset; a
+  delete with its sequence; a transaction part once the first decision or
+  marker of its transaction after it on its partition commits it, at that
+  message's offset (dropped on an abort, invisible while undecided); a message
+  the consumer skips (`wire_format.header_problem`, a delete value that does not
+  parse) is skipped the same way; a write whose payload does not decode yields
+  no rows, as the consumer skips it.
+- The tail stops a partition before a message it cannot hold as the consumer
+  will apply it: a format version this server does not know, a decision or
+  marker for a part the tail does not hold (read by an earlier micro-batch, in
+  the consumer's stash), or a message past `max_bytes` of held payloads. It
+  reads that partition again from the next unapplied offset once the consumer
+  has applied the message (so it also skips ahead whenever the consumer is
+  ahead of it).
+- Held messages are dropped once applied; `cut`, called under the catalog lock,
+  returns the messages past the applied watermarks read under that same lock,
+  so the chunks, the deletes and the applied watermark read with it never miss
+  an offset the cut leaves out (the tail trims only at watermarks read before).
+
+When it runs: `start` launches the thread when the server starts; it holds
+nothing while the server replays the write buffer after a restart
+(`is_replaying`), then follows every database of the catalog. `stop` ends it
+at shutdown. Driver side, in the server's own process; nothing here runs on
+executors or is pickled.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from catalog.delete_mailbox import Delete
+from catalog.transactions import COMMIT, DECISION, MARKER, PART
+
+from .config import DEFAULT_TAIL_MAX_BYTES
+from .ingest import decode_delete
+from .wire_format import SUPPORTED_FORMATS, header_problem, header_text
+
+__all__ = ["WriteBufferTail", "TailWrite", "TailCut", "PartitionTail", "DEFAULT_TAIL_MAX_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: How long one poll of the tail's consumer waits for messages (the loop also trims and follows databases).
+_POLL_TIMEOUT_S = 0.02
+#: librdkafka's prefetch queue of the tail's consumer (kilobytes), on top of what the tail holds.
+_QUEUED_MAX_KBYTES = 32 * 1024
+
+
+@dataclass(frozen=True)
+class TailWrite:
+    """One table's rows of one write held by the tail, as the consumer will apply them."""
+
+    #: the offset it is applied at (a committed transaction part: its decision's or marker's)
+    offset: int
+    table: str
+    #: the Arrow IPC stream as written (decoded only by a query that reads the table)
+    payload: bytes
+    #: [[name, role, type], ...] from iox-schema
+    columns: tuple
+    #: ((min_ns, max_ns), ...) per UTC day of its rows (iox-days)
+    spans: tuple
+    #: the writer knew no two rows share a tag set and a time (iox-unique)
+    unique: bool
+
+
+@dataclass(frozen=True)
+class TailCut:
+    """What a query adds to the chunks it read under the catalog lock, for one database."""
+
+    #: per Kafka partition, the offset the query reflects (>= applied_hi_inclusive)
+    visible_hi_inclusive: dict
+    #: table -> its writes past the applied watermark, in write-buffer order
+    writes: dict
+    #: deletes past the applied watermark, in write-buffer order (any table; `Delete.applies_to` filters)
+    deletes: list
+
+
+@dataclass
+class PartitionTail:
+    """One Kafka partition's tail. Pure state machine: `take` one message, `trim` at the applied
+    watermark; the caller locks. Offsets of `items` are the offsets their messages apply at."""
+
+    epoch: int
+    #: next offset to read
+    next_offset: int
+    #: every offset up to it is held (or applied)
+    visible_hi: int
+    #: [(offset applied at, TailWrite | Delete)] in offset order
+    items: list = field(default_factory=list)
+    #: transaction id -> [(part offset, kind "write" | "delete", TailWrite | raw delete value)] read, undecided
+    pending: dict = field(default_factory=dict)
+    #: offset of a message the tail cannot hold yet: nothing after it is read until it is applied
+    blocked_at: int | None = None
+    #: payload bytes held (items and pending parts)
+    nbytes: int = 0
+
+    @classmethod
+    def starting_after(cls, applied_hi_inclusive: int, epoch: int) -> "PartitionTail":
+        return cls(epoch=epoch, next_offset=applied_hi_inclusive + 1, visible_hi=applied_hi_inclusive)
+
+    def take(self, offset: int, headers: dict, value: bytes, kp: int, room_bytes: int) -> None:
+        """Applies the message at `offset`: holds it, skips it, or blocks at it. Messages must come in
+        offset order; an earlier offset is ignored, a gap blocks (nothing is claimed unseen).
+        `room_bytes`: payload bytes the tail may still take."""
+        if offset < self.next_offset or self.blocked_at is not None:
+            return
+        if offset > self.next_offset:
+            self._block(self.next_offset)
+            return
+        self.next_offset = offset + 1
+        fmt = header_text(headers, "iox-format")
+        kind = header_text(headers, "iox-kind")
+        if fmt and fmt not in SUPPORTED_FORMATS:
+            self._block(offset)  # the consumer stops there: a newer server's message
+            return
+        info_text = header_text(headers, "iox-txn-info")
+        if header_problem(fmt, kind, header_text(headers, "iox-table"), header_text(headers, "iox-schema"),
+                          header_text(headers, "iox-days"), header_text(headers, "iox-txn"), info_text):
+            self.visible_hi = offset  # the consumer skips it
+            return
+        if kind in (DECISION, MARKER):
+            self._decide(offset, kind, header_text(headers, "iox-txn"), json.loads(info_text), kp)
+            return
+        held = kind if kind != PART else json.loads(info_text)["of"]
+        if held == "write" and len(value) > room_bytes:
+            self._block(offset)
+            return
+        if kind == PART:  # undecided: invisible, as in the consumer's stash
+            self.pending.setdefault(header_text(headers, "iox-txn"), []).append(
+                (offset, held, _tail_write(offset, headers, value) if held == "write" else value))
+            self.nbytes += len(value)
+        elif held == "write":
+            self.items.append((offset, _tail_write(offset, headers, value)))
+            self.nbytes += len(value)
+        else:
+            try:
+                self.items.append((offset, decode_delete(value, self.epoch, offset, kp)))
+            except (ValueError, KeyError, TypeError):
+                pass  # the consumer skips a delete whose value is not one
+        self.visible_hi = offset
+
+    def _decide(self, offset: int, kind: str, txn: str, info: dict, kp: int) -> None:
+        """A decision or marker at `offset`: the fate of this partition's parts of `txn` before it."""
+        parts = self.pending.pop(txn, None)
+        if parts is None:
+            if kind == MARKER or any(p_kp == kp for p_kp, _off in info["parts"]):
+                self._block(offset)  # its part was read before the tail's start: the consumer holds it
+                return
+            self.visible_hi = offset  # a decision with no part on this partition
+            return
+        for _part_offset, held, item in parts:
+            if held == "write":
+                if info["decision"] == COMMIT:
+                    self.items.append((offset, _at_offset(item, offset)))
+                else:
+                    self.nbytes -= len(item.payload)
+                continue
+            self.nbytes -= len(item)
+            if info["decision"] == COMMIT:
+                try:
+                    self.items.append((offset, decode_delete(item, self.epoch, offset, kp)))
+                except (ValueError, KeyError, TypeError):
+                    pass  # the consumer skips it
+        self.visible_hi = offset
+
+    def _block(self, offset: int) -> None:
+        self.blocked_at = offset
+        self.next_offset = offset
+
+    def trim(self, applied_hi_inclusive: int) -> bool:
+        """Drops what the consumer applied. True when the partition must be read again from
+        `next_offset` (it was blocked at an applied message, or the consumer is ahead of it):
+        it then starts afresh after the applied watermark."""
+        if self.blocked_at is not None and applied_hi_inclusive >= self.blocked_at or \
+                applied_hi_inclusive >= self.next_offset:
+            self.items, self.pending, self.nbytes, self.blocked_at = [], {}, 0, None
+            self.next_offset, self.visible_hi = applied_hi_inclusive + 1, applied_hi_inclusive
+            return True
+        if self.items and self.items[0][0] <= applied_hi_inclusive:
+            keep = [(o, it) for o, it in self.items if o > applied_hi_inclusive]
+            self.nbytes -= sum(_size(it) for o, it in self.items if o <= applied_hi_inclusive)
+            self.items = keep
+        for txn, parts in list(self.pending.items()):
+            left = [p for p in parts if p[0] > applied_hi_inclusive]  # older ones: the consumer's stash
+            self.nbytes -= sum(_size(p[2]) for p in parts if p[0] <= applied_hi_inclusive)
+            if left:
+                self.pending[txn] = left
+            else:
+                del self.pending[txn]
+        return False
+
+
+def _size(item) -> int:
+    if isinstance(item, TailWrite):
+        return len(item.payload)
+    return len(item) if isinstance(item, (bytes, bytearray)) else 0
+
+
+def _tail_write(offset: int, headers: dict, value: bytes) -> TailWrite:
+    days = json.loads(header_text(headers, "iox-days"))
+    return TailWrite(offset=offset, table=header_text(headers, "iox-table"), payload=value,
+                     columns=tuple(tuple(c) for c in json.loads(header_text(headers, "iox-schema"))),
+                     spans=tuple(sorted((lo, hi) for _n, lo, hi in days.values())),
+                     unique=header_text(headers, "iox-unique") == "1")
+
+
+def _at_offset(w: TailWrite, offset: int) -> TailWrite:
+    return TailWrite(offset=offset, table=w.table, payload=w.payload, columns=w.columns, spans=w.spans,
+                     unique=w.unique)
+
+
+class WriteBufferTail:
+    """The tail of every database topic (see the module docstring). One per server."""
+
+    def __init__(self, catalog, bootstrap: str, max_bytes: int = DEFAULT_TAIL_MAX_BYTES,
+                 is_replaying=lambda: False):
+        self.catalog = catalog
+        self.bootstrap = bootstrap
+        self.max_bytes = max_bytes
+        self.is_replaying = is_replaying
+        self._lock = threading.Lock()
+        #: (topic, kp) -> PartitionTail
+        self._parts: dict = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: a partition blocked since the last assignment: stop fetching it
+        self._reassign = False
+        self.last_error: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(p.nbytes for p in self._parts.values())
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="write-buffer-tail", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def cut(self, db, applied_hi_inclusive: dict, tables=None) -> TailCut:
+        """The writes of `tables` (None: of every table) and every delete held past `applied_hi_inclusive` (read by the
+        caller under the catalog lock, with the chunks it reads), per Kafka partition up to its
+        visible offset. Called by the query engine, under the catalog lock."""
+        tables = None if tables is None else set(tables)
+        visible, writes, deletes = {}, {}, []
+        with self._lock:
+            for kp in range(db.kafka_partitions):
+                applied = applied_hi_inclusive.get(kp, -1)
+                pt = self._parts.get((db.topic, kp))
+                if pt is None or pt.visible_hi <= applied:
+                    visible[kp] = applied
+                    continue
+                visible[kp] = pt.visible_hi
+                for offset, item in pt.items:
+                    if offset <= applied:
+                        continue
+                    if isinstance(item, Delete):
+                        deletes.append(item)
+                    elif tables is None or item.table in tables:
+                        writes.setdefault(item.table, []).append(item)
+        deletes.sort(key=lambda d: d.seq)
+        return TailCut(visible, writes, deletes)
+
+    def visible(self, db) -> dict:
+        """{kp: visible_hi_inclusive} of a database now (at least its applied watermark)."""
+        with self.catalog.lock:
+            applied = dict(db.applied_hi_inclusive)
+        with self._lock:
+            out = {}
+            for kp, a in applied.items():
+                pt = self._parts.get((db.topic, kp))
+                out[kp] = max(a, pt.visible_hi) if pt is not None else a
+            return out
+
+    # -- the thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
+        from .kafka_source import reader_consumer
+
+        consumer = None
+        try:
+            while not self._stop.is_set():
+                if self.is_replaying():
+                    self._stop.wait(0.2)
+                    continue
+                if consumer is None:
+                    # a position Kafka no longer holds is an error, never a silent jump ahead
+                    consumer = reader_consumer(self.bootstrap, **{"queued.max.messages.kbytes": _QUEUED_MAX_KBYTES,
+                                                                  "fetch.wait.max.ms": 10,
+                                                                  "auto.offset.reset": "error"})
+                try:
+                    if self._sync() or self._reassign:
+                        self._reassign = False
+                        consumer.assign(self._assignment())
+                    msgs = consumer.consume(500, timeout=_POLL_TIMEOUT_S)
+                except KafkaException as e:  # the broker away for a moment: try again
+                    self.last_error = str(e)
+                    self._stop.wait(0.5)
+                    continue
+                if msgs:
+                    self._take(msgs)
+        except Exception as e:  # the tail is an accelerator: queries fall back to the applied watermark
+            self.last_error = repr(e)
+            log.exception("write-buffer tail stopped; queries reflect the applied watermark only")
+            with self._lock:
+                self._parts.clear()
+        finally:
+            if consumer is not None:
+                consumer.close()
+
+    def _sync(self) -> bool:
+        """Follows new databases and trims at the applied watermarks; True when the consumer's
+        assignment must change (a partition to read from a new position)."""
+        with self.catalog.lock:
+            dbs = [(db.topic, db.epoch, dict(db.applied_hi_inclusive)) for db in self.catalog.databases()]
+        changed = False
+        with self._lock:
+            for topic, epoch, applied in dbs:
+                for kp, a in applied.items():
+                    pt = self._parts.get((topic, kp))
+                    if pt is None:
+                        self._parts[(topic, kp)] = PartitionTail.starting_after(a, epoch)
+                        changed = True
+                    elif pt.trim(a):
+                        changed = True
+        return changed
+
+    def _assignment(self) -> list:
+        from confluent_kafka import TopicPartition
+
+        with self._lock:
+            return [TopicPartition(topic, kp, pt.next_offset) for (topic, kp), pt in sorted(self._parts.items())
+                    if pt.blocked_at is None]
+
+    def _take(self, msgs: list) -> None:
+        with self._lock:
+            room = self.max_bytes - sum(p.nbytes for p in self._parts.values())
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                pt = self._parts.get((m.topic(), m.partition()))
+                if pt is None:
+                    continue
+                before, was_blocked = pt.nbytes, pt.blocked_at is not None
+                pt.take(m.offset(), dict(m.headers() or []), m.value() or b"", m.partition(), room)
+                room -= pt.nbytes - before
+                if pt.blocked_at is not None and not was_blocked:
+                    self._reassign = True
