@@ -41,13 +41,15 @@ SIZES = {
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
                   e2e_persist_row_threshold=100_000, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g",
-                  worker_memory="4g"),
+                  worker_memory="4g", visibility_points_per_s=0),
     "full": dict(parse_lines=1_000_000, repeat=5, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
                  probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="6g",
-                 worker_memory="5g"),
+                 worker_memory="5g", visibility_points_per_s=0),
 }
+#: visibility_points_per_s: the visibility load; 0 = half the end-to-end figure of the same run
+#: (a value is for experiments with --only, e.g. --set visibility_points_per_s=260000)
 #: server A (end-to-end, files): lifecycle persists by row threshold (sizes' e2e_persist_row_threshold;
 #: IOx's default 1M in full mode) once the late-arrive window passed
 SERVER_A_ARGS = ["--late-arrive-window-s", "2"]

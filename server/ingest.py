@@ -158,6 +158,9 @@ class Ingestor:
         self._applied = threading.Condition()
         #: (topic, kp, offset) -> (metadata dict, payload): transaction parts read, not yet decided
         self._stash: dict = {}
+        #: (database, table) of every table view created (see has_table_view)
+        self._table_views: set = set()
+        self._views_lock = threading.Lock()
 
     # foreachBatch entry point
     def apply_batch(self, df, batch_id: int) -> None:
@@ -522,6 +525,13 @@ class Ingestor:
         sql = table_view_sql(schema, sources, deletes=table_deletes(db, table))
         name = quote(table_view_name(db.name, table))
         self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
+        with self._views_lock:
+            self._table_views.add((db.name, table))
+
+    def has_table_view(self, database: str, table: str) -> bool:
+        """Whether the table's global temp view exists (created by `refresh_table_view`, never dropped)."""
+        with self._views_lock:
+            return (database, table) in self._table_views
 
     def wait_for_batches(self, n: int, timeout_s: float) -> bool:
         with self._applied:

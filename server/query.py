@@ -14,14 +14,17 @@ Runs on the driver (the gRPC handler's thread); Spark runs the query.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import time
+from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from catalog import time_spans
 from catalog.catalog import Catalog, DatabaseNotFoundError
-from catalog.schema import Column, ColumnTypeConflict, TableSchema
+from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
 from .errors import DatabaseNotFound, InvalidArgument
 from .views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
@@ -29,6 +32,8 @@ from .views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, t
 __all__ = ["QueryEngine", "QueryResult", "tail_rows"]
 
 _TAIL_VIEWS = itertools.count(1)
+
+log = logging.getLogger(__name__)
 
 
 class QueryResult:
@@ -42,59 +47,79 @@ class QueryResult:
 
 
 class QueryEngine:
-    def __init__(self, spark, catalog: Catalog, tail=None):
+    def __init__(self, spark, catalog: Catalog, tail=None, has_table_view=None):
         self.spark = spark
         self.catalog = catalog
         #: the write buffer's tail (server/write_buffer_tail.py), or None: queries reflect the applied watermark
         self.tail = tail
+        #: (database, table) -> whether its global temp view exists (the ingestor's registry); None: ask Spark
+        self.has_table_view = has_table_view
 
     def run(self, database: str, sql: str) -> QueryResult:
         from lifecycle.chunk_data import chunk_source, table_deletes
 
+        from .spark import use_query_pool
         from .write_buffer import partition_for
 
+        t0 = time.perf_counter()
         try:
             db = self.catalog.database(database)
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
         known = set(db.table_names()) | set(db.schemas.tables())
-        #: table -> (tail writes, tail deletes, chunk sources, catalog deletes, schema) read in one cut
-        from_tail: dict = {}
+        reads: dict = {}  # table -> _TableRead, all read in one cut
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
-            visible = dict(applied)
-            if self.tail is not None:
-                cut = self.tail.cut(db, applied, None)
-                visible = cut.visible_hi_inclusive
-                for table in _tables_named(sql, sorted(known | set(cut.writes))):
-                    writes = cut.writes.get(table, [])
+            cut = self.tail.cut(db, applied) if self.tail is not None else None
+            visible = cut.visible_hi_inclusive if cut is not None else dict(applied)
+            candidates = sorted(known | set(cut.writes if cut is not None else ()))
+            named = _tables_named(sql, candidates)
+            # a statement that lists tables sees them all; any other reads only the tables it names
+            for table in (candidates if _lists_tables(sql) or not named else named):
+                chunks = self.catalog.table_chunks(db, table)
+                r = _TableRead(rows=sum(c.rows for c in chunks))
+                if cut is not None:
                     kp = partition_for(table, db.kafka_partitions)
-                    deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
-                    if writes or deletes:
-                        chunks = [chunk_source(c) for c in self.catalog.table_chunks(db, table) if c.view is not None]
-                        from_tail[table] = (writes, deletes, chunks, table_deletes(db, table), db.schemas.get(table))
+                    r.tail_writes = cut.writes.get(table, [])
+                    r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
+                    if r.tail_writes or r.tail_deletes:
+                        r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
+                        r.deletes = table_deletes(db, table)
+                        r.schema = db.schemas.get(table)
+                reads[table] = r
         now = time.time()
         for table in _tables_named(sql, db.table_names()):
             db.queried_at[table] = now
+        t_cut = time.perf_counter()
+        use_query_pool(self.spark)
         session = self.spark.newSession()
-        existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
-                    self.spark.sql("SHOW VIEWS IN global_temp").collect()}
+        if self.has_table_view is not None:
+            has_view = lambda t: self.has_table_view(database, t)  # noqa: E731
+        else:
+            existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
+                        self.spark.sql("SHOW VIEWS IN global_temp").collect()}
+            has_view = lambda t: table_view_name(database, t) in existing  # noqa: E731
         try:
-            for table in sorted(known | set(from_tail)):
-                if table in from_tail:
-                    session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS "
-                                f"{_tail_view_sql(session, table, db.epoch, *from_tail[table])}")
+            n_tail = 0
+            for table, r in sorted(reads.items()):
+                if r.from_tail:
+                    n_tail += 1
+                    _tail_view(session, table, db.epoch, r).createOrReplaceTempView(table)
                     continue
-                view = table_view_name(database, table)
-                if view in existing:
-                    session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS "
-                                f"SELECT * FROM global_temp.{quote(view)}")
+                if has_view(table):
+                    view_sql = f"SELECT * FROM global_temp.{quote(table_view_name(database, table))}"
+                elif db.schemas.get(table) is not None:  # columns known, no row yet: an empty table
+                    view_sql = empty_table_view_sql(db.schemas.get(table))
+                else:
                     continue
-                schema = db.schemas.get(table)
-                if schema is not None:  # columns known, no row yet: an empty table
-                    session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {empty_table_view_sql(schema)}")
+                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(view_sql, r.rows)}")
+            t_views = time.perf_counter()
             df = session.sql(sql)
             result = df.toArrow()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("query on %s: %d rows; cut %.3f s, views %.3f s (%d table(s), %d from the tail), run %.3f s",
+                          database, result.num_rows, t_cut - t0, t_views - t_cut, len(reads), n_tail,
+                          time.perf_counter() - t_views)
         except Exception as e:  # Spark analysis/parse errors are the user's to fix
             from pyspark.errors import PySparkException
 
@@ -104,32 +129,71 @@ class QueryEngine:
         return QueryResult(result, applied, visible)
 
 
-def _tail_view_sql(session, table: str, epoch: int, writes: list, tail_deletes: list, chunks: list,
-                   deletes: list, schema: TableSchema | None) -> str:
-    """The table view over its chunks and its tail writes, with the catalog's and the tail's deletes.
-    The tail's rows become a temp view of `session` (a local relation from Arrow)."""
+#: A table of at most this many rows (chunks and tail) is read by one Spark task: a query of a small
+#: table then waits for one free task slot instead of one per chunk while micro-batches hold the slots.
+SMALL_TABLE_ROWS = 100_000
+
+
+@dataclass
+class _TableRead:
+    """What a query reads of one table, taken in the query's cut."""
+
+    rows: int = 0  # rows of its chunks (without the tail)
+    tail_writes: list = field(default_factory=list)
+    tail_deletes: list = field(default_factory=list)
+    #: set when the tail holds writes or deletes of it: the view is built from these, not the global view
+    chunks: list = field(default_factory=list)
+    deletes: list = field(default_factory=list)
+    schema: TableSchema | None = None
+
+    @property
+    def from_tail(self) -> bool:
+        return bool(self.tail_writes or self.tail_deletes)
+
+
+def _small(view_sql: str, rows: int) -> str:
+    """`view_sql`, read by one task when the table is small (SMALL_TABLE_ROWS)."""
+    return f"SELECT /*+ COALESCE(1) */ * FROM ({view_sql})" if rows <= SMALL_TABLE_ROWS else view_sql
+
+
+def _tail_view(session, table: str, epoch: int, r: _TableRead):
+    """The table view, as a DataFrame of `session`, over its chunks and its tail writes, with the
+    catalog's and the tail's deletes. The tail's rows are a local relation from Arrow, named only
+    while the view is analysed (a DataFrame's temp view keeps its analysed plan), so no name of
+    ours shows up among the session's tables."""
     from .ingest import disjoint_unique
 
-    schema = TableSchema(table, schema.columns if schema is not None else [])
+    writes = r.tail_writes
+    schema = TableSchema(table, r.schema.columns if r.schema is not None else [])
     for w in writes:
         cols = [Column(*c) for c in w.columns]
         try:
             schema.merge(cols)
         except ColumnTypeConflict:  # as the consumer does: new columns kept, conflicting values read as NULL
             schema.merge([c for c in cols if schema.get(c.name) is None])
-    sources = list(chunks)
+    sources = list(r.chunks)
     rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], epoch)
+    name = None
     if rows is not None and rows.num_rows:
+        r.rows += rows.num_rows
         name = f"iox_tail_{next(_TAIL_VIEWS)}"
         session.createDataFrame(rows, schema=spark_struct_for(schema)).createOrReplaceTempView(name)
-        spans = [(min(lo for lo, _hi in w.spans), max(hi for _lo, hi in w.spans), w.unique) for w in writes if w.spans]
+        mm = pc.min_max(rows.column(TIME_NS_COLUMN))
+        # each write's span from its headers, as the consumer's chunks take them (None: the hull)
+        per_write = [(min(lo for lo, _hi in w.spans), max(hi for _lo, hi in w.spans), w.unique)
+                     for w in writes if w.spans]
+        complete = len(per_write) == len(writes)
         sources.append(ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"},
-                                   min(lo for lo, _hi, _u in spans), max(hi for _lo, hi, _u in spans),
-                                   deduplicated=disjoint_unique(spans),
-                                   time_spans=time_spans.normalize([s for w in writes for s in w.spans])))
-    if not sources:
-        return empty_table_view_sql(schema)
-    return table_view_sql(schema, sources, deletes=list(deletes) + list(tail_deletes))
+                                   mm["min"].as_py(), mm["max"].as_py(),
+                                   deduplicated=complete and disjoint_unique(per_write),
+                                   time_spans=time_spans.normalize([s for w in writes for s in w.spans])
+                                   if complete else ()))
+    sql = table_view_sql(schema, sources, deletes=list(r.deletes) + list(r.tail_deletes)) if sources \
+        else empty_table_view_sql(schema)
+    df = session.sql(_small(sql, r.rows))
+    if name is not None:
+        session.catalog.dropTempView(name)
+    return df
 
 
 def tail_rows(writes: list, columns: list, epoch: int) -> pa.Table | None:
@@ -155,6 +219,11 @@ def tail_rows(writes: list, columns: list, epoch: int) -> pa.Table | None:
 def _first_line(msg: str) -> str:
     lines = [l for l in msg.strip().splitlines() if l.strip()]
     return " ".join(lines[:3])[:2000] if lines else msg
+
+
+def _lists_tables(sql: str) -> bool:
+    """A statement that lists or describes tables (SHOW ..., DESCRIBE ...): it may read any of them."""
+    return re.match(r"\s*(show|describe|desc)\b", sql, re.IGNORECASE) is not None
 
 
 def _tables_named(sql: str, tables: list) -> list:

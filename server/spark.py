@@ -10,10 +10,19 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["build_spark", "lower_spark_priority"]
+__all__ = ["build_spark", "lower_spark_priority", "use_query_pool", "QUERY_POOL"]
 
 #: Most bytes of one Arrow batch Spark sends to a Python worker
 _ARROW_BATCH_BYTES = 32 << 20
+#: The fair-scheduler pool users' queries run in (`use_query_pool`); micro-batches and the
+#: lifecycle run in the default pool. With the weight and min share below a query's tasks take
+#: the next free task slot instead of queueing behind every task of a running micro-batch (FIFO).
+QUERY_POOL = "queries"
+_POOLS_XML = """<?xml version="1.0"?>
+<allocations>
+  <pool name="{pool}"><schedulingMode>FIFO</schedulingMode><weight>8</weight><minShare>2</minShare></pool>
+</allocations>
+"""
 
 
 def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect_port: int = 0,
@@ -30,7 +39,13 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
     from .kafka_source import IoxKafkaDataSource
 
     os.makedirs(scratch_dir, exist_ok=True)
+    pools = os.path.join(scratch_dir, "fair-scheduler.xml")
+    with open(pools, "w") as f:
+        f.write(_POOLS_XML.format(pool=QUERY_POOL))
     b = (SparkSession.builder.master(master).appName("iox")
+         # queries are not queued behind micro-batches and lifecycle jobs (see QUERY_POOL)
+         .config("spark.scheduler.mode", "FAIR")
+         .config("spark.scheduler.allocation.file", pools)
          .config("spark.driver.memory", driver_memory)
          .config("spark.sql.session.timeZone", "UTC")
          # line protocol names are case sensitive: fields `t` and `T` are two columns
@@ -62,6 +77,13 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
 
     spark.dataSource.register(IoxParquetDataSource)
     return spark
+
+
+def use_query_pool(spark) -> None:
+    """Runs the calling thread's Spark jobs in the QUERY_POOL fair-scheduler pool. Called by the
+    query engine on the thread of each query (PySpark pins a Python thread to its own JVM thread,
+    so the property stays with that thread's jobs)."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", QUERY_POOL)
 
 
 def lower_spark_priority(spark, nice: int) -> int:

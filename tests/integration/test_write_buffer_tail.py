@@ -93,3 +93,14 @@ def test_the_tail_lets_go_of_what_spark_applied(iox_server, client, db):
             break
         assert time.monotonic() < deadline, f"the tail still holds {held} applied message(s)"
         time.sleep(0.05)
+
+
+def test_a_query_sees_the_tables_it_names_and_show_tables_lists_them_all(iox_server, client, db):
+    tok = client.write(db, f"cpu,host=a usage=1 {T0}\nmem,host=a free=2i {T0}\n")
+    client.wait_applied(db, tok)
+    tok = client.write(db, f"disk,host=a used=3i {T0}\n")  # maybe only in the tail yet
+    client.wait_visible(db, tok)
+    assert sorted(client.query(db, "SHOW TABLES").column("tableName").to_pylist()) == ["cpu", "disk", "mem"]
+    assert client.query(db, "DESCRIBE disk").column("col_name").to_pylist()[:2] == ["host", "used"]
+    assert client.query(db, "SELECT c.usage, m.free, d.used FROM cpu c JOIN mem m ON c.host = m.host "
+                            "JOIN disk d ON d.host = c.host").to_pylist() == [{"usage": 1.0, "free": 2, "used": 3}]
