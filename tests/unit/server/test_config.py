@@ -95,3 +95,41 @@ def test_log_levels_reject_bad_parts(bad):
 
     with pytest.raises(ValueError):
         parse_log_levels(bad)
+
+
+def test_tail_max_bytes_takes_sizes_and_zero_disables_it():
+    from server.cli import _config_from_args, build_parser
+
+    assert _config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "64m"])).tail_max_bytes == 64 << 20
+    assert _config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "0"])).tail_max_bytes == 0
+    assert ServerConfig().tail_max_bytes == 256 << 20
+    with pytest.raises(InvalidConfig) as ei:
+        ServerConfig(tail_max_bytes=-1)
+    assert ei.value.field == "tail_max_bytes"
+
+
+def test_the_session_weight_of_a_jvm_in_a_session_of_its_own_is_lowered():
+    """A child started in a session of its own, standing in for the JVM: its autogroup nice is set;
+    a child in this process's session is never touched (that would lower the server itself)."""
+    import os
+    import subprocess
+    import sys
+
+    from server.spark import _lower_session_weight
+
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.fail("this test needs Linux autogroup scheduling (/proc/<pid>/autogroup)")
+    cmd = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"]
+    own = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
+    same = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    try:
+        assert own.stdout.readline() == b"up\n" and same.stdout.readline() == b"up\n"
+        assert _lower_session_weight(own.pid, 12) is True
+        assert open(f"/proc/{own.pid}/autogroup").read().split()[-1] == "12"
+        mine = open("/proc/self/autogroup").read()
+        assert _lower_session_weight(same.pid, 12) is False
+        assert open("/proc/self/autogroup").read() == mine
+    finally:
+        for p in (own, same):
+            p.kill()
+            p.wait()
