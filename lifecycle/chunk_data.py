@@ -18,7 +18,7 @@ from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes", "time_disjoint", "merged_spans",
+__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "arrow_merged_df", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes", "time_disjoint", "merged_spans",
            "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
@@ -70,6 +70,99 @@ def merged_df(spark, schema: TableSchema, chunks: list, deletes: list = (), extr
     if extra_where:
         sql = f"SELECT * FROM ({sql}) WHERE {extra_where}"
     return spark.sql(sql)
+
+
+def arrow_plan(chunks: list, schema, deletes: list):
+    """(ArrowDelete list, whether to deduplicate) when `chunks` can be merged from their write-buffer
+    form in Arrow (persist, the move to the read buffer): every chunk holds it and every delete term
+    is evaluable in Arrow; else None. Deduplication is skipped when every chunk's streams are known
+    to be deduplicated and no two chunks meet in time. Pure (driver)."""
+    from .arrow_merge import ArrowDelete, deletes_supported
+
+    if not chunks or not all(c.segments for c in chunks):
+        return None
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
+    arrow_deletes = [ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq, tuple(tuple(t[:4]) for t in d.predicate))
+                     for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    if not deletes_supported(arrow_deletes, col_types):
+        return None
+    dedup = not (all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks))
+    return arrow_deletes, dedup
+
+
+def indexed_segments_df(chunks: list):
+    """The union of the chunks' segments with each row's chunk index (column `ci`, chunk order), the
+    input of `merge_segment_rows`. Driver side; no job runs."""
+    from pyspark.sql import functions as F
+
+    from .ipc_segments import SEGMENT_COLUMNS
+
+    inputs = None
+    for i, c in enumerate(chunks):
+        for seg in c.segments:
+            d = seg.select(F.lit(i).alias("ci"), *SEGMENT_COLUMNS)
+            inputs = d if inputs is None else inputs.union(d)
+    return inputs
+
+
+def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: bool):
+    """Executor side, in ONE task: the rows of `indexed_segments_df` batches decoded in chunk order,
+    `deletes` (ArrowDelete) applied, deduplicated when `dedup`: one pyarrow Table in the merged
+    chunk layout (tags, fields, time_ns, _iox_seq; `tags` names, `fields` [(name, type)]), or None
+    without rows. The same rows as `merged_df` of the same chunks and deletes."""
+    import pyarrow as pa
+
+    from catalog.schema import SEQ_COLUMN
+
+    from .arrow_merge import apply_deletes, deduplicate
+    from .ipc_segments import arrow_type, read_segment_rows
+
+    columns = [(t, "string") for t in tags] + list(fields)
+    target = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns]
+                       + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())])
+    parts = [(ci, t.cast(target)) for ci, t in read_segment_rows(batches, columns, key_column="ci")]
+    if not parts:
+        return None
+    parts.sort(key=lambda p: p[0])  # stable: each chunk's streams keep their order
+    t = pa.concat_tables([p for _ci, p in parts])
+    del parts
+    t = apply_deletes(t, deletes, dict(columns))
+    if dedup:
+        t = deduplicate(t, tags, [n for n, _t in fields])
+    return t
+
+
+def _merge_fn(tags: list, fields: list, deletes: list, dedup: bool, names: list):
+    """mapInArrow function of `arrow_merged_df` (one task). Picklable (plain data)."""
+
+    def fn(batches):
+        import pyarrow as pa
+
+        t = merge_segment_rows(batches, tags, fields, deletes, dedup)
+        if t is not None:
+            yield from t.select(names).combine_chunks().to_batches(max_chunksize=_MERGED_BATCH_ROWS)
+            del t
+        # the Python worker lives on (reused): hand the merge's memory back to the OS
+        pa.default_memory_pool().release_unused()
+
+    return fn
+
+
+#: rows per Arrow batch `arrow_merged_df` hands Spark
+_MERGED_BATCH_ROWS = 1 << 16
+
+
+def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: list = ()):
+    """`merged_df` of chunks that all hold the write-buffer form, computed in Arrow by one task
+    (`plan` from `arrow_plan(chunks, schema, deletes)`) instead of a Spark GROUP BY of every row:
+    for 10M rows with one repeated point ~10 s instead of ~60 s on two busy cores. The same
+    columns, types and rows as `merged_df`. Driver side; lazy (the caller checkpoints it)."""
+    arrow_deletes, dedup = plan
+    struct = merged_df(spark, schema, chunks, deletes).schema  # analysed only: the exact layout
+    fn = _merge_fn(schema.tags(), [(f.name, f.type) for f in schema.fields()], arrow_deletes, dedup,
+                   struct.fieldNames())
+    return indexed_segments_df(chunks).coalesce(1).mapInArrow(fn, struct)
 
 
 def table_deletes(db, table: str) -> list:

@@ -10,10 +10,13 @@ Two ways, by the forms the chunks are held in (catalog/chunk.py):
 - write-buffer chunks merged into a write-buffer chunk: the new chunk takes over
   the run's segments as they are (no Spark job, no row decoded); it is known to
   be deduplicated when each of them was and no two meet in time;
-- otherwise (`to_read_buffer`, or chunks that have a read form) the chunks' views
-  are merged in Spark SQL into deduplicated rows with the deletes materialised,
-  the read form; when every chunk of the run holds the write-buffer form the new
-  chunk keeps it too (persist writes from it).
+- otherwise (`to_read_buffer`, or chunks that have a read form) the chunks are
+  merged into deduplicated rows with the deletes materialised, the read form:
+  by one task in Arrow from the write-buffer form when every chunk holds it and
+  every delete is evaluable in Arrow (chunk_data.arrow_merged_df, the way
+  persist merges), else in Spark SQL over their views; when every chunk of the
+  run holds the write-buffer form the new chunk keeps it too (persist writes
+  from it).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from catalog.chunk import Chunk
 
 from server.crash_points import crash_point
 
-from .chunk_data import (merged_df, merged_spans, register_df_chunk, row_stats, schema_bytes, table_deletes,
+from .chunk_data import (arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk, row_stats, schema_bytes, table_deletes,
                          time_disjoint)
 from .ipc_segments import register_segments_chunk
 
@@ -70,7 +73,11 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             rows = sum(c.rows for c in chunks)
             lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
         else:
-            df = merged_df(spark, schema, chunks, table_deletes(db, table)).localCheckpoint(eager=True)
+            deletes = table_deletes(db, table)
+            plan = arrow_plan(chunks, schema, deletes)
+            merged = (arrow_merged_df(spark, schema, chunks, plan, deletes) if plan is not None
+                      else merged_df(spark, schema, chunks, deletes))
+            df = merged.localCheckpoint(eager=True)
             st = row_stats(df)
             rows, lo, hi = st["n"], st["lo"], st["hi"]
     except BaseException:

@@ -38,10 +38,9 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
-from .arrow_merge import ArrowDelete, deletes_supported
-from .chunk_data import (merged_df, merged_spans, register_df_chunk, register_parquet_chunk, release_df, row_stats,
-                         schema_bytes, table_deletes, time_disjoint)
-from .ipc_segments import LAYOUT_CHUNK, SEGMENT_COLUMNS, register_segments_chunk
+from .chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
+                         register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes)
+from .ipc_segments import LAYOUT_CHUNK, register_segments_chunk
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
@@ -220,26 +219,18 @@ def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list,
 
     Picklable (captures the store config and plain data).
     """
-    columns = [(t, "string") for t in tags] + list(fields)
 
     def fn(batches):
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        from lifecycle.arrow_merge import apply_deletes, deduplicate
-        from lifecycle.ipc_segments import arrow_type, encode_ipc, read_segment_rows
+        from lifecycle.chunk_data import merge_segment_rows
+        from lifecycle.ipc_segments import encode_ipc
 
-        target = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns]
-                           + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())])
-        parts = [(ci, t.cast(target)) for ci, t in read_segment_rows(batches, columns, key_column="ci")]
-        if not parts:
+        t = merge_segment_rows(batches, tags, fields, deletes, dedup)
+        if t is None:
             return
-        parts.sort(key=lambda p: p[0])  # stable: each chunk's streams keep their order
-        t = pa.concat_tables([p for _ci, p in parts])
-        t = apply_deletes(t, deletes, dict(columns))
-        if dedup:
-            t = deduplicate(t, tags, [n for n, _t in fields])
 
         def stats(x):
             tt = pc.min_max(x.column(TIME_NS_COLUMN))
@@ -262,7 +253,7 @@ def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list,
             payload = encode_ipc(piece)
             yield _out_row("rem", None, piece.num_rows, len(payload), stats(piece), payload)
         # the Python worker lives on (reused): hand the merge's memory back to the OS, not to the pool
-        del t, to_write, rest, parts
+        del t, to_write, rest
         pa.default_memory_pool().release_unused()
 
     return fn
@@ -315,33 +306,12 @@ class _Written:
         release_df(self.remainder_segment)
 
 
-def arrow_plan(chunks: list, schema, deletes: list):
-    """(ArrowDelete list, whether to deduplicate) when `chunks` can be persisted from their
-    write-buffer form: every chunk holds it and every delete term is evaluable in Arrow; else None.
-    Deduplication is skipped when every chunk's streams are known to be deduplicated and no two
-    chunks meet in time."""
-    if not chunks or not all(c.segments for c in chunks):
-        return None
-    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
-    lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
-    arrow_deletes = [ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq, tuple(tuple(t[:4]) for t in d.predicate))
-                     for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
-    if not deletes_supported(arrow_deletes, col_types):
-        return None
-    dedup = not (all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks))
-    return arrow_deletes, dedup
-
-
 def _write_from_segments(spark, store: ObjectStore, key: str, chunks: list, schema, plan, flush_ts: int) -> _Written:
     """One executor task reads the chunks' write-buffer form, merges in Arrow and writes the file."""
     from pyspark.sql import functions as F
 
     arrow_deletes, dedup = plan
-    inputs = None
-    for i, c in enumerate(chunks):
-        for seg in c.segments:
-            d = seg.select(F.lit(i).alias("ci"), *SEGMENT_COLUMNS)
-            inputs = d if inputs is None else inputs.union(d)
+    inputs = indexed_segments_df(chunks)
     fn = _segments_persist_fn(store, key, schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
                               arrow_deletes, dedup)
     out = inputs.coalesce(1).mapInArrow(fn, _SEGMENTS_OUT).localCheckpoint(eager=True)

@@ -220,7 +220,7 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
     so compaction keeps the merge known-deduplicated and persist writes without deduplicating."""
     from lifecycle.chunk_data import table_deletes
-    from lifecycle.persist import arrow_plan
+    from lifecycle.chunk_data import arrow_plan
 
     c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
