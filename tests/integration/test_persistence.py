@@ -219,8 +219,7 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     """Two unique-keyed requests merged into one chunk keep their own time spans: a later chunk
     falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
     so compaction keeps the merge known-deduplicated and persist writes without deduplicating."""
-    from lifecycle.chunk_data import table_deletes
-    from lifecycle.chunk_data import arrow_plan
+    from lifecycle.chunk_data import arrow_plan, table_deletes
 
     c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
@@ -243,6 +242,45 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     r = c.persist(db)
     assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 30)]
     assert c.query(db, Q2).to_pylist() == expect
+
+
+def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(manual):
+    """The read buffer's form built in Arrow (one task) equals Spark SQL's GROUP BY merge of the same
+    chunks row for row: repeated keys across and within requests, fields missing in a request
+    (the last non-null value wins), an unsigned field, a delete with a predicate (removes only the
+    rows written before it), and the layout's columns and types."""
+    from lifecycle.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
+
+    c, db, srv = manual.client, f"a_{uuid.uuid4().hex[:8]}", manual.server
+    # 20 points on 15 keys (host, time): i and i + 15 share one, the later wins
+    _write(c, db, [f"cpu,host=h{i % 3} v={i},u={i}u {T0 + i % 5}" for i in range(20)])
+    _write(c, db, [f"cpu,host=h{i % 3} w=true {T0 + i}" for i in range(3, 8)])  # another field, 2 keys shared
+    c.wait_applied(db, c.delete(db, T0, T0 + 4, "host='h1'", "cpu"), timeout_s=90)  # h1 at T0..T0+3
+    _write(c, db, [f"cpu,host=h1,dc=x v=-{i}.5 {T0 + i}" for i in range(2, 4)])  # after the delete
+    dbo = srv.catalog.database(db)
+    chunks = srv.catalog.table_chunks(dbo, "cpu")
+    schema, deletes = dbo.schemas.get("cpu"), table_deletes(dbo, "cpu")
+    plan = arrow_plan(chunks, schema, deletes)
+    assert plan is not None and plan[1] is True and len(plan[0]) == 1
+    sql_df = merged_df(srv.spark, schema, chunks, deletes)
+    arrow_df = arrow_merged_df(srv.spark, schema, chunks, plan, deletes)
+    assert arrow_df.schema == sql_df.schema
+
+    def rows(df):
+        return {(r["dc"], r["host"], r["time_ns"] - T0): r.asDict() for r in df.collect()}
+
+    got = rows(arrow_df)
+    assert len(got) == arrow_df.count() == 16
+    assert got == rows(sql_df)
+    first = {(f"h{i % 3}", i % 5) for i in range(15)} - {("h1", t) for t in range(4)}
+    assert set(got) == {(None, h, t) for h, t in first | {("h2", 5), ("h0", 6), ("h1", 7)}} | \
+        {("x", "h1", 2), ("x", "h1", 3)}
+    r = got[(None, "h0", 3)]  # i = 3 then 18, then the second request's w
+    assert (r["v"], int(r["u"]), r["w"]) == (18.0, 18, True)
+    r = got[(None, "h2", 0)]  # i = 5 only
+    assert (r["v"], int(r["u"]), r["w"]) == (5.0, 5, None)
+    r = got[("x", "h1", 3)]
+    assert (r["v"], r["u"], r["w"]) == (-3.5, None, None)
 
 
 def test_compaction_keeps_answers(manual):
