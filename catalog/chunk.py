@@ -64,6 +64,9 @@ class Chunk:
     #: where in time the rows lie, finer than [min_time_ns, max_time_ns] (catalog/time_spans.py);
     #: () = the hull
     time_spans: tuple = ()
+    #: global temp views of Arrow merges this chunk is part of (lifecycle/chunk_data.py
+    #: `arrow_merge_relations`), dropped with the chunk's data
+    merge_views: set = field(default_factory=set)
 
     def column_names(self) -> set:
         return {c[0] for c in self.columns}

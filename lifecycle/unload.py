@@ -31,6 +31,6 @@ def unload_chunk(spark, catalog: Catalog, db: Database, table: str, partition_ke
         chunk.df = None
         chunk.state = "unloaded"
     # the in-memory blocks go after the grace period: a query planned before may still read them
-    catalog.retire([dataclasses.replace(chunk, view=None, df=df)])
+    catalog.retire([dataclasses.replace(chunk, view=None, df=df, merge_views=set())])
     log.info("unloaded chunk %d of %s/%s/%s", chunk_id, db.name, table, partition_key)
     return True

@@ -35,7 +35,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflic
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from lifecycle.chunk_data import chunk_source, estimate_bytes, release_df, row_stats, table_deletes
+from lifecycle.chunk_data import arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats, table_deletes
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
 
 from .crash_points import crash_point
@@ -522,7 +522,9 @@ class Ingestor:
         sources = [chunk_source(c) for c in chunks if c.view is not None]
         if not sources:
             return
-        sql = table_view_sql(schema, sources, deletes=table_deletes(db, table))
+        deletes = table_deletes(db, table)
+        sql = table_view_sql(schema, sources, deletes=deletes,
+                             merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes))
         name = quote(table_view_name(db.name, table))
         self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
         with self._views_lock:

@@ -12,8 +12,11 @@ chunks are deduplicated): chunks are split into groups whose time spans meet
 [min, max] hull); a group of one chunk that is already deduplicated
 (compaction and persist output, Parquet files, write-buffer chunks of
 unique-keyed requests apart in time) is read as it is, every other group is
-merged with GROUP BY (tags, time). Two groups never share a (tags, time) key,
-since their spans are disjoint.
+merged with GROUP BY (tags, time), or read from a relation the caller supplies
+holding the group's merge (`merged_relation`: the ingestor's table views use
+one Arrow task over the write-buffer form for large groups,
+lifecycle/chunk_data.py `arrow_merge_relations`). Two groups never share a
+(tags, time) key, since their spans are disjoint.
 
 Naming (stable, documented in the README): chunk data `global_temp.iox_chunk_<id>`;
 table view `global_temp.<database>__<table>` (backtick-quoted when needed).
@@ -122,7 +125,8 @@ def deletes_sql(schema: TableSchema, deletes: list) -> str:
     return "NOT (" + " OR ".join(conds) + ")"
 
 
-def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = False, deletes: list = ()) -> str:
+def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = False, deletes: list = (),
+                   merged_relation=None) -> str:
     """The deduplicating view over `chunk_sources` (a list of ChunkSource).
 
     as_chunk=False: what users query (tags, fields, `time` TIMESTAMP, `time_ns`).
@@ -130,6 +134,8 @@ def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = Fa
     newest write merged into the row), used by compaction and persist so a
     merged chunk orders exactly like the chunks it replaces.
     Only groups of overlapping chunks are merged (see the module docstring).
+    `merged_relation(group)`: optional, a ChunkSource holding the group's merge with `deletes`
+    already applied (read as it is), or None to merge the group here with GROUP BY.
     """
     where = deletes_sql(schema, list(deletes))
     where = f" WHERE {where}" if where else ""
@@ -137,6 +143,8 @@ def table_view_sql(schema: TableSchema, chunk_sources: list, as_chunk: bool = Fa
     for group in overlap_groups(list(chunk_sources)):
         if len(group) == 1 and group[0].deduplicated:
             parts.append(_plain_sql(schema, group[0], as_chunk, where))
+        elif merged_relation is not None and (rel := merged_relation(group)) is not None:
+            parts.append(_plain_sql(schema, rel, as_chunk, ""))
         else:
             parts.append(_merge_sql(schema, group, as_chunk, where))
     return "\nUNION ALL\n".join(parts)
