@@ -129,9 +129,7 @@ def _repeated_time_mask(t: pa.Table):
 
 
 def _merge_rows(t: pa.Table, tags: list, fields: list) -> pa.Table:
-    """`deduplicate` of `t` by one hash group-by of all its rows."""
-    if t.num_rows < 2:
-        return t
+    """`deduplicate` of `t` (at least two rows) by one hash group-by of all its rows."""
     t = sort_by_seq(t)
     schema = t.schema
     # Arrow's hash_last has no decimal kernel: unsigned fields (decimal(20, 0) in the chunk layout,

@@ -258,7 +258,8 @@ def _cached_copy(store, key: str, cache_dir: str) -> str:
 
 
 def release_chunk_data(spark, chunk: Chunk) -> None:
-    """Drops a chunk's view (and the Arrow merge views it is part of) and frees its checkpointed blocks (both forms). Driver only."""
+    """Drops a chunk's view (and the Arrow merge views it is part of) and frees its checkpointed
+    blocks (both forms). Driver only."""
     if chunk.view is not None:
         spark.catalog.dropGlobalTempView(chunk.view)
     for v in list(chunk.merge_views):

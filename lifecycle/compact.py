@@ -27,8 +27,8 @@ from catalog.chunk import Chunk
 
 from server.crash_points import crash_point
 
-from .chunk_data import (arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk, row_stats, schema_bytes, table_deletes,
-                         time_disjoint)
+from .chunk_data import (arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk, row_stats,
+                         schema_bytes, table_deletes, time_disjoint)
 from .ipc_segments import register_segments_chunk
 
 __all__ = ["compact_chunks"]

@@ -35,7 +35,8 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflic
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from lifecycle.chunk_data import arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats, table_deletes
+from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats,
+                                  table_deletes)
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
 
 from .crash_points import crash_point
