@@ -100,31 +100,56 @@ def deduplicate(t: pa.Table, tags: list, fields: list) -> pa.Table:
 
     `tags`/`fields`: column names; the result has `t`'s columns in `t`'s order. Only rows whose
     `time_ns` occurs more than once can share a key: they are merged, the others pass as they
-    are (10M rows with one repeated point: ~1 s instead of ~9 s for a group-by of every row).
+    are (10M rows with one repeated point: ~1 s instead of ~9 s for a group-by of every row),
+    as zero-copy slices of `t` when the repeated rows are few.
     """
+    import numpy as np
+
     if t.num_rows < 2:
         return t
     repeated = _repeated_time_mask(t)
-    if not repeated.any():
+    if repeated is None:
         return t
     if repeated.all():
         return _merge_rows(t, tags, fields)
-    return pa.concat_tables([t.filter(pa.array(~repeated)), _merge_rows(t.filter(pa.array(repeated)), tags, fields)])
+    merged = _merge_rows(t.filter(pa.array(repeated)), tags, fields)
+    rep_idx = np.flatnonzero(repeated)
+    if len(rep_idx) > _MAX_SLICED_GAPS:
+        return pa.concat_tables([t.filter(pa.array(~repeated)), merged])
+    # the runs of rows between repeated ones, as slices: no value is copied
+    starts = np.concatenate(([0], rep_idx + 1))
+    stops = np.concatenate((rep_idx, [t.num_rows]))
+    kept = [t.slice(a, b - a) for a, b in zip(starts.tolist(), stops.tolist()) if b > a]
+    return pa.concat_tables(kept + [merged])
+
+
+#: at most this many repeated rows are cut out of a table by slicing (each a zero-copy slice of
+#: every column); more are removed by one filter (a copy of every row)
+_MAX_SLICED_GAPS = 1024
 
 
 def _repeated_time_mask(t: pa.Table):
-    """numpy bool mask of the rows whose `time_ns` another row has too (one sort of the times)."""
+    """numpy bool mask of the rows whose `time_ns` another row has too, or None when no time
+    repeats. Rising times (one write, or writes in time order) are checked in one pass; others
+    take a stable sort, which is quick for the concatenated rising runs chunks usually hold
+    (10M times in 4 runs: 0.08 s; shuffled: 1.4 s)."""
     import numpy as np
 
-    times = t.column(TIME_NS_COLUMN).combine_chunks()
-    order = pc.sort_indices(times)
-    st = times.take(order).to_numpy(zero_copy_only=False)
+    times = t.column(TIME_NS_COLUMN).combine_chunks().to_numpy(zero_copy_only=False)
+    rising = times[1:] > times[:-1]
+    if rising.all():
+        return None
+    del rising
+    order = np.argsort(times, kind="stable")
+    st = times[order]
     same_as_next = st[1:] == st[:-1]
+    if not same_as_next.any():
+        return None
     rep_sorted = np.zeros(len(st), dtype=bool)
     rep_sorted[1:] |= same_as_next
     rep_sorted[:-1] |= same_as_next
     mask = np.zeros(len(st), dtype=bool)
-    mask[order.to_numpy()[rep_sorted]] = True
+    mask[order[rep_sorted]] = True
     return mask
 
 

@@ -52,6 +52,19 @@ _META_SCHEMA = "key string, rows long, size long, min_t long, max_t long, min_se
 #: rows per Parquet row group (pyarrow's default for a whole table): Spark hands the writer
 #: 10,000-row Arrow batches, and a row group each made files ~1.7x larger
 ROW_GROUP_ROWS = 1 << 20
+#: Parquet encoding of the time and sequence columns, which rise steadily: 10M bench rows write in
+#: 1.41 s instead of 1.78 s (dictionary attempts on them), in 66 MiB instead of 98 MiB
+_RISING_ENCODING = "DELTA_BINARY_PACKED"
+
+
+def parquet_options(names) -> dict:
+    """pyarrow Parquet writer options of every file persist and compaction write (`names`: the
+    columns, chunk layout): zstd, dictionary encoding for tags and fields (pyarrow falls back to
+    plain per column chunk when a dictionary grows too large), `_RISING_ENCODING` for `time_ns`
+    and `_iox_seq`. Spark's and pyarrow's readers read both encodings."""
+    rising = [n for n in names if n in (TIME_NS_COLUMN, SEQ_COLUMN)]
+    return {"compression": "zstd", "use_dictionary": [n for n in names if n not in rising],
+            "column_encoding": {n: _RISING_ENCODING for n in rising}}
 
 
 class InFlightFiles:
@@ -108,7 +121,7 @@ def _writer_fn(store: ObjectStore, key: str):
                 if b.num_rows == 0:
                     continue
                 if writer is None:
-                    writer = pq.ParquetWriter(path, b.schema, filesystem=fs, compression="zstd")
+                    writer = pq.ParquetWriter(path, b.schema, filesystem=fs, **parquet_options(b.schema.names))
                 pending.append(b)
                 pending_rows += b.num_rows
                 if pending_rows >= ROW_GROUP_ROWS:
@@ -245,7 +258,8 @@ def _segments_persist_fn(store: ObjectStore, key: str, tags: list, fields: list,
         if to_write.num_rows:
             fs, path = store.arrow_prepare_write(key)
             # the writer cuts row groups of ROW_GROUP_ROWS across the table's chunks (no copy)
-            pq.write_table(to_write, path, filesystem=fs, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+            pq.write_table(to_write, path, filesystem=fs, row_group_size=ROW_GROUP_ROWS,
+                           **parquet_options(to_write.schema.names))
             yield _out_row("file", key, to_write.num_rows, fs.get_file_info(path).size, stats(to_write), None)
         rest = rest.combine_chunks()
         for off in range(0, rest.num_rows, REMAINDER_ROWS_PER_STREAM):
@@ -451,6 +465,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     # the persisted chunk reads its file, unless the SQL path kept its rows in memory
     parquet_view = register_parquet_chunk(spark, store, [f.key for f in files], schema.to_json(), pid, cache_dir) \
         if rows and w.persisted_df is None else None
+    t_view = time.perf_counter()
     # committed: now the flush handle, then the in-memory swap
     with catalog.lock:
         part.windows.flush(handle)
@@ -488,11 +503,15 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         part.files.extend(files)
         part.checkpoint = actions[-2]
         part.persisting = False
+    t_swapped = time.perf_counter()
     refresh_view(db, table)
+    t_refreshed = time.perf_counter()
     if rows and w.reused:
         chunks[0].df = None  # its checkpoint now backs the persisted chunk: retiring frees its view only
     catalog.retire([c for c in chunks])
     log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d, %d chunk(s) merged via %s (%s, "
-             "commit %.3f s, swap %.3f s)", db.name, table, partition_key, rows, len(files), revision, len(chunks),
-             w.via, w.timing(t_write - t0), t_commit - t_write, time.perf_counter() - t_commit)
+             "commit %.3f s, swap %.3f s: file view %.3f s, table view %.3f s, release %.3f s)", db.name, table,
+             partition_key, rows, len(files), revision, len(chunks), w.via, w.timing(t_write - t0), t_commit - t_write,
+             time.perf_counter() - t_commit, t_view - t_commit, t_refreshed - t_swapped,
+             time.perf_counter() - t_refreshed)
     return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts, actions[-1])

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lifecycle import arrow_merge
 from lifecycle.arrow_merge import ArrowDelete, apply_deletes, deduplicate, deletes_supported, sort_by_seq
 
 TAGS = ["host", "region"]
@@ -92,6 +93,43 @@ def test_deduplicate_equals_reference(rs):
     got = deduplicate(_table(rs), TAGS, [n for n, _t in FIELDS])
     assert got.schema == _table(rs).schema
     assert sorted(map(_key, got.to_pylist())) == sorted(map(_key, _reference_dedup(rs)))
+
+
+def _many_chunk_rows(n: int, seed: int) -> list:
+    """`n` rows in rising time order but every 7th, which repeats the time of the row 3 before it,
+    with that row's tag set every 14th (rows to merge) and another one otherwise."""
+    import random
+
+    rnd = random.Random(seed)
+    out = []
+    for k in range(n):
+        host, t = rnd.choice(["a", "b"]), k * 10
+        if k and k % 7 == 0:
+            t = out[k - 3]["time_ns"]
+            host = out[k - 3]["host"] if k % 14 == 0 else {"a": "b", "b": "a"}[out[k - 3]["host"]]
+        out.append({"host": host, "region": "eu", "f": rnd.choice([None, 1.5, 2.0]),
+                    "i": rnd.choice([None, 1]), "u": None, "s": rnd.choice([None, "x"]), "b": None,
+                    "time_ns": t, "_iox_seq": k})
+    return out
+
+
+@pytest.mark.parametrize("max_sliced", [0, 1024])
+def test_deduplicate_of_a_many_chunk_table_by_slices_or_one_filter(monkeypatch, max_sliced):
+    monkeypatch.setattr(arrow_merge, "_MAX_SLICED_GAPS", max_sliced)
+    rs = _many_chunk_rows(300, seed=max_sliced)
+    t = pa.concat_tables([_table(rs[o:o + 37]) for o in range(0, len(rs), 37)])
+    got = deduplicate(t, TAGS, [n for n, _t in FIELDS])
+    assert got.schema == t.schema
+    assert sorted(map(_key, got.to_pylist())) == sorted(map(_key, _reference_dedup(rs)))
+    assert got.num_rows < len(rs)
+
+
+@pytest.mark.parametrize("times", [[1, 2, 3, 10], [3, 1, 2, 10]])
+def test_deduplicate_returns_a_table_without_repeated_times_as_it_is(times):
+    rs = [{"host": "a", "region": None, "f": 1.0, "i": None, "u": None, "s": None, "b": None, "time_ns": tm,
+           "_iox_seq": k} for k, tm in enumerate(times)]
+    t = _table(rs)
+    assert deduplicate(t, TAGS, [n for n, _t in FIELDS]) is t
 
 
 _terms = st.lists(st.one_of(
