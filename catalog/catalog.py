@@ -155,24 +155,30 @@ class Catalog:
         with self._lock:
             return db.partitions.get(table, {}).get(key)
 
-    def add_chunk(self, db: Database, chunk: Chunk, now: float | None = None) -> list[Chunk]:
+    def add_chunk(self, db: Database, chunk: Chunk, now: float | None = None,
+                  seen_before_ok: bool = False) -> list[Chunk]:
         """Adds a chunk as the newest of its partition; the previous open chunk becomes closed.
 
         With `now` (wall seconds) the chunk's rows are also recorded in the
         partition's persistence windows (what replay must cover until persisted).
+        `seen_before_ok`: only the chunk's offsets above those the windows saw are recorded (a
+        micro-batch retried after its first attempt recorded them); else offsets seen before
+        raise OffsetNotIncreasing and nothing changes.
         Returns the chunks of the partition after the change.
         """
         with self._lock:
             part = self.partition(db, chunk.table, chunk.partition_key)
-            for c in part.chunks:
-                if c.state == "open":
-                    c.state = "closed"
-            part.chunks.append(chunk)
             if now is not None:
                 if part.windows is None:
                     part.windows = PersistenceWindows(chunk.table, chunk.partition_key,
                                                       late_arrive_window_s=self.late_arrive_window_s, now=now)
-                part.windows.add_range(dict(chunk.offsets), chunk.rows, chunk.min_time_ns, chunk.max_time_ns, now)
+                offsets = part.windows.unseen_ranges(dict(chunk.offsets)) if seen_before_ok else dict(chunk.offsets)
+                if offsets or not chunk.offsets:
+                    part.windows.add_range(offsets, chunk.rows, chunk.min_time_ns, chunk.max_time_ns, now)
+            for c in part.chunks:
+                if c.state == "open":
+                    c.state = "closed"
+            part.chunks.append(chunk)
             return part.live_chunks()
 
     def replace_chunks(self, db: Database, table: str, key: str, old_ids: list, new_chunks: list) -> None:
@@ -185,6 +191,20 @@ class Catalog:
             for i, c in enumerate(new_chunks):
                 c.order = base + i / (len(new_chunks) + 1)
                 part.chunks.append(c)
+
+    def withdraw_chunks(self, db: Database, chunks: list) -> list:
+        """Removes chunks a failed micro-batch added (the batch is retried whole and adds its rows
+        again); returns the ones removed, not those a lifecycle action replaced meanwhile. The
+        rows stay recorded in the persistence windows: windows covering more offsets than the
+        chunks hold only make a replay read more."""
+        removed = []
+        with self._lock:
+            for c in chunks:
+                part = db.partitions.get(c.table, {}).get(c.partition_key)
+                if part is not None and any(x is c for x in part.chunks):
+                    part.chunks = [x for x in part.chunks if x is not c]
+                    removed.append(c)
+        return removed
 
     def retire(self, chunks: list, now: float | None = None) -> None:
         """Chunks replaced by a lifecycle action: their data is released later (see take_retired),

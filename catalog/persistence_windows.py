@@ -329,6 +329,21 @@ class PersistenceWindows:
         else:
             self._open.add_range(ranges, row_count, min_time_ns, max_time_ns, now, now_ns)
 
+    def unseen_ranges(self, offsets: OffsetsArg) -> dict[int, tuple[int, int]]:
+        """The parts of ``offsets`` (as ``add_range`` takes them) above every offset seen so far,
+        {Kafka partition: (lo, hi)} inclusive; a partition wholly seen is left out. Pure: for a
+        micro-batch retried after a failure, whose first attempt recorded its offsets already."""
+        out: dict[int, tuple[int, int]] = {}
+        for kp, value in (offsets or {}).items():
+            lo, hi = ((value.offset_lo_inclusive, value.offset_hi_inclusive)
+                      if isinstance(value, OffsetRange) else value)
+            prev = self._max_offsets.get(kp)
+            if prev is None or lo > prev:
+                out[kp] = (lo, hi)
+            elif hi > prev:
+                out[kp] = (prev + 1, hi)
+        return out
+
     def _validate_offsets(self, offsets: OffsetsArg) -> dict[int, OffsetRange]:
         ranges: dict[int, OffsetRange] = {}
         for kp, value in (offsets or {}).items():

@@ -92,16 +92,17 @@ def arrow_plan(chunks: list, schema, deletes: list):
     return arrow_deletes, dedup
 
 
-def indexed_segments_df(chunks: list):
+def indexed_segments_df(chunks: list, segment_lists: list | None = None):
     """The union of the chunks' segments with each row's chunk index (column `ci`, chunk order), the
-    input of `merge_segment_rows`. Driver side; no job runs."""
+    input of `merge_segment_rows`; `segment_lists`: the chunks' segments as read earlier (default:
+    read now). Driver side; no job runs."""
     from pyspark.sql import functions as F
 
     from .ipc_segments import SEGMENT_COLUMNS
 
     inputs = None
-    for i, c in enumerate(chunks):
-        for seg in c.segments:
+    for i, segs in enumerate(segment_lists if segment_lists is not None else [c.segments for c in chunks]):
+        for seg in segs:
             d = seg.select(F.lit(i).alias("ci"), *SEGMENT_COLUMNS)
             inputs = d if inputs is None else inputs.union(d)
     return inputs
@@ -154,16 +155,18 @@ def _merge_fn(tags: list, fields: list, deletes: list, dedup: bool, names: list)
 _MERGED_BATCH_ROWS = 1 << 16
 
 
-def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: list = ()):
+def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: list = (),
+                    segment_lists: list | None = None):
     """`merged_df` of chunks that all hold the write-buffer form, computed in Arrow by one task
     (`plan` from `arrow_plan(chunks, schema, deletes)`) instead of a Spark GROUP BY of every row:
     for 10M rows with one repeated point ~10 s instead of ~60 s on two busy cores. The same
-    columns, types and rows as `merged_df`. Driver side; lazy (the caller checkpoints it)."""
+    columns, types and rows as `merged_df`; `segment_lists` as `indexed_segments_df` takes it.
+    Driver side; lazy (the caller checkpoints it)."""
     arrow_deletes, dedup = plan
     struct = merged_df(spark, schema, chunks, deletes).schema  # analysed only: the exact layout
     fn = _merge_fn(schema.tags(), [(f.name, f.type) for f in schema.fields()], arrow_deletes, dedup,
                    struct.fieldNames())
-    return indexed_segments_df(chunks).coalesce(1).mapInArrow(fn, struct)
+    return indexed_segments_df(chunks, segment_lists).coalesce(1).mapInArrow(fn, struct)
 
 
 #: a group of overlapping write-buffer chunks of at least this many rows is merged for queries by
@@ -187,13 +190,19 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
         cs = [by_sql.get(src.sql) for src in group]
         if any(c is None for c in cs) or sum(c.rows for c in cs) < ARROW_MERGE_MIN_ROWS:
             return None
+        # a compaction running beside this hands a chunk's segments to its replacement by
+        # rebinding `segments` to []: the lists read once here are the ones the view reads (their
+        # data lives on in the replacement, which a later refresh of the table view names)
+        segment_lists = [c.segments for c in cs]
+        if not all(segment_lists):
+            return None
         plan = arrow_plan(cs, schema, deletes)
         if plan is None:
             return None
         # named for its chunks only: a new delete or column replaces the view in place, as it
         # replaces the table view (a query already planned keeps what it resolved)
         name = f"iox_merge_{hashlib.sha1(json.dumps([c.id for c in cs]).encode()).hexdigest()[:20]}"
-        arrow_merged_df(spark, schema, cs, plan, deletes).createOrReplaceGlobalTempView(name)
+        arrow_merged_df(spark, schema, cs, plan, deletes, segment_lists).createOrReplaceGlobalTempView(name)
         for c in cs:
             c.merge_views.add(name)
         lo, hi = min(c.min_time_ns for c in cs), max(c.max_time_ns for c in cs)

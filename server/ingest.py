@@ -162,6 +162,8 @@ class Ingestor:
         #: (database, table) of every table view created (see has_table_view)
         self._table_views: set = set()
         self._views_lock = threading.Lock()
+        #: (database, table) -> lock serialising that table's view refreshes (see refresh_table_view)
+        self._refresh_locks: dict = defaultdict(threading.Lock)
 
     # foreachBatch entry point
     def apply_batch(self, df, batch_id: int) -> None:
@@ -171,6 +173,8 @@ class Ingestor:
         # read once, kept as rows (not Spark's columnar cache: building it for the large binary
         # payloads costs more than the batch's other reads of them); released in `finally`
         raw = df.localCheckpoint(eager=True)
+        #: [(db, chunk)] this batch added to the catalog: withdrawn if the batch fails after all
+        added: list = []
         try:
             meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes")).collect()
             t_meta = time.perf_counter()
@@ -218,12 +222,12 @@ class Ingestor:
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
-            skipped += self._build_and_add_chunks(builds)
+            skipped += self._build_and_add_chunks(builds, added)
             if has_deletes or committed_deletes:
                 touched += self._apply_deletes(readable, F, has_deletes, committed_deletes, skipped)
             t_chunks = time.perf_counter()
             for db, table in touched:
-                self.refresh_table_view(db, table)
+                self._refresh_after_batch(db, table)
             t_views = time.perf_counter()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("batch %s: %d messages, %d rows, %d table(s): read+meta %.3f s, chunks %.3f s, "
@@ -249,9 +253,42 @@ class Ingestor:
                 self._applied.notify_all()
         except Exception:
             log.exception("micro-batch %s failed", batch_id)
+            self._withdraw(added)
             raise
         finally:
             release_df(raw)
+
+    def _refresh_after_batch(self, db: Database, table: str) -> None:
+        """`refresh_table_view` once the batch's chunks are in the catalog; a failure is retried
+        once with every group merged in SQL before it fails the batch (which withdraws them)."""
+        try:
+            self.refresh_table_view(db, table)
+        except Exception:
+            log.exception("refreshing the view of %s/%s; retrying with SQL merges only", db.name, table)
+            self.refresh_table_view(db, table, arrow_merge=False)
+
+    def _withdraw(self, added: list) -> None:
+        """Takes the chunks a failed batch added out of the catalog (it is retried from its first
+        offset, so its rows would be there twice) and refreshes their tables' views."""
+        if not added:
+            return
+        by_db: dict = defaultdict(list)
+        for db, chunk in added:
+            by_db[db.name].append((db, chunk))
+        for pairs in by_db.values():
+            db = pairs[0][0]
+            chunks = [c for _db, c in pairs]
+            gone = self.catalog.withdraw_chunks(db, chunks)
+            if len(gone) < len(chunks):
+                log.error("database %s: %d chunk(s) of a failed micro-batch were already replaced by the "
+                          "lifecycle; their rows may be counted twice until a restart", db.name,
+                          len(chunks) - len(gone))
+            self.catalog.retire(gone)
+            for table in sorted({c.table for c in gone}):
+                try:
+                    self.refresh_table_view(db, table)
+                except Exception:
+                    log.exception("refreshing the view of %s/%s after a failed micro-batch", db.name, table)
 
     def _record_skipped(self, skipped: list) -> None:
         """Logs and counts the batch's unreadable messages (once the batch is applied: a retried
@@ -429,12 +466,13 @@ class Ingestor:
             seg = seg.unionByName(self.spark.createDataFrame(rows, SEGMENT_SCHEMA))
         return seg.select(*SEGMENT_COLUMNS)
 
-    def _build_and_add_chunks(self, builds: list["_ChunkBuild"]) -> list:
+    def _build_and_add_chunks(self, builds: list["_ChunkBuild"], added: list) -> list:
         """Materialises the planned chunks, several Spark jobs at once, then adds them to the catalog in plan order.
 
         Nothing is added unless every chunk was built (a failed batch is retried whole);
-        the checkpoints already built are then released. Returns the messages whose payload
-        did not decode, [(topic, kp, offset, reason)] (their rows are not in any chunk).
+        the checkpoints already built are then released. Each chunk added is appended to `added`
+        as (db, chunk). Returns the messages whose payload did not decode,
+        [(topic, kp, offset, reason)] (their rows are not in any chunk).
         """
         errors = []
         if len(builds) > 1:
@@ -473,7 +511,9 @@ class Ingestor:
                               state="open", rows=b.rows, size_bytes=estimate_bytes(b.rows, b.value_columns),
                               min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns, view=view,
                               offsets=b.offsets, df=b.cdf, created_at=time.time())
-            self.catalog.add_chunk(b.db, chunk, now=time.time())
+            # a batch retried after a failure finds its offsets recorded by its first attempt
+            self.catalog.add_chunk(b.db, chunk, now=time.time(), seen_before_ok=True)
+            added.append((b.db, chunk))
         # a message spanning several days is decoded by each day's build: reported once
         return sorted({(b.topic, kp, off, why) for b in builds for kp, off, why in b.unreadable_seen})
 
@@ -516,18 +556,29 @@ class Ingestor:
                         touched.append((db, table))
         return touched
 
-    def refresh_table_view(self, db: Database, table: str) -> None:
-        """Replaces the table's view with one over its current chunks."""
-        schema = db.schemas.get(table)
-        chunks = self.catalog.table_chunks(db, table)
-        sources = [chunk_source(c) for c in chunks if c.view is not None]
-        if not sources:
-            return
-        deletes = table_deletes(db, table)
-        sql = table_view_sql(schema, sources, deletes=deletes,
-                             merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes))
-        name = quote(table_view_name(db.name, table))
-        self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
+    def refresh_table_view(self, db: Database, table: str, arrow_merge: bool = True) -> None:
+        """Replaces the table's view with one over its current chunks (`arrow_merge`: large groups
+        of overlapping write-buffer chunks read through a view of their Arrow merge, see
+        lifecycle.chunk_data.arrow_merge_relations; else every group is merged in SQL).
+
+        Called by the micro-batch thread and the lifecycle worker after they changed the
+        table's chunks. One refresh of a table at a time, each reading the chunks once it holds
+        the table's lock: the view created last names the chunks of the latest change, never
+        ones a compaction replaced while an earlier refresh was being built."""
+        with self._views_lock:
+            lock = self._refresh_locks[(db.name, table)]
+        with lock:
+            schema = db.schemas.get(table)
+            chunks = self.catalog.table_chunks(db, table)
+            sources = [chunk_source(c) for c in chunks if c.view is not None]
+            if not sources:
+                return
+            deletes = table_deletes(db, table)
+            sql = table_view_sql(schema, sources, deletes=deletes,
+                                 merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes)
+                                 if arrow_merge else None)
+            name = quote(table_view_name(db.name, table))
+            self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
         with self._views_lock:
             self._table_views.add((db.name, table))
 

@@ -321,6 +321,71 @@ def test_queries_read_overlapping_write_buffer_chunks_through_an_arrow_merge_vie
     assert {(r["host"], r["time_ns"] - T0): r["v"] for r in got} == {k: float(v) for k, v in want.items()}
 
 
+def test_a_table_view_refreshed_while_a_compaction_takes_over_its_chunks_segments(manual, monkeypatch):
+    """A compaction hands the replaced chunks' segments to its new chunk (it rebinds their
+    `segments` to []) while the micro-batch thread may be building the table view over the old
+    chunks: the merge view is built from the segments read once, and the view answers exactly.
+    (Before, the second read found none and the micro-batch failed.)"""
+    import lifecycle.chunk_data as chunk_data
+
+    monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
+    c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
+    _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i % 10}" for i in range(40)])
+    _write(c, db, [f"cpu,host=h{i % 4} v={100 + i} {T0 + i % 10}" for i in range(0, 40, 2)])
+    dbo = srv.catalog.database(db)
+    chunks = srv.catalog.table_chunks(dbo, "cpu")
+    assert len(chunks) >= 2 and all(ch.segments for ch in chunks)
+    real_plan, handed = chunk_data.arrow_plan, {}
+
+    def plan_then_hand_over(cs, schema, deletes):
+        plan = real_plan(cs, schema, deletes)
+        for ch in cs:  # what compact.py does once it swapped in the new chunk
+            handed.setdefault(ch.id, ch.segments)
+            ch.segments = []
+        return plan
+
+    monkeypatch.setattr(chunk_data, "arrow_plan", plan_then_hand_over)
+    try:
+        srv.ingestor.refresh_table_view(dbo, "cpu")
+    finally:
+        monkeypatch.setattr(chunk_data, "arrow_plan", real_plan)
+        for ch in chunks:
+            ch.segments = handed.get(ch.id, ch.segments)
+    assert set(handed) == {ch.id for ch in chunks}
+    want = {(f"h{i % 4}", i % 10): float(100 + i if i % 2 == 0 else i) for i in range(40)}
+    got = c.query(db, "SELECT host, time_ns, v FROM cpu").to_pylist()
+    assert {(r["host"], r["time_ns"] - T0): r["v"] for r in got} == want and len(got) == len(want)
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_micro_batch_whose_view_refresh_fails_is_applied_once(manual, monkeypatch, failures):
+    """A micro-batch whose table view refresh fails once, after its chunks are in the catalog,
+    retries the refresh with SQL merges only and is applied. Failing twice fails the batch: its
+    chunks are withdrawn and the restarted stream applies it again from its first offset (the
+    persistence windows keep the offsets its first attempt recorded). Either way every point is
+    there exactly once."""
+    c, db, srv = manual.client, f"f_{uuid.uuid4().hex[:8]}", manual.server
+    _write(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
+    real, failed = srv.ingestor.refresh_table_view, []
+    restarts = srv.consumer.restarts
+
+    def flaky(dbo, table, arrow_merge=True):
+        if dbo.name == db and len(failed) < failures:
+            failed.append(arrow_merge)
+            raise RuntimeError("injected: the table view could not be refreshed")
+        return real(dbo, table, arrow_merge)
+
+    monkeypatch.setattr(srv.ingestor, "refresh_table_view", flaky)
+    _write(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
+    assert failed == [True, False][:failures]
+    assert srv.consumer.restarts == restarts + (failures - 1)
+    assert c.query(db, Q).to_pylist() == [{"host": f"h{i}", "n": 2, "s": float(10 + 2 * i), "w": 2}
+                                          for i in range(4)]
+    assert sum(ch.rows for ch in srv.catalog.table_chunks(srv.catalog.database(db), "cpu")) == 8
+    _write(c, db, [f"cpu,host=h{i} v=100,w=3i {T0 + 200 + i}" for i in range(4)])  # the stream goes on
+    assert [r["n"] for r in c.query(db, Q).to_pylist()] == [3] * 4
+
+
 def test_compaction_keeps_answers(manual):
     c, db = manual.client, f"c_{uuid.uuid4().hex[:8]}"
     for k in range(3):

@@ -1,0 +1,50 @@
+"""catalog/catalog.py: adding chunks, including a micro-batch retried after a failure (its chunks
+withdrawn, its offsets already recorded in the persistence windows)."""
+from __future__ import annotations
+
+import pytest
+
+from catalog.catalog import Catalog
+from catalog.chunk import Chunk
+from catalog.errors import OffsetNotIncreasing
+
+
+def _chunk(cid: int, offsets: dict, rows: int = 3) -> Chunk:
+    return Chunk(id=cid, table="cpu", partition_key="2023-11-14", order=cid, state="open", rows=rows,
+                 size_bytes=10, min_time_ns=0, max_time_ns=10, columns=[], view=None, offsets=offsets)
+
+
+def _windows(cat, db):
+    return cat.get_partition(db, "cpu", "2023-11-14").windows
+
+
+def test_offsets_seen_before_raise_and_change_nothing():
+    cat = Catalog()
+    db = cat.ensure_database("d", "t", 2)
+    cat.add_chunk(db, _chunk(1, {0: (0, 4)}), now=100.0)
+    with pytest.raises(OffsetNotIncreasing):
+        cat.add_chunk(db, _chunk(2, {0: (3, 6)}), now=101.0)
+    assert [c.id for c in cat.table_chunks(db, "cpu")] == [1]
+    assert cat.table_chunks(db, "cpu")[0].state == "open"
+
+
+def test_a_withdrawn_batch_added_again_records_only_unseen_offsets():
+    cat = Catalog()
+    db = cat.ensure_database("d", "t", 2)
+    first = _chunk(1, {0: (0, 4)})
+    cat.add_chunk(db, first, now=100.0)
+    failed = _chunk(2, {0: (5, 9), 1: (0, 2)})
+    cat.add_chunk(db, failed, now=101.0, seen_before_ok=True)
+    assert cat.withdraw_chunks(db, [failed]) == [failed]
+    assert cat.withdraw_chunks(db, [failed]) == []  # gone already
+    assert [c.id for c in cat.table_chunks(db, "cpu")] == [1]
+    # the retry read further on partition 0 and found partition 1 as before
+    retry = _chunk(3, {0: (5, 12), 1: (0, 2)})
+    cat.add_chunk(db, retry, now=102.0, seen_before_ok=True)
+    assert [c.id for c in cat.table_chunks(db, "cpu")] == [1, 3]
+    w = _windows(cat, db)
+    assert w.unseen_ranges({0: (0, 12), 1: (0, 2)}) == {}
+    assert w.unseen_ranges({0: (10, 14), 1: (3, 3), 2: (0, 0)}) == {0: (13, 14), 1: (3, 3), 2: (0, 0)}
+    # what replay must read still starts at the first batch's offsets
+    assert {kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in w.offset_ranges().items()} == \
+        {0: (0, 12), 1: (0, 2)}
