@@ -62,8 +62,9 @@ def _direct_producers(bootstrap: str, partitions: int, batches: list, rate: floa
         mine = batches[k::threads]
         i, next_at = 0, start + interval * k / threads
         while time.monotonic() < end:
-            if next_at > time.monotonic():
-                time.sleep(next_at - time.monotonic())
+            wait_s = next_at - time.monotonic()  # read once: the clock moves between two reads
+            if wait_s > 0:
+                time.sleep(wait_s)
             next_at += interval
             body = distinct_cycle(mine[i % len(mine)], 2_000_000 + k * 100_000 + i // len(mine))
             i += 1
