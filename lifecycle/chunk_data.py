@@ -193,9 +193,8 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
         # a compaction running beside this hands a chunk's segments to its replacement by
         # rebinding `segments` to []: the lists read once here are the ones the view reads (their
         # data lives on in the replacement, which a later refresh of the table view names)
+        # (arrow_plan refuses chunks without segments)
         segment_lists = [c.segments for c in cs]
-        if not all(segment_lists):
-            return None
         plan = arrow_plan(cs, schema, deletes)
         if plan is None:
             return None

@@ -509,9 +509,9 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     if rows and w.reused:
         chunks[0].df = None  # its checkpoint now backs the persisted chunk: retiring frees its view only
     catalog.retire([c for c in chunks])
+    t_end = time.perf_counter()
     log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d, %d chunk(s) merged via %s (%s, "
              "commit %.3f s, swap %.3f s: file view %.3f s, table view %.3f s, release %.3f s)", db.name, table,
              partition_key, rows, len(files), revision, len(chunks), w.via, w.timing(t_write - t0), t_commit - t_write,
-             time.perf_counter() - t_commit, t_view - t_commit, t_refreshed - t_swapped,
-             time.perf_counter() - t_refreshed)
+             t_end - t_commit, t_view - t_commit, t_refreshed - t_swapped, t_end - t_refreshed)
     return PersistOutcome(table, partition_key, rows, tuple(f.key for f in files), revision, flush_ts, actions[-1])

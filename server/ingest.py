@@ -270,14 +270,10 @@ class Ingestor:
     def _withdraw(self, added: list) -> None:
         """Takes the chunks a failed batch added out of the catalog (it is retried from its first
         offset, so its rows would be there twice) and refreshes their tables' views."""
-        if not added:
-            return
-        by_db: dict = defaultdict(list)
+        by_db: dict = {}  # database name -> (db, [chunk])
         for db, chunk in added:
-            by_db[db.name].append((db, chunk))
-        for pairs in by_db.values():
-            db = pairs[0][0]
-            chunks = [c for _db, c in pairs]
+            by_db.setdefault(db.name, (db, []))[1].append(chunk)
+        for db, chunks in by_db.values():
             gone = self.catalog.withdraw_chunks(db, chunks)
             if len(gone) < len(chunks):
                 log.error("database %s: %d chunk(s) of a failed micro-batch were already replaced by the "
