@@ -12,9 +12,10 @@ Two ways, by the forms the chunks are held in (catalog/chunk.py):
   be deduplicated when each of them was and no two meet in time;
 - otherwise (`to_read_buffer`, or chunks that have a read form) the chunks are
   merged into deduplicated rows with the deletes materialised, the read form:
-  by one task in Arrow from the write-buffer form when every chunk holds it and
-  every delete is evaluable in Arrow (chunk_data.arrow_merged_df, the way
-  persist merges), else in Spark SQL over their views; when every chunk of the
+  in Arrow from the write-buffer form when every chunk holds it and every
+  delete is evaluable in Arrow (chunk_data.arrow_merged_df, the way persist
+  merges; in `arrow_merge_parts` tasks, so queries of the checkpoint use as
+  many cores), else in Spark SQL over their views; when every chunk of the
   run holds the write-buffer form the new chunk keeps it too (persist writes
   from it).
 """
@@ -27,7 +28,7 @@ from catalog.chunk import Chunk
 
 from server.crash_points import crash_point
 
-from .chunk_data import (arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk, row_stats,
+from .chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk, row_stats,
                          schema_bytes, table_deletes, time_disjoint)
 from .ipc_segments import register_segments_chunk
 
@@ -75,7 +76,8 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         else:
             deletes = table_deletes(db, table)
             plan = arrow_plan(chunks, schema, deletes)
-            merged = (arrow_merged_df(spark, schema, chunks, plan, deletes) if plan is not None
+            merged = (arrow_merged_df(spark, schema, chunks, plan, deletes, parts=arrow_merge_parts(chunks))
+                      if plan is not None
                       else merged_df(spark, schema, chunks, deletes))
             df = merged.localCheckpoint(eager=True)
             st = row_stats(df)

@@ -53,6 +53,9 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
          .config("spark.sql.adaptive.enabled", "true")
+         # a union of one-partition inputs (chunk checkpoints, the parts of an Arrow merge) runs
+         # as many tasks as it has inputs, not one task reading them in turn (Spark 4's default)
+         .config("spark.sql.unionOutputPartitioning", "false")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          # Arrow batches sent to Python workers are cut by bytes too: chunks in the write-buffer
          # form are rows of large IPC streams, and batches of hundreds of MB moved 2-3x slower

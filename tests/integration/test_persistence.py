@@ -245,8 +245,8 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
 
 
 def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(manual):
-    """The read buffer's form built in Arrow (one task) equals Spark SQL's GROUP BY merge of the same
-    chunks row for row: repeated keys across and within requests, fields missing in a request
+    """The read buffer's form built in Arrow (one task, or several splitting the rows by time) equals
+    Spark SQL's GROUP BY merge of the same chunks row for row: repeated keys across and within requests, fields missing in a request
     (the last non-null value wins), an unsigned field, a delete with a predicate (removes only the
     rows written before it), and the layout's columns and types."""
     from lifecycle.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
@@ -263,15 +263,17 @@ def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(ma
     plan = arrow_plan(chunks, schema, deletes)
     assert plan is not None and plan[1] is True and len(plan[0]) == 1
     sql_df = merged_df(srv.spark, schema, chunks, deletes)
-    arrow_df = arrow_merged_df(srv.spark, schema, chunks, plan, deletes)
-    assert arrow_df.schema == sql_df.schema
 
     def rows(df):
         return {(r["dc"], r["host"], r["time_ns"] - T0): r.asDict() for r in df.collect()}
 
-    got = rows(arrow_df)
-    assert len(got) == arrow_df.count() == 16
-    assert got == rows(sql_df)
+    # in one task, and split by time over two and three (each part deduplicated on its own)
+    for parts in (1, 2, 3):
+        arrow_df = arrow_merged_df(srv.spark, schema, chunks, plan, deletes, parts=parts)
+        assert arrow_df.schema == sql_df.schema and arrow_df.rdd.getNumPartitions() == parts
+        got = rows(arrow_df)
+        assert len(got) == arrow_df.count() == 16
+        assert got == rows(sql_df)
     first = {(f"h{i % 3}", i % 5) for i in range(15)} - {("h1", t) for t in range(4)}
     assert set(got) == {(None, h, t) for h, t in first | {("h2", 5), ("h0", 6), ("h1", 7)}} | \
         {("x", "h1", 2), ("x", "h1", 3)}
