@@ -156,6 +156,37 @@ def test_persist_keeps_answers_and_records_files(manual):
         int(c.status(db)["databases"][0]["catalog_revision"]) >= 1
 
 
+def test_a_large_persist_writes_files_split_by_time_that_queries_and_a_restart_read_exactly(manual, monkeypatch):
+    """From PARALLEL_WRITE_MIN_ROWS rows on a persist from the write-buffer form writes one file per
+    thread, each a time range of its own: the persisted chunk reads both, the answers stay, and a
+    restart (each file a chunk of its own) answers the same without deduplicating across them."""
+    import lifecycle.persist as persist
+
+    monkeypatch.setattr(persist, "PARALLEL_WRITE_MIN_ROWS", 10)
+    c, db = manual.client, f"pp_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(40)])
+    _write(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 40, 4)])  # rewrites 10 points' v
+    before = c.query(db, Q).to_pylist()
+    vs = {i: float(1000 + i if i % 4 == 0 else i) for i in range(40)}
+    assert before == [{"host": f"h{h}", "n": len(range(h, 40, 3)), "s": sum(vs[i] for i in range(h, 40, 3)),
+                       "w": max(range(h, 40, 3))} for h in range(3)]
+    r = c.persist(db)
+    assert [(p["table"], int(p["rows"]), len(p["files"])) for p in r["persisted"]] == [("cpu", 40, 2)]
+    assert c.query(db, Q).to_pylist() == before
+    part = _partitions(c, db)["2023-11-14"]
+    assert [ch["state"] for ch in part["chunks"]] == ["persisted"]
+    spans = sorted((int(f["min_time_ns"]) - T0, int(f["max_time_ns"]) - T0, int(f["rows"])) for f in part["files"])
+    assert len(spans) == 2 and spans[0][1] < spans[1][0] and spans[0][0] == 0 and spans[1][1] == 39
+    assert spans[0][2] + spans[1][2] == 40 and abs(spans[0][2] - spans[1][2]) <= 4
+    r2 = manual.restart()
+    try:
+        assert r2.client.query(db, Q).to_pylist() == before
+        part = _partitions(r2.client, db)["2023-11-14"]
+        assert len(part["files"]) == 2 and len(part["chunks"]) == 2
+    finally:
+        manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
+
+
 def test_persist_splits_at_the_flush_timestamp_and_late_rows_stay(manual):
     c, db = manual.client, f"s_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(5)])

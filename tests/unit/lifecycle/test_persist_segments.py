@@ -30,7 +30,8 @@ def test_rows_up_to_the_flush_timestamp_go_to_the_file_and_the_rest_stay(tmp_pat
                  payload=_payload(["a", "b", "c"], [10, 11, 12])),
             dict(ci=1, layout=LAYOUT_WIRE, seq_base=seq_base(0, 2), day_lo=None, day_hi=None,
                  payload=_payload(["a", "b", "c"], [20, 21, 22]))]
-    fn = _segments_persist_fn(store, "db/t/f.parquet", ["host"], [("v", "float")], flush_ts, [], dedup=False)
+    fn = _segments_persist_fn(store, ["db/t/f.parquet", "db/t/g.parquet"], ["host"], [("v", "float")], flush_ts, [],
+                              dedup=False)
     out = [r for b in fn(iter([pa.RecordBatch.from_pylist(rows, schema=_SEG)])) for r in b.to_pylist()]
     files = [r for r in out if r["kind"] == "file"]
     rems = [r for r in out if r["kind"] == "rem"]
@@ -42,6 +43,41 @@ def test_rows_up_to_the_flush_timestamp_go_to_the_file_and_the_rest_stay(tmp_pat
         assert (files[0]["min_t"], files[0]["max_t"]) == (10, [10, 11, 12, 20, 21, 22][in_file - 1])
     else:
         assert not (tmp_path / "db/t/f.parquet").exists()
+    assert not (tmp_path / "db/t/g.parquet").exists()  # below parallel_min_rows: one file
     if in_memory:
         kept = pa.concat_tables([pa.ipc.open_stream(r["payload"]).read_all() for r in rems])
         assert kept.column("time_ns").to_pylist() == [10, 11, 12, 20, 21, 22][in_file:]
+
+
+def _rows(times_per_segment: list) -> pa.RecordBatch:
+    rows = [dict(ci=0, layout=LAYOUT_WIRE, seq_base=seq_base(0, 1 + i), day_lo=None, day_hi=None,
+                 payload=_payload([f"h{j % 3}" for j in range(len(ts))], ts))
+            for i, ts in enumerate(times_per_segment)]
+    return pa.RecordBatch.from_pylist(rows, schema=_SEG)
+
+
+def test_a_large_persist_writes_one_file_per_key_split_by_time(tmp_path):
+    """From `parallel_min_rows` rows on, the rows are written as one file per key, each a time
+    range of its own (they never meet), together exactly the rows, each file's stats its own."""
+    store = LocalObjectStore(str(tmp_path))
+    times = [[30, 10, 20, 40, 50, 60], [15, 35, 55, 5, 25, 45]]  # unordered, in two segments
+    keys = ["db/t/a.parquet", "db/t/b.parquet"]
+    fn = _segments_persist_fn(store, keys, ["host"], [("v", "float")], 10**6, [], dedup=False, parallel_min_rows=10)
+    out = [r for b in fn(iter([_rows(times)])) for r in b.to_pylist()]
+    assert [r["kind"] for r in out] == ["file", "file"] and [r["key"] for r in out] == keys
+    got = [sorted(pq.read_table(tmp_path / k).column("time_ns").to_pylist()) for k in keys]
+    assert sorted(got[0] + got[1]) == sorted(times[0] + times[1])
+    assert max(got[0]) < min(got[1]) and abs(len(got[0]) - len(got[1])) <= 2
+    for r, g in zip(out, got):
+        assert (r["rows"], r["min_t"], r["max_t"]) == (len(g), min(g), max(g))
+        assert r["size"] == (tmp_path / r["key"]).stat().st_size and r["merge_s"] >= 0 and r["write_s"] >= 0
+
+
+def test_a_large_persist_of_one_time_writes_one_file(tmp_path):
+    """Rows that all share one time cannot be split by time: one file, at the first key."""
+    store = LocalObjectStore(str(tmp_path))
+    fn = _segments_persist_fn(store, ["db/t/a.parquet", "db/t/b.parquet"], ["host"], [("v", "float")], 10**6, [],
+                              dedup=False, parallel_min_rows=10)
+    out = [r for b in fn(iter([_rows([[7] * 6, [7] * 6])])) for r in b.to_pylist()]
+    assert [(r["kind"], r["key"], r["rows"]) for r in out] == [("file", "db/t/a.parquet", 12)]
+    assert not (tmp_path / "db/t/b.parquet").exists()
