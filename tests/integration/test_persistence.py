@@ -201,11 +201,16 @@ def test_persist_splits_at_the_flush_timestamp_and_late_rows_stay(manual):
     assert all(ch["state"] == "persisted" for ch in part["chunks"])
 
 
-def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same_answers(manual):
+@pytest.mark.parametrize("parts", [1, 2])
+def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same_answers(manual, monkeypatch, parts):
     """Fresh chunks are held as the write buffer's IPC streams; the policy first merges closed ones
     among themselves (no row decoded), then moves chunks whose last write is read_buffer_delay_s old
     to the read buffer (deduplicated rows, keeping the IPC streams), and persist writes from those.
-    Every step answers the same, duplicates and overwrites included."""
+    Every step answers the same, duplicates and overwrites included. From ARROW_MERGE_MIN_ROWS rows
+    the read form is `parts` checkpoints split by time, one Spark partition each."""
+    import lifecycle.chunk_data as chunk_data
+
+    monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10 if parts > 1 else 10**9)
     c, db, srv = manual.client, f"m_{uuid.uuid4().hex[:8]}", manual.server
     for k in range(3):
         _write(c, db, [f"cpu,host=h{i % 3} v={k * 10 + i},w={k}i {T0 + k * 10 + i}" for i in range(10)])
@@ -234,16 +239,39 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     # queried since its last write: the closed chunk moves once 2 s old, not 30 (the open one is warm)
     srv.lifecycle.run_once(now + 12)
     assert chunks() == [("closed", "read_buffer+write_buffer", 30, True), ("open", "write_buffer", 2, False)]
+    assert srv.catalog.table_chunks(dbo, "cpu")[0].df.rdd.getNumPartitions() == parts
     assert c.query(db, Q).to_pylist() == expect
     for k in range(3):  # read buffer delay (30 s) and late-arrival window (300 s) passed: everything moves
         srv.lifecycle.run_once(now + 400 + k)
     assert chunks() == [("closed", "read_buffer+write_buffer", 30, False)]
     assert srv.catalog.table_chunks(dbo, "cpu")[0].deduplicated is True  # the read form is
+    assert srv.catalog.table_chunks(dbo, "cpu")[0].df.rdd.getNumPartitions() == parts
     assert c.query(db, Q).to_pylist() == expect
     r = c.persist(db)
     assert [(p["table"], int(p["rows"])) for p in r["persisted"]] == [("cpu", 30)]
     assert chunks() == [("persisted", "object_store", 30, False)]
     assert c.query(db, Q).to_pylist() == expect
+
+
+def test_releasing_a_union_of_checkpoints_frees_each_of_them(manual):
+    """A read form made of several checkpoints (`union_all`) is released whole: every checkpoint's
+    blocks are dropped, as a single checkpoint's are."""
+    from lifecycle.chunk_data import release_df, union_all
+
+    spark = manual.server.spark
+
+    def persistent():
+        return set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
+
+    before = persistent()
+    pieces = [spark.range(i * 10, i * 10 + 10).localCheckpoint(eager=True) for i in range(3)]
+    mine = persistent() - before
+    assert len(mine) == 3
+    u = union_all(pieces)
+    assert u.rdd.getNumPartitions() == sum(p.rdd.getNumPartitions() for p in pieces)
+    assert sorted(r.id for r in u.collect()) == list(range(30))
+    release_df(u)
+    assert not (persistent() & mine)
 
 
 def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(manual):
