@@ -203,7 +203,7 @@ def layout_columns(schema) -> list:
 
 
 _SEGMENTS_OUT = ("kind string, key string, rows long, size long, min_t long, max_t long, min_seq long, "
-                 "max_seq long, payload binary, merge_s double, write_s double")
+                 "max_seq long, payload binary, recv_s double, merge_s double, write_s double")
 #: rows per IPC stream of the rows a persist keeps in memory
 REMAINDER_ROWS_PER_STREAM = 1 << 16
 #: a persist from the write-buffer form of at least this many rows writes PARALLEL_FILES files,
@@ -221,16 +221,16 @@ def _out_schema():
 
     return pa.schema([("kind", pa.string()), ("key", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),
                       ("min_t", pa.int64()), ("max_t", pa.int64()), ("min_seq", pa.int64()),
-                      ("max_seq", pa.int64()), ("payload", pa.binary()), ("merge_s", pa.float64()),
-                      ("write_s", pa.float64())])
+                      ("max_seq", pa.int64()), ("payload", pa.binary()), ("recv_s", pa.float64()),
+                      ("merge_s", pa.float64()), ("write_s", pa.float64())])
 
 
-def _out_row(kind: str, key, rows: int, size: int, stats: tuple, payload, merge_s=None, write_s=None):
+def _out_row(kind: str, key, rows: int, size: int, stats: tuple, payload, timing: tuple = (None, None, None)):
     import pyarrow as pa
 
     return pa.RecordBatch.from_pylist([dict(zip(("kind", "key", "rows", "size", "min_t", "max_t", "min_seq", "max_seq",
-                                                 "payload", "merge_s", "write_s"),
-                                                (kind, key, rows, size, *stats, payload, merge_s, write_s)))],
+                                                 "payload", "recv_s", "merge_s", "write_s"),
+                                                (kind, key, rows, size, *stats, payload, *timing)))],
                                       schema=_out_schema())
 
 
@@ -290,7 +290,7 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
     streams in chunk order (column `ci`), applies `deletes` (ArrowDelete), deduplicates when
     `dedup`, writes the rows with time <= `flush_ts` as Parquet (`_write_files`: one file at
     keys[0], or from `parallel_min_rows` rows one per key, split by time) and yields each
-    file's metadata ("file", with the seconds the merge and the writes took), then the later rows
+    file's metadata ("file", with the seconds spent waiting for input, merging and writing), then the later rows
     as IPC streams in the chunk layout ("rem", one row each, with their stats). `tags`: names;
     `fields`: [(name, type)].
 
@@ -306,8 +306,19 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
         from lifecycle.chunk_data import merge_segment_rows
         from lifecycle.ipc_segments import encode_ipc
 
+        waited = [0.0]
+
+        def timed(it):  # the seconds spent waiting for Spark's input batches
+            while True:
+                w0 = _time.perf_counter()
+                b = next(it, None)
+                waited[0] += _time.perf_counter() - w0
+                if b is None:
+                    return
+                yield b
+
         t0 = _time.perf_counter()
-        t = merge_segment_rows(batches, tags, fields, deletes, dedup)
+        t = merge_segment_rows(timed(iter(batches)), tags, fields, deletes, dedup)
         if t is None:
             return
         # a filter copies every value: skipped when all rows are on one side (a persist of everything)
@@ -320,7 +331,7 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
             written = _write_files(store, keys, to_write, parallel_min_rows)
             t2 = _time.perf_counter()
             for key, rows, size, stats in written:
-                yield _out_row("file", key, rows, size, stats, None, t1 - t0, t2 - t1)
+                yield _out_row("file", key, rows, size, stats, None, (waited[0], t1 - t0 - waited[0], t2 - t1))
         rest = rest.combine_chunks()
         for off in range(0, rest.num_rows, REMAINDER_ROWS_PER_STREAM):
             piece = rest.slice(off, REMAINDER_ROWS_PER_STREAM)
@@ -365,10 +376,13 @@ class _Written:
     remainder_max_t: int | None = None
     t_merge: float = 0.0
     t_split: float = 0.0
+    #: Arrow path: the task's seconds waiting for its input
+    t_recv: float = 0.0
 
     def timing(self, total_s: float) -> str:
         if self.via == "arrow":  # one task merges, splits and writes
-            task = f" (in the task: merge {self.t_merge:.3f} s, Parquet {self.t_split:.3f} s)" if self.meta else ""
+            task = (f" (in the task: input {self.t_recv:.3f} s, merge {self.t_merge:.3f} s, Parquet {self.t_split:.3f} s)"
+                    if self.meta else "")
             return f"written in {total_s:.3f} s{task}"
         return (f"merge {self.t_merge:.3f} s, split {self.t_split:.3f} s, "
                 f"Parquet {total_s - self.t_merge - self.t_split:.3f} s")
@@ -395,7 +409,7 @@ def _write_from_segments(spark, store: ObjectStore, keys: list, chunks: list, sc
     rows = out.drop("payload").collect()
     w = _Written(meta=[r for r in rows if r["kind"] == "file"], via="arrow")
     if w.meta:  # the task's own timing (in the "t_split" slot: its Parquet writes)
-        w.t_merge, w.t_split = w.meta[0]["merge_s"], w.meta[0]["write_s"]
+        w.t_recv, w.t_merge, w.t_split = w.meta[0]["recv_s"], w.meta[0]["merge_s"], w.meta[0]["write_s"]
     rems = [r for r in rows if r["kind"] == "rem"]
     if rems:
         # its blocks are `out`'s: released with the remainder chunk (release_df finds the checkpoint)

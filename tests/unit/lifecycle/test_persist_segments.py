@@ -70,7 +70,7 @@ def test_a_large_persist_writes_one_file_per_key_split_by_time(tmp_path):
     assert max(got[0]) < min(got[1]) and abs(len(got[0]) - len(got[1])) <= 2
     for r, g in zip(out, got):
         assert (r["rows"], r["min_t"], r["max_t"]) == (len(g), min(g), max(g))
-        assert r["size"] == (tmp_path / r["key"]).stat().st_size and r["merge_s"] >= 0 and r["write_s"] >= 0
+        assert r["size"] == (tmp_path / r["key"]).stat().st_size and min(r["recv_s"], r["merge_s"], r["write_s"]) >= 0
 
 
 def test_a_large_persist_of_one_time_writes_one_file(tmp_path):
