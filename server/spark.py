@@ -56,6 +56,10 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          # a union of one-partition inputs (chunk checkpoints, the parts of an Arrow merge) runs
          # as many tasks as it has inputs, not one task reading them in turn (Spark 4's default)
          .config("spark.sql.unionOutputPartitioning", "false")
+         # generated classes are named without their stage id, so identical stages (a union's
+         # scans of a chunk's segments, one per micro-batch) compile once: reading 80 segments of
+         # 4M points took 1.8-6 s against 0.7 s for one, 0.8-1.5 s with this
+         .config("spark.sql.codegen.useIdInClassName", "false")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          # Arrow batches sent to Python workers are cut by bytes too: chunks in the write-buffer
          # form are rows of large IPC streams, and batches of hundreds of MB moved 2-3x slower
