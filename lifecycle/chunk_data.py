@@ -18,10 +18,11 @@ from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "arrow_merged_df", "arrow_merged_parts", "union_all", "arrow_merge_relations", "arrow_merge_parts",
-           "ARROW_MERGE_PARTS", "time_part_mask",
-           "ARROW_MERGE_MIN_ROWS", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source", "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes", "time_disjoint", "merged_spans",
-           "PARQUET_SOURCE_NAME"]
+__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "time_part_mask", "arrow_merged_parts",
+           "arrow_merged_df", "union_all", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
+           "ARROW_MERGE_PARTS", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
+           "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
+           "time_disjoint", "merged_spans", "PARQUET_SOURCE_NAME"]
 
 PARQUET_SOURCE_NAME = "iox_parquet"
 
@@ -230,8 +231,8 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
     group of overlapping chunks that all hold the write-buffer form, of at least
     ARROW_MERGE_MIN_ROWS rows, whose deletes are evaluable in Arrow, reads a global temp view of
     its `arrow_merged_df` (computed by `arrow_merge_parts` tasks each time a query reads it: for
-    10M rows with repeated keys seconds instead of a GROUP BY's tens of seconds on two cores); any other group
-    returns None (merged by GROUP BY). The view is named for its chunks, recorded in
+    10M rows with repeated keys seconds instead of a GROUP BY's tens of seconds on two cores);
+    any other group returns None (merged by GROUP BY). The view is named for its chunks, recorded in
     each chunk's `merge_views` and dropped with the chunk's data. Driver side; no job runs."""
     import hashlib
 

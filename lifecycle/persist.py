@@ -290,9 +290,9 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
     streams in chunk order (column `ci`), applies `deletes` (ArrowDelete), deduplicates when
     `dedup`, writes the rows with time <= `flush_ts` as Parquet (`_write_files`: one file at
     keys[0], or from `parallel_min_rows` rows one per key, split by time) and yields each
-    file's metadata ("file", with the seconds spent waiting for input, merging and writing), then the later rows
-    as IPC streams in the chunk layout ("rem", one row each, with their stats). `tags`: names;
-    `fields`: [(name, type)].
+    file's metadata ("file", with the seconds spent waiting for input, merging and writing),
+    then the later rows as IPC streams in the chunk layout ("rem", one row each, with their
+    stats). `tags`: names; `fields`: [(name, type)].
 
     Picklable (captures the store config and plain data).
     """
@@ -381,8 +381,8 @@ class _Written:
 
     def timing(self, total_s: float) -> str:
         if self.via == "arrow":  # one task merges, splits and writes
-            task = (f" (in the task: input {self.t_recv:.3f} s, merge {self.t_merge:.3f} s, Parquet {self.t_split:.3f} s)"
-                    if self.meta else "")
+            task = (f" (in the task: input {self.t_recv:.3f} s, merge {self.t_merge:.3f} s, "
+                    f"Parquet {self.t_split:.3f} s)" if self.meta else "")
             return f"written in {total_s:.3f} s{task}"
         return (f"merge {self.t_merge:.3f} s, split {self.t_split:.3f} s, "
                 f"Parquet {total_s - self.t_merge - self.t_split:.3f} s")
