@@ -18,8 +18,8 @@ from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "time_part_mask", "arrow_merged_parts",
-           "arrow_merged_df", "union_all", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
+__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
+           "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
            "ARROW_MERGE_PARTS", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
            "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
            "time_disjoint", "merged_spans", "PARQUET_SOURCE_NAME"]
@@ -179,37 +179,27 @@ def _merge_fn(tags: list, fields: list, deletes: list, dedup: bool, names: list,
 _MERGED_BATCH_ROWS = 1 << 16
 
 
-def arrow_merged_parts(spark, schema: TableSchema, chunks: list, plan, deletes: list = (),
-                       segment_lists: list | None = None, parts: int = 1) -> list:
+def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: list = (),
+                    segment_lists: list | None = None, parts: int = 1):
     """`merged_df` of chunks that all hold the write-buffer form, computed in Arrow (`plan` from
     `arrow_plan(chunks, schema, deletes)`) instead of a Spark GROUP BY of every row: for 10M rows
-    with one repeated point ~10 s instead of ~60 s on two busy cores; `segment_lists` as
-    `indexed_segments_df` takes it. Returns `parts` DataFrames of one task each, together the
-    merge: the same columns, types and rows as `merged_df`. With several, each task reads every
-    segment and keeps the rows of one part of the time hash (`time_part_mask`), so the merge
-    (a read-buffer chunk's checkpoint) is read by as many tasks and queries of it use as many
-    cores: for 10M rows on two cores a grouped aggregate ~0.5 s instead of ~1 s. Driver side;
-    lazy."""
+    with one repeated point ~10 s instead of ~60 s on two busy cores. The same columns, types and
+    rows as `merged_df`; `segment_lists` as `indexed_segments_df` takes it.
+
+    `parts` tasks side by side (Spark partitions of the result; the session sets
+    spark.sql.unionOutputPartitioning=false) each read every segment and keep the rows of one part
+    of the time hash (`time_part_mask`), so a query of the result (a read-buffer chunk's
+    checkpoint) runs on as many cores: for 10M rows on two cores a grouped aggregate ~0.5 s
+    instead of ~1 s. Driver side; lazy (the caller checkpoints it)."""
     arrow_deletes, dedup = plan
     struct = merged_df(spark, schema, chunks, deletes).schema  # analysed only: the exact layout
     inputs = indexed_segments_df(chunks, segment_lists).coalesce(1)
     tags, fields = schema.tags(), [(f.name, f.type) for f in schema.fields()]
-    return [inputs.mapInArrow(_merge_fn(tags, fields, arrow_deletes, dedup, struct.fieldNames(),
-                                        None if parts == 1 else (i, parts)), struct) for i in range(parts)]
-
-
-def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: list = (),
-                    segment_lists: list | None = None, parts: int = 1):
-    """The union of `arrow_merged_parts` (its tasks run side by side). Driver side; lazy."""
-    return union_all(arrow_merged_parts(spark, schema, chunks, plan, deletes, segment_lists, parts))
-
-
-def union_all(dfs: list):
-    """The union of DataFrames of one layout, each read by its own tasks (the session sets
-    spark.sql.unionOutputPartitioning=false). Driver side; lazy."""
-    out = dfs[0]
-    for d in dfs[1:]:
-        out = out.union(d)
+    out = None
+    for i in range(parts):
+        df = inputs.mapInArrow(_merge_fn(tags, fields, arrow_deletes, dedup, struct.fieldNames(),
+                                         None if parts == 1 else (i, parts)), struct)
+        out = df if out is None else out.union(df)
     return out
 
 
@@ -336,25 +326,15 @@ def release_chunk_data(spark, chunk: Chunk) -> None:
 def release_df(df) -> None:
     """Frees the blocks of a locally checkpointed DataFrame (Dataset.unpersist does not reach them).
 
-    `df` is the checkpoint itself, a projection/filter of one (found below them), or a union of
-    such (`union_all` of checkpoints): its checkpoints must back nothing else."""
+    `df` is the checkpoint itself, or a projection/filter of one (found below them): its
+    checkpoint must back nothing else."""
     if df is None:
         return
-    rdds = []
-
-    def find(plan) -> bool:
-        while not plan.getClass().getName().endswith("LogicalRDD") and plan.children().size() == 1:
-            plan = plan.children().apply(0)
-        if plan.getClass().getName().endswith("LogicalRDD"):
-            rdds.append(plan.rdd())
-            return True
-        n = plan.children().size()
-        return plan.getClass().getName().endswith(".Union") and n > 1 and \
-            all([find(plan.children().apply(i)) for i in range(n)])
-
-    if find(df._jdf.queryExecution().analyzed()):
-        for rdd in rdds:
-            rdd.unpersist(False)
+    plan = df._jdf.queryExecution().analyzed()
+    while not plan.getClass().getName().endswith("LogicalRDD") and plan.children().size() == 1:
+        plan = plan.children().apply(0)
+    if plan.getClass().getName().endswith("LogicalRDD"):
+        plan.rdd().unpersist(False)
     else:
         df.unpersist()
 

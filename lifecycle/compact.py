@@ -16,8 +16,9 @@ Two ways, by the forms the chunks are held in (catalog/chunk.py):
   delete is evaluable in Arrow (chunk_data.arrow_merged_df, the way persist
   merges; from 100k rows by `arrow_merge_parts` tasks side by side, each the
   rows of one part of a hash of the time, so queries of the result read the
-  parts side by side too), else in Spark SQL over their views; when every chunk of the run holds the
-  write-buffer form the new chunk keeps it too (persist writes from it).
+  parts side by side too), else in Spark SQL over their views; when every
+  chunk of the run holds the write-buffer form the new chunk keeps it too
+  (persist writes from it).
 """
 from __future__ import annotations
 

@@ -19,8 +19,9 @@ Invariants kept here:
   write-buffer chunks are never merged into rows: merging them with each other
   keeps the cheap form.
 * A :class:`CompactPersistedChunks` names every persisted chunk (one Parquet
-  file each, or two time-disjoint ones from a large persist) of a partition, once there are ``persisted_compaction_file_threshold``
-  of them, or >= 2 and the partition had no write for ``late_arrive_window_s``
+  file each, or two time-disjoint ones from a large persist) of a partition,
+  once there are ``persisted_compaction_file_threshold`` of them, or >= 2 and
+  the partition had no write for ``late_arrive_window_s``
   (it went cold); it is chosen only when no persist or in-memory compaction is due.
 * At most ``max_active_compactions`` compactions run at once.
 * While ``replaying``, nothing is persisted or compacted unless the buffer is

@@ -253,27 +253,6 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     assert c.query(db, Q).to_pylist() == expect
 
 
-def test_releasing_a_union_of_checkpoints_frees_each_of_them(manual):
-    """A read form made of several checkpoints (`union_all`) is released whole: every checkpoint's
-    blocks are dropped, as a single checkpoint's are."""
-    from lifecycle.chunk_data import release_df, union_all
-
-    spark = manual.server.spark
-
-    def persistent():
-        return set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
-
-    before = persistent()
-    pieces = [spark.range(i * 10, i * 10 + 10).localCheckpoint(eager=True) for i in range(3)]
-    mine = persistent() - before
-    assert len(mine) == 3
-    u = union_all(pieces)
-    assert u.rdd.getNumPartitions() == sum(p.rdd.getNumPartitions() for p in pieces)
-    assert sorted(r.id for r in u.collect()) == list(range(30))
-    release_df(u)
-    assert not (persistent() & mine)
-
-
 def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(manual):
     """Two unique-keyed requests merged into one chunk keep their own time spans: a later chunk
     falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
