@@ -109,6 +109,38 @@ def percentile(values, p: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), p))
 
 
+def write_stage_buckets(http_port: int) -> dict:
+    """{stage: {bucket upper bound in s (inf for +Inf): cumulative count}} of the server's
+    `iox_write_stage_seconds` histograms (GET /metrics, server/metrics.py)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == "iox_write_stage_seconds_bucket":
+                out.setdefault(smp.labels["stage"], {})[float(smp.labels["le"])] = smp.value
+    return out
+
+
+def stage_percentiles_ms(before: dict, after: dict, ps=(50, 99)) -> dict:
+    """{stage: (requests, [bucket upper bound in ms holding the p-th percentile, per p])} of the
+    requests observed between two `write_stage_buckets` scrapes; stages without any are left out.
+    A bound, not a value: the percentile lies in the bucket below it."""
+    out = {}
+    for stage, cum in after.items():
+        les = sorted(cum)
+        delta = [cum[le] - before.get(stage, {}).get(le, 0.0) for le in les]
+        n = delta[-1]
+        if n <= 0:
+            continue
+        out[stage] = (int(n), [next(le for le, c in zip(les, delta) if c >= n * p / 100) * 1000 for p in ps])
+    return out
+
+
 def fmt_num(x) -> str:
     if x is None:
         return "n/a"
@@ -399,6 +431,7 @@ class ServerProcess:
         self.partitions = partitions
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self.http_port: int | None = None
         self.client = None
         self.start_seconds: float | None = None
         self._logs = 0
@@ -419,9 +452,11 @@ class ServerProcess:
             self.extra_args = list(extra_args)
         os.makedirs(self.data_dir, exist_ok=True)
         self.port = free_port()
+        self.http_port = free_port()  # GET /metrics: the router's stage histograms (server/metrics.py)
         self._logs += 1
         log = open(os.path.join(self.data_dir, f"server-{self._logs}.log"), "ab")
-        cmd = [IOX, "serve", "--data-dir", self.data_dir, "--grpc-port", str(self.port), "--http-port", "0",
+        cmd = [IOX, "serve", "--data-dir", self.data_dir, "--grpc-port", str(self.port),
+               "--http-port", str(self.http_port),
                "--spark-connect-port", "0", "--driver-memory", self.driver_memory,
                "--partitions", str(self.partitions), "--log-level", "WARNING"] + self.extra_args
         env = dict(os.environ)

@@ -1,4 +1,5 @@
-"""InfluxDB v2 compatible HTTP write API: `POST /api/v2/write`, `GET /health`, `GET /ping`.
+"""InfluxDB v2 compatible HTTP write API: `POST /api/v2/write`, `GET /health`, `GET /ping`, and the
+server's Prometheus metrics at `GET /metrics` (server/metrics.py).
 
 Invariant: same all-or-nothing semantics as the gRPC Write: it calls the same
 Router, and every error maps to the HTTP status of its gRPC status
@@ -27,13 +28,16 @@ from urllib.parse import parse_qs, urlsplit
 
 from .errors import (BadLines, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
+from .metrics import CONTENT_TYPE_LATEST
 
-__all__ = ["HttpWriteServer", "database_for", "gunzip_limited", "error_response", "WRITE_PATH",
+__all__ = ["HttpWriteServer", "database_for", "gunzip_limited", "error_response", "WRITE_PATH", "METRICS_PATH",
            "MAX_DRAIN_BYTES", "SERVER_VERSION"]
 
 log = logging.getLogger(__name__)
 
 WRITE_PATH = "/api/v2/write"
+#: the server's metrics in the Prometheus text format
+METRICS_PATH = "/metrics"
 #: A body over the limit is still read (and dropped) up to this size so the client sees the 413;
 #: past it the connection is closed without reading on.
 MAX_DRAIN_BYTES = 64 * 1024 * 1024
@@ -125,14 +129,16 @@ class _Handler(BaseHTTPRequestHandler):
     def router(self):
         return self.server.router
 
-    def _send(self, status: int, body: dict | None = None, headers: list = (), close: bool = False) -> None:
-        payload = b"" if body is None else json.dumps(body).encode()
+    def _send(self, status: int, body: dict | bytes | None = None, headers: list = (), close: bool = False,
+              content_type: str = "application/json; charset=utf-8") -> None:
+        """`body`: a dict sent as JSON, or bytes sent as they are (as `content_type`)."""
+        payload = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         for k, v in headers:
             self.send_header(k, v)
         if status != 204:  # a 204 has no body and no Content-Length
             if payload:
-                self.send_header("Content-Type", "application/json; charset=utf-8")
+                self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
         if close:
             self.send_header("Connection", "close")
@@ -271,6 +277,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ready"})
         elif route == "/ping":
             self._send(204)
+        elif route == METRICS_PATH:
+            self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
         elif route == WRITE_PATH:
             self._send(405, {"code": "method not allowed", "message": f"use POST {WRITE_PATH}"},
                        [("Allow", "POST")])
@@ -287,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
         route = self._route()
         if route != WRITE_PATH:
             drained = self._drain_any()
-            if route in ("/health", "/ping", "/ready"):
+            if route in ("/health", "/ping", "/ready", METRICS_PATH):
                 self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
                            [("Allow", "GET")], close=not drained)
             else:

@@ -29,6 +29,7 @@ from catalog.schema import RESERVED_COLUMNS, Column, ColumnTypeConflict
 from .errors import BadLines, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict
 from .ingest import SEQ_ROW_BITS
 from .line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
+from .metrics import ServerMetrics
 from .wire_format import encode_write
 from .write_buffer import WriteBuffer
 
@@ -78,8 +79,11 @@ class ArrowTableWrite:
 
 
 class Router:
-    def __init__(self, catalog: Catalog, write_buffer: WriteBuffer, kafka_partitions: int, max_request_bytes: int):
+    def __init__(self, catalog: Catalog, write_buffer: WriteBuffer, kafka_partitions: int, max_request_bytes: int,
+                 metrics: ServerMetrics | None = None):
         self.catalog = catalog
+        #: where each request's stage seconds and acknowledged points are counted (GET /metrics)
+        self.metrics = metrics if metrics is not None else ServerMetrics()
         self.write_buffer = write_buffer
         self.kafka_partitions = kafka_partitions
         self.max_request_bytes = max_request_bytes
@@ -97,6 +101,7 @@ class Router:
             raise InvalidArgument(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         t0 = time.perf_counter()
         result = parse_lines(body, precision, now_ns if now_ns is not None else time.time_ns())
+        self.metrics.observe_stage("parse", time.perf_counter() - t0)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("parsed %d lines in %.2f ms", result.lines, (time.perf_counter() - t0) * 1e3)
         if result.errors:
@@ -121,12 +126,14 @@ class Router:
             seen.add(t.table)
         batches = {}
         decoded_bytes = 0
+        t0 = time.perf_counter()
         for t in tables:
             data = self._decode_ipc(t, self.max_request_bytes - decoded_bytes)
             decoded_bytes += data.nbytes
             cols, out = _validate_arrow_table(t.table, data, t.roles)
             if out.num_rows:
                 batches[t.table] = (cols, out, unique_keys(out, [c.name for c in cols if c.role == "tag"]))
+        self.metrics.observe_stage("decode", time.perf_counter() - t0)
         return self._produce(database, batches, sum(b[1].num_rows for b in batches.values()))
 
     def _decode_ipc(self, t: ArrowTableWrite, budget: int) -> pa.Table:
@@ -171,11 +178,15 @@ class Router:
         except ColumnTypeConflict as e:
             raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
         t_encode = time.perf_counter()
+        self.metrics.observe_stage("checks", t_encode - t_start)
         writes = [encode_write(name, cols, data, unique) for name, (cols, data, unique) in batches.items()]
         t_produce = time.perf_counter()
+        self.metrics.observe_stage("encode", t_produce - t_encode)
         token = self.write_buffer.produce(database, writes)
+        t_end = time.perf_counter()
+        self.metrics.observe_stage("produce", t_end - t_produce)
+        self.metrics.acknowledged(points)
         if log.isEnabledFor(logging.DEBUG):
-            t_end = time.perf_counter()
             log.debug("write to %s: %d points, %d message(s); checks %.2f ms, encode %.2f ms, produce %.2f ms",
                       database, points, len(writes), (t_encode - t_start) * 1e3, (t_produce - t_encode) * 1e3,
                       (t_end - t_produce) * 1e3)

@@ -82,3 +82,13 @@ def test_distinct_cycle_makes_every_resend_new_points():
         t = parse_lines(distinct_cycle(body, c)).tables["cpu"].data
         keys |= set(zip(t.column("host").to_pylist(), t.column("time").to_pylist()))
     assert len(keys) == 6  # 2 points x 3 cycles, none repeated
+
+
+def test_stage_percentiles_are_the_bucket_bounds_of_the_requests_between_two_scrapes():
+    inf = float("inf")
+    before = {"produce": {0.001: 5.0, 0.01: 5.0, 0.05: 5.0, inf: 5.0}, "parse": {0.001: 2.0, inf: 2.0}}
+    # 100 new produce observations: 60 <= 1 ms, 39 in (1, 10] ms, 1 in (10, 50] ms; no new parse
+    after = {"produce": {0.001: 65.0, 0.01: 104.0, 0.05: 105.0, inf: 105.0}, "parse": {0.001: 2.0, inf: 2.0}}
+    assert harness.stage_percentiles_ms(before, after) == {"produce": (100, [1.0, 10.0])}
+    assert harness.stage_percentiles_ms(before, after, ps=(99.5, 100)) == {"produce": (100, [50.0, 50.0])}
+    assert harness.stage_percentiles_ms({}, {"encode": {0.002: 0.0, inf: 3.0}}) == {"encode": (3, [inf, inf])}

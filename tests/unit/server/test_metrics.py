@@ -1,0 +1,44 @@
+"""server/metrics.py: what the registry renders after known observations (no server)."""
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.metrics import WRITE_STAGE_BUCKETS_S, WRITE_STAGES, ServerMetrics
+
+
+def _samples(m: ServerMetrics) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(m.render().decode()) for s in fam.samples}
+
+
+def test_a_new_registry_lists_every_stage_with_zero_observations():
+    s = _samples(ServerMetrics())
+    for stage in WRITE_STAGES:
+        assert s[("iox_write_stage_seconds_count", (("stage", stage),))] == 0
+    assert s[("iox_write_requests_total", ())] == 0
+    assert s[("iox_write_points_total", ())] == 0
+
+
+def test_observations_land_in_their_buckets_and_acknowledgements_count_points():
+    m = ServerMetrics()
+    for sec in (0.0001, 0.004, 0.004, 0.2, 30.0):
+        m.observe_stage("produce", sec)
+    m.acknowledged(5000)
+    m.acknowledged(1)
+    s = _samples(m)
+    bucket = {le: s[("iox_write_stage_seconds_bucket", (("le", le), ("stage", "produce")))]
+              for le in [repr(float(b)) for b in WRITE_STAGE_BUCKETS_S] + ["+Inf"]}
+    assert bucket["0.00025"] == 1 and bucket["0.002"] == 1 and bucket["0.005"] == 3
+    assert bucket["0.1"] == 3 and bucket["0.25"] == 4 and bucket["10.0"] == 4 and bucket["+Inf"] == 5
+    assert s[("iox_write_stage_seconds_count", (("stage", "produce"),))] == 5
+    assert abs(s[("iox_write_stage_seconds_sum", (("stage", "produce"),))] - 30.2081) < 1e-9
+    assert s[("iox_write_stage_seconds_count", (("stage", "parse"),))] == 0
+    assert s[("iox_write_requests_total", ())] == 2
+    assert s[("iox_write_points_total", ())] == 5001
+
+
+def test_two_servers_in_one_process_keep_their_own_figures():
+    a, b = ServerMetrics(), ServerMetrics()
+    a.acknowledged(3)
+    assert _samples(a)[("iox_write_points_total", ())] == 3
+    assert _samples(b)[("iox_write_points_total", ())] == 0
