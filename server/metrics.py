@@ -3,11 +3,12 @@
 What they say: where a write's time goes before it is acknowledged, one
 histogram per stage of the router (`iox_write_stage_seconds{stage=...}`):
 `parse` (line protocol to Arrow) or `decode` (an Arrow write's IPC streams),
-`checks` (database, reserved names, table schemas), `encode` (write-buffer
-messages) and `produce` (handing them to Kafka until every one is
-acknowledged); and what was acknowledged (`iox_write_requests_total`,
-`iox_write_points_total`). A request rejected before Kafka acknowledged it
-counts in the stages it passed, never in the acknowledged totals.
+`checks` (backpressure, reserved names, the database and its topic, table
+schemas), `encode` (write-buffer messages) and `produce` (handing them to
+Kafka until every one is acknowledged); and what was acknowledged
+(`iox_write_requests_total`, `iox_write_points_total`). A request rejected
+before Kafka acknowledged it counts in the stages it passed, never in the
+acknowledged totals.
 
 Invariant: every figure counts what this server process did since it started
 (a restart starts again from zero, as Prometheus counters do). Each server has
