@@ -86,6 +86,12 @@ class Database:
     #: table -> wall time (s) of the last query that may have read it (set by the query engine;
     #: the lifecycle moves a queried table's write-buffer chunks to the read buffer sooner)
     queried_at: dict = field(default_factory=dict)
+    #: {kp: highest offset} of micro-batches that failed after recording their offsets in the
+    #: persistence windows, until `applied_hi_inclusive` reaches it (their retry is applied): the
+    #: windows cover rows no chunk holds meanwhile, so no persist may flush them (a persist would
+    #: checkpoint those offsets as persisted, and the retried rows, which the windows do not record
+    #: again, could be lost in a crash). Under Catalog.lock; see Catalog.withdraw_chunks.
+    failed_batch_hi: dict = field(default_factory=dict)
 
     def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
         """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})
@@ -195,10 +201,14 @@ class Catalog:
     def withdraw_chunks(self, db: Database, chunks: list) -> list:
         """Removes chunks a failed micro-batch added (the batch is retried whole and adds its rows
         again); returns the ones removed, not those a lifecycle action replaced meanwhile. The
-        rows stay recorded in the persistence windows: windows covering more offsets than the
-        chunks hold only make a replay read more."""
+        rows stay recorded in the persistence windows (the retry does not record them again), so
+        persists of the database are held (`Database.failed_batch_hi`) until the batch's offsets
+        are applied again (`advance_applied`)."""
         removed = []
         with self._lock:
+            for c in chunks:
+                for kp, (_lo, hi) in (c.offsets or {}).items():
+                    db.failed_batch_hi[kp] = max(hi, db.failed_batch_hi.get(kp, hi))
             for c in chunks:
                 part = db.partitions.get(c.table, {}).get(c.partition_key)
                 if part is not None and any(x is c for x in part.chunks):
@@ -241,10 +251,15 @@ class Catalog:
         return sum(c.size_bytes for c in self.all_chunks() if c.in_memory)
 
     def advance_applied(self, db: Database, hi_inclusive: dict) -> None:
+        """Records offsets up to `hi_inclusive` ({kp: offset}) as applied; a failed batch's hold
+        on persists (`Database.failed_batch_hi`) ends once its offsets are applied again."""
         with self._lock:
             for kp, off in hi_inclusive.items():
                 if off > db.applied_hi_inclusive.get(kp, -1):
                     db.applied_hi_inclusive[kp] = off
+            for kp, hi in list(db.failed_batch_hi.items()):
+                if db.applied_hi_inclusive.get(kp, -1) >= hi:
+                    del db.failed_batch_hi[kp]
 
     def table_chunks(self, db: Database, table: str) -> list[Chunk]:
         with self._lock:

@@ -21,6 +21,9 @@ Invariants (IOx persist + persist_sink's many writers / one committer):
   (which cleanup deletes) and the write buffer still covers every row.
 - While the files are written they are registered as in-flight, so cleanup
   never deletes them.
+- No persist commits while a micro-batch that failed after recording its
+  offsets in the persistence windows is not applied again
+  (`Database.failed_batch_hi`): those windows cover rows no chunk holds.
 """
 from __future__ import annotations
 
@@ -450,10 +453,20 @@ def _write_from_views(spark, store: ObjectStore, key: str, chunks: list, schema,
     return w
 
 
+class _Held(Exception):
+    """Internal: a persist found `Database.failed_batch_hi` set before its commit (it returns None)."""
+
+    def __init__(self, failed_batch_hi: dict):
+        self.failed_batch_hi = failed_batch_hi
+        super().__init__(f"a failed micro-batch holds persists (up to offsets {failed_batch_hi})")
+
+
 def persist_partition(spark, catalog: Catalog, db: Database, table: str, partition_key: str, store: ObjectStore,
                       preserved, in_flight: InFlightFiles, now: float, force: bool,
                       refresh_view, cache_dir: str | None = None) -> PersistOutcome | None:
-    """Persists one partition. Returns None when there is nothing to persist.
+    """Persists one partition. Returns None when there is nothing to persist, or while a failed
+    micro-batch holds the database's persists (`Database.failed_batch_hi`; also checked right
+    before the commit, and the persist is then abandoned).
 
     `preserved` is the database's PreservedCatalog (the one committer);
     `refresh_view(db, table)` swaps the table view after the catalog changed; `cache_dir`: local
@@ -463,6 +476,10 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     with catalog.lock:
         part = catalog.get_partition(db, table, partition_key)
         if part is None or part.windows is None or part.persisting or part.compacting:
+            return None
+        if db.failed_batch_hi:
+            log.info("persist of %s/%s/%s held: a failed micro-batch (up to offsets %s) is not applied again yet",
+                     db.name, table, partition_key, db.failed_batch_hi)
             return None
         handle = part.windows.flush_all_handle() if force else part.windows.flush_handle(now)
         if handle is None:
@@ -494,6 +511,8 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         t_write = time.perf_counter()
         # one committer: the driver builds and commits the transaction
         with catalog.lock:
+            if db.failed_batch_hi:  # a micro-batch failed while this persist ran: see Database.failed_batch_hi
+                raise _Held(dict(db.failed_batch_hi))
             applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
             builder = PersistCheckpointBuilder(handle.checkpoint())
             # every partition's unpersisted ranges NOW; for this one, what stays unpersisted after
@@ -528,7 +547,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         revision = preserved.commit(actions, now)
         t_commit = time.perf_counter()
         crash_point("persist_after_commit")
-    except BaseException:
+    except BaseException as e:
         with catalog.lock:
             part.windows.abort(handle)
             for c in chunks:
@@ -537,6 +556,10 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         in_flight.discard(keys_written)
         if w is not None:
             w.release()
+        if isinstance(e, _Held):  # its files are orphans: cleanup deletes them
+            log.info("persist of %s/%s/%s abandoned before its commit: a micro-batch failed meanwhile (up to "
+                     "offsets %s) and is not applied again yet", db.name, table, partition_key, e.failed_batch_hi)
+            return None
         raise
     in_flight.discard(keys_written)
     db.deletes.mark_recorded(flushed)

@@ -426,6 +426,45 @@ def test_a_micro_batch_whose_view_refresh_fails_is_applied_once(manual, monkeypa
     assert [r["n"] for r in c.query(db, Q).to_pylist()] == [3] * 4
 
 
+def test_no_persist_lands_between_a_failed_micro_batch_and_its_retry(manual, monkeypatch):
+    """A micro-batch that fails after recording its offsets in the persistence windows leaves
+    them there (its retry does not record them again) while its chunks are withdrawn. A persist
+    between the failure and the retry would checkpoint those offsets as persisted without their
+    rows, and the retried rows would be recorded in no window (lost in a crash before the next
+    persist): persists of the database are held until the retry is applied."""
+    c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
+    _write(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
+    dbo = srv.catalog.database(db)
+    real_refresh, real_withdraw = srv.ingestor.refresh_table_view, srv.ingestor._withdraw
+    failed, during = [], []
+
+    def flaky(d, table, arrow_merge=True):
+        if d.name == db and len(failed) < 2:  # fails the refresh and its SQL-only retry: the batch fails
+            failed.append(arrow_merge)
+            raise RuntimeError("injected: the table view could not be refreshed")
+        return real_refresh(d, table, arrow_merge)
+
+    def withdraw_then_persist(added):
+        real_withdraw(added)
+        if any(d.name == db for d, _chunk in added):  # the stream has not applied the batch again yet
+            during.append((dict(dbo.failed_batch_hi), srv.lifecycle.persist_now(dbo, None, None, time.time())))
+
+    monkeypatch.setattr(srv.ingestor, "refresh_table_view", flaky)
+    monkeypatch.setattr(srv.ingestor, "_withdraw", withdraw_then_persist)
+    _write(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
+    assert len(during) == 1
+    held, persisted = during[0]
+    assert held and max(held.values()) >= 0 and persisted == []
+    assert dbo.failed_batch_hi == {}  # applied again
+    part = _partitions(c, db)["2023-11-14"]
+    assert int(part["unpersisted_rows"]) == 8 and part.get("files", []) == []  # every row still recorded
+    r = c.persist(db)
+    assert sum(int(p["rows"]) for p in r["persisted"]) == 8
+    assert c.query(db, Q).to_pylist() == [{"host": f"h{i}", "n": 2, "s": float(10 + 2 * i), "w": 2}
+                                          for i in range(4)]
+    assert int(_partitions(c, db)["2023-11-14"]["unpersisted_rows"]) == 0
+
+
 def test_compaction_keeps_answers(manual):
     c, db = manual.client, f"c_{uuid.uuid4().hex[:8]}"
     for k in range(3):

@@ -48,3 +48,20 @@ def test_a_withdrawn_batch_added_again_records_only_unseen_offsets():
     # what replay must read still starts at the first batch's offsets
     assert {kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in w.offset_ranges().items()} == \
         {0: (0, 12), 1: (0, 2)}
+
+
+def test_a_withdrawn_batch_holds_persists_until_its_offsets_are_applied_again():
+    cat = Catalog()
+    db = cat.ensure_database("d", "t", 2)
+    cat.add_chunk(db, _chunk(1, {0: (0, 4)}), now=100.0)
+    cat.advance_applied(db, {0: 4})
+    assert db.failed_batch_hi == {}
+    failed = [_chunk(2, {0: (5, 9), 1: (0, 2)}), _chunk(3, {0: (7, 11)})]
+    for ch in failed:
+        cat.add_chunk(db, ch, now=101.0, seen_before_ok=True)
+    cat.withdraw_chunks(db, failed)
+    assert db.failed_batch_hi == {0: 11, 1: 2}
+    cat.advance_applied(db, {0: 10, 1: 2})  # partition 1 applied again, partition 0 not up to 11 yet
+    assert db.failed_batch_hi == {0: 11}
+    cat.advance_applied(db, {0: 11})
+    assert db.failed_batch_hi == {}
