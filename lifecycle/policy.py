@@ -15,9 +15,10 @@ Invariants kept here:
   contiguous in chunk order, so compaction never reorders writes: >= 2 chunks
   held in the same form (all only in the write-buffer form, or all with a read
   form), or, with ``to_read_buffer``, >= 1 write-buffer chunks whose last write is
-  at least ``read_buffer_delay_s`` old (they move to the read buffer). Fresh
-  write-buffer chunks are never merged into rows: merging them with each other
-  keeps the cheap form.
+  at least ``read_buffer_delay_s`` old (they move to the read buffer; a due run
+  waits, at most that delay, for a following write-buffer chunk that would join
+  it, so rows are not merged twice). Fresh write-buffer chunks are never merged
+  into rows: merging them with each other keeps the cheap form.
 * A :class:`CompactPersistedChunks` names every persisted chunk (one Parquet
   file each, or two time-disjoint ones from a large persist) of a partition,
   once there are ``persisted_compaction_file_threshold`` of them, or >= 2 and
@@ -302,30 +303,63 @@ def select_compaction_run(partition: PartitionState, rules: LifecycleRules, now:
 
 
 def select_read_buffer_run(partition: PartitionState, rules: LifecycleRules, now: float) -> tuple[int, ...] | None:
-    """The first run of write-buffer chunks due for the read buffer, contiguous in chunk order.
+    """The first run of write-buffer chunks due for the read buffer, contiguous in chunk order
+    (None also while the run waits for the next chunk, see :func:`_read_buffer_run`)."""
+    return _read_buffer_run(partition, rules, now)[0]
+
+
+def _read_buffer_due(partition: PartitionState, chunk: ChunkState, rules: LifecycleRules) -> tuple[Decimal, Decimal]:
+    """(when a write-buffer chunk becomes due for the read buffer, the delay that makes it due):
+    ``read_buffer_delay_s`` after its last write, or ``queried_read_buffer_delay_s`` after it
+    when the table was queried since that write (at the earliest at that query). Decimal
+    values of the floats, as :func:`_elapsed_at_least` compares them. Pure."""
+    queried = (partition.time_of_last_query is not None
+               and partition.time_of_last_query >= chunk.time_of_last_write)
+    if not queried:
+        delay = _decimal(rules.read_buffer_delay_s)
+        return _decimal(chunk.time_of_last_write) + delay, delay
+    delay = _decimal(min(rules.read_buffer_delay_s, rules.queried_read_buffer_delay_s))
+    return max(_decimal(chunk.time_of_last_write) + delay, _decimal(partition.time_of_last_query)), delay
+
+
+def _read_buffer_run(partition: PartitionState, rules: LifecycleRules,
+                     now: float) -> tuple[tuple[int, ...] | None, bool]:
+    """(the run due for the read buffer or None, whether the partition waits for one).
 
     Due: compactable, held only in the write-buffer form, last written at least
     ``read_buffer_delay_s`` ago, or at least ``queried_read_buffer_delay_s`` ago when the
     table was queried after that last write. The run's rows stay below ``persist_row_threshold``
     except that its first chunk is always taken (a big chunk moves alone); any other
     chunk ends it.
+
+    A run followed by a write-buffer chunk that is not due yet but would join it (open or
+    closed, and within the row limit) waits for it, as long as the run's first chunk has been
+    due for less than the delay that made it due: moved alone, the run would be merged again
+    with that chunk once it moved too (two read-buffer chunks are compacted into one), so every
+    row would be decoded and merged twice. While a run waits (True), the partition's
+    write-buffer chunks are not compacted with each other either: that would make the run's
+    chunk younger and restart its wait.
     """
     run: list[int] = []
     rows_left = rules.persist_row_threshold
+    now_d = _decimal(now)
+    first_due = first_delay = Decimal(0)
     for chunk in partition.chunks:
-        queried = (partition.time_of_last_query is not None
-                   and partition.time_of_last_query >= chunk.time_of_last_write)
-        delay_s = min(rules.read_buffer_delay_s, rules.queried_read_buffer_delay_s) if queried \
-            else rules.read_buffer_delay_s
-        due = (_compactable(chunk, rules, now) and chunk.write_buffer_only
-               and _elapsed_at_least(now, chunk.time_of_last_write, delay_s))
+        due_at, delay = _read_buffer_due(partition, chunk, rules)
+        due = _compactable(chunk, rules, now) and chunk.write_buffer_only and now_d >= due_at
         if due and (not run or chunk.row_count < rows_left):
+            if not run:
+                first_due, first_delay = due_at, delay
             run.append(chunk.chunk_id)
             rows_left -= chunk.row_count
             continue
         if run:
-            return tuple(run)
-    return tuple(run) if run else None
+            would_join = (chunk.write_buffer_only and chunk.state in ("open", "closed")
+                          and chunk.row_count < rows_left)
+            if would_join and now_d - first_due < first_delay:
+                return None, True
+            return tuple(run), False
+    return (tuple(run) if run else None), False
 
 
 def select_persisted_compaction(partition: PartitionState, rules: LifecycleRules,
@@ -473,8 +507,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
                 persist_running = True
                 continue
         if background_allowed and active_compactions < rules.max_active_compactions:
-            to_rb = select_read_buffer_run(p, rules, now)
-            run = to_rb if to_rb is not None else select_compaction_run(p, rules, now)
+            to_rb, waiting = _read_buffer_run(p, rules, now)
+            run = to_rb if to_rb is not None or waiting else select_compaction_run(p, rules, now)
             if run is not None:
                 actions.append(CompactChunks(p.table, p.partition_key, run, to_read_buffer=to_rb is not None))
                 acted.add((p.table, p.partition_key))

@@ -31,6 +31,7 @@ from lifecycle.policy import (
     persist_reason,
     select_compaction_run,
     select_persistable_chunks,
+    select_read_buffer_run,
 )
 from lifecycle.rules import (
     DEFAULT_DRIVER_MEMORY_BYTES,
@@ -680,8 +681,8 @@ def test_write_buffer_chunks_merge_among_themselves_without_the_read_buffer() ->
 
 def test_due_write_buffer_run_moves_to_the_read_buffer_even_alone() -> None:
     r = rules(read_buffer_delay_s=30)
-    p = part([chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), wb(4, 50)])
-    # chunk 1 already has a read form; 2 and 3 are due (last write >= 30 s ago at 45), 4 is not
+    p = part([chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), chunk(4, 50, "closed")])
+    # chunk 1 already has a read form; 2 and 3 are due (last write >= 30 s ago at 45), 4 has a read form too
     assert decide(db([p]), r, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
     alone = part([wb(7, 0, "open")])
     assert decide(db([alone]), rules(read_buffer_delay_s=30, late_arrive_window_s=10), 31) == \
@@ -721,12 +722,40 @@ def test_a_queried_tables_write_buffer_chunks_move_to_the_read_buffer_sooner() -
     # queried at 12: after chunks 1 and 2 were last written, before chunk 3; at 14 both are 2 s old
     assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 14) == \
         [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
-    # at 12.5 only chunk 1 is 2 s old: it moves alone; never queried: nothing moves before 30 s
-    assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 12.5) == \
-        [CompactChunks("t", "p", (1,), to_read_buffer=True)]
+    # at 12.5 only chunk 1 is due (since the query at 12): it waits for chunk 2, at most 2 s
+    assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 12.5) == []
+    # never queried: nothing moves before 30 s
     assert decide(db([part(chunks)]), r, 14) == [CompactChunks("t", "p", (1, 2, 3), to_read_buffer=False)]
     # a query before the writes does not count
     assert decide(db([part(chunks, time_of_last_query=5.0)]), r, 14) == \
         [CompactChunks("t", "p", (1, 2, 3), to_read_buffer=False)]
     with pytest.raises(InvalidLifecycleRule):
         rules(queried_read_buffer_delay_s=0)
+
+
+def test_a_due_read_buffer_run_waits_for_the_next_write_buffer_chunk_at_most_its_delay() -> None:
+    r = rules(read_buffer_delay_s=30)
+    chunks = [chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), wb(4, 50)]
+    # 2 and 3 due since 40 and 45; 4 (due at 80) would join them: moved now, the two read-buffer
+    # chunks would be merged again later. The partition waits and compacts nothing meanwhile.
+    assert decide(db([part(chunks)]), r, 45) == []
+    assert decide(db([part(chunks)]), r, 69.9) == []
+    # chunk 2 has been due for 30 s (its delay): the run moves without 4
+    assert decide(db([part(chunks)]), r, 70) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
+    # all three due: one run
+    assert decide(db([part(chunks)]), r, 80) == [CompactChunks("t", "p", (2, 3, 4), to_read_buffer=True)]
+    # a follower that could not join (row limit) is not waited for
+    r100 = rules(read_buffer_delay_s=30, persist_row_threshold=100)
+    big = [wb(2, 10, rows=20), wb(3, 15, rows=20), wb(4, 50, rows=70)]
+    assert decide(db([part(big)]), r100, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
+    # nor one being persisted, or with a read form
+    for follower in (wb(4, 50, "persisting"), chunk(4, 50, "closed")):
+        assert select_read_buffer_run(part([wb(2, 10), wb(3, 15), follower]), r, 45) == (2, 3)
+    # queried: the wait is the queried delay, counted from when the run became due (the query)
+    q = rules(read_buffer_delay_s=30, queried_read_buffer_delay_s=2)
+    queried = part([wb(1, 10), wb(2, 19)], time_of_last_query=20.0)
+    assert select_read_buffer_run(queried, q, 20.5) is None
+    assert decide(db([queried]), q, 20.5) == []
+    assert decide(db([queried]), q, 21) == [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
+    late = part([wb(1, 10), wb(2, 40)], time_of_last_query=50.0)  # chunk 2 is 10 s old at the query
+    assert decide(db([late]), q, 50) == [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
