@@ -333,15 +333,16 @@ def _read_buffer_run(partition: PartitionState, rules: LifecycleRules,
     chunk ends it.
 
     A run followed by a write-buffer chunk that is not due yet but would join it (open or
-    closed, and within the row limit) waits for it, as long as the run's first chunk has been
-    due for less than the delay that made it due: moved alone, the run would be merged again
-    with that chunk once it moved too (two read-buffer chunks are compacted into one), so every
-    row would be decoded and merged twice. While a run waits (True), the partition's
+    closed, and within the row limit), the two of at least ``read_buffer_wait_min_rows`` rows,
+    waits for it, as long as the run's first chunk has been due for less than the delay that
+    made it due: moved alone, the run would be merged again with that chunk once it moved too
+    (two read-buffer chunks are compacted into one), so every row would be decoded and merged
+    twice. While a run waits (True), the partition's
     write-buffer chunks are not compacted with each other either: that would make the run's
     chunk younger and restart its wait.
     """
     run: list[int] = []
-    rows_left = rules.persist_row_threshold
+    run_rows, rows_left = 0, rules.persist_row_threshold
     now_d = _decimal(now)
     first_due = first_delay = Decimal(0)
     for chunk in partition.chunks:
@@ -351,11 +352,13 @@ def _read_buffer_run(partition: PartitionState, rules: LifecycleRules,
             if not run:
                 first_due, first_delay = due_at, delay
             run.append(chunk.chunk_id)
+            run_rows += chunk.row_count
             rows_left -= chunk.row_count
             continue
         if run:
             would_join = (chunk.write_buffer_only and chunk.state in ("open", "closed")
-                          and chunk.row_count < rows_left)
+                          and chunk.row_count < rows_left
+                          and run_rows + chunk.row_count >= rules.read_buffer_wait_min_rows)
             if would_join and now_d - first_due < first_delay:
                 return None, True
             return tuple(run), False
@@ -471,7 +474,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
        persist_row_threshold`` or the oldest unpersisted write is at least
        ``persist_age_threshold_s`` old (and a flush handle would be granted);
        otherwise move the first run of write-buffer chunks due for it to the
-       read buffer (:func:`select_read_buffer_run`), or else compact the first
+       read buffer (:func:`select_read_buffer_run`; while that run waits for a
+       younger chunk, no in-memory compaction), or else compact the first
        contiguous run of >= 2 small unpersisted chunks of one form, or else the
        partition's Parquet files when
        :func:`select_persisted_compaction` says so, while fewer than

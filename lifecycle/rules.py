@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_MUB_ROW_THRESHOLD",
     "DEFAULT_READ_BUFFER_DELAY_S",
     "DEFAULT_QUERIED_READ_BUFFER_DELAY_S",
+    "DEFAULT_READ_BUFFER_WAIT_MIN_ROWS",
     "DEFAULT_WORKER_BACKOFF_MS",
     "DEFAULT_MAX_ACTIVE_COMPACTIONS",
     "DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD",
@@ -64,6 +65,12 @@ DEFAULT_READ_BUFFER_DELAY_S = 30.0
 #: its last write is this old: a table that is read is likely read again (dashboards), and each
 #: query of the write-buffer form decodes every row again.
 DEFAULT_QUERIED_READ_BUFFER_DELAY_S = 2.0
+#: A run of write-buffer chunks due for the read buffer waits (at most its delay) for a younger
+#: chunk that would join it only when the two hold at least this many rows: moved apart, the two
+#: read-buffer chunks are merged again (every row decoded twice), which matters for millions of
+#: rows; a smaller run moves at once (merging it again is cheap, and queries read the read form
+#: sooner). The size from which queries merge overlapping write-buffer chunks in Arrow too.
+DEFAULT_READ_BUFFER_WAIT_MIN_ROWS = 100_000
 #: IOx ``DEFAULT_WORKER_BACKOFF_MILLIS``: the policy loop runs again after this long.
 DEFAULT_WORKER_BACKOFF_MS = 1_000
 #: Compact a partition's Parquet files into one once it has this many, even while it is written
@@ -150,6 +157,8 @@ class LifecycleRules:
     read_buffer_delay_s: float = DEFAULT_READ_BUFFER_DELAY_S
     #: ... or this old when its table was queried since (see the constant).
     queried_read_buffer_delay_s: float = DEFAULT_QUERIED_READ_BUFFER_DELAY_S
+    #: A due run waits for a younger chunk that would join it from this many rows (see the constant).
+    read_buffer_wait_min_rows: int = DEFAULT_READ_BUFFER_WAIT_MIN_ROWS
     #: At or above this buffer size, unload/drop chunks (None: no limit).
     buffer_size_soft_bytes: int | None = _DEFAULT_BUFFER_SIZES.soft_bytes
     #: Above this buffer size, push back on writers (None: no limit).
@@ -169,7 +178,8 @@ class LifecycleRules:
         if not isinstance(self.persist, bool):
             raise InvalidLifecycleRule("persist", self.persist, "must be a bool")
         for name in ("persist_row_threshold", "mub_row_threshold", "worker_backoff_ms", "max_active_compactions",
-                     "catalog_transactions_until_checkpoint", "persisted_compaction_file_threshold"):
+                     "catalog_transactions_until_checkpoint", "persisted_compaction_file_threshold",
+                     "read_buffer_wait_min_rows"):
             _positive_int(name, getattr(self, name))
         if self.persisted_compaction_file_threshold < 2:
             raise InvalidLifecycleRule("persisted_compaction_file_threshold", self.persisted_compaction_file_threshold,

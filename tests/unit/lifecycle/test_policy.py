@@ -681,8 +681,8 @@ def test_write_buffer_chunks_merge_among_themselves_without_the_read_buffer() ->
 
 def test_due_write_buffer_run_moves_to_the_read_buffer_even_alone() -> None:
     r = rules(read_buffer_delay_s=30)
-    p = part([chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), chunk(4, 50, "closed")])
-    # chunk 1 already has a read form; 2 and 3 are due (last write >= 30 s ago at 45), 4 has a read form too
+    p = part([chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), wb(4, 50)])
+    # chunk 1 already has a read form; 2 and 3 are due (last write >= 30 s ago at 45), 4 is not
     assert decide(db([p]), r, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
     alone = part([wb(7, 0, "open")])
     assert decide(db([alone]), rules(read_buffer_delay_s=30, late_arrive_window_s=10), 31) == \
@@ -722,9 +722,10 @@ def test_a_queried_tables_write_buffer_chunks_move_to_the_read_buffer_sooner() -
     # queried at 12: after chunks 1 and 2 were last written, before chunk 3; at 14 both are 2 s old
     assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 14) == \
         [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
-    # at 12.5 only chunk 1 is due (since the query at 12): it waits for chunk 2, at most 2 s
-    assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 12.5) == []
+    # at 12.5 only chunk 1 is 2 s old: it moves alone (a small run does not wait for chunk 2);
     # never queried: nothing moves before 30 s
+    assert decide(db([part(chunks, time_of_last_query=12.0)]), r, 12.5) == \
+        [CompactChunks("t", "p", (1,), to_read_buffer=True)]
     assert decide(db([part(chunks)]), r, 14) == [CompactChunks("t", "p", (1, 2, 3), to_read_buffer=False)]
     # a query before the writes does not count
     assert decide(db([part(chunks, time_of_last_query=5.0)]), r, 14) == \
@@ -734,7 +735,8 @@ def test_a_queried_tables_write_buffer_chunks_move_to_the_read_buffer_sooner() -
 
 
 def test_a_due_read_buffer_run_waits_for_the_next_write_buffer_chunk_at_most_its_delay() -> None:
-    r = rules(read_buffer_delay_s=30)
+    assert LifecycleRules().read_buffer_wait_min_rows == 100_000
+    r = rules(read_buffer_delay_s=30, read_buffer_wait_min_rows=30)
     chunks = [chunk(1, 0, "closed"), wb(2, 10), wb(3, 15), wb(4, 50)]
     # 2 and 3 due since 40 and 45; 4 (due at 80) would join them: moved now, the two read-buffer
     # chunks would be merged again later. The partition waits and compacts nothing meanwhile.
@@ -745,17 +747,22 @@ def test_a_due_read_buffer_run_waits_for_the_next_write_buffer_chunk_at_most_its
     # all three due: one run
     assert decide(db([part(chunks)]), r, 80) == [CompactChunks("t", "p", (2, 3, 4), to_read_buffer=True)]
     # a follower that could not join (row limit) is not waited for
-    r100 = rules(read_buffer_delay_s=30, persist_row_threshold=100)
+    r100 = rules(read_buffer_delay_s=30, persist_row_threshold=100, read_buffer_wait_min_rows=30)
     big = [wb(2, 10, rows=20), wb(3, 15, rows=20), wb(4, 50, rows=70)]
     assert decide(db([part(big)]), r100, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
     # nor one being persisted, or with a read form
     for follower in (wb(4, 50, "persisting"), chunk(4, 50, "closed")):
         assert select_read_buffer_run(part([wb(2, 10), wb(3, 15), follower]), r, 45) == (2, 3)
     # queried: the wait is the queried delay, counted from when the run became due (the query)
-    q = rules(read_buffer_delay_s=30, queried_read_buffer_delay_s=2)
+    q = rules(read_buffer_delay_s=30, queried_read_buffer_delay_s=2, read_buffer_wait_min_rows=20)
     queried = part([wb(1, 10), wb(2, 19)], time_of_last_query=20.0)
     assert select_read_buffer_run(queried, q, 20.5) is None
     assert decide(db([queried]), q, 20.5) == []
     assert decide(db([queried]), q, 21) == [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
     late = part([wb(1, 10), wb(2, 40)], time_of_last_query=50.0)  # chunk 2 is 10 s old at the query
     assert decide(db([late]), q, 50) == [CompactChunks("t", "p", (1, 2), to_read_buffer=True)]
+    # a run and follower of fewer than read_buffer_wait_min_rows rows do not wait (merging again is cheap)
+    small = rules(read_buffer_delay_s=30, read_buffer_wait_min_rows=31)
+    assert decide(db([part(chunks)]), small, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
+    with pytest.raises(InvalidLifecycleRule):
+        rules(read_buffer_wait_min_rows=0)
