@@ -19,6 +19,7 @@ from catalog.object_store import object_store_from_url
 from server.broker import start_broker
 from server.client import IoxClient
 from tests.conftest import make_config
+from tests.waiting import wait_for
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 
 T0 = 1_700_000_000_000_000_000
@@ -118,16 +119,6 @@ def _write(c, db, lines):
 def _partitions(c, db, table="cpu"):
     st = c.status(db)["databases"][0]
     return {p["key"]: p for t in st["tables"] if t["name"] == table for p in t["partitions"]}
-
-
-def _wait(cond, timeout_s=90.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_persist_keeps_answers_and_records_files(manual):
@@ -576,8 +567,8 @@ def test_the_policy_compacts_the_files_of_a_cold_partition(auto):
     for k in range(3):  # three forced persists: three files, then the partition goes cold (1 s)
         _write(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
         c.persist(db)
-    part = _wait(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],
-                 what="the policy's compaction of the persisted files")
+    part = wait_for(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],
+                    90, "the policy's compaction of the persisted files")
     assert int(part["files"][0]["rows"]) == 30
     assert c.query(db, Q2).to_pylist() == [
         {"host": "h0", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(0, 10, 2)))},
@@ -621,9 +612,9 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_se
     # rows >= persist_row_threshold and older than the late-arrival window: persisted (from the
     # write-buffer form, so nothing of it stays in memory; a persisted chunk that kept its rows in
     # memory would be unloaded by the soft limit of 1 byte)
-    part = _wait(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
-                 all(ch["storage"] == "object_store" for ch in _partitions(c, db)["2023-11-14"]["chunks"]) and
-                 _partitions(c, db)["2023-11-14"], what="persist + unload")
+    part = wait_for(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
+                    all(ch["storage"] == "object_store" for ch in _partitions(c, db)["2023-11-14"]["chunks"]) and
+                    _partitions(c, db)["2023-11-14"], 90, "persist + unload")
     assert sum(int(f["rows"]) for f in part["files"]) == 200
     assert expect == [{"host": f"h{h}", "n": 50, "s": float(sum(range(h, 200, 4)))} for h in range(4)]
     assert c.query(db, Q2).to_pylist() == expect
@@ -637,8 +628,8 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_se
 def test_automatic_persist_by_age(auto):
     c, db = auto.client, f"g_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=x v=1 {T0}"])  # 1 row: below the row threshold, so only age persists it
-    part = _wait(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
-                 _partitions(c, db)["2023-11-14"], what="persist by age")
+    part = wait_for(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
+                    _partitions(c, db)["2023-11-14"], 90, "persist by age")
     assert sum(int(f["rows"]) for f in part["files"]) == 1
     assert c.query(db, "SELECT host, v FROM cpu").to_pylist() == [{"host": "x", "v": 1.0}]
 

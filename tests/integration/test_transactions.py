@@ -18,6 +18,7 @@ from catalog.schema import Column
 from server.kafka_source import reader_consumer
 from server.wire_format import as_part, encode_decision, encode_write
 from server.write_buffer import partition_for, topic_for
+from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
 PARTITIONS = 4
@@ -90,13 +91,6 @@ def _write(table: str, values: list[float]):
                                 Column("time", "time", "time")], data)
 
 
-def _wait(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def _db_status(client, db) -> dict:
     return client.status(db)["databases"][0]
 
@@ -145,12 +139,12 @@ def test_parts_without_a_decision_are_aborted_and_never_applied(client, db, iox_
         ms = _messages(iox_server.bootstrap, topic)
         return [m for m in ms if m["kind"] in ("decision", "marker") and m["txn"] == "deadbeef"]
 
-    _wait(lambda: {m["kind"] for m in aborted()} == {"decision", "marker"}, 60,
-          "the consumer's abort decision and marker")
+    wait_for(lambda: {m["kind"] for m in aborted()} == {"decision", "marker"}, 60,
+             "the consumer's abort decision and marker")
     ctl = aborted()
     assert {(m["kind"], m["kp"], m["info"]["decision"]) for m in ctl} == \
         {("decision", q, "abort"), ("marker", min(kp for kp, _ in parts), "abort")}
-    _wait(lambda: _db_status(client, db).get("pending_transaction_parts", 0) == 0, 60, "the parts to be dropped")
+    wait_for(lambda: _db_status(client, db).get("pending_transaction_parts", 0) == 0, 60, "the parts to be dropped")
     st = _db_status(client, db)
     assert [t["name"] for t in st["tables"]] == ["seed"]
     assert client.query(db, "SELECT host, v FROM seed ORDER BY host").to_pylist() == \
@@ -177,14 +171,14 @@ def test_a_commit_without_markers_is_completed_by_the_consumer(client, db, iox_s
         except Exception:
             return False
 
-    _wait(visible, 60, "the committed parts to appear")
+    wait_for(visible, 60, "the committed parts to appear")
     for i, t in enumerate((a, b, c)):
         assert client.query(db, f"SELECT v FROM {t} ORDER BY v").to_pylist() == [{"v": float(i)}, {"v": float(i + 10)}]
     markers = [m for m in _messages(iox_server.bootstrap, topic) if m["kind"] == "marker" and m["txn"] == "cafe"]
     # (a repair may be written twice when a batch is slow: only the first marker counts)
     assert {m["kp"] for m in markers} == {kp for kp, _ in parts} - {q}
     assert all(m["info"]["decision"] == "commit" for m in markers)
-    _wait(lambda: iox_server.catalog.database(db).txns.is_idle(), 30, "the transaction to settle")
+    wait_for(lambda: iox_server.catalog.database(db).txns.is_idle(), 30, "the transaction to settle")
 
 
 def test_tables_sharing_one_partition_commit_without_markers(client, db, iox_server):
