@@ -17,8 +17,9 @@ Invariants kept here:
   form), or, with ``to_read_buffer``, >= 1 write-buffer chunks whose last write is
   at least ``read_buffer_delay_s`` old (they move to the read buffer; a due run
   waits, at most that delay, for a following write-buffer chunk that would join
-  it, so rows are not merged twice). Fresh write-buffer chunks are never merged
-  into rows: merging them with each other keeps the cheap form.
+  it when the two hold ``read_buffer_wait_min_rows`` rows, so rows are not
+  merged twice). Fresh write-buffer chunks are never merged into rows: merging
+  them with each other keeps the cheap form.
 * A :class:`CompactPersistedChunks` names every persisted chunk (one Parquet
   file each, or two time-disjoint ones from a large persist) of a partition,
   once there are ``persisted_compaction_file_threshold`` of them, or >= 2 and
