@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 import uuid
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 from server.broker import free_port, start_broker
 from server.client import IoxClient
 from tests.conftest import make_config
+from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
 
@@ -39,10 +39,7 @@ def test_second_committer_is_fenced_and_stops(iox_server, session_tmp):
         with pytest.raises(grpc.RpcError):
             cb.persist(db)  # revision 1 exists: B lost the race
         assert b.lifecycle.fenced
-        deadline = time.monotonic() + 60
-        while not b._stopped.is_set():
-            assert time.monotonic() < deadline, "the fenced server did not stop"
-            time.sleep(0.1)
+        wait_for(b._stopped.is_set, 60, "the fenced server to stop")
         # A still owns the catalog and keeps committing
         ca.wait_applied(db, ca.write(db, f"cpu v=2 {T0 + 1}\n"), timeout_s=90)
         assert ca.persist(db)["persisted"][0]["revision"] == "2"

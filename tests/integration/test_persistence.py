@@ -388,6 +388,21 @@ def test_a_table_view_refreshed_while_a_compaction_takes_over_its_chunks_segment
     assert {(r["host"], r["time_ns"] - T0): r["v"] for r in got} == want and len(got) == len(want)
 
 
+def _fail_view_refreshes(monkeypatch, srv, db: str, failures: int) -> list:
+    """Makes the first `failures` table view refreshes of database `db` raise; returns the list
+    that records, per injected failure, whether that refresh asked for Arrow merges."""
+    real, failed = srv.ingestor.refresh_table_view, []
+
+    def flaky(dbo, table, arrow_merge=True):
+        if dbo.name == db and len(failed) < failures:
+            failed.append(arrow_merge)
+            raise RuntimeError("injected: the table view could not be refreshed")
+        return real(dbo, table, arrow_merge)
+
+    monkeypatch.setattr(srv.ingestor, "refresh_table_view", flaky)
+    return failed
+
+
 @pytest.mark.parametrize("failures", [1, 2])
 def test_a_micro_batch_whose_view_refresh_fails_is_applied_once(manual, monkeypatch, failures):
     """A micro-batch whose table view refresh fails once, after its chunks are in the catalog,
@@ -397,16 +412,8 @@ def test_a_micro_batch_whose_view_refresh_fails_is_applied_once(manual, monkeypa
     there exactly once."""
     c, db, srv = manual.client, f"f_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
-    real, failed = srv.ingestor.refresh_table_view, []
     restarts = srv.consumer.restarts
-
-    def flaky(dbo, table, arrow_merge=True):
-        if dbo.name == db and len(failed) < failures:
-            failed.append(arrow_merge)
-            raise RuntimeError("injected: the table view could not be refreshed")
-        return real(dbo, table, arrow_merge)
-
-    monkeypatch.setattr(srv.ingestor, "refresh_table_view", flaky)
+    failed = _fail_view_refreshes(monkeypatch, srv, db, failures)
     _write(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
     assert failed == [True, False][:failures]
     assert srv.consumer.restarts == restarts + (failures - 1)
@@ -426,21 +433,14 @@ def test_no_persist_lands_between_a_failed_micro_batch_and_its_retry(manual, mon
     c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
     dbo = srv.catalog.database(db)
-    real_refresh, real_withdraw = srv.ingestor.refresh_table_view, srv.ingestor._withdraw
-    failed, during = [], []
-
-    def flaky(d, table, arrow_merge=True):
-        if d.name == db and len(failed) < 2:  # fails the refresh and its SQL-only retry: the batch fails
-            failed.append(arrow_merge)
-            raise RuntimeError("injected: the table view could not be refreshed")
-        return real_refresh(d, table, arrow_merge)
+    real_withdraw, during = srv.ingestor._withdraw, []
+    _fail_view_refreshes(monkeypatch, srv, db, 2)  # the refresh and its SQL-only retry: the batch fails
 
     def withdraw_then_persist(added):
         real_withdraw(added)
         if any(d.name == db for d, _chunk in added):  # the stream has not applied the batch again yet
             during.append((dict(dbo.failed_batch_hi), srv.lifecycle.persist_now(dbo, None, None, time.time())))
 
-    monkeypatch.setattr(srv.ingestor, "refresh_table_view", flaky)
     monkeypatch.setattr(srv.ingestor, "_withdraw", withdraw_then_persist)
     _write(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
     assert len(during) == 1
