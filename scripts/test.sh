@@ -4,9 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-# two pytest workers: the crash tests (`iox serve` subprocesses only) run beside the rest, which
-# share the one in-process server (tests/conftest.py pytest_collection_modifyitems groups them)
-.venv/bin/python -m pytest tests -n 2 --dist loadgroup "$@"
+.venv/bin/python -m pytest tests "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests: failing loudly" >&2

@@ -20,17 +20,6 @@ from server.config import ServerConfig
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Two pytest-xdist groups (scripts/test.sh runs `-n 2 --dist loadgroup`): `crash` (tests/crash,
-    which only start `iox serve` subprocesses, each with its own JVM) and `main` (everything else,
-    which shares this module's one broker and one in-process server). Each group runs whole on one
-    worker, so the session still starts one Spark session and one broker, while the crash tests'
-    servers use the CPU the in-process tests leave idle. Without xdist the marks do nothing."""
-    for item in items:
-        crash = item.nodeid.replace(os.sep, "/").startswith("tests/crash/")
-        item.add_marker(pytest.mark.xdist_group("crash" if crash else "main"))
-
-
 @pytest.fixture(scope="session")
 def broker():
     """A real Kafka-protocol broker (Tansu) for the whole session."""
