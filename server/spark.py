@@ -14,6 +14,12 @@ __all__ = ["build_spark", "lower_spark_priority", "use_query_pool", "QUERY_POOL"
 
 #: Most bytes of one Arrow batch Spark sends to a Python worker
 _ARROW_BATCH_BYTES = 32 << 20
+#: JVM options of the driver (added before `--spark-conf spark.driver.extraJavaOptions`). G1 regions
+#: of 16 MiB (the JVM picks 1-2 MiB for a 2-6 GiB heap): an object of half a region or more is
+#: "humongous", and in the bench's 10M-point query scenario the driver allocated such buffers
+#: (Arrow batches, block chunks) in most queries, each starting a concurrent mark of the whole
+#: heap (1-2 s of a core beside the query); with 16 MiB regions none was humongous.
+_DRIVER_JAVA_OPTIONS = "-XX:G1HeapRegionSize=16m"
 #: The fair-scheduler pool users' queries run in (`use_query_pool`); micro-batches and the
 #: lifecycle run in the default pool. With the weight and min share below a query's tasks take
 #: the next free task slot instead of queueing behind every task of a running micro-batch (FIFO).
@@ -66,7 +72,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.sql.execution.arrow.maxBytesPerBatch", str(_ARROW_BATCH_BYTES))
          .config("spark.local.dir", os.path.join(scratch_dir, "local"))
          .config("spark.sql.warehouse.dir", os.path.join(scratch_dir, "warehouse"))
-         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch_dir}")
+         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch_dir} {_DRIVER_JAVA_OPTIONS}")
          .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
          .config("spark.python.worker.reuse", "true")
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
@@ -75,7 +81,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
              .config("spark.connect.grpc.binding.port", str(spark_connect_port)))
     for k, v in (extra_conf or {}).items():
         if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
-            v = f"-Dderby.system.home={scratch_dir} {v}"
+            v = f"-Dderby.system.home={scratch_dir} {_DRIVER_JAVA_OPTIONS} {v}"
         b = b.config(k, v)
     _launch_jvm_in_own_session(b)
     spark = b.getOrCreate()
