@@ -37,12 +37,12 @@ SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload"]
 WORKER_SCENARIOS = ("e2e", "restart", "query")
 
 SIZES = {
-    "quick": dict(parse_lines=100_000, repeat=2, query_repeat=2, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
+    "quick": dict(parse_lines=100_000, repeat=2, query_repeat=2, settle_quiet_s=3.0, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
                   e2e_persist_row_threshold=100_000, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g",
                   worker_memory="4g", visibility_points_per_s=0),
-    "full": dict(parse_lines=1_000_000, repeat=5, query_repeat=9, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
+    "full": dict(parse_lines=1_000_000, repeat=5, query_repeat=9, settle_quiet_s=5.0, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
                  probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="6g",

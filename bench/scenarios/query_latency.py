@@ -19,7 +19,7 @@ a grouped aggregate: per host count, avg, max, sum. Figures are medians of
 `query_repeat` runs. Ours are timed once the table is settled: after one warm-up query (which,
 on fresh in-memory rows, also makes the lifecycle move them to the read buffer 2 s later), the
 bench waits until no chunk of the table is compacted or persisted and its chunks did not change
-for `_SETTLE_QUIET_S`: a table that is read repeatedly (a dashboard) is read in that state. The
+for `settle_quiet_s` (5 s): a table that is read repeatedly (a dashboard) is read in that state. The
 warm-up's latency and the settle wait are kept in the row's `extra` (`first_query_s`,
 `settle_s`): the cost of the first query right after a large load. The baseline's Parquet
 files never change: one warm-up, then `query_repeat` runs.
@@ -48,16 +48,16 @@ def _write(srv, clients: int, batches: list) -> dict:
 
 
 #: the table's chunks must be unchanged (ids, states, storage) and none compacted or persisted
-#: for this long before the timed queries (more than the 2 s after a query at which a queried
-#: table's write-buffer chunks move to the read buffer, plus the lifecycle loop's 1 s)
-_SETTLE_QUIET_S = 5.0
-#: ... for at most this long (then the queries run anyway, and the row's note says so)
+#: for the size `settle_quiet_s` before the timed queries (full mode 5 s: more than the 2 s after
+#: a query at which a queried table's write-buffer chunks move to the read buffer, plus the
+#: lifecycle loop's 1 s; quick mode 3 s, at that bound, to stay under 3 minutes), at most this long
+#: (then the queries run anyway, and the row's note says so)
 _SETTLE_TIMEOUT_S = 300.0
 
 
-def _settle(srv, table: str) -> tuple[float, bool]:
-    """Waits until `table`'s chunks have not changed for `_SETTLE_QUIET_S` and none is being
-    compacted or persisted (at most `_SETTLE_TIMEOUT_S`); returns (seconds waited, settled)."""
+def _settle(srv, table: str, quiet_s: float) -> tuple[float, bool]:
+    """Waits until `table`'s chunks have not changed for `quiet_s` and none is being compacted or
+    persisted (at most `_SETTLE_TIMEOUT_S`); returns (seconds waited, settled)."""
     t0 = time.monotonic()
     deadline = t0 + _SETTLE_TIMEOUT_S
     last, since = None, t0
@@ -68,14 +68,14 @@ def _settle(srv, table: str) -> tuple[float, bool]:
         busy = any(state in ("compacting", "persisting") for _i, state, _s in chunks)
         if busy or chunks != last:
             last, since = chunks, now
-        elif now - since >= _SETTLE_QUIET_S:
+        elif now - since >= quiet_s:
             return now - t0, True
         if now >= deadline:
             return now - t0, False
         time.sleep(0.2)
 
 
-def _query(srv, table: str, repeat: int, expect: dict) -> tuple[list, int, bool, dict]:
+def _query(srv, table: str, repeat: int, quiet_s: float, expect: dict) -> tuple[list, int, bool, dict]:
     """Latencies of `repeat` runs (s) on the settled table, groups returned, whether every answer
     had the exact count and sum per host of the generated rows (`expect`: host -> (count, sum of
     requests)), and {first_query_s, settle_s, settled} of the warm-up and the wait before the runs."""
@@ -83,7 +83,7 @@ def _query(srv, table: str, repeat: int, expect: dict) -> tuple[list, int, bool,
     t0 = time.monotonic()
     srv.client.query(DB, sql, timeout_s=600)
     first_s = time.monotonic() - t0
-    settle_s, settled = _settle(srv, table)
+    settle_s, settled = _settle(srv, table, quiet_s)
     times, rows, exact = [], 0, True
     for _ in range(repeat):
         t0 = time.monotonic()
@@ -156,7 +156,7 @@ def run(ctx) -> list[Row]:
     rows[0].met = rss1 > 0
 
     expect = _expected(data)
-    q_mem, nrows, ok_mem, w_mem = _query(srv, "qm", s["query_repeat"], expect)
+    q_mem, nrows, ok_mem, w_mem = _query(srv, "qm", s["query_repeat"], s["settle_quiet_s"], expect)
     laps.lap("query_mem")
     states_mem = _storage(srv, "qm")
 
@@ -179,7 +179,7 @@ def run(ctx) -> list[Row]:
     rows.append(rp)
 
     states_pers = _storage(srv, "qm")
-    q_pers, _, ok_pers, w_pers = _query(srv, "qm", s["query_repeat"], expect)
+    q_pers, _, ok_pers, w_pers = _query(srv, "qm", s["query_repeat"], s["settle_quiet_s"], expect)
     laps.lap("query_persisted")
 
     # ---------------------------------------------------------- mixed
@@ -188,7 +188,7 @@ def run(ctx) -> list[Row]:
     _write(srv, s["clients"], lpx[:half])
     srv.client.persist(DB, "qx", timeout_s=1800)
     _write(srv, s["clients"], lpx[half:])
-    q_mix, _, ok_mix, w_mix = _query(srv, "qx", s["query_repeat"], expect)
+    q_mix, _, ok_mix, w_mix = _query(srv, "qx", s["query_repeat"], s["settle_quiet_s"], expect)
     laps.lap("mixed")
     states_mix = _storage(srv, "qx")
 
