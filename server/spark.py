@@ -16,9 +16,9 @@ __all__ = ["build_spark", "lower_spark_priority", "use_query_pool", "QUERY_POOL"
 _ARROW_BATCH_BYTES = 32 << 20
 #: JVM options of the driver (added before `--spark-conf spark.driver.extraJavaOptions`). G1 regions
 #: of 16 MiB (the JVM picks 1-2 MiB for a 2-6 GiB heap): an object of half a region or more is
-#: "humongous", and in the bench's 10M-point query scenario the driver allocated such buffers
-#: (Arrow batches, block chunks) in most queries, each starting a concurrent mark of the whole
-#: heap (1-2 s of a core beside the query); with 16 MiB regions none was humongous.
+#: "humongous", and in one run of the bench's 10M-point query scenario 13 such allocations started
+#: concurrent marks of the whole heap (1-2 s of a core each), several beside timed queries; with
+#: 16 MiB regions none was humongous.
 _DRIVER_JAVA_OPTIONS = "-XX:G1HeapRegionSize=16m"
 #: The fair-scheduler pool users' queries run in (`use_query_pool`); micro-batches and the
 #: lifecycle run in the default pool. With the weight and min share below a query's tasks take
