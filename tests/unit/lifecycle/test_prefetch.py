@@ -3,11 +3,11 @@ items in the same order, the reader's failure raised in the consumer, an early s
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from lifecycle.chunk_data import prefetched
+from tests.waiting import wait_for
 
 
 def test_every_item_in_order_also_past_the_read_ahead_depth():
@@ -38,9 +38,7 @@ def test_the_reader_reads_ahead_while_the_consumer_works():
 
     it = prefetched(source(), depth=10)
     assert next(it) == 0
-    deadline = time.monotonic() + 10
-    while len(read) < 5 and time.monotonic() < deadline:  # the consumer holds item 0 meanwhile
-        time.sleep(0.01)
+    wait_for(lambda: len(read) == 5, 10, "the reader to read past the item the consumer holds", poll_s=0.01)
     assert read == [0, 1, 2, 3, 4]
     assert list(it) == [1, 2, 3, 4]
 
@@ -59,9 +57,6 @@ def test_a_consumer_that_stops_early_stops_the_reader():
     it = prefetched(endless(), depth=2)
     assert next(it) == 0
     it.close()
-    deadline = time.monotonic() + 10
-    while any(t.name == "iox-prefetch" and t.ident not in before for t in threading.enumerate()) \
-            and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not any(t.name == "iox-prefetch" and t.ident not in before for t in threading.enumerate())
+    wait_for(lambda: not any(t.name == "iox-prefetch" and t.ident not in before for t in threading.enumerate()),
+             10, "the reader thread to end", poll_s=0.02)
     assert len(pulled) <= 5  # the depth, the item in hand, one being put: no more
