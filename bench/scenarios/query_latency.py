@@ -192,6 +192,8 @@ def run(ctx) -> list[Row]:
     laps.lap("mixed")
     states_mix = _storage(srv, "qx")
 
+    base_median = statistics.median(base_q) if base_q else None
+    base_times = [round(t, 4) for t in base_q] if base_q else None
     for label, v, ok, w, note in (("all in memory", q_mem, ok_mem, w_mem, f"chunks after the queries: {states_mem} (a "
                                    "queried table's write-buffer chunks move to the read buffer 2 s after their last "
                                    "write)"),
@@ -201,11 +203,11 @@ def run(ctx) -> list[Row]:
         settled = (f"settled {w['settle_s']:.1f} s after the warm-up" if w["settled"] else
                    f"NOT settled within {_SETTLE_TIMEOUT_S:.0f} s")
         r = Row(f"query latency, grouped aggregate, {label}", "s", statistics.median(v), "Spark SQL over plain Parquet",
-                statistics.median(base_q) if base_q else None, target="<= 1.2x baseline", better="lower", size=size,
+                base_median, target="<= 1.2x baseline", better="lower", size=size,
                 note=f"median of {s['query_repeat']} on the settled table (first query {w['first_query_s']:.2f} s, "
                      f"{settled}); {nrows} groups, exact count and sum per host: {ok}; {note}",
                 extra={"times_s": [round(t, 4) for t in v],
-                       "baseline_times_s": [round(t, 4) for t in base_q] if base_q else None, **w})
+                       "baseline_times_s": base_times, **w})
         r.met = r.ratio is not None and r.ratio <= 1.2 and ok
         rows.append(r)
     return rows
