@@ -18,7 +18,7 @@ from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "prefetched", "PREFETCH_BATCHES", "time_part_mask",
+__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
            "ARROW_MERGE_PARTS", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
            "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
@@ -123,59 +123,6 @@ def time_part_mask(time_ns, part: int, parts: int):
 
     x = time_ns.to_numpy(zero_copy_only=False).view(np.uint64)
     return ((x * np.uint64(_TIME_HASH_MULTIPLIER)) >> np.uint64(32)) % np.uint64(parts) == part
-
-
-#: input batches (each up to spark.sql.execution.arrow.maxBytesPerBatch, 32 MiB) a merge task
-#: reads ahead of its decoding (`prefetched`)
-PREFETCH_BATCHES = 4
-
-
-def prefetched(batches, depth: int = PREFETCH_BATCHES):
-    """The items of `batches` (a mapInArrow task's input iterator), in order, read by a thread of
-    their own up to `depth` ahead of the consumer, so the JVM keeps sending the task's input while
-    the task decodes it (the JVM writes a Python worker's input only as the worker reads its
-    socket). The reader's exception is re-raised in the consumer; a consumer that stops early
-    stops the reader at its next item (a failed task ends its worker anyway). Executor side.
-
-    Persist's one merge task reads through it: for the bench's 10M rows its input wait plus merge
-    took 2.33 s instead of 2.90 s (5M rows: 0.57 s instead of 1.67 s). The read-buffer move's
-    merge tasks, which run side by side on the two cores, did not gain in the one run tried."""
-    import queue
-    import threading
-
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
-        try:
-            for b in batches:
-                if not put(("item", b)):
-                    return
-            put(("end", None))
-        except BaseException as e:  # handed to the consumer
-            put(("error", e))
-
-    threading.Thread(target=read, name="iox-prefetch", daemon=True).start()
-    try:
-        while True:
-            kind, v = q.get()
-            if kind == "item":
-                yield v
-            elif kind == "end":
-                return
-            else:
-                raise v
-    finally:
-        stop.set()
 
 
 def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: bool, part: tuple | None = None):

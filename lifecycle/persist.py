@@ -306,12 +306,12 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from lifecycle.chunk_data import merge_segment_rows, prefetched
+        from lifecycle.chunk_data import merge_segment_rows
         from lifecycle.ipc_segments import encode_ipc
 
         waited = [0.0]
 
-        def timed(it):  # the seconds the merge waited for input (read ahead by `prefetched`)
+        def timed(it):  # the seconds spent waiting for Spark's input batches
             while True:
                 w0 = _time.perf_counter()
                 b = next(it, None)
@@ -321,7 +321,7 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
                 yield b
 
         t0 = _time.perf_counter()
-        t = merge_segment_rows(timed(prefetched(iter(batches))), tags, fields, deletes, dedup)
+        t = merge_segment_rows(timed(iter(batches)), tags, fields, deletes, dedup)
         if t is None:
             return
         # a filter copies every value: skipped when all rows are on one side (a persist of everything)
