@@ -130,26 +130,56 @@ _MAX_SLICED_GAPS = 1024
 
 def _repeated_time_mask(t: pa.Table):
     """numpy bool mask of the rows whose `time_ns` another row has too, or None when no time
-    repeats. Rising times (one write, or writes in time order) are checked in one pass; others
-    take a stable sort, which is quick for the concatenated rising runs chunks usually hold
-    (10M times in 4 runs: 0.08 s; shuffled: 1.4 s)."""
+    repeats. The times are cut into runs that rise and lie in one Arrow chunk of the column (a
+    decoded IPC stream: one write request, whose times usually rise and lie close together): two
+    rows can only share a time when their runs' [first, last] ranges overlap, so only the rows of
+    runs that overlap another run are sorted (`_repeated_among`). 10M rows of 2,000 interleaved
+    requests with one repeated point: the rows of two runs (~0.02 s) instead of one stable sort
+    of all 10M (0.17-0.7 s)."""
     import numpy as np
 
-    times = t.column(TIME_NS_COLUMN).combine_chunks().to_numpy(zero_copy_only=False)
-    rising = times[1:] > times[:-1]
-    if rising.all():
+    col = t.column(TIME_NS_COLUMN)
+    times = col.combine_chunks().to_numpy(zero_copy_only=False)
+    n = len(times)
+    falls = np.flatnonzero(times[1:] <= times[:-1]) + 1
+    if not len(falls):
         return None
-    del rising
-    order = np.argsort(times, kind="stable")
-    st = times[order]
+    chunk_starts = np.cumsum([len(c) for c in col.chunks])[:-1]
+    falls = np.union1d(falls, chunk_starts[(chunk_starts > 0) & (chunk_starts < n)])
+    starts = np.concatenate(([0], falls))
+    stops = np.concatenate((falls, [n]))
+    lo, hi = times[starts], times[stops - 1]
+    by_lo = np.argsort(lo, kind="stable")
+    # runs in `lo` order chain into clusters; a run starts a new one when it begins after every
+    # earlier run ended: rows of different clusters never share a time
+    reach = np.maximum.accumulate(hi[by_lo])
+    cluster = np.cumsum(np.concatenate(([True], lo[by_lo][1:] > reach[:-1]))) - 1
+    shared = np.bincount(cluster)[cluster] > 1  # in `lo` order: the run's cluster has another run
+    if not shared.any():
+        return None
+    run_shared = np.empty(len(starts), dtype=bool)
+    run_shared[by_lo] = shared
+    rows = None if run_shared.all() else np.flatnonzero(np.repeat(run_shared, stops - starts))
+    return _repeated_among(times, rows)
+
+
+def _repeated_among(times, rows):
+    """`_repeated_time_mask` by one stable sort of the times of `rows` (numpy indices; None: all);
+    a row outside `rows` must not share its time with any other row. None when no time repeats."""
+    import numpy as np
+
+    sub = times if rows is None else times[rows]
+    order = np.argsort(sub, kind="stable")
+    st = sub[order]
     same_as_next = st[1:] == st[:-1]
     if not same_as_next.any():
         return None
     rep_sorted = np.zeros(len(st), dtype=bool)
     rep_sorted[1:] |= same_as_next
     rep_sorted[:-1] |= same_as_next
-    mask = np.zeros(len(st), dtype=bool)
-    mask[order[rep_sorted]] = True
+    hit = order[rep_sorted]
+    mask = np.zeros(len(times), dtype=bool)
+    mask[hit if rows is None else rows[hit]] = True
     return mask
 
 

@@ -124,6 +124,34 @@ def test_deduplicate_of_a_many_chunk_table_by_slices_or_one_filter(monkeypatch, 
     assert got.num_rows < len(rs)
 
 
+_chunk_times = st.one_of(st.lists(st.integers(-20, 20), max_size=8),  # any order, repeats within
+                         st.sets(st.integers(-200, 200), max_size=8).map(sorted))  # one rising request
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_chunk_times, min_size=1, max_size=8))
+def test_repeated_time_mask_marks_exactly_the_rows_whose_time_repeats(chunks):
+    """Whatever the chunks (decoded streams) and runs: rising ones, overlapping or not, falls inside
+    a chunk, empty chunks."""
+    t = pa.concat_tables([pa.table({"time_ns": pa.array(c, pa.int64())}) for c in chunks])
+    flat = [x for c in chunks for x in c]
+    want = [flat.count(x) > 1 for x in flat]
+    got = arrow_merge._repeated_time_mask(t)
+    assert (None if not any(want) else want) == (None if got is None else got.tolist())
+
+
+def test_repeated_time_mask_of_disjoint_requests_with_one_repeated_point():
+    """Interleaved requests, each rising and apart in time, and a single point written twice: the
+    two rows of that point, found from the rows of the two requests that meet."""
+    reqs = [[100 * k + i for i in range(50)] for k in (3, 0, 7, 1, 5)]
+    chunks = [[301]] + reqs + [[740, 741]]
+    t = pa.concat_tables([pa.table({"time_ns": pa.array(c, pa.int64())}) for c in chunks])
+    got = arrow_merge._repeated_time_mask(t)
+    # 301: the first row and the second of request 3; 740/741: the 41st/42nd of request 7 (the
+    # third request, from row 101) and the last two rows
+    assert [i for i, m in enumerate(got.tolist()) if m] == [0, 2, 141, 142, 251, 252]
+
+
 @pytest.mark.parametrize("times", [[1, 2, 3, 10], [3, 1, 2, 10]])
 def test_deduplicate_returns_a_table_without_repeated_times_as_it_is(times):
     rs = [{"host": "a", "region": None, "f": 1.0, "i": None, "u": None, "s": None, "b": None, "time_ns": tm,
