@@ -258,22 +258,44 @@ def _time_split(t, parts: int) -> list:
     return [c for c in cuts if c < int(times.max())]
 
 
+def _time_pieces(t, cuts: list) -> list:
+    """`t` (chunk layout) cut at `cuts` (`_time_split`): piece i holds the rows with
+    cuts[i-1] < time <= cuts[i], in `t`'s order. A record batch whose times all lie in one piece
+    goes to it whole (no copy: a decoded write request usually spans a short time); only batches
+    across a cut are filtered. Executor side."""
+    import bisect
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pieces: list = [[] for _ in range(len(cuts) + 1)]
+    for b in t.to_batches():
+        if not b.num_rows:
+            continue
+        times = b.column(TIME_NS_COLUMN)
+        mm = pc.min_max(times)
+        first, last = (bisect.bisect_left(cuts, mm["min"].as_py()), bisect.bisect_left(cuts, mm["max"].as_py()))
+        if first == last:
+            pieces[first].append(b)
+            continue
+        for i in range(first, last + 1):
+            mask = pc.less_equal(times, cuts[0]) if i == 0 else pc.greater(times, cuts[-1]) if i == len(cuts) else \
+                pc.and_(pc.greater(times, cuts[i - 1]), pc.less_equal(times, cuts[i]))
+            pieces[i].append(b.filter(mask))
+    return [pa.Table.from_batches(p, schema=t.schema) for p in pieces]
+
+
 def _write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> list:
     """Writes `t` (chunk layout, rows) as Parquet: one file at keys[0], or, from
-    `parallel_min_rows` rows on, up to len(keys) files split by time, each by a thread of its
-    own. Returns [(key, rows, size, stats)] of the files written. Executor side."""
-    import pyarrow.compute as pc
+    `parallel_min_rows` rows on, up to len(keys) files split by time (`_time_pieces`), each by a
+    thread of its own. Returns [(key, rows, size, stats)] of the files written. Executor side."""
     import pyarrow.parquet as pq
 
     cuts = _time_split(t, len(keys)) if t.num_rows >= parallel_min_rows and len(keys) > 1 else []
+    pieces = _time_pieces(t, cuts) if cuts else [t]
 
     def write(i: int):
-        piece = t
-        if cuts:
-            times = t.column(TIME_NS_COLUMN)
-            mask = pc.less_equal(times, cuts[0]) if i == 0 else pc.greater(times, cuts[-1]) if i == len(cuts) else \
-                pc.and_(pc.greater(times, cuts[i - 1]), pc.less_equal(times, cuts[i]))
-            piece = t.filter(mask)
+        piece = pieces[i]
         fs, path = store.arrow_prepare_write(keys[i])
         # the writer cuts row groups of ROW_GROUP_ROWS across the table's chunks (no copy)
         pq.write_table(piece, path, filesystem=fs, row_group_size=ROW_GROUP_ROWS, **parquet_options(piece.schema.names))
@@ -283,7 +305,7 @@ def _write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> l
         return [write(0)]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(len(cuts) + 1) as pool:  # pyarrow releases the GIL while it filters and writes
+    with ThreadPoolExecutor(len(cuts) + 1) as pool:  # pyarrow releases the GIL while it writes
         return list(pool.map(write, range(len(cuts) + 1)))
 
 

@@ -81,3 +81,25 @@ def test_a_large_persist_of_one_time_writes_one_file(tmp_path):
     out = [r for b in fn(iter([_rows([[7] * 6, [7] * 6])])) for r in b.to_pylist()]
     assert [(r["kind"], r["key"], r["rows"]) for r in out] == [("file", "db/t/a.parquet", 12)]
     assert not (tmp_path / "db/t/b.parquet").exists()
+
+
+def test_time_pieces_keep_whole_the_batches_within_one_piece_and_cut_the_others():
+    """Piece i holds cuts[i-1] < time <= cuts[i], in the table's order; a batch within one piece is
+    the same batch (no copy), a batch across cuts is filtered into each piece it meets."""
+    from lifecycle.persist import _time_pieces
+
+    def batch(times):
+        return pa.record_batch({"v": pa.array([float(x) for x in times], pa.float64()),
+                                "time_ns": pa.array(times, pa.int64())})
+
+    batches = [batch([1, 2, 3]), batch([25, 21]), batch([4, 40, 10, 20, 11]), batch([]), batch([30, 35])]
+    t = pa.Table.from_batches(batches)
+    pieces = _time_pieces(t, [10, 30])
+    assert [p.column("time_ns").to_pylist() for p in pieces] == [[1, 2, 3, 4, 10], [25, 21, 20, 11, 30], [40, 35]]
+    assert [p.column("v").to_pylist() for p in pieces] == [[1.0, 2.0, 3.0, 4.0, 10.0], [25.0, 21.0, 20.0, 11.0, 30.0],
+                                                           [40.0, 35.0]]
+    assert all(p.schema == t.schema for p in pieces)
+    # the batches within one piece are passed on, not copied
+    address = batches[0].column(1).buffers()[1].address
+    assert pieces[0].column("time_ns").chunks[0].buffers()[1].address == address
+    assert pieces[1].column("time_ns").chunks[0].buffers()[1].address == batches[1].column(1).buffers()[1].address
