@@ -270,6 +270,11 @@ def main(argv=None) -> int:
         except BaseException:
             srv.stop()
             raise
+        from .gc_pauses import GcPauseRecorder, freeze_startup_heap
+
+        GcPauseRecorder(srv.router.metrics.observe_gc_pause).install()
+        frozen = freeze_startup_heap()
+        logging.getLogger("server").info("%d objects of the start frozen out of garbage collection", frozen)
         print(f"iox serving gRPC on port {srv.grpc_port}", flush=True)
         srv.wait()
         return 0

@@ -8,7 +8,9 @@ schemas), `encode` (write-buffer messages) and `produce` (handing them to
 Kafka until every one is acknowledged); and what was acknowledged
 (`iox_write_requests_total`, `iox_write_points_total`). A request rejected
 before Kafka acknowledged it counts in the stages it passed, never in the
-acknowledged totals.
+acknowledged totals. `iox_gc_pause_seconds{generation=...}`: Python's garbage
+collections in the server process, each of which stops every thread
+(server/gc_pauses.py; recorded by `iox serve`).
 
 Invariant: every figure counts what this server process did since it started
 (a restart starts again from zero, as Prometheus counters do). Each server has
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-__all__ = ["ServerMetrics", "WRITE_STAGES", "WRITE_STAGE_BUCKETS_S", "CONTENT_TYPE_LATEST"]
+__all__ = ["ServerMetrics", "WRITE_STAGES", "WRITE_STAGE_BUCKETS_S", "GC_PAUSE_BUCKETS_S", "CONTENT_TYPE_LATEST"]
 
 #: the router's stages, in the order a request passes them (`parse` for line protocol, `decode` for Arrow)
 WRITE_STAGES = ("parse", "decode", "checks", "encode", "produce")
@@ -31,6 +33,9 @@ WRITE_STAGES = ("parse", "decode", "checks", "encode", "produce")
 #: the benchmark's ack-latency target asks for
 WRITE_STAGE_BUCKETS_S = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25,
                          0.5, 1.0, 2.5, 5.0, 10.0)
+
+#: upper bounds (seconds) of the garbage-collection pause histogram's buckets
+GC_PAUSE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
 class ServerMetrics:
@@ -47,6 +52,9 @@ class ServerMetrics:
                                registry=self.registry)
         for s in WRITE_STAGES:  # every stage is listed from the start, with zero observations
             self._stage.labels(stage=s)
+        self._gc = Histogram("iox_gc_pause_seconds", "Seconds of each garbage collection of the server process "
+                             "(every thread waits for it)", ["generation"], registry=self.registry,
+                             buckets=GC_PAUSE_BUCKETS_S)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         """Records `seconds` spent in `stage` (one of WRITE_STAGES) by one request."""
@@ -56,6 +64,10 @@ class ServerMetrics:
         """Counts one request acknowledged by Kafka and its points."""
         self._requests.inc()
         self._points.inc(points)
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        """Records one garbage collection of `generation` (0-2) that took `seconds`."""
+        self._gc.labels(generation=str(generation)).observe(seconds)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format (CONTENT_TYPE_LATEST)."""

@@ -42,3 +42,14 @@ def test_two_servers_in_one_process_keep_their_own_figures():
     a.acknowledged(3)
     assert _samples(a)[("iox_write_points_total", ())] == 3
     assert _samples(b)[("iox_write_points_total", ())] == 0
+
+
+def test_gc_pauses_are_counted_per_generation():
+    m = ServerMetrics()
+    m.observe_gc_pause(2, 0.03)
+    m.observe_gc_pause(0, 0.0004)
+    s = _samples(m)
+    assert s[("iox_gc_pause_seconds_count", (("generation", "2"),))] == 1
+    assert s[("iox_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.02")))] == 0
+    assert s[("iox_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.05")))] == 1
+    assert s[("iox_gc_pause_seconds_bucket", (("generation", "0"), ("le", "0.0005")))] == 1
