@@ -114,6 +114,7 @@ class IoxServer:
         self.tail = None
         if cfg.tail_max_bytes:
             self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
+            self.write_buffer.on_acked = self.tail.feed
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         self.pause_file = os.path.join(data_dir, "backpressure")

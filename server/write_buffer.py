@@ -123,6 +123,9 @@ class WriteBuffer:
         self._topic_ids: dict[str, str | None] = {}
         #: (topic, kafka partition) -> highest offset this process got acknowledged
         self.acked_hi_inclusive: dict = {}
+        #: called with (topic, [(kafka partition, offset, headers, value)]) of every message Kafka
+        #: acknowledged, in the producing thread (the write buffer's tail holds them: write_buffer_tail.py)
+        self.on_acked = None
         self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer-poll", daemon=True)
@@ -347,6 +350,12 @@ class WriteBuffer:
                     self._recreate_producer(producer)
                 raise WriteBufferUnavailable(f"Kafka did not acknowledge the write: {err.str()}")
             out.append((part, off))
+        on_acked = self.on_acked
+        if on_acked is not None:
+            try:
+                on_acked(topic, [(part, off, w.headers, w.value) for (part, off), w in zip(out, writes)])
+            except Exception:  # an accelerator's failure never fails an acknowledged write
+                log.exception("handing acknowledged messages to the write buffer's tail")
         return out
 
     def _produce_one(self, producer: Producer, topic: str, w: EncodedWrite, on_delivery) -> None:

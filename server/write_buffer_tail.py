@@ -3,12 +3,22 @@
 A write becomes part of the catalog when the Spark micro-batch holding it is
 applied (`applied_hi_inclusive`): one micro-batch cycle or more, seconds under
 load. IOx's ingester answers queries from its buffer as soon as it has read a
-write; the tail does the same here. A thread of the server process reads every
-database topic from `applied_hi_inclusive + 1` with a Kafka consumer of its own
-and keeps, per Kafka partition, the messages past the applied watermark until
-the consumer (server/ingest.py) has applied them. The query engine
-(server/query.py) reads a table's tail rows next to its chunks, so a query
-reflects `visible_hi_inclusive`, not only what Spark has applied.
+write; the tail does the same here. It keeps, per Kafka partition, the messages
+past the applied watermark until the consumer (server/ingest.py) has applied
+them. The query engine (server/query.py) reads a table's tail rows next to its
+chunks, so a query reflects `visible_hi_inclusive`, not only what Spark has
+applied.
+
+Where the messages come from: this server's own are handed over by the write
+buffer as Kafka acknowledges them (`feed`, in the request's thread: the bytes
+the router produced, never read back). Everything else (another producer's
+messages, ours that arrived out of order or while the partition could not take
+them) is read from `next_offset` by a Kafka consumer of the tail's own thread,
+only when needed: a partition with a missing offset for GAP_WAIT_S, every
+partition for FOREIGN_CHECK_WINDOW_S every FOREIGN_CHECK_INTERVAL_S (other
+producers' messages at the end of a partition), and a partition that starts
+or restarts. Reading every message back from the broker cost Tansu as much as
+the consumer's own reading and the server a decompression of each write.
 
 Invariants:
 - Per Kafka partition, `visible_hi_inclusive` >= `applied_hi_inclusive`, and
@@ -20,13 +30,18 @@ Invariants:
   the consumer skips (`wire_format.header_problem`, a delete value that does not
   parse) is skipped the same way; a write whose payload does not decode yields
   no rows, as the consumer skips it.
+- Messages are taken in offset order only, from either source; a handed-over
+  message past `next_offset` waits (`early`) until the offsets before it are
+  taken, one taken already is ignored, so each offset is held once and
+  `visible_hi_inclusive` never passes an offset the tail has not seen.
 - The tail stops a partition before a message it cannot hold as the consumer
   will apply it: a format version this server does not know, a decision or
   marker for a part the tail does not hold (read by an earlier micro-batch, in
   the consumer's stash), or a message past `max_bytes` of held payloads. It
   reads that partition again from the next unapplied offset once the consumer
   has applied the message (so it also skips ahead whenever the consumer is
-  ahead of it).
+  ahead of it); after a block for `max_bytes`, only once what it dropped is
+  small (RESUME_BACKLOG_SHARE).
 - Held messages are dropped once applied; `cut`, called under the catalog lock,
   returns the messages past the applied watermarks read under that same lock,
   so the chunks, the deletes and the applied watermark read with it never miss
@@ -35,14 +50,15 @@ Invariants:
 When it runs: `start` launches the thread when the server starts; it holds
 nothing while the server replays the write buffer after a restart
 (`is_replaying`), then follows every database of the catalog. `stop` ends it
-at shutdown. Driver side, in the server's own process; nothing here runs on
-executors or is pickled.
+at shutdown. `feed` runs in the router's request threads. Driver side, in the
+server's own process; nothing here runs on executors or is pickled.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from catalog.delete_mailbox import Delete
@@ -60,6 +76,21 @@ log = logging.getLogger(__name__)
 _POLL_TIMEOUT_S = 0.02
 #: librdkafka's prefetch queue of the tail's consumer (kilobytes), on top of what the tail holds.
 _QUEUED_MAX_KBYTES = 32 * 1024
+#: Acknowledged messages of this server a partition keeps while an offset before them is missing.
+MAX_EARLY = 10_000
+#: How long a partition waits for a missing offset before it reads it from Kafka (another producer's
+#: message, or one of ours whose acknowledgement reached its request thread late).
+GAP_WAIT_S = 0.1
+#: How often a partition the router keeps current is read from Kafka anyway, for other producers'
+#: messages at its end (this server only learns of its own writes), and for how long.
+FOREIGN_CHECK_INTERVAL_S = 1.0
+FOREIGN_CHECK_WINDOW_S = 0.1
+#: A partition blocked because the tail was full is read from Kafka again only once this server's
+#: messages it dropped past the applied watermark are at most 1/RESUME_BACKLOG_SHARE of the budget
+#: left. Reading back a backlog the size of the whole budget (256 MiB by default: Tansu serving it,
+#: the server's consumer decompressing and taking it) delayed acknowledgements by tens of
+#: milliseconds in one burst under the bench's ack load; the consumer is about to apply it anyway.
+RESUME_BACKLOG_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -109,15 +140,64 @@ class PartitionTail:
     blocked_at: int | None = None
     #: payload bytes held (items and pending parts)
     nbytes: int = 0
+    #: offset -> (headers, value): this server's acknowledged messages past `next_offset`, waiting for
+    #: the offsets before them (`offer`); not held yet, not counted in `nbytes`
+    early: dict = field(default_factory=dict)
+    #: when `early` last became non-empty (the caller's clock): a gap that old is read from Kafka
+    gap_since: float | None = None
+    #: blocked because the tail's byte budget was spent (not for what a message is)
+    full: bool = False
+    #: [(offset, bytes)] of this server's messages offered while full: what reading the partition
+    #: again from Kafka would cost
+    dropped: list = field(default_factory=list)
 
     @classmethod
     def starting_after(cls, applied_hi_inclusive: int, epoch: int) -> "PartitionTail":
         return cls(epoch=epoch, next_offset=applied_hi_inclusive + 1, visible_hi=applied_hi_inclusive)
 
     def take(self, offset: int, headers: dict, value: bytes, kp: int, room_bytes: int) -> None:
-        """Applies the message at `offset`: holds it, skips it, or blocks at it. Messages must come in
-        offset order; an earlier offset is ignored, a gap blocks (nothing is claimed unseen).
-        `room_bytes`: payload bytes the tail may still take."""
+        """Applies the message at `offset` read from Kafka: holds it, skips it, or blocks at it.
+        Messages must come in offset order; an earlier offset is ignored, a gap blocks (nothing is
+        claimed unseen). Then takes the `early` messages that follow it. `room_bytes`: payload bytes
+        the tail may still take."""
+        held_before = self.nbytes
+        self._take_one(offset, headers, value, kp, room_bytes)
+        self._take_early(kp, room_bytes - (self.nbytes - held_before))
+
+    def offer(self, offset: int, headers: dict, value: bytes, kp: int, room_bytes: int, now: float) -> None:
+        """A message this server produced and Kafka acknowledged at `offset`, exactly as it is in
+        Kafka. Taken at once when it is the next offset; kept in `early` (at most MAX_EARLY) while an
+        offset before it is missing: another producer's message or one of ours whose acknowledgement
+        is still on its way, read from Kafka if the gap stays (`gap_since`); ignored when the
+        offset was taken already; dropped while blocked (read from Kafka after it)."""
+        if self.blocked_at is not None:
+            if self.full and offset >= self.blocked_at:
+                self.dropped.append((offset, len(value)))
+            return
+        if offset < self.next_offset or offset in self.early:
+            return
+        if offset > self.next_offset:
+            if len(self.early) < MAX_EARLY:
+                if not self.early:
+                    self.gap_since = now
+                self.early[offset] = (headers, value)
+            return
+        self.take(offset, headers, value, kp, room_bytes)
+
+    def _take_early(self, kp: int, room_bytes: int) -> None:
+        if not self.early:
+            return
+        for o in [o for o in self.early if o < self.next_offset]:
+            del self.early[o]
+        while self.blocked_at is None and self.next_offset in self.early:
+            headers, value = self.early.pop(self.next_offset)
+            held_before = self.nbytes
+            self._take_one(self.next_offset, headers, value, kp, room_bytes)
+            room_bytes -= self.nbytes - held_before
+        if not self.early or self.blocked_at is not None:
+            self.early, self.gap_since = {}, None
+
+    def _take_one(self, offset: int, headers: dict, value: bytes, kp: int, room_bytes: int) -> None:
         if offset < self.next_offset or self.blocked_at is not None:
             return
         if offset > self.next_offset:
@@ -139,7 +219,8 @@ class PartitionTail:
             return
         held = kind if kind != PART else json.loads(info_text)["of"]
         if held == "write" and len(value) > room_bytes:
-            self._block(offset)
+            self._block(offset, full=True)
+            self.dropped.append((offset, len(value)))
             return
         if kind == PART:  # undecided: invisible, as in the consumer's stash
             self.pending.setdefault(header_text(headers, "iox-txn"), []).append(
@@ -179,18 +260,32 @@ class PartitionTail:
                     pass  # the consumer skips it
         self.visible_hi = offset
 
-    def _block(self, offset: int) -> None:
+    def _block(self, offset: int, full: bool = False) -> None:
         self.blocked_at = offset
         self.next_offset = offset
+        self.early, self.gap_since = {}, None
+        self.full = full
 
-    def trim(self, applied_hi_inclusive: int) -> bool:
+    def trim(self, applied_hi_inclusive: int, room_bytes: int | None = None) -> bool:
         """Drops what the consumer applied. True when the partition must be read again from
         `next_offset` (it was blocked at an applied message, or the consumer is ahead of it):
-        it then starts afresh after the applied watermark."""
-        if self.blocked_at is not None and applied_hi_inclusive >= self.blocked_at or \
-                applied_hi_inclusive >= self.next_offset:
-            self.items, self.pending, self.nbytes, self.blocked_at = [], {}, 0, None
-            self.next_offset, self.visible_hi = applied_hi_inclusive + 1, applied_hi_inclusive
+        it then starts afresh after the applied watermark. A partition blocked because the tail
+        was full stays blocked, at the next unapplied offset, while this server's messages
+        after the applied watermark (`dropped`) are more than 1/RESUME_BACKLOG_SHARE of
+        `room_bytes` (the budget left with this partition's bytes freed): the consumer is still
+        far behind, and reading all of it from Kafka again would cost a burst of reading (and
+        fill the tail again) for what the consumer applies soon."""
+        applied = applied_hi_inclusive
+        if self.blocked_at is not None and applied >= self.blocked_at or applied >= self.next_offset:
+            self.items, self.pending, self.nbytes = [], {}, 0
+            self.visible_hi = applied
+            self.early, self.gap_since = {}, None  # read again from Kafka with the rest
+            self.dropped = [(o, n) for o, n in self.dropped if o > applied]
+            if self.full and room_bytes is not None and sum(n for _o, n in self.dropped) > room_bytes // RESUME_BACKLOG_SHARE:
+                self.blocked_at = self.next_offset = applied + 1
+                return False
+            self.blocked_at, self.full, self.dropped = None, False, []
+            self.next_offset = applied + 1
             return True
         if self.items and self.items[0][0] <= applied_hi_inclusive:
             keep = [(o, it) for o, it in self.items if o > applied_hi_inclusive]
@@ -241,6 +336,10 @@ class WriteBufferTail:
         self._thread: threading.Thread | None = None
         #: a partition blocked since the last assignment: stop fetching it
         self._reassign = False
+        #: partitions created or restarted by `_sync`: read from Kafka at once
+        self._restarted: set = set()
+        #: when every partition is next read from Kafka for other producers' messages (monotonic)
+        self._next_check_at = 0.0
         self.last_error: str | None = None
 
     @property
@@ -292,6 +391,25 @@ class WriteBufferTail:
                 out[kp] = max(a, pt.visible_hi) if pt is not None else a
             return out
 
+    # -- this server's acknowledged messages ---------------------------------------------
+    def feed(self, topic: str, messages: list) -> None:
+        """This server's messages of `topic` that Kafka acknowledged, [(kafka partition, offset,
+        headers [(name, bytes)], value)] as produced: held at once, without reading them back from
+        Kafka. Called by the write buffer in the thread of the request, after the acknowledgement;
+        never raises into it for a message the tail cannot hold (that one is read from Kafka)."""
+        now = time.monotonic()
+        with self._lock:
+            room = self.max_bytes - sum(p.nbytes for p in self._parts.values())
+            for kp, offset, headers, value in messages:
+                pt = self._parts.get((topic, kp))
+                if pt is None:  # a database the tail does not follow yet: read from Kafka once it does
+                    continue
+                before, was_blocked = pt.nbytes, pt.blocked_at is not None
+                pt.offer(offset, dict(headers or []), value or b"", kp, room, now)
+                room -= pt.nbytes - before
+                if pt.blocked_at is not None and not was_blocked:
+                    self._reassign = True
+
     # -- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
         from confluent_kafka import KafkaException
@@ -299,6 +417,8 @@ class WriteBufferTail:
         from .kafka_source import reader_consumer
 
         consumer = None
+        #: (topic, kp) -> when the consumer started reading it (the partitions assigned now)
+        reading: dict = {}
         try:
             while not self._stop.is_set():
                 if self.is_replaying():
@@ -309,17 +429,23 @@ class WriteBufferTail:
                     consumer = reader_consumer(self.bootstrap, **{"queued.max.messages.kbytes": _QUEUED_MAX_KBYTES,
                                                                   "fetch.wait.max.ms": 10,
                                                                   "auto.offset.reset": "error"})
+                    reading = {}
                 try:
-                    if self._sync() or self._reassign:
+                    changed = self._sync()
+                    want = self._to_read(time.monotonic(), reading)
+                    if changed or self._reassign or want.keys() != reading.keys():
                         self._reassign = False
-                        consumer.assign(self._assignment())
-                    msgs = consumer.consume(500, timeout=_POLL_TIMEOUT_S)
+                        consumer.assign(self._assignment(want))
+                    reading = want
+                    msgs = consumer.consume(500, timeout=_POLL_TIMEOUT_S) if reading else []
                 except KafkaException as e:  # the broker away for a moment: try again
                     self.last_error = str(e)
                     self._stop.wait(0.5)
                     continue
                 if msgs:
                     self._take(msgs)
+                elif not reading:
+                    self._stop.wait(_POLL_TIMEOUT_S)
         except Exception as e:  # the tail is an accelerator: queries fall back to the applied watermark
             self.last_error = repr(e)
             log.exception("write-buffer tail stopped; queries reflect the applied watermark only")
@@ -329,6 +455,29 @@ class WriteBufferTail:
             if consumer is not None:
                 consumer.close()
 
+    def _to_read(self, now: float, reading: dict) -> dict:
+        """{(topic, kp): since} of the partitions to read from Kafka now: a partition with a gap
+        older than GAP_WAIT_S, every partition for FOREIGN_CHECK_WINDOW_S every
+        FOREIGN_CHECK_INTERVAL_S (and at once when it starts or restarts), and one whose read
+        started less than FOREIGN_CHECK_WINDOW_S ago; never a blocked one. The rest are kept
+        current by `feed`."""
+        check = now >= self._next_check_at
+        if check:
+            self._next_check_at = now + FOREIGN_CHECK_INTERVAL_S
+        out = {}
+        with self._lock:
+            for key, pt in self._parts.items():
+                if pt.blocked_at is not None:
+                    continue
+                since = reading.get(key)
+                if since is not None and now - since < FOREIGN_CHECK_WINDOW_S:
+                    out[key] = since
+                elif check or key in self._restarted or \
+                        (pt.gap_since is not None and now - pt.gap_since >= GAP_WAIT_S):
+                    out[key] = since if since is not None else now
+            self._restarted.clear()
+        return out
+
     def _sync(self) -> bool:
         """Follows new databases and trims at the applied watermarks; True when the consumer's
         assignment must change (a partition to read from a new position)."""
@@ -336,22 +485,25 @@ class WriteBufferTail:
             dbs = [(db.topic, db.epoch, dict(db.applied_hi_inclusive)) for db in self.catalog.databases()]
         changed = False
         with self._lock:
+            room = self.max_bytes - sum(p.nbytes for p in self._parts.values())
             for topic, epoch, applied in dbs:
                 for kp, a in applied.items():
                     pt = self._parts.get((topic, kp))
                     if pt is None:
                         self._parts[(topic, kp)] = PartitionTail.starting_after(a, epoch)
+                        self._restarted.add((topic, kp))
                         changed = True
-                    elif pt.trim(a):
+                    elif pt.trim(a, room + pt.nbytes):
+                        self._restarted.add((topic, kp))
                         changed = True
         return changed
 
-    def _assignment(self) -> list:
+    def _assignment(self, keys) -> list:
         from confluent_kafka import TopicPartition
 
         with self._lock:
-            return [TopicPartition(topic, kp, pt.next_offset) for (topic, kp), pt in sorted(self._parts.items())
-                    if pt.blocked_at is None]
+            return [TopicPartition(topic, kp, self._parts[(topic, kp)].next_offset) for topic, kp in sorted(keys)
+                    if (topic, kp) in self._parts and self._parts[(topic, kp)].blocked_at is None]
 
     def _take(self, msgs: list) -> None:
         with self._lock:

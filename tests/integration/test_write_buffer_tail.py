@@ -10,6 +10,13 @@ from __future__ import annotations
 import os
 import time
 
+import pyarrow as pa
+from confluent_kafka import Producer
+
+from catalog.schema import Column
+from server.wire_format import encode_write
+from server.write_buffer import partition_for
+
 T0 = 1_700_000_000_000_000_000
 
 
@@ -104,3 +111,44 @@ def test_a_query_sees_the_tables_it_names_and_show_tables_lists_them_all(iox_ser
     assert client.query(db, "DESCRIBE disk").column("col_name").to_pylist()[:2] == ["host", "used"]
     assert client.query(db, "SELECT c.usage, m.free, d.used FROM cpu c JOIN mem m ON c.host = m.host "
                             "JOIN disk d ON d.host = c.host").to_pylist() == [{"usage": 1.0, "free": 2, "used": 3}]
+
+
+def _foreign_write(bootstrap: str, topic: str, host: str, usage: float, t_ns: int) -> dict:
+    """A write to table cpu produced by another router (the same wire format, not through this
+    server): the tail learns of it only from Kafka. Returns its write token."""
+    data = pa.table({"host": [host], "usage": [usage], "time": pa.array([t_ns], pa.int64())})
+    w = encode_write("cpu", [Column("host", "tag", "string"), Column("usage", "field", "float"),
+                             Column("time", "time", "time")], data, unique_keys=True)
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "batch.num.messages": 1, "log_level": 3})
+    acked = []
+    p.produce(topic, value=w.value, key=w.key, headers=w.headers, partition=partition_for("cpu", 4),
+              on_delivery=lambda err, m: acked.append((err, m.partition(), m.offset())))
+    assert p.flush(30) == 0 and acked and acked[0][0] is None, acked
+    return {acked[0][1]: acked[0][2]}
+
+
+def test_another_producers_writes_reach_the_tail_from_kafka(iox_server, broker, client, db):
+    """The tail holds this server's own acknowledged writes as the router hands them over; another
+    producer's are read from Kafka: at the end of a partition (the periodic read) and between two
+    of ours (a gap in what the router handed over)."""
+    srv = iox_server
+    client.wait_applied(db, client.write(db, f"cpu,host=a usage=1 {T0}\n"))
+    topic = srv.catalog.database(db).topic
+    _hold_consumer(srv)
+    try:
+        theirs = _foreign_write(broker.bootstrap, topic, "f1", 11.0, T0 + 1)  # at the end: nothing of ours after it
+        client.wait_visible(db, theirs, timeout_s=30)
+        theirs2 = _foreign_write(broker.bootstrap, topic, "f2", 12.0, T0 + 2)
+        ours = client.write(db, f"cpu,host=b usage=2 {T0 + 3}\n")  # handed over while f2 is unread: a gap
+        token = _merge(theirs, theirs2, ours)
+        client.wait_visible(db, token, timeout_s=30)
+        res = srv.query_engine.run(db, "SELECT host, usage FROM cpu")
+        assert all(res.applied_hi_inclusive.get(kp, -1) < off for kp, off in theirs.items()), \
+            "the consumer applied writes while held: the answers below would not come from the tail"
+        expected = [{"host": "a", "usage": 1.0}, {"host": "b", "usage": 2.0}, {"host": "f1", "usage": 11.0},
+                    {"host": "f2", "usage": 12.0}]
+        assert _rows(client, db, "SELECT host, usage FROM cpu") == expected
+    finally:
+        os.unlink(srv.pause_file)
+    client.wait_applied(db, token, timeout_s=60)
+    assert _rows(client, db, "SELECT host, usage FROM cpu") == expected

@@ -19,7 +19,8 @@ def test_freezing_collects_first_then_freezes_what_is_alive():
     try:
         frozen = freeze_startup_heap()
         assert garbage() is None  # collected before the freeze, so not frozen
-        assert frozen == gc.get_freeze_count() > len(alive)
+        # other threads of the process (a test session's server) may free frozen objects meanwhile
+        assert frozen > len(alive) and gc.get_freeze_count() > len(alive)
         assert not any(o is alive[0] for o in gc.get_objects())  # the living ones are frozen: never walked
         later = weakref.ref(_Cycle())
         gc.collect()

@@ -177,3 +177,119 @@ def test_the_schema_and_days_headers_are_kept():
     it = pt.items[0][1]
     assert [list(c) for c in it.columns] == json.loads(dict(w.headers)["iox-schema"])
     assert it.spans == ((T0, T0), (T0 + 86_400 * 10**9, T0 + 86_400 * 10**9))
+
+
+def _offer(pt, offset, msg, now=0.0, room=ROOM):
+    pt.offer(offset, dict(msg.headers), msg.value, KP, room, now)
+
+
+def test_this_servers_acknowledged_messages_are_held_without_reading_them_back():
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w0, w1 = _write(rows=((T0, "a", 1.0),)), _write(rows=((T0 + 1, "b", 2.0),))
+    _offer(pt, 0, w0)
+    _offer(pt, 1, w1)
+    assert pt.visible_hi == 1 and [o for o, _ in pt.items] == [0, 1]
+    assert [it.payload for _, it in pt.items] == [w0.value, w1.value]
+    assert pt.nbytes == len(w0.value) + len(w1.value) and pt.early == {} and pt.gap_since is None
+
+
+def test_acknowledgements_out_of_order_wait_for_the_offsets_before_them():
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    _offer(pt, 2, w, now=5.0)
+    _offer(pt, 1, w, now=5.01)
+    assert pt.visible_hi == -1 and pt.items == [] and sorted(pt.early) == [1, 2] and pt.gap_since == 5.0
+    assert pt.nbytes == 0  # waiting, not held
+    _offer(pt, 0, w, now=5.02)
+    assert pt.visible_hi == 2 and [o for o, _ in pt.items] == [0, 1, 2]
+    assert pt.early == {} and pt.gap_since is None and pt.nbytes == 3 * len(w.value)
+
+
+def test_a_gap_another_producer_left_is_filled_from_kafka_then_the_early_ones_follow():
+    pt = PartitionTail.starting_after(9, epoch=0)
+    ours, theirs = _write(rows=((T0, "a", 1.0),)), _write(rows=((T0, "z", 9.0),))
+    _offer(pt, 12, ours, now=1.0)
+    _offer(pt, 13, ours, now=1.0)
+    assert pt.visible_hi == 9 and pt.gap_since == 1.0
+    _take(pt, 10, theirs)  # read from Kafka
+    assert pt.visible_hi == 10 and sorted(pt.early) == [12, 13]
+    _take(pt, 11, theirs)
+    assert pt.visible_hi == 13 and [o for o, _ in pt.items] == [10, 11, 12, 13]
+    assert pt.early == {} and pt.gap_since is None
+    _take(pt, 12, ours)  # the same messages read from Kafka too: ignored
+    _offer(pt, 11, theirs)
+    assert [o for o, _ in pt.items] == [10, 11, 12, 13] and pt.next_offset == 14
+
+
+def test_a_message_read_from_kafka_first_is_not_held_twice():
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    _take(pt, 0, w)
+    _offer(pt, 0, w)
+    assert [o for o, _ in pt.items] == [0] and pt.nbytes == len(w.value)
+
+
+def test_a_blocked_partition_drops_what_it_is_offered_and_a_restart_reads_it_from_kafka():
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    _offer(pt, 2, w)
+    _offer(pt, 0, w, room=len(w.value) - 1)  # past the byte budget: blocks at 0
+    assert pt.blocked_at == 0 and pt.early == {} and pt.gap_since is None
+    _offer(pt, 1, w)
+    assert pt.early == {} and pt.items == []
+    assert pt.trim(0) is True  # the consumer applied the blocking message: read again after it
+    assert (pt.next_offset, pt.blocked_at, pt.early) == (1, None, {})
+
+
+def test_a_restart_at_the_applied_watermark_forgets_the_early_messages():
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    _offer(pt, 5, w, now=2.0)
+    assert pt.trim(3) is True  # the consumer is ahead of the tail
+    assert (pt.next_offset, pt.early, pt.gap_since) == (4, {}, None)
+
+
+def test_the_early_messages_are_bounded():
+    from server.write_buffer_tail import MAX_EARLY
+
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    for off in range(1, MAX_EARLY + 3):
+        _offer(pt, off, w)
+    assert len(pt.early) == MAX_EARLY and max(pt.early) == MAX_EARLY
+    _offer(pt, 0, w)
+    assert pt.visible_hi == MAX_EARLY and pt.early == {}  # the rest is read from Kafka
+
+
+def test_a_full_tail_waits_until_what_it_dropped_is_small_before_reading_kafka_again():
+    from server.write_buffer_tail import RESUME_BACKLOG_SHARE
+
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    n = len(w.value)
+    _offer(pt, 0, w, room=n)
+    _offer(pt, 1, w, room=0)  # the budget is spent: blocked, and what follows is only counted
+    for off in (2, 3, 4):
+        _offer(pt, off, w, room=0)
+    assert (pt.blocked_at, pt.full, pt.dropped) == (1, True, [(1, n), (2, n), (3, n), (4, n)])
+    room = RESUME_BACKLOG_SHARE * n  # a backlog of one message may be read back from Kafka
+    # the consumer applied 0-2: 3 and 4 are left (2n bytes): stay blocked, at the next unapplied offset
+    assert pt.trim(2, room_bytes=room) is False
+    assert (pt.blocked_at, pt.next_offset, pt.visible_hi, pt.items, pt.nbytes) == (3, 3, 2, [], 0)
+    assert pt.dropped == [(3, n), (4, n)]
+    # 3 applied: one message left, read from Kafka after the applied watermark
+    assert pt.trim(3, room_bytes=room) is True
+    assert (pt.blocked_at, pt.full, pt.dropped, pt.next_offset) == (None, False, [], 4)
+
+
+def test_a_block_for_what_a_message_is_restarts_as_soon_as_it_is_applied():
+    pt = PartitionTail.starting_after(-1, epoch=0)
+    w = _write()
+    _take(pt, 0, w)
+    _take(pt, 1, _write(), room=0)
+    assert pt.full is True
+    pt2 = PartitionTail.starting_after(-1, epoch=0)
+    unknown = _headers(w, iox_format=b"99")
+    pt2.take(0, unknown, w.value, KP, ROOM)
+    assert pt2.blocked_at == 0 and pt2.full is False
+    assert pt2.trim(0, room_bytes=0) is True and pt2.next_offset == 1
