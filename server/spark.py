@@ -47,9 +47,14 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
     from pyspark.sql import SparkSession
 
+    from . import jvm_archive
     from .kafka_source import IoxKafkaDataSource
 
     os.makedirs(scratch_dir, exist_ok=True)
+    user_java_opts = (extra_conf or {}).get("spark.driver.extraJavaOptions", "")
+    # the installation's class-data-sharing archive, when built (server/jvm_archive.py)
+    java_opts = " ".join(x for x in (f"-Dderby.system.home={scratch_dir}", _DRIVER_JAVA_OPTIONS,
+                                     jvm_archive.java_options(user_java_opts)) if x)
     pools = os.path.join(scratch_dir, "fair-scheduler.xml")
     with open(pools, "w") as f:
         f.write(_POOLS_XML.format(pool=QUERY_POOL))
@@ -77,7 +82,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.sql.execution.arrow.maxBytesPerBatch", str(_ARROW_BATCH_BYTES))
          .config("spark.local.dir", os.path.join(scratch_dir, "local"))
          .config("spark.sql.warehouse.dir", os.path.join(scratch_dir, "warehouse"))
-         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch_dir} {_DRIVER_JAVA_OPTIONS}")
+         .config("spark.driver.extraJavaOptions", java_opts)
          .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
          .config("spark.python.worker.reuse", "true")
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
@@ -86,7 +91,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
              .config("spark.connect.grpc.binding.port", str(spark_connect_port)))
     for k, v in (extra_conf or {}).items():
         if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
-            v = f"-Dderby.system.home={scratch_dir} {_DRIVER_JAVA_OPTIONS} {v}"
+            v = f"{java_opts} {v}"
         b = b.config(k, v)
     _launch_jvm_in_own_session(b)
     spark = b.getOrCreate()
