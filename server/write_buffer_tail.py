@@ -281,7 +281,8 @@ class PartitionTail:
             self.visible_hi = applied
             self.early, self.gap_since = {}, None  # read again from Kafka with the rest
             self.dropped = [(o, n) for o, n in self.dropped if o > applied]
-            if self.full and room_bytes is not None and sum(n for _o, n in self.dropped) > room_bytes // RESUME_BACKLOG_SHARE:
+            backlog = sum(n for _o, n in self.dropped)
+            if self.full and room_bytes is not None and backlog > room_bytes // RESUME_BACKLOG_SHARE:
                 self.blocked_at = self.next_offset = applied + 1
                 return False
             self.blocked_at, self.full, self.dropped = None, False, []
