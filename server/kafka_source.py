@@ -19,6 +19,9 @@ Invariants:
   short of the last message: Tansu reports the high watermark as the base
   offset of the last record batch + 1, so the true end is found by reading the
   last batch (exact on Apache Kafka too, where the probe is a no-op).
+- A partition's end is asked at every trigger, except a large one that did not
+  move: it is asked again after up to `end_polls.DEFAULT_MAX_DELAY_S` (each ask
+  costs Tansu a walk of the partition's batches; see `server/end_polls.py`).
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - New database topics (prefix `iox.`) are discovered on every trigger and read
@@ -35,6 +38,8 @@ import json
 import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from .end_polls import EndPolls
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer"]
 
@@ -124,6 +129,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._probe = None
         self._admin = None
         self._true_end: dict[tuple[str, int], int] = {}
+        self._polls = EndPolls()
 
     # -- driver-side (streaming source worker) ---------------------------------
     def _clients(self):
@@ -157,8 +163,13 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         probe, _ = self._clients()
         out: dict[int, int] = {}
         grown: dict[int, int] = {}
+        now = time.monotonic()
         for p in range(partitions):
-            _lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)
+            if (topic, p) in self._true_end and not self._polls.due((topic, p), now):
+                out[p] = self._true_end[(topic, p)]  # a large idle partition, asked again later
+                continue
+            lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)
+            self._polls.answered((topic, p), now, lo, hi)
             known = self._true_end.get((topic, p), 0)
             if hi <= known:
                 out[p] = known
