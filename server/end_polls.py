@@ -56,8 +56,9 @@ class EndPolls:
         p = self._parts.get(key)
         return p is None or now - p.asked_at >= p.delay_s
 
-    def answered(self, key, now: float, low: int, high: int) -> None:
-        """Records the broker's answer for `key` asked at `now`: its low and high watermarks."""
+    def answered(self, key, now: float, low: int, high: int) -> bool:
+        """Records the broker's answer for `key` asked at `now`: its low and high watermarks.
+        Returns whether the high watermark moved since the last answer (True for the first)."""
         prev = self._parts.get(key)
         moved = prev is None or high != prev.high_watermark
         if moved or high - max(low, 0) < self.backoff_from_offsets:
@@ -65,3 +66,4 @@ class EndPolls:
         else:
             delay = min(self.max_delay_s, max(self.first_delay_s, 2 * prev.delay_s))
         self._parts[key] = _Partition(high, now, delay)
+        return moved

@@ -105,3 +105,40 @@ def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_serv
     # the chunks hold exactly the readable rows (counted, not taken from the skipped messages' headers)
     tables = {t["name"]: t for t in st["tables"]}
     assert sum(int(c["rows"]) for p in tables["cpu"]["partitions"] for c in p["chunks"]) == 2
+
+
+def test_another_producers_batch_of_several_writes_is_applied_to_its_last_message(client, db, iox_server):
+    """Tansu reports a partition's high watermark as the base offset of its last record batch + 1.
+    A batch of several writes from another producer, with nothing written after it, must still be
+    applied whole: the source reads the last batch for the true end once the partition stops moving."""
+    from confluent_kafka import TopicPartition
+
+    from server.kafka_source import reader_consumer
+    from tests.waiting import wait_for
+
+    first = client.write(db, f"cpu,host=a v=1 {T0}\n")
+    client.wait_applied(db, first, timeout_s=60)
+    kp = partition_for("cpu", PARTITIONS)
+    msgs = [(_ipc(pa.table({"host": [f"f{i}"], "v": [float(i)], "time": pa.array([T0 + 1 + i], pa.int64())})),
+             _write_headers(1)) for i in range(5)]
+    p = Producer({"bootstrap.servers": iox_server.bootstrap, "acks": "all", "linger.ms": 500, "log_level": 3})
+    offsets = []
+    for value, headers in msgs:
+        p.produce(topic_for(db), value=value, key=b"foreign", headers=headers, partition=kp,
+                  on_delivery=lambda err, m: offsets.append(m.offset()) if err is None else None)
+    assert p.flush(30) == 0 and len(offsets) == 5
+    c = reader_consumer(iox_server.bootstrap)
+    try:
+        _lo, hi = c.get_watermark_offsets(TopicPartition(topic_for(db), kp), timeout=10)
+    finally:
+        c.close()
+    assert hi == min(offsets) + 1, "the five writes were not one record batch: the case is not staged"
+
+    def applied_rows():  # the catalog's chunks, not a query (which also reads the write-buffer tail)
+        st = client.status(db)["databases"][0]
+        return sum(int(c["rows"]) for t in st["tables"] for p in t["partitions"] for c in p["chunks"])
+
+    wait_for(lambda: applied_rows() == 6, 60, "the batch's five writes applied")
+    assert client.query(db, "SELECT host FROM cpu ORDER BY host").to_pylist() == [
+        {"host": h} for h in ("a", "f0", "f1", "f2", "f3", "f4")]
+    assert client.status(db)["databases"][0].get("skipped_messages", []) == []

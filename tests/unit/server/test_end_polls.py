@@ -65,3 +65,11 @@ def test_partitions_back_off_independently():
         e.answered(other, now, 0, 5_000 + int(now * 8))
     assert not e.due(K, 0.25)
     assert e.due(other, 0.25)
+
+
+def test_answered_says_whether_the_high_watermark_moved():
+    e = _polls()
+    assert e.answered(K, 0.0, 0, 10)  # the first answer: moved
+    assert not e.answered(K, 0.125, 0, 10)
+    assert e.answered(K, 0.25, 0, 11)
+    assert e.answered(K, 0.375, 0, 0)  # a re-created topic starts over: moved too
