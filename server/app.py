@@ -21,6 +21,7 @@ from iox import management_pb2
 from . import broker as broker_mod
 from .config import ServerConfig
 from .consumer import WriteBufferConsumer
+from .end_polls import AckMarks
 from .errors import DatabaseNotFound
 from .grpc_services import SERVICE_NAMES, build_grpc_server
 from .ingest import Ingestor
@@ -114,7 +115,8 @@ class IoxServer:
         self.tail = None
         if cfg.tail_max_bytes:
             self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
-            self.write_buffer.on_acked = self.tail.feed
+        self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
+        self.write_buffer.on_acked = self._on_acked
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         self.pause_file = os.path.join(data_dir, "backpressure")
@@ -122,7 +124,8 @@ class IoxServer:
             os.unlink(self.pause_file)
         self.consumer = WriteBufferConsumer(
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
-            cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file)
+            cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file,
+            self.acked_marks.directory)
         self.consumer.start(rec.start_offsets)
         if self.tail is not None:
             self.tail.start()
@@ -270,6 +273,13 @@ class IoxServer:
         self.ingestor.row_filters = {}
         log.info("replay caught up")
         return False
+
+    def _on_acked(self, topic: str, messages: list) -> None:
+        """The write buffer's hook (in the acknowledging request's thread): marks the topic for the
+        streaming source (end_polls.AckMarks) and hands the messages to the tail."""
+        self.acked_marks.touch(topic)
+        if self.tail is not None:
+            self.tail.feed(topic, messages)
 
     def _commit_resumption_offsets(self, db, db_checkpoint) -> None:
         """Bounded input reliance: after a persist, tell Kafka where replay would start."""

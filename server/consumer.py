@@ -31,7 +31,8 @@ WATCHDOG_INTERVAL_S = 2.0
 
 class WriteBufferConsumer:
     def __init__(self, spark, catalog: Catalog, ingestor: Ingestor, bootstrap: str, scratch_dir: str,
-                 trigger_interval_ms: int, max_messages_per_partition: int, pause_file: str):
+                 trigger_interval_ms: int, max_messages_per_partition: int, pause_file: str,
+                 acked_marks_dir: str = ""):
         self.spark = spark
         self.catalog = catalog
         self.ingestor = ingestor
@@ -40,6 +41,8 @@ class WriteBufferConsumer:
         self.trigger_interval_ms = trigger_interval_ms
         self.max_messages_per_partition = max_messages_per_partition
         self.pause_file = pause_file
+        #: where the write buffer marks topics it got a write acknowledged on (end_polls.AckMarks)
+        self.acked_marks_dir = acked_marks_dir
         self._query = None
         self._stopping = threading.Event()
         self._watchdog = None
@@ -62,6 +65,7 @@ class WriteBufferConsumer:
                                          for t, parts in start_offsets.items()}),
             "max_messages_per_partition": str(self.max_messages_per_partition),
             "pause_file": self.pause_file,
+            "acked_marks_dir": self.acked_marks_dir,
         }
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():

@@ -13,19 +13,25 @@ holds fewer than `backoff_from_offsets` offsets or its high watermark moved
 when it was last asked. A partition that holds at least that many and did not
 move is asked again only once a delay has passed since it was last asked; the
 delay doubles with each unmoved answer from `first_delay_s` to at most
-`max_delay_s`, and falls back to none as soon as the partition moves. So a write
-to a large partition that was idle reaches a micro-batch at most `max_delay_s`
-later than it would have; queries see a write of this server sooner anyway,
-through the write-buffer tail.
+`max_delay_s`, and falls back to none as soon as the partition moves. A topic
+whose `AckMarks` mark changed since the last trigger has all its partitions
+asked at once: the router marks a topic each time Kafka acknowledges a write of
+this server to it, so only another producer's write to a large idle partition
+can reach a micro-batch later than it would have, by at most `max_delay_s`.
 
-Pure logic: the caller passes `now` (monotonic seconds). Lives in the Python
-worker Spark starts for the streaming source (driver side); not shared.
+`EndPolls` is pure logic: the caller passes `now` (monotonic seconds). It lives
+in the Python worker Spark starts for the streaming source (driver side); that
+process shares nothing with the server's but options and files, hence the marks
+are files: `AckMarks.touch` runs in the server (the write buffer's acknowledging
+thread), `AckMarks.read` in the source's worker.
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 
-__all__ = ["EndPolls", "DEFAULT_BACKOFF_FROM_OFFSETS", "DEFAULT_FIRST_DELAY_S", "DEFAULT_MAX_DELAY_S"]
+__all__ = ["AckMarks", "EndPolls", "DEFAULT_BACKOFF_FROM_OFFSETS", "DEFAULT_FIRST_DELAY_S", "DEFAULT_MAX_DELAY_S"]
 
 #: partitions holding fewer offsets are asked at every trigger (Tansu: under ~1 ms of its CPU per ask)
 DEFAULT_BACKOFF_FROM_OFFSETS = 1_000
@@ -67,3 +73,34 @@ class EndPolls:
             delay = min(self.max_delay_s, max(self.first_delay_s, 2 * prev.delay_s))
         self._parts[key] = _Partition(high, now, delay)
         return moved
+
+
+class AckMarks:
+    """One empty file per topic in `directory`, whose modification time (set explicitly, in ns, so
+    two marks never read the same) changes whenever Kafka acknowledged a write of this server to
+    the topic. Picklable (a path)."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def _path(self, topic: str) -> str:
+        return os.path.join(self.directory, topic)
+
+    def touch(self, topic: str) -> None:
+        """Marks `topic` (server side, after an acknowledgement; ~microseconds)."""
+        path = self._path(topic)
+        n = time.time_ns()
+        try:
+            os.utime(path, ns=(n, n))
+        except FileNotFoundError:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(path, "ab"):
+                pass
+            os.utime(path, ns=(n, n))
+
+    def read(self, topic: str) -> int | None:
+        """The topic's mark (compare with an earlier one for a change), None when never marked."""
+        try:
+            return os.stat(self._path(topic)).st_mtime_ns
+        except FileNotFoundError:
+            return None

@@ -27,7 +27,9 @@ Invariants:
   so it is not done at every trigger of a partition under load.
 - A partition's end is asked at every trigger, except a large one that did not
   move: it is asked again after up to `end_polls.DEFAULT_MAX_DELAY_S` (each ask
-  costs Tansu a walk of the partition's batches; see `server/end_polls.py`).
+  costs Tansu a walk of the partition's batches; see `server/end_polls.py`), or
+  at once when the server marked its topic (option `acked_marks_dir`): Kafka
+  acknowledged a write of this server to it.
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - New database topics (prefix `iox.`) are discovered on every trigger and read
@@ -45,7 +47,7 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from .end_polls import EndPolls
+from .end_polls import AckMarks, EndPolls
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer"]
 
@@ -136,6 +138,9 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._admin = None
         self._true_end: dict[tuple[str, int], int] = {}
         self._polls = EndPolls()
+        marks_dir = options.get("acked_marks_dir", "")
+        self._marks = AckMarks(marks_dir) if marks_dir else None
+        self._seen_marks: dict[str, int | None] = {}  # topic -> its ack mark at the last trigger
 
     # -- driver-side (streaming source worker) ---------------------------------
     def _clients(self):
@@ -170,8 +175,12 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         out: dict[int, int] = {}
         grown: dict[int, int] = {}
         now = time.monotonic()
+        # read before asking: a write acknowledged after this read changes the mark for the next trigger
+        mark = self._marks.read(topic) if self._marks is not None else None
+        marked = mark != self._seen_marks.get(topic)
+        self._seen_marks[topic] = mark
         for p in range(partitions):
-            if (topic, p) in self._true_end and not self._polls.due((topic, p), now):
+            if (topic, p) in self._true_end and not marked and not self._polls.due((topic, p), now):
                 out[p] = self._true_end[(topic, p)]  # a large idle partition, asked again later
                 continue
             lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)

@@ -124,7 +124,8 @@ class WriteBuffer:
         #: (topic, kafka partition) -> highest offset this process got acknowledged
         self.acked_hi_inclusive: dict = {}
         #: called with (topic, [(kafka partition, offset, headers, value)]) of every message Kafka
-        #: acknowledged, in the producing thread (the write buffer's tail holds them: write_buffer_tail.py)
+        #: acknowledged, in the producing thread (the server marks the topic for the streaming
+        #: source, end_polls.py, and the write buffer's tail holds them, write_buffer_tail.py)
         self.on_acked = None
         self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
         self._stop = threading.Event()
@@ -355,7 +356,7 @@ class WriteBuffer:
             try:
                 on_acked(topic, [(part, off, w.headers, w.value) for (part, off), w in zip(out, writes)])
             except Exception:  # an accelerator's failure never fails an acknowledged write
-                log.exception("handing acknowledged messages to the write buffer's tail")
+                log.exception("handing acknowledged messages on (write-buffer tail, ack marks)")
         return out
 
     def _produce_one(self, producer: Producer, topic: str, w: EncodedWrite, on_delivery) -> None:

@@ -1,20 +1,35 @@
-"""A write to a large partition that went idle is still applied (server/end_polls.py).
+"""Writes to a large partition that went idle are still applied, once (server/end_polls.py).
 
 The streaming source asks the broker for such a partition's end only every
-`DEFAULT_MAX_DELAY_S` once it stopped moving; a write arriving then must still
-reach a micro-batch, once. Real broker, real server.
+`DEFAULT_MAX_DELAY_S` once it stopped moving, unless the server marked its
+topic (a write of this server was acknowledged there): this server's writes
+and another producer's must both still reach a micro-batch, once. Real broker,
+real server.
 """
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pyarrow as pa
+from confluent_kafka import Producer
+
 from server.end_polls import DEFAULT_BACKOFF_FROM_OFFSETS, DEFAULT_MAX_DELAY_S
+from server.write_buffer import partition_for, topic_for
+from tests.integration.test_foreign_messages import _ipc, _write_headers
+from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
+PARTITIONS = 4
 
 
-def test_a_write_to_a_large_idle_partition_is_applied_once(client, db):
+def _applied_rows(client, db) -> int:
+    """Rows in the catalog's chunks (a query would also read the write-buffer tail)."""
+    st = client.status(db)["databases"][0]
+    return sum(int(c["rows"]) for t in st["tables"] for p in t["partitions"] for c in p["chunks"])
+
+
+def test_writes_to_a_large_idle_partition_are_applied_once(client, db, iox_server):
     n = DEFAULT_BACKOFF_FROM_OFFSETS + 50  # one Kafka message (offset) per request
     with ThreadPoolExecutor(8) as ex:
         tokens = list(ex.map(lambda i: client.write(db, f"cpu,host=a v={i} {T0 + i}\n"), range(n)))
@@ -22,10 +37,16 @@ def test_a_write_to_a_large_idle_partition_is_applied_once(client, db):
         client.wait_applied(db, tok, timeout_s=120)
     # the idle time is what is tested: the source backs off to its longest delay meanwhile
     time.sleep(3 * DEFAULT_MAX_DELAY_S)
-    for host in ("b", "c"):
-        tok = client.write(db, f"cpu,host={host} v=1 {T0}\n")
-        client.wait_applied(db, tok, timeout_s=60)
-        time.sleep(2 * DEFAULT_MAX_DELAY_S)
+    tok = client.write(db, f"cpu,host=b v=1 {T0}\n")  # this server's write: its topic is marked
+    client.wait_applied(db, tok, timeout_s=60)
+    time.sleep(3 * DEFAULT_MAX_DELAY_S)
+    # another producer's write: no mark, found by the backed-off asks
+    p = Producer({"bootstrap.servers": iox_server.bootstrap, "acks": "all", "log_level": 3})
+    value = _ipc(pa.table({"host": ["c"], "v": [1.0], "time": pa.array([T0], pa.int64())}))
+    p.produce(topic_for(db), value=value, key=b"foreign", headers=_write_headers(1),
+              partition=partition_for("cpu", PARTITIONS))
+    assert p.flush(30) == 0
+    wait_for(lambda: _applied_rows(client, db) == n + 2, 60, "another producer's write applied")
     rows = client.query(db, "SELECT host, count(*) AS n, sum(v) AS s FROM cpu GROUP BY host ORDER BY host").to_pylist()
     assert rows == [{"host": "a", "n": n, "s": float(sum(range(n)))},
                     {"host": "b", "n": 1, "s": 1.0}, {"host": "c", "n": 1, "s": 1.0}]

@@ -73,3 +73,22 @@ def test_answered_says_whether_the_high_watermark_moved():
     assert not e.answered(K, 0.125, 0, 10)
     assert e.answered(K, 0.25, 0, 11)
     assert e.answered(K, 0.375, 0, 0)  # a re-created topic starts over: moved too
+
+
+def test_ack_marks_change_with_every_touch_and_survive_pickling(tmp_path):
+    import pickle
+
+    from server.end_polls import AckMarks
+
+    marks = AckMarks(str(tmp_path / "acked"))  # the directory is made on the first touch
+    assert marks.read("iox.db") is None
+    marks.touch("iox.db")
+    first = marks.read("iox.db")
+    assert first is not None
+    seen = {first}
+    for _ in range(100):  # back to back: each mark differs (set in ns, not the coarse file clock)
+        marks.touch("iox.db")
+        seen.add(marks.read("iox.db"))
+    assert len(seen) == 101
+    assert marks.read("iox.other") is None
+    assert pickle.loads(pickle.dumps(marks)).read("iox.db") == marks.read("iox.db")
