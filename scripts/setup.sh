@@ -38,3 +38,15 @@ fi
 # the Spark JVM's class-data-sharing archive (server/jvm_archive.py), built once per installation:
 # every server starts ~4 s faster; without it servers still start (tests/integration check it)
 .venv/bin/python -m server.jvm_archive >&2 || echo "setup: the JVM archive was not built; servers start without it" >&2
+
+# the embedded in-memory broker (Tansu) keeps each message of ~128 KiB or more in a memory map of its
+# own and exits once it holds vm.max_map_count of them (65,530 by default; server/broker.py): raise it
+# for this boot where we may (root, a writable /proc/sys), as Elasticsearch asks; else servers warn
+maps=$(cat /proc/sys/vm/max_map_count 2>/dev/null || echo 0)
+if [ "$maps" -gt 0 ] && [ "$maps" -lt 262144 ]; then
+  if [ "$(id -u)" -eq 0 ] && (echo 262144 > /proc/sys/vm/max_map_count) 2>/dev/null; then
+    echo "setup: vm.max_map_count $maps -> 262144 (the embedded broker's message maps; until reboot)" >&2
+  else
+    echo "setup: vm.max_map_count is $maps; the embedded broker exits after about that many large messages (sysctl -w vm.max_map_count=262144)" >&2
+  fi
+fi

@@ -4,10 +4,17 @@ Invariant: the broker runs as its own process in its own session, recorded in
 `<data_dir>/broker.json`, so a SIGKILL of the server leaves it (and the write
 buffer it holds in memory) running; the next server on the same data directory
 reuses it. Only the server that started it stops it, on a clean shutdown.
+
+A limit of the in-memory broker, warned of at its start: Tansu (a static musl
+binary) keeps each stored message of about 128 KiB or more in a memory map of
+its own, and a process may hold only `vm.max_map_count` maps (65,530 by
+default). The bench's full run stores more than that many 5,000-point writes,
+and its broker then failed an allocation and exited (2026-11-25, two runs).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -15,13 +22,36 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-__all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port"]
+__all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port",
+           "map_count_warning", "MAP_COUNT_FOR_MEMORY_STORAGE"]
+
+log = logging.getLogger(__name__)
 
 #: How long to wait for a freshly started broker to accept connections.
 STARTUP_TIMEOUT_S = 30.0
 #: How long a clean stop waits for the broker before SIGKILL.
 STOP_TIMEOUT_S = 10.0
 _RECORD = "broker.json"
+#: `vm.max_map_count` from which the warning below is not given (Elasticsearch asks for the same)
+MAP_COUNT_FOR_MEMORY_STORAGE = 262_144
+
+
+def map_count_warning(max_map_count: int | None) -> str | None:
+    """The warning for an in-memory broker under this `vm.max_map_count` (None: no warning)."""
+    if max_map_count is None or max_map_count >= MAP_COUNT_FOR_MEMORY_STORAGE:
+        return None
+    return (f"vm.max_map_count is {max_map_count:,}: the embedded in-memory broker keeps each message of "
+            f"~128 KiB or more in a memory map of its own and exits once it holds about {max_map_count:,} of "
+            f"them; raise the limit (sysctl -w vm.max_map_count={MAP_COUNT_FOR_MEMORY_STORAGE}) or use a "
+            "Kafka cluster or s3:// storage for long runs")
+
+
+def _max_map_count() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def broker_binary() -> str:
@@ -115,14 +145,16 @@ def start_broker(port: int = 0, storage: str = "memory", log_path: str | None = 
     """Starts Tansu in its own session and waits until it accepts connections."""
     port = port or free_port()
     storage = _storage_url(storage)
-    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    if storage.startswith("memory://") and (warning := map_count_warning(_max_map_count())):
+        log.warning(warning)
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     env = dict(os.environ)
     if storage.startswith("s3://"):
         env.setdefault("AWS_ALLOW_HTTP", "true")
-    proc = subprocess.Popen(_command(port, storage), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(_command(port, storage), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env)
-    if log is not subprocess.DEVNULL:
-        log.close()
+    if out is not subprocess.DEVNULL:
+        out.close()
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not _reachable(port, 0.2):
         if proc.poll() is not None:
