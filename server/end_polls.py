@@ -5,7 +5,7 @@ walking every record batch the partition holds: 4.3 ms of its CPU for a
 partition of 5,000 batches against 0.2 ms for an empty one (measured here),
 and the source asks at every trigger (100 ms) for every partition of every
 database topic. With two idle databases of 20,000 writes each, the broker of
-an otherwise idle server used 0.35-0.5 of a core (0.05-0.08 at a 1 s trigger),
+an otherwise idle server used 0.35-0.42 of a core (0.05-0.08 at a 1 s trigger),
 which queries and writes on a 2-core machine then lacked.
 
 Invariant kept by `EndPolls`: a partition is asked at every trigger while it
@@ -15,7 +15,7 @@ move is asked again only once a delay has passed since it was last asked; the
 delay doubles with each unmoved answer from `first_delay_s` to at most
 `max_delay_s`, and falls back to none as soon as the partition moves. A topic
 whose `AckMarks` mark changed since the last trigger has all its partitions
-asked at once: the router marks a topic each time Kafka acknowledges a write of
+asked at once: the server marks a topic each time Kafka acknowledges a write of
 this server to it, so only another producer's write to a large idle partition
 can reach a micro-batch later than it would have, by at most `max_delay_s`.
 
