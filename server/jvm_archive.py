@@ -39,6 +39,8 @@ __all__ = ["ENV", "archive_path", "java_options", "build", "DUMP_OPTION"]
 ENV = "IOX_JVM_ARCHIVE"
 #: The JVM option that dumps an archive at exit; with it in a server's JVM options no archive is used.
 DUMP_OPTION = "-XX:ArchiveClassesAtExit="
+#: Silences the JVM's class-data-sharing messages (a mismatched archive; every class a dump leaves out).
+_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 #: How long the building JVM may take to dump the archive and exit after the server stopped.
 _JVM_EXIT_TIMEOUT_S = 180
 #: The database the build writes to (a scratch data directory, deleted afterwards).
@@ -82,7 +84,7 @@ def java_options(extra_java_options: str = "") -> str:
     if path is None or DUMP_OPTION in extra_java_options or not os.path.isfile(path):
         return ""
     # silently without it when it does not match this JVM (another build, another class path)
-    return f"-XX:SharedArchiveFile={path} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"-XX:SharedArchiveFile={path} -Xshare:auto {_QUIET_CDS}"
 
 
 def build(path: str) -> bool:
@@ -102,8 +104,7 @@ def build(path: str) -> bool:
     cfg = ServerConfig(grpc_port=port, http_port=0, data_dir=data_dir, driver_memory="1g", bind_host="127.0.0.1",
                        spark_connect_port=0,
                        # the dump warns about every class it leaves out (generated, signed JARs): quiet
-                       extra_spark_conf={"spark.driver.extraJavaOptions": f"{DUMP_OPTION}{tmp} -Xlog:cds=off "
-                                                                          "-Xlog:cds+dynamic=off"})
+                       extra_spark_conf={"spark.driver.extraJavaOptions": f"{DUMP_OPTION}{tmp} {_QUIET_CDS}"})
     server = IoxServer(cfg)
     jvm = None
     try:

@@ -16,17 +16,11 @@ from confluent_kafka import Producer
 
 from server.end_polls import DEFAULT_BACKOFF_FROM_OFFSETS, DEFAULT_MAX_DELAY_S
 from server.write_buffer import partition_for, topic_for
-from tests.integration.test_foreign_messages import _ipc, _write_headers
+from tests.integration.test_foreign_messages import _applied_rows, _ipc, _write_headers
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
 PARTITIONS = 4
-
-
-def _applied_rows(client, db) -> int:
-    """Rows in the catalog's chunks (a query would also read the write-buffer tail)."""
-    st = client.status(db)["databases"][0]
-    return sum(int(c["rows"]) for t in st["tables"] for p in t["partitions"] for c in p["chunks"])
 
 
 def test_writes_to_a_large_idle_partition_are_applied_once(client, db, iox_server):

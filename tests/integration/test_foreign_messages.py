@@ -47,6 +47,12 @@ def _ipc(t: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _applied_rows(client, db) -> int:
+    """Rows in the catalog's chunks (a query would also read the write-buffer tail)."""
+    st = client.status(db)["databases"][0]
+    return sum(int(c["rows"]) for t in st["tables"] for p in t["partitions"] for c in p["chunks"])
+
+
 def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_server, caplog):
     first = client.write(db, f"cpu,host=a v=1 {T0}\n")
     client.wait_applied(db, first, timeout_s=60)
@@ -134,11 +140,7 @@ def test_another_producers_batch_of_several_writes_is_applied_to_its_last_messag
         c.close()
     assert hi == min(offsets) + 1, "the five writes were not one record batch: the case is not staged"
 
-    def applied_rows():  # the catalog's chunks, not a query (which also reads the write-buffer tail)
-        st = client.status(db)["databases"][0]
-        return sum(int(c["rows"]) for t in st["tables"] for p in t["partitions"] for c in p["chunks"])
-
-    wait_for(lambda: applied_rows() == 6, 60, "the batch's five writes applied")
+    wait_for(lambda: _applied_rows(client, db) == 6, 60, "the batch's five writes applied")
     assert client.query(db, "SELECT host FROM cpu ORDER BY host").to_pylist() == [
         {"host": h} for h in ("a", "f0", "f1", "f2", "f3", "f4")]
     assert client.status(db)["databases"][0].get("skipped_messages", []) == []

@@ -1,6 +1,8 @@
 """server/jvm_archive.py: where the archive is and the JVM options that map it (no JVM here)."""
 from __future__ import annotations
 
+import os
+
 import pyspark
 import pytest
 
@@ -16,7 +18,6 @@ def test_the_default_archive_is_per_pyspark_version_and_java_binary(monkeypatch,
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     first = archive_path()
     assert first.endswith(".jsa") and f"spark-{pyspark.__version__}-" in first
-    import os
     os.utime(java, ns=(1, 2))  # the same path, another build of Java: another archive
     assert archive_path() != first
 
