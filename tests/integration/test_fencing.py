@@ -9,7 +9,7 @@ import uuid
 import grpc
 import pytest
 
-from server.broker import free_port, start_broker
+from server.broker import start_broker
 from server.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
@@ -29,7 +29,7 @@ def test_second_committer_is_fenced_and_stops(iox_server, session_tmp):
     ca = IoxClient(f"127.0.0.1:{a.grpc_port}")
     ca.wait_applied(db, ca.write(db, f"cpu v=1 {T0}\n"), timeout_s=90)
     # B shares the object store (and the broker): it loads the catalog at the same revision as A
-    b = IoxServer(dataclasses.replace(base, grpc_port=free_port(), data_dir=base.data_dir + "-b",
+    b = IoxServer(dataclasses.replace(base, grpc_port=0, data_dir=base.data_dir + "-b",
                                       object_store=base.object_store_url))
     b.start()
     cb = IoxClient(f"127.0.0.1:{b.grpc_port}")

@@ -65,9 +65,7 @@ class _Running:
         self.server.stop()
         import dataclasses
 
-        from server.broker import free_port
-
-        cfg = dataclasses.replace(self.cfg, grpc_port=free_port(), http_port=0)
+        cfg = dataclasses.replace(self.cfg, grpc_port=0, http_port=0)
         srv = IoxServer(cfg)
         srv.start()
         return _Running(srv, self.broker, cfg)

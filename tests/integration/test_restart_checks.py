@@ -59,10 +59,10 @@ def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_commi
     broker = start_broker(port)  # the in-memory broker lost every offset
     try:
         with pytest.raises(LostWrites) as ei:
-            _start(dataclasses.replace(cfg, grpc_port=free_port()))
+            _start(dataclasses.replace(cfg, grpc_port=0))
         assert ei.value.partition == kp and ei.value.from_offset == off
         assert "skip-lost-writes" in str(ei.value)
-        srv, c = _start(dataclasses.replace(cfg, grpc_port=free_port(), skip_lost_writes=True))
+        srv, c = _start(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
         try:
             st = c.status(db)["databases"][0]
             # partition 0's unpersisted write is a known range; of partition 1 the catalog knows
@@ -95,7 +95,7 @@ def test_changed_partition_count_is_a_clear_error(iox_server, session_tmp):
             c.close()
             srv.stop()
         with pytest.raises(PartitionCountMismatch) as ei:
-            _start(dataclasses.replace(cfg, grpc_port=free_port(), partitions=3))
+            _start(dataclasses.replace(cfg, grpc_port=0, partitions=3))
         assert ei.value.expected == 3 and ei.value.actual == 2
     finally:
         broker.stop()
@@ -139,11 +139,11 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
             c2.close()
             srv2.stop()
         with pytest.raises(LostWrites) as ei:
-            _start(dataclasses.replace(cfg, grpc_port=free_port()))
+            _start(dataclasses.replace(cfg, grpc_port=0))
         # the write at offset 1 came after the checkpoint: how much the old topic held is unknown
         assert (ei.value.partition, ei.value.from_offset, ei.value.to_exclusive) == (0, 1, None)
         assert "deleted and created again" in str(ei.value) and "from 1 on" in str(ei.value)
-        srv, c = _start(dataclasses.replace(cfg, grpc_port=free_port(), skip_lost_writes=True))
+        srv, c = _start(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
         try:
             c.wait_caught_up(db, timeout_s=90)
             rows = c.query(db, "SELECT host, v FROM cpu ORDER BY host").to_pylist()
