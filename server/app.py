@@ -27,7 +27,7 @@ from .grpc_services import SERVICE_NAMES, build_grpc_server
 from .ingest import Ingestor
 from .query import QueryEngine
 from .router import Router
-from .spark import build_spark, lower_spark_priority, spark_jvm_pid
+from .spark import build_spark, lower_spark_priority
 from .write_buffer import WriteBuffer, topic_for
 from .write_buffer_tail import WriteBufferTail
 
@@ -51,8 +51,6 @@ class IoxServer:
         self.consumer = None
         self.grpc = None
         self.grpc_port = None
-        #: the Spark JVM's idle cgroup (server/cpu_idle_group.py); None where not available or not asked for
-        self.cpu_idle_group = None
         self._health = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
@@ -82,8 +80,6 @@ class IoxServer:
         self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, cfg.spark_connect_port,
                                  cfg.extra_spark_conf)
-        if self._owns_spark and cfg.spark_cpu_idle:
-            self._enter_cpu_idle_group()
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
@@ -192,26 +188,10 @@ class IoxServer:
                     self.spark.stop()
                 except Exception:
                     log.exception("stopping Spark")
-            if self.cpu_idle_group is not None:
-                self.cpu_idle_group.remove()  # the JVM may still be exiting: the next start removes it
             if self.broker is not None:
                 self.broker.stop()
             self._stopped.set()
             log.info("iox stopped")
-
-    def _enter_cpu_idle_group(self) -> None:
-        """Moves the Spark JVM this server started into an idle cgroup (server/cpu_idle_group.py),
-        before it starts its Python workers; logs where that is not possible."""
-        from .cpu_idle_group import CpuIdleGroup
-
-        pid = spark_jvm_pid(self.spark)
-        if pid is None:
-            return
-        self.cpu_idle_group, why = CpuIdleGroup.enter(pid)
-        if self.cpu_idle_group is not None:
-            log.info("Spark JVM (pid %d) in cgroup %s with cpu.idle=1", pid, self.cpu_idle_group.path)
-        else:
-            log.info("Spark JVM stays in the server's cgroup (%s); only --spark-nice lowers its priority", why)
 
     def _txn_repair_loop(self) -> None:
         """Runs from start to stop: about once a second, produces the transaction markers and

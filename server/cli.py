@@ -16,20 +16,8 @@ import sys
 
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
-                     DEFAULT_SPARK_CPU_IDLE, DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
+                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, InvalidConfig, ServerConfig, parse_memory_bytes)
-
-def _parse_bool(text) -> bool:
-    """`true`/`false` (also 1/0, yes/no, on/off) of an option or its environment variable."""
-    if isinstance(text, bool):
-        return text
-    v = str(text).strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
 
 __all__ = ["main", "build_parser", "parse_log_levels", "SERVE_OPTIONS"]
 
@@ -48,9 +36,6 @@ SERVE_OPTIONS = [
     ("--trigger-interval-ms", int, DEFAULT_TRIGGER_INTERVAL_MS, "micro-batch trigger interval"),
     ("--spark-nice", int, DEFAULT_SPARK_NICE,
      "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
-    ("--spark-cpu-idle", _parse_bool, DEFAULT_SPARK_CPU_IDLE,
-     "run the Spark JVM and its Python workers in a cgroup with cpu.idle=1 where the cpu controller is "
-     "writable (root): they yield the CPU the moment the write path or the broker wakes (true/false)"),
     ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
     ("--tail-max-bytes", parse_memory_bytes, DEFAULT_TAIL_MAX_BYTES,
      "payload bytes of acknowledged writes not yet applied by Spark that queries read from the write "
@@ -177,7 +162,6 @@ def _config_from_args(a) -> ServerConfig:
                         partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
                         trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
-                        spark_cpu_idle=a.spark_cpu_idle,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, object_store=a.object_store,

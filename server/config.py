@@ -22,7 +22,6 @@ __all__ = [
     "DEFAULT_HTTP_PORT",
     "DEFAULT_TXN_TIMEOUT_S",
     "DEFAULT_SPARK_NICE",
-    "DEFAULT_SPARK_CPU_IDLE",
     "DEFAULT_TAIL_MAX_BYTES",
     "InvalidConfig",
     "parse_memory_bytes",
@@ -54,11 +53,6 @@ DEFAULT_SPARK_CONNECT_PORT = 15002
 #: machine (IOx likewise keeps its write path off the executor that runs queries and
 #: compactions). 0 = same priority as the server. Only a Spark application the server starts.
 DEFAULT_SPARK_NICE = 10
-#: Put the Spark application's JVM (and the Python workers it starts) in a cgroup of its own with
-#: `cpu.idle` = 1 where the cpu controller is writable (root, or a delegated cgroup): it then runs
-#: only on CPU time the write path and the broker leave, and yields the moment they wake
-#: (server/cpu_idle_group.py). Elsewhere only the nice value applies.
-DEFAULT_SPARK_CPU_IDLE = True
 #: Payload bytes the write buffer's tail holds (server/write_buffer_tail.py): acknowledged writes
 #: queryable before Spark applied them. 0 disables the tail (queries reflect applied writes only).
 DEFAULT_TAIL_MAX_BYTES = 256 * 1024 * 1024
@@ -97,7 +91,6 @@ class ServerConfig:
     txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S
     trigger_interval_ms: int = DEFAULT_TRIGGER_INTERVAL_MS
     spark_nice: int = DEFAULT_SPARK_NICE
-    spark_cpu_idle: bool = DEFAULT_SPARK_CPU_IDLE
     tail_max_bytes: int = DEFAULT_TAIL_MAX_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
@@ -122,8 +115,6 @@ class ServerConfig:
 
         if isinstance(self.spark_nice, bool) or not isinstance(self.spark_nice, int) or not 0 <= self.spark_nice <= 19:
             raise InvalidConfig("spark_nice", self.spark_nice, "must be an integer from 0 to 19")
-        if not isinstance(self.spark_cpu_idle, bool):
-            raise InvalidConfig("spark_cpu_idle", self.spark_cpu_idle, "must be true or false")
 
         if isinstance(self.tail_max_bytes, bool) or not isinstance(self.tail_max_bytes, int) or self.tail_max_bytes < 0:
             raise InvalidConfig("tail_max_bytes", self.tail_max_bytes, "must be a number of bytes >= 0 (0 disables)")

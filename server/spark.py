@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["build_spark", "lower_spark_priority", "spark_jvm_pid", "use_query_pool", "QUERY_POOL"]
+__all__ = ["build_spark", "lower_spark_priority", "use_query_pool", "QUERY_POOL"]
 
 #: Most bytes of one Arrow batch Spark sends to a Python worker. It bounds the batches of
 #: write-buffer payloads (rows of ~275 KB in the bench) that persist, the read-buffer move and
@@ -143,14 +143,6 @@ def _lower_session_weight(pid: int, nice: int) -> bool:
         return False
 
 
-def spark_jvm_pid(spark) -> int | None:
-    """The pid of the Spark JVM this process launched (PySpark's gateway), or None (a JVM it
-    did not start, e.g. Spark Connect or an attached gateway)."""
-    gw = getattr(spark.sparkContext, "_gateway", None)
-    proc = getattr(gw, "proc", None)
-    return getattr(proc, "pid", None)
-
-
 def lower_spark_priority(spark, nice: int) -> int:
     """Sets the nice value of every thread of the Spark application's JVM; returns how many.
 
@@ -162,7 +154,9 @@ def lower_spark_priority(spark, nice: int) -> int:
     yields to other sessions (the embedded broker, clients on the machine). Linux only;
     elsewhere, or without a JVM process of our own, nothing changes (returns 0).
     """
-    pid = spark_jvm_pid(spark)
+    gw = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gw, "proc", None)
+    pid = getattr(proc, "pid", None)
     tasks = f"/proc/{pid}/task"
     if not nice or pid is None or not os.path.isdir(tasks):
         return 0
