@@ -122,6 +122,22 @@ def prepare_baseline(ctx) -> None:
     ctx.query_prepared = {"data": data, "base_q": base_q}
 
 
+def memory_per_point_row(rss0: int, rss1: int, n: int, est_bytes: int, size: str, load_s: float) -> Row:
+    """The memory row: the server tree's RSS growth over loading `n` points, per point. Other
+    memory moves in the same interval (an earlier scenario's data released, a Python worker
+    exiting, the JVM returning heap), so a growth of zero or less is not a figure: the row then
+    has none and says so (met False), with the catalog's estimate beside it either way."""
+    delta = rss1 - rss0
+    note = (f"RSS delta of the server process tree (driver+JVM+workers) {delta / 2**20:,.0f} MiB; "
+            f"catalog estimate {est_bytes / n:.0f} B/point; JVM heap growth is lazy, so this is indicative")
+    if delta <= 0:
+        note = ("no figure: the server tree's RSS did not grow over the load (other memory was released "
+                "meanwhile); " + note)
+    return Row("server memory per point held in memory", "bytes/point", delta / n if delta > 0 else None,
+               target="report", better="lower", size=size, note=note, met=delta > 0 and rss1 > 0,
+               extra={"rss_before": rss0, "rss_after": rss1, "load_seconds": load_s})
+
+
 def run(ctx) -> list[Row]:
     s = ctx.sizes
     srv = ctx.server
@@ -147,13 +163,7 @@ def run(ctx) -> list[Row]:
     laps.lap("load")
     parts = [p for p in status_partitions(srv.client.status(DB), DB) if p["table"] == "qm"]
     est = sum(p["chunk_bytes"] for p in parts)
-    rows = [Row("server memory per point held in memory", "bytes/point", (rss1 - rss0) / n, target=None,
-                better="lower", size=size,
-                note=f"RSS delta of the server process tree (driver+JVM+workers) {(rss1 - rss0) / 2**20:,.0f} MiB; "
-                     f"catalog estimate {est / n:.0f} B/point; JVM heap growth is lazy, so this is indicative",
-                extra={"rss_before": rss0, "rss_after": rss1, "load_seconds": load_s})]
-    rows[0].target = "report"
-    rows[0].met = rss1 > 0
+    rows = [memory_per_point_row(rss0, rss1, n, est, size, load_s)]
 
     expect = _expected(data)
     q_mem, nrows, ok_mem, w_mem = _query(srv, "qm", s["query_repeat"], s["settle_quiet_s"], expect)

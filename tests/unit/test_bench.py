@@ -92,3 +92,14 @@ def test_stage_percentiles_are_the_bucket_bounds_of_the_requests_between_two_scr
     assert harness.stage_percentiles_ms(before, after) == {"produce": (100, [1.0, 10.0])}
     assert harness.stage_percentiles_ms(before, after, ps=(99.5, 100)) == {"produce": (100, [50.0, 50.0])}
     assert harness.stage_percentiles_ms({}, {"encode": {0.002: 0.0, inf: 3.0}}) == {"encode": (3, [inf, inf])}
+
+
+def test_memory_row_has_no_figure_when_the_rss_did_not_grow():
+    from bench.scenarios.query_latency import memory_per_point_row
+
+    grew = memory_per_point_row(4 * 2**30, 4 * 2**30 + 790_000_000, 10_000_000, 550_000_000, "10M", 12.0)
+    assert grew.ours == 79.0 and grew.met and "catalog estimate 55 B/point" in grew.note
+    shrank = memory_per_point_row(12 * 2**30, 12 * 2**30 - 6_737_100_800, 10_000_000, 550_000_000, "10M", 12.0)
+    assert shrank.ours is None and not shrank.met
+    assert shrank.note.startswith("no figure") and "-6,425 MiB" in shrank.note
+    assert shrank.to_json()["ours"] is None and shrank.extra["rss_after"] < shrank.extra["rss_before"]
