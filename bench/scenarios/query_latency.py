@@ -128,13 +128,14 @@ def memory_per_point_row(rss0: int, rss1: int, n: int, est_bytes: int, size: str
     exiting, the JVM returning heap), so a growth of zero or less is not a figure: the row then
     has none and says so (met False), with the catalog's estimate beside it either way."""
     delta = rss1 - rss0
+    grew = delta > 0
     note = (f"RSS delta of the server process tree (driver+JVM+workers) {delta / 2**20:,.0f} MiB; "
             f"catalog estimate {est_bytes / n:.0f} B/point; JVM heap growth is lazy, so this is indicative")
-    if delta <= 0:
+    if not grew:
         note = ("no figure: the server tree's RSS did not grow over the load (other memory was released "
                 "meanwhile); " + note)
-    return Row("server memory per point held in memory", "bytes/point", delta / n if delta > 0 else None,
-               target="report", better="lower", size=size, note=note, met=delta > 0 and rss1 > 0,
+    return Row("server memory per point held in memory", "bytes/point", delta / n if grew else None,
+               target="report", better="lower", size=size, note=note, met=grew,
                extra={"rss_before": rss0, "rss_after": rss1, "load_seconds": load_s})
 
 
