@@ -30,6 +30,7 @@ from .router import Router
 from .spark import build_spark, lower_spark_priority
 from .write_buffer import WriteBuffer, topic_for
 from .write_buffer_tail import WriteBufferTail
+from .write_path_priority import raise_write_path_priority
 
 __all__ = ["IoxServer", "DRAIN_TIMEOUT_S"]
 
@@ -146,10 +147,26 @@ class IoxServer:
 
             self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port)
             self.http.start()
+        if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
+            self._raise_write_path(cfg.write_path_rt_priority)
         for name in ("",) + SERVICE_NAMES:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.started_at = time.time()
         log.info("iox serving gRPC on port %s (started in %.1fs)", self.grpc_port, time.monotonic() - t0)
+
+    def _raise_write_path(self, priority: int) -> None:
+        """The server's threads and the embedded broker's at real-time priority (write_path_priority.py);
+        a refusal is logged, never fatal. An external Kafka cluster is not touched."""
+        me = os.getpid()
+        pids = [me] + ([self.broker.pid] if self.broker is not None else [])
+        for r in raise_write_path_priority(pids, priority):
+            what = "server" if r.pid == me else "embedded broker"
+            if r.not_raised:
+                log.warning("write path: the %s (pid %d) keeps the normal CPU policy, SCHED_RR priority %d was not "
+                            "set (%s); --write-path-rt-priority 0 turns this off", what, r.pid, priority, r.not_raised)
+            else:
+                log.info("write path: %d thread(s) of the %s (pid %d) at SCHED_RR priority %d", r.threads_raised,
+                         what, r.pid, priority)
 
     def wait(self) -> None:
         """Blocks until SIGTERM/SIGINT (main thread only), then stops."""

@@ -17,7 +17,7 @@ import sys
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
-                     DEFAULT_HTTP_PORT, InvalidConfig, ServerConfig, parse_memory_bytes)
+                     DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, InvalidConfig, ServerConfig, parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "SERVE_OPTIONS"]
 
@@ -36,6 +36,9 @@ SERVE_OPTIONS = [
     ("--trigger-interval-ms", int, DEFAULT_TRIGGER_INTERVAL_MS, "micro-batch trigger interval"),
     ("--spark-nice", int, DEFAULT_SPARK_NICE,
      "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
+    ("--write-path-rt-priority", int, DEFAULT_WRITE_PATH_RT_PRIORITY,
+     "SCHED_RR priority (1-99) of the server's threads and its embedded broker, so a write never waits "
+     "for a core behind Spark (0 = off; where the kernel refuses, logged and ignored)"),
     ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
     ("--tail-max-bytes", parse_memory_bytes, DEFAULT_TAIL_MAX_BYTES,
      "payload bytes of acknowledged writes not yet applied by Spark that queries read from the write "
@@ -162,6 +165,7 @@ def _config_from_args(a) -> ServerConfig:
                         partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
                         trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
+                        write_path_rt_priority=a.write_path_rt_priority,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, object_store=a.object_store,

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_HTTP_PORT",
     "DEFAULT_TXN_TIMEOUT_S",
     "DEFAULT_SPARK_NICE",
+    "DEFAULT_WRITE_PATH_RT_PRIORITY",
     "DEFAULT_TAIL_MAX_BYTES",
     "InvalidConfig",
     "parse_memory_bytes",
@@ -53,6 +54,12 @@ DEFAULT_SPARK_CONNECT_PORT = 15002
 #: machine (IOx likewise keeps its write path off the executor that runs queries and
 #: compactions). 0 = same priority as the server. Only a Spark application the server starts.
 DEFAULT_SPARK_NICE = 10
+#: SCHED_RR priority (1-99) of the server's own threads and its embedded broker's
+#: (server/write_path_priority.py): a write's parsing, produce and acknowledgement take a core
+#: as soon as they are runnable instead of waiting behind the Spark JVM's time slice, which
+#: nice values alone do not prevent. 1 is the lowest real-time priority, above every normal
+#: thread. 0 = off (the normal policy). Where the kernel refuses, the server logs it and serves.
+DEFAULT_WRITE_PATH_RT_PRIORITY = 1
 #: Payload bytes the write buffer's tail holds (server/write_buffer_tail.py): acknowledged writes
 #: queryable before Spark applied them. 0 disables the tail (queries reflect applied writes only).
 DEFAULT_TAIL_MAX_BYTES = 256 * 1024 * 1024
@@ -91,6 +98,7 @@ class ServerConfig:
     txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S
     trigger_interval_ms: int = DEFAULT_TRIGGER_INTERVAL_MS
     spark_nice: int = DEFAULT_SPARK_NICE
+    write_path_rt_priority: int = DEFAULT_WRITE_PATH_RT_PRIORITY
     tail_max_bytes: int = DEFAULT_TAIL_MAX_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
@@ -115,6 +123,9 @@ class ServerConfig:
 
         if isinstance(self.spark_nice, bool) or not isinstance(self.spark_nice, int) or not 0 <= self.spark_nice <= 19:
             raise InvalidConfig("spark_nice", self.spark_nice, "must be an integer from 0 to 19")
+        rt = self.write_path_rt_priority
+        if isinstance(rt, bool) or not isinstance(rt, int) or not 0 <= rt <= 99:
+            raise InvalidConfig("write_path_rt_priority", rt, "must be an integer from 0 (off) to 99")
 
         if isinstance(self.tail_max_bytes, bool) or not isinstance(self.tail_max_bytes, int) or self.tail_max_bytes < 0:
             raise InvalidConfig("tail_max_bytes", self.tail_max_bytes, "must be a number of bytes >= 0 (0 disables)")

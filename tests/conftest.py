@@ -37,8 +37,9 @@ def session_tmp():
 
 def make_config(data_dir: str, bootstrap: str | None, **kw) -> ServerConfig:
     """A test server's config: gRPC on a port the server binds itself (0; read `IoxServer.grpc_port`),
-    so no other process can take it between choosing and binding."""
-    base = dict(grpc_port=0, http_port=free_port(), data_dir=data_dir, kafka_bootstrap=bootstrap, partitions=4,
+    so no other process can take it between choosing and binding. Not at real-time priority: an
+    in-process server would raise the test process itself and every process it starts later."""
+    base = dict(grpc_port=0, write_path_rt_priority=0, http_port=free_port(), data_dir=data_dir, kafka_bootstrap=bootstrap, partitions=4,
                 driver_memory="3g", spark_connect_port=0, bind_host="127.0.0.1", trigger_interval_ms=100,
                 produce_timeout_ms=5000)
     base.update(kw)

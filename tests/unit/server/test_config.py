@@ -133,3 +133,19 @@ def test_the_session_weight_of_a_jvm_in_a_session_of_its_own_is_lowered():
         for p in (own, same):
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("prio", [-1, 100, True, 1.5])
+def test_write_path_rt_priority_must_be_0_to_99(prio):
+    with pytest.raises(InvalidConfig) as ei:
+        ServerConfig(write_path_rt_priority=prio)
+    assert ei.value.field == "write_path_rt_priority"
+
+
+def test_write_path_rt_priority_defaults_to_1_and_0_turns_it_off():
+    from server.cli import _config_from_args, build_parser
+
+    assert ServerConfig().write_path_rt_priority == 1
+    assert _config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 1
+    a = build_parser().parse_args(["serve", "--write-path-rt-priority", "0"])
+    assert _config_from_args(a).write_path_rt_priority == 0

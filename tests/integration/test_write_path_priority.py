@@ -1,0 +1,56 @@
+"""`iox serve` on its defaults runs its write path at real-time priority: the server's threads and
+its embedded broker's under SCHED_RR, the Spark JVM and its Python workers under the normal
+policy (server/write_path_priority.py). A real server process, a real write applied and queried."""
+import os
+import tempfile
+
+from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    todo, out = _children(pid), []
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def _policies(pid: int) -> set:
+    return {(os.sched_getscheduler(int(t)), os.sched_getparam(int(t)).sched_priority)
+            for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def _exe(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return os.path.basename(f.read().split(b"\0")[0].decode())
+
+
+def test_serve_raises_its_threads_and_its_broker_and_leaves_spark_at_the_normal_policy():
+    with tempfile.TemporaryDirectory(prefix="iox-rt-") as d:
+        srv = ServerProcess(d, extra=["--write-path-rt-priority", "2"]).wait_ready()
+        try:
+            tok = srv.client.write("rtdb", "m,h=a v=1i 1700000000000000000\nm,h=b v=2i 1700000000000000001\n")
+            srv.client.wait_applied("rtdb", tok, timeout_s=120)
+            assert srv.client.query("rtdb", "SELECT h, v FROM m ORDER BY h").to_pylist() == [
+                {"h": "a", "v": 1}, {"h": "b", "v": 2}]
+            assert _policies(srv.proc.pid) == {(os.SCHED_RR, 2)}
+            broker = broker_record(d)["pid"]
+            assert _policies(broker) == {(os.SCHED_RR, 2)}
+            spark = [p for p in _descendants(srv.proc.pid) if p != broker]
+            assert "java" in {_exe(p) for p in spark}, spark
+            assert any(_exe(p).startswith("python") for p in spark), "the micro-batch ran in a Python worker"
+            for p in spark:
+                assert _policies(p) == {(os.SCHED_OTHER, 0)}, (p, _exe(p))
+            assert "thread(s) of the server" in srv.tail(200_000) and "thread(s) of the embedded broker" in srv.tail(200_000)
+        finally:
+            srv.terminate()
+            stop_embedded_broker(d)
