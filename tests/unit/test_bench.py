@@ -103,3 +103,24 @@ def test_memory_row_has_no_figure_when_the_rss_did_not_grow():
     assert shrank.ours is None and not shrank.met
     assert shrank.note.startswith("no figure") and "-6,425 MiB" in shrank.note
     assert shrank.to_json()["ours"] is None and shrank.extra["rss_after"] < shrank.extra["rss_before"]
+
+
+def test_realtime_clients_raise_this_process_while_entered_and_put_it_back():
+    """The latency loads' writers: every thread of the bench's process under SCHED_RR while entered,
+    threads started meanwhile included, and all back under the normal policy on exit."""
+    import os
+    import threading
+
+    def policies():
+        return {os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")}
+
+    assert policies() == {os.SCHED_OTHER}
+    seen = []
+    with harness.RealtimeClients(2) as rt:
+        assert rt.raised, "this machine must allow SCHED_RR (root or CAP_SYS_NICE)"
+        assert policies() == {os.SCHED_RR} and os.sched_getparam(0).sched_priority == 2
+        t = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
+        t.start()
+        t.join()
+    assert seen == [os.SCHED_RR]
+    assert policies() == {os.SCHED_OTHER}
