@@ -2,7 +2,10 @@
 
 Ack latency: paced writers at half of the maximum write rate measured by
 scenario 1 (5,000-point batches, open loop) for `lat_s`; the figure is the
-request round trip of those batches (p50/p99).
+request round trip of those batches (p50/p99). The writers and the probes run
+at real-time priority during both loads (harness.RealtimeClients): they stand in
+for clients on machines of their own, which do not wait for a core behind the
+server's Spark JVM as a client on this shared machine would.
 
 Visibility: a probe writer writes one uniquely tagged point every
 `probe_interval_s` (whether or not earlier probes are visible yet), and a
