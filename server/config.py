@@ -78,6 +78,11 @@ def parse_memory_bytes(text: str) -> int:
     return int(t)
 
 
+def _int_in(value, lo: int, hi: float = float("inf")) -> bool:
+    """An int (a bool is not one here) with lo <= value <= hi (both inclusive)."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
 class InvalidConfig(ValueError):
     def __init__(self, field: str, actual, reason: str):
         self.field = field
@@ -121,13 +126,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         from .write_buffer import TXN_SLACK_S, txn_commit_deadline_s
 
-        if isinstance(self.spark_nice, bool) or not isinstance(self.spark_nice, int) or not 0 <= self.spark_nice <= 19:
+        if not _int_in(self.spark_nice, 0, 19):
             raise InvalidConfig("spark_nice", self.spark_nice, "must be an integer from 0 to 19")
-        rt = self.write_path_rt_priority
-        if isinstance(rt, bool) or not isinstance(rt, int) or not 0 <= rt <= 99:
-            raise InvalidConfig("write_path_rt_priority", rt, "must be an integer from 0 (off) to 99")
-
-        if isinstance(self.tail_max_bytes, bool) or not isinstance(self.tail_max_bytes, int) or self.tail_max_bytes < 0:
+        if not _int_in(self.write_path_rt_priority, 0, 99):
+            raise InvalidConfig("write_path_rt_priority", self.write_path_rt_priority,
+                                "must be an integer from 0 (off) to 99")
+        if not _int_in(self.tail_max_bytes, 0):
             raise InvalidConfig("tail_max_bytes", self.tail_max_bytes, "must be a number of bytes >= 0 (0 disables)")
 
         if txn_commit_deadline_s(self.txn_timeout_s, self.produce_timeout_ms) <= 0:

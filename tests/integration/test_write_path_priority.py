@@ -4,24 +4,8 @@ policy (server/write_path_priority.py). A real server process, a real write appl
 import os
 import tempfile
 
+from bench.harness import process_tree
 from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(c) for c in f.read().split()]
-    return out
-
-
-def _descendants(pid: int) -> list[int]:
-    todo, out = _children(pid), []
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += _children(p)
-    return out
 
 
 def _policies(pid: int) -> set:
@@ -45,7 +29,7 @@ def test_serve_raises_its_threads_and_its_broker_and_leaves_spark_at_the_normal_
             assert _policies(srv.proc.pid) == {(os.SCHED_RR, 2)}
             broker = broker_record(d)["pid"]
             assert _policies(broker) == {(os.SCHED_RR, 2)}
-            spark = [p for p in _descendants(srv.proc.pid) if p != broker]
+            spark = [p for p in process_tree(srv.proc.pid) if p not in (srv.proc.pid, broker)]
             assert "java" in {_exe(p) for p in spark}, spark
             assert any(_exe(p).startswith("python") for p in spark), "the micro-batch ran in a Python worker"
             for p in spark:
