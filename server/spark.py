@@ -1,7 +1,7 @@
 """Builds the server's one SparkSession (driver side).
 
 Invariant: exactly one Spark application per server process; Python workers run
-this interpreter (PYSPARK_PYTHON), times are UTC, and the `iox_kafka` source is
+this interpreter (PYSPARK_PYTHON) and start from server/spark_worker_daemon.py, times are UTC, and the `iox_kafka` source is
 registered before the stream starts. Spark Connect, when enabled, is served
 from this same application so remote clients see the same global temp views.
 """
@@ -47,7 +47,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
     from pyspark.sql import SparkSession
 
-    from . import jvm_archive
+    from . import jvm_archive, spark_worker_daemon
     from .kafka_source import IoxKafkaDataSource
 
     os.makedirs(scratch_dir, exist_ok=True)
@@ -85,6 +85,8 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.driver.extraJavaOptions", java_opts)
          .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
          .config("spark.python.worker.reuse", "true")
+         # Python workers' sockets ACK at once: 40 ms less per mapInArrow (server/spark_worker_daemon.py)
+         .config("spark.python.daemon.module", spark_worker_daemon.MODULE)
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
     if spark_connect_port:
         b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
