@@ -25,7 +25,13 @@ Invariants kept here:
   once there are ``persisted_compaction_file_threshold`` of them, or >= 2 and
   the partition had no write for ``late_arrive_window_s``
   (it went cold); it is chosen only when no persist or in-memory compaction is due.
-* At most ``max_active_compactions`` compactions run at once.
+* At most ``max_active_compactions`` compactions run at once, not counting runs of
+  write-buffer chunks joined as they are (no row is merged, no Spark job runs: the
+  new chunk takes over their segments): every partition with such a run compacts it
+  in the same decision. With one slot, the first partitions in order took it in
+  every decision while they were written, and a partition after them never
+  compacted: a small queried table kept one chunk per micro-batch, each a Python
+  worker round trip per query.
 * While ``replaying``, nothing is persisted or compacted unless the buffer is
   above the hard limit.
 * :class:`Backpressure` is emitted only when its state changes: engaged above
@@ -480,7 +486,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
        contiguous run of >= 2 small unpersisted chunks of one form, or else the
        partition's Parquet files when
        :func:`select_persisted_compaction` says so, while fewer than
-       ``max_active_compactions`` run.
+       ``max_active_compactions`` run (a run of write-buffer chunks joined as
+       they are takes no slot: it is compacted whatever runs).
     3. At or above ``buffer_size_soft_bytes``: unload persisted chunks, least
        recently used first, until under; if that is not enough and no persist
        is running, force-persist the idle partition with the most unpersisted
@@ -511,14 +518,19 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
                 acted.add((p.table, p.partition_key))
                 persist_running = True
                 continue
-        if background_allowed and active_compactions < rules.max_active_compactions:
+        if background_allowed:
+            slot_free = active_compactions < rules.max_active_compactions
             to_rb, waiting = _read_buffer_run(p, rules, now)
             run = to_rb if to_rb is not None or waiting else select_compaction_run(p, rules, now)
-            if run is not None:
+            # write-buffer chunks joined as they are merge no row: no compaction slot is taken
+            joins_segments = run is not None and to_rb is None and _write_buffer_only(p, run)
+            if run is not None and (slot_free or joins_segments):
                 actions.append(CompactChunks(p.table, p.partition_key, run, to_read_buffer=to_rb is not None))
                 acted.add((p.table, p.partition_key))
                 claimed.update((p.table, p.partition_key, cid) for cid in run)
-                active_compactions += 1
+                active_compactions += 0 if joins_segments else 1
+                continue
+            if not slot_free:
                 continue
             stored = select_persisted_compaction(p, rules, now) if rules.persist else None
             if stored is not None:
@@ -536,6 +548,13 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
             if target is not None:
                 actions.append(PersistChunks(target.table, target.partition_key, force=True, reason="memory"))
     return actions
+
+
+def _write_buffer_only(partition: PartitionState, run: tuple[int, ...]) -> bool:
+    """Every chunk of `run` is held only in the write-buffer form: compacting them joins their
+    segments (no Spark job, no row decoded). Pure."""
+    ids = set(run)
+    return all(c.write_buffer_only for c in partition.chunks if c.chunk_id in ids)
 
 
 def _force_persist_target(partitions: Sequence[PartitionState], acted: set[tuple[str, str]]) -> PartitionState | None:

@@ -115,11 +115,12 @@ class QueryEngine:
                 session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(view_sql, r.rows)}")
             t_views = time.perf_counter()
             df = session.sql(sql)
+            t_sql = time.perf_counter()
             result = df.toArrow()
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("query on %s: %d rows; cut %.3f s, views %.3f s (%d table(s), %d from the tail), run %.3f s",
-                          database, result.num_rows, t_cut - t0, t_views - t_cut, len(reads), n_tail,
-                          time.perf_counter() - t_views)
+                log.debug("query on %s: %d rows; cut %.3f s, views %.3f s (%d table(s), %d from the tail), run %.3f s "
+                          "(analysis %.3f s)", database, result.num_rows, t_cut - t0, t_views - t_cut, len(reads),
+                          n_tail, time.perf_counter() - t_views, t_sql - t_views)
         except Exception as e:  # Spark analysis/parse errors are the user's to fix
             from pyspark.errors import PySparkException
 

@@ -8,7 +8,7 @@ actions on real PersistenceWindows and records them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -241,6 +241,36 @@ def test_compaction_limiter() -> None:
     # both slots busy: nothing
     p1_running = part([chunk(14, 20, "closed"), chunk(15, 20, "closed")], "p1", compacting=True)
     assert decide(db([p0_running, p1_running, p2]), r, now) == []
+
+
+def _wb(c: ChunkState) -> ChunkState:
+    return replace(c, storage="write_buffer")
+
+
+def test_write_buffer_runs_joined_as_they_are_take_no_compaction_slot() -> None:
+    """Runs of write-buffer chunks (their segments joined, no row merged) are compacted in every
+    partition in one decision; a run that merges rows still takes the one slot, first come."""
+    r = rules(max_active_compactions=1, read_buffer_delay_s=1_000, queried_read_buffer_delay_s=1_000)
+    now = 50
+    p0 = part([_wb(chunk(0, 20, "closed")), _wb(chunk(1, 20, "closed"))], "p0")
+    p1 = part([chunk(2, 20, "closed"), chunk(3, 20, "closed")], "p1")  # read form: merges rows
+    p2 = part([_wb(chunk(4, 20, "closed")), _wb(chunk(5, 20, "closed")), _wb(chunk(6, 20, "open"))], "p2")
+    p3 = part([chunk(7, 20, "closed"), chunk(8, 20, "closed")], "p3")  # read form: no slot left
+    assert decide(db([p0, p1, p2, p3]), r, now) == [
+        CompactChunks("t", "p0", (0, 1)), CompactChunks("t", "p1", (2, 3)), CompactChunks("t", "p2", (4, 5))]
+    # the slot busy with another partition's compaction: write-buffer runs are joined all the same
+    busy = part([chunk(9, 20, "compacting")], "p4")
+    assert decide(db([busy, p1, p2]), r, now) == [CompactChunks("t", "p2", (4, 5))]
+
+
+def test_a_move_to_the_read_buffer_takes_the_slot() -> None:
+    r = rules(max_active_compactions=1, read_buffer_delay_s=10)
+    now = 50
+    p0 = part([_wb(chunk(0, 20, "closed")), _wb(chunk(1, 20, "closed"))], "p0")  # due: moved, merges rows
+    p1 = part([_wb(chunk(2, 45, "closed")), _wb(chunk(3, 45, "closed"))], "p1")  # not due: joined
+    p2 = part([_wb(chunk(4, 20, "closed"))], "p2")  # due, but the slot is taken
+    assert decide(db([p0, p1, p2]), r, now) == [
+        CompactChunks("t", "p0", (0, 1), to_read_buffer=True), CompactChunks("t", "p1", (2, 3))]
 
 
 def test_persist() -> None:
