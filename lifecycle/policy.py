@@ -26,12 +26,14 @@ Invariants kept here:
   the partition had no write for ``late_arrive_window_s``
   (it went cold); it is chosen only when no persist or in-memory compaction is due.
 * At most ``max_active_compactions`` compactions run at once, not counting runs of
-  write-buffer chunks joined as they are (no row is merged, no Spark job runs: the
-  new chunk takes over their segments): every partition with such a run compacts it
-  in the same decision. With one slot, the first partitions in order took it in
-  every decision while they were written, and a partition after them never
-  compacted: a small queried table kept one chunk per micro-batch, each a Python
-  worker round trip per query.
+  fewer than ``FREE_JOIN_MAX_ROWS`` rows of write-buffer chunks joined as they are
+  (no row is merged, no Spark job runs: the new chunk takes over their segments):
+  every partition with such a run compacts it in the same decision. With one slot,
+  the first partitions in order took it in every decision while they were written,
+  and a small table after them never compacted: a queried one kept one chunk per
+  micro-batch, each a Python worker round trip per query. Larger runs still take a
+  slot: joining costs driver work per chunk whatever its rows, and a large table's
+  queries are not dominated by its number of chunks.
 * While ``replaying``, nothing is persisted or compacted unless the buffer is
   above the hard limit.
 * :class:`Backpressure` is emitted only when its state changes: engaged above
@@ -54,6 +56,7 @@ from .rules import LifecycleRules
 
 __all__ = [
     "CHUNK_STATES",
+    "FREE_JOIN_MAX_ROWS",
     "ChunkStateName",
     "ChunkState",
     "PartitionState",
@@ -76,6 +79,10 @@ __all__ = [
     "persist_reason",
     "decide",
 ]
+
+#: a run of write-buffer chunks of fewer rows than this, joined as they are, takes no compaction
+#: slot (see the module docstring)
+FREE_JOIN_MAX_ROWS = 100_000
 
 ChunkStateName = Literal["open", "closed", "compacting", "persisting", "persisted", "unloaded"]
 #: open: newest chunk, still written to; closed: older in-memory chunk; compacting/persisting:
@@ -486,8 +493,9 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
        contiguous run of >= 2 small unpersisted chunks of one form, or else the
        partition's Parquet files when
        :func:`select_persisted_compaction` says so, while fewer than
-       ``max_active_compactions`` run (a run of write-buffer chunks joined as
-       they are takes no slot: it is compacted whatever runs).
+       ``max_active_compactions`` run (a run of fewer than
+       ``FREE_JOIN_MAX_ROWS`` rows of write-buffer chunks joined as they are
+       takes no slot: it is compacted whatever runs).
     3. At or above ``buffer_size_soft_bytes``: unload persisted chunks, least
        recently used first, until under; if that is not enough and no persist
        is running, force-persist the idle partition with the most unpersisted
@@ -522,8 +530,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
             slot_free = active_compactions < rules.max_active_compactions
             to_rb, waiting = _read_buffer_run(p, rules, now)
             run = to_rb if to_rb is not None or waiting else select_compaction_run(p, rules, now)
-            # write-buffer chunks joined as they are merge no row: no compaction slot is taken
-            joins_segments = run is not None and to_rb is None and _write_buffer_only(p, run)
+            # a small run of write-buffer chunks joined as they are merges no row: it takes no slot
+            joins_segments = run is not None and to_rb is None and _small_write_buffer_run(p, run)
             if run is not None and (slot_free or joins_segments):
                 actions.append(CompactChunks(p.table, p.partition_key, run, to_read_buffer=to_rb is not None))
                 acted.add((p.table, p.partition_key))
@@ -550,11 +558,11 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
     return actions
 
 
-def _write_buffer_only(partition: PartitionState, run: tuple[int, ...]) -> bool:
-    """Every chunk of `run` is held only in the write-buffer form: compacting them joins their
-    segments (no Spark job, no row decoded). Pure."""
-    ids = set(run)
-    return all(c.write_buffer_only for c in partition.chunks if c.chunk_id in ids)
+def _small_write_buffer_run(partition: PartitionState, run: tuple[int, ...]) -> bool:
+    """Every chunk of `run` is held only in the write-buffer form (compacting them joins their
+    segments: no Spark job, no row decoded) and they hold fewer than FREE_JOIN_MAX_ROWS rows. Pure."""
+    chunks = [c for c in partition.chunks if c.chunk_id in set(run)]
+    return all(c.write_buffer_only for c in chunks) and sum(c.row_count for c in chunks) < FREE_JOIN_MAX_ROWS
 
 
 def _force_persist_target(partitions: Sequence[PartitionState], acted: set[tuple[str, str]]) -> PartitionState | None:

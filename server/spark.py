@@ -1,9 +1,10 @@
 """Builds the server's one SparkSession (driver side).
 
 Invariant: exactly one Spark application per server process; Python workers run
-this interpreter (PYSPARK_PYTHON) and start from server/spark_worker_daemon.py, times are UTC, and the `iox_kafka` source is
-registered before the stream starts. Spark Connect, when enabled, is served
-from this same application so remote clients see the same global temp views.
+this interpreter (PYSPARK_PYTHON), forked by server/spark_worker_daemon.py; times
+are UTC, and the `iox_kafka` source is registered before the stream starts. Spark
+Connect, when enabled, is served from this same application so remote clients see
+the same global temp views.
 """
 from __future__ import annotations
 

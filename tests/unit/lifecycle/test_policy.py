@@ -17,6 +17,7 @@ from catalog.persistence_windows import PersistenceWindows
 from lifecycle.errors import InvalidLifecycleRule, InvalidLifecycleState, LifecycleError
 from lifecycle.policy import (
     CHUNK_STATES,
+    FREE_JOIN_MAX_ROWS,
     Action,
     Backpressure,
     ChunkState,
@@ -261,6 +262,17 @@ def test_write_buffer_runs_joined_as_they_are_take_no_compaction_slot() -> None:
     # the slot busy with another partition's compaction: write-buffer runs are joined all the same
     busy = part([chunk(9, 20, "compacting")], "p4")
     assert decide(db([busy, p1, p2]), r, now) == [CompactChunks("t", "p2", (4, 5))]
+
+
+def test_a_large_write_buffer_run_takes_the_slot() -> None:
+    r = rules(max_active_compactions=1, read_buffer_delay_s=1_000, queried_read_buffer_delay_s=1_000)
+    now = 50
+    half = FREE_JOIN_MAX_ROWS // 2
+    big = part([_wb(chunk(0, 20, "closed", rows=half)), _wb(chunk(1, 20, "closed", rows=half))], "big")
+    big2 = part([_wb(chunk(2, 20, "closed", rows=half)), _wb(chunk(3, 20, "closed", rows=half))], "big2")
+    small = part([_wb(chunk(4, 20, "closed", rows=half)), _wb(chunk(5, 20, "closed", rows=half - 1))], "small")
+    assert decide(db([big, big2, small]), r, now) == [
+        CompactChunks("t", "big", (0, 1)), CompactChunks("t", "small", (4, 5))]
 
 
 def test_a_move_to_the_read_buffer_takes_the_slot() -> None:
