@@ -561,7 +561,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
 def _small_write_buffer_run(partition: PartitionState, run: tuple[int, ...]) -> bool:
     """Every chunk of `run` is held only in the write-buffer form (compacting them joins their
     segments: no Spark job, no row decoded) and they hold fewer than FREE_JOIN_MAX_ROWS rows. Pure."""
-    chunks = [c for c in partition.chunks if c.chunk_id in set(run)]
+    ids = set(run)
+    chunks = [c for c in partition.chunks if c.chunk_id in ids]
     return all(c.write_buffer_only for c in chunks) and sum(c.row_count for c in chunks) < FREE_JOIN_MAX_ROWS
 
 
