@@ -67,6 +67,9 @@ class Chunk:
     #: global temp views of Arrow merges this chunk is part of (lifecycle/chunk_data.py
     #: `arrow_merge_relations`), dropped with the chunk's data
     merge_views: set = field(default_factory=set)
+    #: a local chunk's rows, held on the driver (a pyarrow Table in the chunk layout of `columns`;
+    #: lifecycle/local_rows.py): its view is a local relation of them; None for any other chunk
+    local_rows: Any = None
 
     def column_names(self) -> set:
         return {c[0] for c in self.columns}

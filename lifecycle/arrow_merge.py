@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-__all__ = ["ArrowDelete", "deletes_supported", "apply_deletes", "deduplicate", "sort_by_seq"]
+__all__ = ["ArrowDelete", "as_arrow_delete", "deletes_supported", "apply_deletes", "deduplicate", "sort_by_seq"]
 
 #: (column type, literal kind) pairs a delete term may compare (server/delete_predicate.py
 #: validate_against_schema); others are not evaluated here
@@ -38,6 +38,11 @@ class ArrowDelete(NamedTuple):
     seq: int
     #: ((column, op, value, kind), ...) as server/delete_predicate.py to_json
     terms: tuple
+
+
+def as_arrow_delete(d) -> ArrowDelete:
+    """A delete of the mailbox (catalog/delete_mailbox.py `Delete`) as `apply_deletes` takes it."""
+    return ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq, tuple(tuple(t[:4]) for t in d.predicate))
 
 
 def deletes_supported(deletes, col_types: dict) -> bool:

@@ -80,14 +80,13 @@ def arrow_plan(chunks: list, schema, deletes: list):
     form in Arrow (persist, the move to the read buffer): every chunk holds it and every delete term
     is evaluable in Arrow; else None. Deduplication is skipped when every chunk's streams are known
     to be deduplicated and no two chunks meet in time. Pure (driver)."""
-    from .arrow_merge import ArrowDelete, deletes_supported
+    from .arrow_merge import as_arrow_delete, deletes_supported
 
     if not chunks or not all(c.segments for c in chunks):
         return None
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
-    arrow_deletes = [ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq, tuple(tuple(t[:4]) for t in d.predicate))
-                     for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    arrow_deletes = [as_arrow_delete(d) for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
     if not deletes_supported(arrow_deletes, col_types):
         return None
     dedup = not (all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks))
@@ -321,6 +320,7 @@ def release_chunk_data(spark, chunk: Chunk) -> None:
     release_df(chunk.df)
     for seg in chunk.segments:
         release_df(seg)
+    chunk.local_rows = None
 
 
 def release_df(df) -> None:

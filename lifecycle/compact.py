@@ -9,7 +9,9 @@ released only after a grace period.
 Two ways, by the forms the chunks are held in (catalog/chunk.py):
 - write-buffer chunks merged into a write-buffer chunk: the new chunk takes over
   the run's segments as they are (no Spark job, no row decoded); it is known to
-  be deduplicated when each of them was and no two meet in time;
+  be deduplicated when each of them was and no two meet in time; a join of
+  local chunks (lifecycle/local_rows.py) of at most LOCAL_CHUNK_MAX_ROWS rows is
+  local too (their rows joined on the driver);
 - otherwise (`to_read_buffer`, or chunks that have a read form) the chunks are
   merged into deduplicated rows with the deletes materialised, the read form:
   in Arrow from the write-buffer form when every chunk holds it and every
@@ -32,6 +34,7 @@ from server.crash_points import crash_point
 from .chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
                          row_stats, schema_bytes, table_deletes, time_disjoint)
 from .ipc_segments import register_segments_chunk
+from .local_rows import joined_local_rows, register_local_chunk
 
 __all__ = ["compact_chunks"]
 
@@ -94,7 +97,12 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     crash_point("compact_before_swap")
     cid = catalog.next_chunk_id()
     columns = schema.to_json()
-    view = register_segments_chunk(segments, columns, cid) if as_segments else register_df_chunk(df, cid)
+    # a join of local chunks stays local while it is small (lifecycle/local_rows.py)
+    local = joined_local_rows(chunks, columns) if as_segments else None
+    if local is not None:
+        view = register_local_chunk(spark, local, columns, cid)
+    else:
+        view = register_segments_chunk(segments, columns, cid) if as_segments else register_df_chunk(df, cid)
     with catalog.lock:
         offsets: dict = {}
         for c in chunks:
@@ -102,7 +110,8 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                 a, b = offsets.get(kp, (a_lo, a_hi))
                 offsets[kp] = (min(a, a_lo), max(b, a_hi))
         new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rows,
-                    size_bytes=segment_bytes + (schema_bytes(rows, schema) if df is not None else 0),
+                    size_bytes=segment_bytes + (schema_bytes(rows, schema) if df is not None else 0)
+                    + (local.nbytes if local is not None else 0), local_rows=local,
                     min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
                     created_at=max(c.created_at for c in chunks),
                     deduplicated=segments_dedup if as_segments else True, segments=segments,

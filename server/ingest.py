@@ -38,6 +38,8 @@ from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER
 from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats,
                                   table_deletes)
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
+from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_PAYLOAD_MAX_BYTES, decode_local, local_segment_df,
+                                  register_local_chunk, segment_table)
 
 from .crash_points import crash_point
 from .delete_predicate import from_json
@@ -176,7 +178,10 @@ class Ingestor:
         #: [(db, chunk)] this batch added to the catalog: withdrawn if the batch fails after all
         added: list = []
         try:
-            meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes")).collect()
+            # small payloads come along: a table's small messages make a local chunk (lifecycle/local_rows.py)
+            meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes"),
+                              F.when(F.length("payload") <= LOCAL_PAYLOAD_MAX_BYTES, F.col("payload"))
+                              .alias("small_payload")).collect()
             t_meta = time.perf_counter()
             log.debug("batch %s: %d messages", batch_id, len(meta))
             if not meta:
@@ -420,6 +425,7 @@ class Ingestor:
         filters = self.row_filters.get((db.name, table))
         keep = keep_mask_fn(filters) if filters else None
         nbytes = sum(m.get("nbytes") or 0 for m in msgs) + sum(len(p) for _kp, _off, p in stashed)
+        local = _local_payloads(msgs) if keep is None and not stashed and not remap else None
         out = []
         for key in sorted(days):
             rows, lo, hi, _ = days[key]
@@ -428,7 +434,15 @@ class Ingestor:
             b = _ChunkBuild(db=db, table=table, partition_key=key, rows=rows, min_time_ns=lo, max_time_ns=hi,
                             columns=chunk_cols, value_columns=len(value_cols), offsets=dict(offsets_by_kp),
                             topic=topic)
-            if keep is None:
+            if local is not None:
+                b.segment_bytes = nbytes
+                b.deduplicated = disjoint_unique(ranges[key])
+                b.time_spans = time_spans.normalize([(r_lo, r_hi) for r_lo, r_hi, _u in ranges[key]])
+                seg = segment_table([(LAYOUT_WIRE, seq_base(db.epoch, off), *(bounds or (None, None)), payload)
+                                     for off, payload in local])
+                b.cdf = local_segment_df(self.spark, seg)
+                b.local_rows = decode_local(seg, chunk_cols)
+            elif keep is None:
                 b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
                 b.segment_bytes = nbytes if bounds is None else nbytes * rows // max(1, sum(d[0] for d in days.values()))
                 b.deduplicated = disjoint_unique(ranges[key])
@@ -492,11 +506,15 @@ class Ingestor:
                 release_df(b.cdf)
                 continue
             cid = self.catalog.next_chunk_id()
-            if b.segment is not None:  # the write-buffer form
+            if b.segment is not None or b.local_rows is not None:  # the write-buffer form
+                local = b.local_rows
+                view = (register_local_chunk(self.spark, local, b.columns, cid) if local is not None
+                        else register_segments_chunk([b.cdf], b.columns, cid))
                 chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
-                              state="open", rows=b.rows, size_bytes=b.segment_bytes, min_time_ns=b.min_time_ns,
-                              max_time_ns=b.max_time_ns, columns=b.columns,
-                              view=register_segments_chunk([b.cdf], b.columns, cid), offsets=b.offsets,
+                              state="open", rows=b.rows,
+                              size_bytes=b.segment_bytes + (local.nbytes if local is not None else 0),
+                              min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns,
+                              view=view, offsets=b.offsets, local_rows=local,
                               created_at=time.time(), deduplicated=b.deduplicated, segments=[b.cdf],
                               segments_deduplicated=b.deduplicated, segment_bytes=b.segment_bytes,
                               time_spans=b.time_spans)
@@ -660,7 +678,8 @@ def disjoint_unique(ranges: list) -> bool:
 class _ChunkBuild:
     """One chunk of a micro-batch: planned on the driver, materialised by `_materialise`.
 
-    Exactly one of `segment` (the write-buffer form) and `decoded` (rows, while replaying) is set."""
+    Exactly one of `segment` (the write-buffer form), `local_rows` (a local chunk's rows, with `cdf`
+    its segment: lifecycle/local_rows.py) and `decoded` (rows, while replaying) is set."""
     db: Database
     table: str
     partition_key: str
@@ -680,10 +699,25 @@ class _ChunkBuild:
     unreadable: object = None  # the decoder's accumulator of undecodable payloads
     cdf: object = None  # the locally checkpointed DataFrame (segment or rows), once built
     unreadable_seen: tuple = ()  # what `unreadable` held once the chunk was built
+    local_rows: object = None  # a local chunk's decoded rows (lifecycle/local_rows.py); `cdf` is then set at once
+
+
+def _local_payloads(msgs: list) -> list | None:
+    """[(offset, payload)] in offset order when a table's messages of a batch make a local chunk
+    (lifecycle/local_rows.py: plain writes whose payloads all came with the metadata, within
+    LOCAL_BUILD_MAX_BYTES together), else None."""
+    if any(m.get("small_payload") is None or m["kind"] != "write" for m in msgs):
+        return None
+    if sum(len(m["small_payload"]) for m in msgs) > LOCAL_BUILD_MAX_BYTES:
+        return None
+    return sorted((m["offset"], bytes(m["small_payload"])) for m in msgs)
 
 
 def _materialise(b: _ChunkBuild) -> None:
-    """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread)."""
+    """Runs the chunk's Spark job (driver thread of `_build_pool`, or the batch's own thread);
+    a local chunk has none (its segment was made on the driver)."""
+    if b.local_rows is not None:
+        return
     if b.segment is not None:
         b.cdf = b.segment.coalesce(1).localCheckpoint(eager=True)
         return

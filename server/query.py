@@ -84,6 +84,8 @@ class QueryEngine:
                     r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
                     if r.tail_writes or r.tail_deletes:
                         r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
+                        if all(c.local_rows is not None and c.view is not None for c in chunks):
+                            r.local = [c.local_rows for c in chunks]
                         r.deletes = table_deletes(db, table)
                         r.schema = db.schemas.get(table)
                 reads[table] = r
@@ -146,6 +148,8 @@ class _TableRead:
     chunks: list = field(default_factory=list)
     deletes: list = field(default_factory=list)
     schema: TableSchema | None = None
+    #: its chunks' rows when every one is local (lifecycle/local_rows.py), else None
+    local: list | None = None
 
     @property
     def from_tail(self) -> bool:
@@ -172,8 +176,12 @@ def _tail_view(session, table: str, epoch: int, r: _TableRead):
             schema.merge(cols)
         except ColumnTypeConflict:  # as the consumer does: new columns kept, conflicting values read as NULL
             schema.merge([c for c in cols if schema.get(c.name) is None])
-    sources = list(r.chunks)
     rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], epoch)
+    if r.local is not None:
+        local = _local_merge(session, schema, r, rows)
+        if local is not None:
+            return local
+    sources = list(r.chunks)
     name = None
     if rows is not None and rows.num_rows:
         r.rows += rows.num_rows
@@ -194,6 +202,39 @@ def _tail_view(session, table: str, epoch: int, r: _TableRead):
     df = session.sql(_small(sql, r.rows))
     if name is not None:
         session.catalog.dropTempView(name)
+    return df
+
+
+def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | None):
+    """The table view of a small table whose chunks are all local (lifecycle/local_rows.py), as a
+    DataFrame of `session`: its chunks' rows and the tail's rows `tail` (in `schema`'s layout), the
+    deletes applied and the rows deduplicated in Arrow on the driver (lifecycle/arrow_merge.py: the
+    rows the SQL view gives), read as one local relation: no Python worker and no GROUP BY in Spark.
+    None when it does not apply (more than SMALL_TABLE_ROWS rows, or a delete Arrow does not
+    evaluate): the caller builds the view from the chunks' views."""
+    from lifecycle.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
+    from lifecycle.local_rows import conform
+
+    n = sum(t.num_rows for t in r.local) + (tail.num_rows if tail is not None else 0)
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    deletes = [as_arrow_delete(d) for d in list(r.deletes) + list(r.tail_deletes)]
+    if n > SMALL_TABLE_ROWS or not deletes_supported(deletes, col_types):
+        return None
+    columns = schema.to_json()
+    parts = [conform(t, columns) for t in r.local] + ([tail] if tail is not None else [])
+    if not parts:
+        return session.sql(empty_table_view_sql(schema))
+    t = pa.concat_tables(parts, promote_options="permissive")
+    t = deduplicate(apply_deletes(t, deletes, col_types), schema.tags(), [f.name for f in schema.fields()])
+    r.rows = t.num_rows
+    if not t.num_rows:
+        return session.sql(empty_table_view_sql(schema))
+    name = f"iox_tail_{next(_TAIL_VIEWS)}"
+    session.createDataFrame(t, schema=spark_struct_for(schema)).createOrReplaceTempView(name)
+    mm = pc.min_max(t.column(TIME_NS_COLUMN))
+    src = ChunkSource(quote(name), set(col_types), mm["min"].as_py(), mm["max"].as_py(), deduplicated=True)
+    df = session.sql(_small(table_view_sql(schema, [src]), t.num_rows))
+    session.catalog.dropTempView(name)
     return df
 
 

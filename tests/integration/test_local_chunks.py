@@ -1,0 +1,117 @@
+"""Local chunks on the real server (lifecycle/local_rows.py): a micro-batch's small writes of a table
+become a chunk whose rows are held on the driver and whose view is a local relation of them; a
+request too large to come along with the batch's metadata makes an ordinary write-buffer chunk; a
+join of local chunks stays local; and a query of a small table with tail rows merges its local
+chunks and the tail in Arrow, with exactly the rows of the merge in Spark SQL."""
+from __future__ import annotations
+
+import os
+import time
+
+from server import query as query_mod
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _chunks(srv, db, table):
+    dbo = srv.catalog.database(db)
+    with srv.catalog.lock:
+        return list(srv.catalog.table_chunks(dbo, table))
+
+
+def _view_rows(srv, chunk):
+    cols = [c[0] for c in chunk.columns if c[1] != "time"] + ["time_ns", "_iox_seq"]
+    return sorted(tuple(r[c] for c in cols) for r in srv.spark.table(f"global_temp.`{chunk.view}`").collect())
+
+
+def _local_rows(chunk):
+    cols = [c[0] for c in chunk.columns if c[1] != "time"] + ["time_ns", "_iox_seq"]
+    return sorted(tuple(r[c] for c in cols) for r in chunk.local_rows.to_pylist())
+
+
+def test_small_writes_make_local_chunks_whose_views_read_exactly_their_rows(iox_server, client, db):
+    srv = iox_server
+    client.write(db, f"cpu,host=a v=1 {T0}\ncpu,host=b v=2 {T0 + 1}\n")
+    client.write(db, f"cpu,host=a v=3 {T0}\n")  # rewrites a point
+    tok = client.write(db, f"cpu,host=c v=4,u=5u {T0 + 2}\n")  # a new field
+    client.wait_applied(db, tok, timeout_s=60)
+    chunks = _chunks(srv, db, "cpu")
+    assert chunks and all(c.local_rows is not None for c in chunks), [c.storage for c in chunks]
+    assert sum(c.local_rows.num_rows for c in chunks) == sum(c.rows for c in chunks) == 4
+    for c in chunks:
+        assert _view_rows(srv, c) == _local_rows(c)
+    rows = client.query(db, "SELECT host, v, u, time_ns FROM cpu ORDER BY host").to_pylist()
+    assert rows == [{"host": "a", "v": 3.0, "u": None, "time_ns": T0}, {"host": "b", "v": 2.0, "u": None,
+                    "time_ns": T0 + 1}, {"host": "c", "v": 4.0, "u": 5, "time_ns": T0 + 2}]
+
+
+def test_a_request_too_large_to_come_along_makes_an_ordinary_write_buffer_chunk(iox_server, client, db):
+    srv = iox_server
+    lines = "".join(f"big,host=h{i:05d}_{'x' * 40} v={i} {T0 + i}\n" for i in range(3000))
+    client.wait_applied(db, client.write(db, lines), timeout_s=60)
+    chunks = _chunks(srv, db, "big")
+    assert chunks and all(c.local_rows is None for c in chunks)
+    assert client.query(db, "SELECT count(*) AS n, sum(v) AS s FROM big").to_pylist() == [
+        {"n": 3000, "s": float(sum(range(3000)))}]
+
+
+def test_a_join_of_local_chunks_is_a_local_chunk_with_their_rows(iox_server, client, db):
+    """The lifecycle's join of write-buffer chunks (no move to the read buffer) keeps them local;
+    `iox compact` moves them to the read buffer."""
+    from lifecycle.policy import CompactChunks
+
+    srv = iox_server
+    client.wait_applied(db, client.write(db, f"cpu,host=a v=1 {T0}\n"), timeout_s=60)
+    client.wait_applied(db, client.write(db, f"cpu,host=b ok=true {T0 + 1}\n"), timeout_s=60)
+    expected = [{"host": "a", "v": 1.0, "ok": None}, {"host": "b", "v": None, "ok": True}]
+    chunks = _chunks(srv, db, "cpu")
+    if len(chunks) > 1:  # else the lifecycle joined them already
+        action = CompactChunks("cpu", "2023-11-14", tuple(c.id for c in chunks), to_read_buffer=False)
+        assert srv.lifecycle.execute(srv.catalog.database(db), action, time.time()) is True
+    (chunk,) = _chunks(srv, db, "cpu")
+    assert chunk.local_rows is not None and chunk.df is None and chunk.rows == 2
+    assert _view_rows(srv, chunk) == _local_rows(chunk)
+    assert client.query(db, "SELECT host, v, ok FROM cpu ORDER BY host").to_pylist() == expected
+    client.wait_applied(db, client.write(db, f"cpu,host=c v=3 {T0 + 2}\n"), timeout_s=60)
+    assert client.compact(db, "cpu", "2023-11-14")["compacted"] is True
+    (moved,) = _chunks(srv, db, "cpu")
+    assert moved.local_rows is None and moved.df is not None
+    assert client.query(db, "SELECT host, v, ok FROM cpu ORDER BY host").to_pylist() == expected + [
+        {"host": "c", "v": 3.0, "ok": None}]
+
+
+def test_a_query_merges_local_chunks_and_the_tail_as_the_sql_merge_does(iox_server, client, db, monkeypatch):
+    """Local chunks plus the tail's rewrites, new columns and deletes (a catalog delete and a tail
+    delete): the Arrow merge on the driver gives the rows of the SQL merge of the chunks' views."""
+    srv = iox_server
+    client.write(db, f"cpu,host=a v=1,w=10i {T0}\ncpu,host=b v=2 {T0 + 1}\ncpu,host=c v=3 {T0 + 2}\n")
+    client.delete(db, T0 + 2, T0 + 3, "host = 'c'", table="cpu")
+    tok = client.write(db, f"cpu,host=d v=4 {T0 + 3}\n")
+    client.wait_applied(db, tok, timeout_s=60)
+    open(srv.pause_file, "w").close()
+    try:
+        n = srv.ingestor.batches_applied
+        srv.ingestor.wait_for_batches(n + 1, timeout_s=3)  # a batch in flight ends (or none was)
+        toks = [client.write(db, f"cpu,host=a v=5 {T0}\n"),  # a rewrite: v from the tail, w kept
+                client.write(db, f"cpu,host=e v=6,ok=true {T0 + 4}\n"),  # a new column
+                client.delete(db, T0 + 1, T0 + 2, "host = 'b'", table="cpu"),  # a chunk row, from the tail
+                client.write(db, f"cpu,host=b v=7 {T0 + 1}\n")]  # after that delete: stays
+        for t in toks:
+            client.wait_visible(db, t, timeout_s=30)
+        chunks = _chunks(srv, db, "cpu")
+        assert chunks and all(c.local_rows is not None for c in chunks)
+        sql = "SELECT host, v, w, ok, time_ns FROM cpu ORDER BY host"
+        local = srv.query_engine.run(db, sql)
+        assert any(local.applied_hi_inclusive.get(int(kp), -1) < off for kp, off in toks[-1].items()), \
+            "the consumer applied writes while held: the tail was not read"
+        monkeypatch.setattr(query_mod, "_local_merge", lambda *a, **k: None)
+        via_sql = srv.query_engine.run(db, sql)
+    finally:
+        os.unlink(srv.pause_file)
+    expected = [{"host": "a", "v": 5.0, "w": 10, "ok": None, "time_ns": T0},
+                {"host": "b", "v": 7.0, "w": None, "ok": None, "time_ns": T0 + 1},
+                {"host": "d", "v": 4.0, "w": None, "ok": None, "time_ns": T0 + 3},
+                {"host": "e", "v": 6.0, "w": None, "ok": True, "time_ns": T0 + 4}]
+    assert local.table.to_pylist() == expected
+    assert via_sql.table.to_pylist() == expected
+    assert local.table.schema == via_sql.table.schema

@@ -1,0 +1,84 @@
+"""lifecycle/local_rows.py: a local chunk's segment and rows on the driver (pure pyarrow parts), and
+which of a micro-batch's messages make a local chunk (server/ingest.py `_local_payloads`)."""
+from __future__ import annotations
+
+from decimal import Decimal
+from types import SimpleNamespace
+
+import pyarrow as pa
+
+from lifecycle.ipc_segments import LAYOUT_WIRE, decode_fn, encode_ipc
+from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
+                                  joined_local_rows, segment_table)
+from server.ingest import _local_payloads, seq_base
+from server.wire_format import NS_PER_DAY
+
+COLUMNS = [["host", "tag", "string"], ["v", "field", "float"], ["u", "field", "uinteger"], ["time", "time", "integer"]]
+
+
+def _payloads():
+    a = encode_ipc(pa.table({"host": ["a", "b"], "v": [1.0, 2.0], "time": pa.array([1, NS_PER_DAY + 2], pa.int64())}))
+    b = encode_ipc(pa.table({"host": ["a"], "u": pa.array([2**64 - 1], pa.uint64()),
+                             "time": pa.array([3], pa.int64())}))
+    return a, b
+
+
+def test_decode_local_gives_the_rows_the_executors_decode():
+    a, b = _payloads()
+    for bounds in ((None, None), (0, 0), (1, 1)):
+        seg = segment_table([(LAYOUT_WIRE, seq_base(2, 7), *bounds, a), (LAYOUT_WIRE, seq_base(2, 9), *bounds, b)])
+        assert seg.schema.names == ["layout", "seq_base", "day_lo", "day_hi", "payload"]
+        local = decode_local(seg, COLUMNS)
+        executors = pa.Table.from_batches(list(decode_fn([("host", "string"), ("v", "float"), ("u", "uinteger")])(
+            iter(seg.to_batches()))))
+        assert local.to_pylist() == executors.to_pylist()
+    seg = segment_table([(LAYOUT_WIRE, seq_base(2, 7), None, None, a), (LAYOUT_WIRE, seq_base(2, 9), None, None, b)])
+    assert decode_local(seg, COLUMNS).to_pylist() == [
+        {"host": "a", "v": 1.0, "u": None, "time_ns": 1, "_iox_seq": seq_base(2, 7)},
+        {"host": "b", "v": 2.0, "u": None, "time_ns": NS_PER_DAY + 2, "_iox_seq": seq_base(2, 7) + 1},
+        {"host": "a", "v": None, "u": Decimal(2**64 - 1), "time_ns": 3, "_iox_seq": seq_base(2, 9)}]
+
+
+def test_decode_local_of_no_stream_is_an_empty_table_in_the_layout():
+    t = decode_local(segment_table([]), COLUMNS)
+    assert (t.num_rows, t.column_names) == (0, ["host", "v", "u", "time_ns", "_iox_seq"])
+    assert t.schema.field("u").type == pa.decimal128(20, 0)
+
+
+def test_conform_widens_to_a_later_schema():
+    a, _b = _payloads()
+    rows = decode_local(segment_table([(LAYOUT_WIRE, 100, None, None, a)]), [["host", "tag", "string"],
+                                                                            ["v", "field", "float"]])
+    wide = conform(rows, COLUMNS + [["ok", "field", "boolean"]])
+    assert wide.column_names == ["host", "v", "u", "ok", "time_ns", "_iox_seq"]
+    assert wide.to_pylist()[0] == {"host": "a", "v": 1.0, "u": None, "ok": None, "time_ns": 1, "_iox_seq": 100}
+
+
+def test_joined_local_rows_keeps_chunk_order_and_refuses_a_chunk_without_local_rows_or_too_many_rows():
+    a, b = _payloads()
+    ra = decode_local(segment_table([(LAYOUT_WIRE, 10, None, None, a)]), [["host", "tag", "string"],
+                                                                         ["v", "field", "float"]])
+    rb = decode_local(segment_table([(LAYOUT_WIRE, 20, None, None, b)]), COLUMNS)
+    ca, cb = SimpleNamespace(local_rows=ra, rows=2), SimpleNamespace(local_rows=rb, rows=1)
+    joined = joined_local_rows([ca, cb], COLUMNS)
+    assert joined.column("_iox_seq").to_pylist() == [10, 11, 20]
+    assert joined.column("u").to_pylist() == [None, None, Decimal(2**64 - 1)]
+    assert joined_local_rows([ca, SimpleNamespace(local_rows=None, rows=1)], COLUMNS) is None
+    assert joined_local_rows([ca, SimpleNamespace(local_rows=rb, rows=LOCAL_CHUNK_MAX_ROWS)], COLUMNS) is None
+    assert joined_local_rows([], COLUMNS) is None
+
+
+def _msg(offset, payload, kind="write"):
+    return {"offset": offset, "kind": kind, "small_payload": bytearray(payload) if payload is not None else None}
+
+
+def test_a_batchs_small_plain_writes_make_a_local_chunk_in_offset_order():
+    assert _local_payloads([_msg(9, b"x"), _msg(4, b"yy")]) == [(4, b"yy"), (9, b"x")]
+
+
+def test_a_large_payload_a_transaction_part_or_too_many_bytes_make_an_ordinary_chunk():
+    assert _local_payloads([_msg(1, b"x"), _msg(2, None)]) is None  # its payload was too large to come along
+    assert _local_payloads([_msg(1, b"x"), _msg(2, b"y", kind="part")]) is None
+    half = b"z" * (LOCAL_BUILD_MAX_BYTES // 2 + 1)
+    assert _local_payloads([_msg(1, half), _msg(2, half)]) is None
+    assert _local_payloads([_msg(1, half)]) == [(1, half)]
