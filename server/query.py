@@ -8,6 +8,9 @@ deletes for (server/write_buffer_tail.py) is read as its chunks plus those
 writes, deduplicated and with every delete applied exactly as the consumer will
 apply them, from one cut taken under the catalog lock: the result reflects
 `visible_hi_inclusive` (>= `applied_hi_inclusive`) of every Kafka partition.
+Such a table of at most SMALL_TABLE_ROWS rows whose chunks are all local
+(lifecycle/local_rows.py) is merged with its tail rows in Arrow on the driver
+and read as one local relation: the same rows, with no Python worker.
 
 Runs on the driver (the gRPC handler's thread); Spark runs the query.
 """
@@ -226,7 +229,6 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
         return session.sql(empty_table_view_sql(schema))
     t = pa.concat_tables(parts, promote_options="permissive")
     t = deduplicate(apply_deletes(t, deletes, col_types), schema.tags(), [f.name for f in schema.fields()])
-    r.rows = t.num_rows
     if not t.num_rows:
         return session.sql(empty_table_view_sql(schema))
     name = f"iox_tail_{next(_TAIL_VIEWS)}"
