@@ -434,19 +434,17 @@ class Ingestor:
             b = _ChunkBuild(db=db, table=table, partition_key=key, rows=rows, min_time_ns=lo, max_time_ns=hi,
                             columns=chunk_cols, value_columns=len(value_cols), offsets=dict(offsets_by_kp),
                             topic=topic)
-            if local is not None:
-                b.segment_bytes = nbytes
-                b.deduplicated = disjoint_unique(ranges[key])
-                b.time_spans = time_spans.normalize([(r_lo, r_hi) for r_lo, r_hi, _u in ranges[key]])
-                seg = segment_table([(LAYOUT_WIRE, seq_base(db.epoch, off), *(bounds or (None, None)), payload)
-                                     for off, payload in local])
-                b.cdf = local_segment_df(self.spark, seg)
-                b.local_rows = decode_local(seg, chunk_cols)
-            elif keep is None:
-                b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
+            if keep is None:
                 b.segment_bytes = nbytes if bounds is None else nbytes * rows // max(1, sum(d[0] for d in days.values()))
                 b.deduplicated = disjoint_unique(ranges[key])
                 b.time_spans = time_spans.normalize([(r_lo, r_hi) for r_lo, r_hi, _u in ranges[key]])
+                if local is not None:  # a local chunk: its segment and rows made here, on the driver
+                    seg = segment_table([(LAYOUT_WIRE, seq_base(db.epoch, off), *(bounds or (None, None)), payload)
+                                         for off, payload in local])
+                    b.cdf = local_segment_df(self.spark, seg)
+                    b.local_rows = decode_local(seg, chunk_cols)
+                else:
+                    b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
             else:
                 decode_sel = sel.select("kp", "offset", "payload").coalesce(1)
                 if stashed:

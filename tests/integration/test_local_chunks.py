@@ -45,6 +45,23 @@ def test_small_writes_make_local_chunks_whose_views_read_exactly_their_rows(iox_
                     "time_ns": T0 + 1}, {"host": "c", "v": 4.0, "u": 5, "time_ns": T0 + 2}]
 
 
+def test_a_small_request_over_two_days_makes_a_local_chunk_per_day(iox_server, client, db):
+    srv = iox_server
+    day = 86_400 * 10**9
+    tok = client.write(db, f"cpu,host=a v=1 {T0}\ncpu,host=b v=2 {T0 + day}\ncpu,host=c v=3 {T0 + day + 1}\n")
+    client.wait_applied(db, tok, timeout_s=60)
+    chunks = _chunks(srv, db, "cpu")
+    assert sorted((c.partition_key, c.rows, c.local_rows.num_rows) for c in chunks) == [
+        ("2023-11-14", 1, 1), ("2023-11-15", 2, 2)]
+    for c in chunks:
+        assert _view_rows(srv, c) == _local_rows(c)
+    # the message's bytes are split between the days by rows (n // 3 and 2n // 3), not counted twice
+    one, two = sorted(chunks, key=lambda c: c.rows)
+    assert two.segment_bytes - 2 * one.segment_bytes in (0, 1, 2)
+    assert client.query(db, "SELECT host, v FROM cpu ORDER BY host").to_pylist() == [
+        {"host": "a", "v": 1.0}, {"host": "b", "v": 2.0}, {"host": "c", "v": 3.0}]
+
+
 def test_a_request_too_large_to_come_along_makes_an_ordinary_write_buffer_chunk(iox_server, client, db):
     srv = iox_server
     lines = "".join(f"big,host=h{i:05d}_{'x' * 40} v={i} {T0 + i}\n" for i in range(3000))
