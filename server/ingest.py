@@ -38,8 +38,8 @@ from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER
 from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats,
                                   table_deletes)
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
-from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_PAYLOAD_MAX_BYTES, decode_local, local_segment_df,
-                                  register_local_chunk, segment_table)
+from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
+                                  local_segment_df, register_local_chunk, segment_table)
 
 from .crash_points import crash_point
 from .delete_predicate import from_json
@@ -703,10 +703,11 @@ class _ChunkBuild:
 def _local_payloads(msgs: list) -> list | None:
     """[(offset, payload)] in offset order when a table's messages of a batch make a local chunk
     (lifecycle/local_rows.py: plain writes whose payloads all came with the metadata, within
-    LOCAL_BUILD_MAX_BYTES together), else None."""
+    LOCAL_BUILD_MAX_BYTES and LOCAL_CHUNK_MAX_ROWS together), else None."""
     if any(m.get("small_payload") is None or m["kind"] != "write" for m in msgs):
         return None
-    if sum(len(m["small_payload"]) for m in msgs) > LOCAL_BUILD_MAX_BYTES:
+    if sum(len(m["small_payload"]) for m in msgs) > LOCAL_BUILD_MAX_BYTES \
+            or sum(m.get("nrows") or 0 for m in msgs) > LOCAL_CHUNK_MAX_ROWS:
         return None
     return sorted((m["offset"], bytes(m["small_payload"])) for m in msgs)
 

@@ -68,17 +68,21 @@ def test_joined_local_rows_keeps_chunk_order_and_refuses_a_chunk_without_local_r
     assert joined_local_rows([], COLUMNS) is None
 
 
-def _msg(offset, payload, kind="write"):
-    return {"offset": offset, "kind": kind, "small_payload": bytearray(payload) if payload is not None else None}
+def _msg(offset, payload, kind="write", nrows=1):
+    return {"offset": offset, "kind": kind, "nrows": nrows,
+            "small_payload": bytearray(payload) if payload is not None else None}
 
 
 def test_a_batchs_small_plain_writes_make_a_local_chunk_in_offset_order():
     assert _local_payloads([_msg(9, b"x"), _msg(4, b"yy")]) == [(4, b"yy"), (9, b"x")]
 
 
-def test_a_large_payload_a_transaction_part_or_too_many_bytes_make_an_ordinary_chunk():
+def test_a_large_payload_a_transaction_part_too_many_bytes_or_rows_make_an_ordinary_chunk():
     assert _local_payloads([_msg(1, b"x"), _msg(2, None)]) is None  # its payload was too large to come along
     assert _local_payloads([_msg(1, b"x"), _msg(2, b"y", kind="part")]) is None
     half = b"z" * (LOCAL_BUILD_MAX_BYTES // 2 + 1)
     assert _local_payloads([_msg(1, half), _msg(2, half)]) is None
     assert _local_payloads([_msg(1, half)]) == [(1, half)]
+    rows = LOCAL_CHUNK_MAX_ROWS // 2
+    assert _local_payloads([_msg(1, b"x", nrows=rows), _msg(2, b"y", nrows=rows)]) == [(1, b"x"), (2, b"y")]
+    assert _local_payloads([_msg(1, b"x", nrows=rows), _msg(2, b"y", nrows=rows + 1)]) is None
