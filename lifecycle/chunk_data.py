@@ -133,14 +133,11 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     the whole merge, since deduplication only merges rows of one time."""
     import pyarrow as pa
 
-    from catalog.schema import SEQ_COLUMN
-
     from .arrow_merge import apply_deletes, deduplicate
-    from .ipc_segments import arrow_type, read_segment_rows
+    from .ipc_segments import chunk_arrow_schema, read_segment_rows
 
     columns = [(t, "string") for t in tags] + list(fields)
-    target = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns]
-                       + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())])
+    target = chunk_arrow_schema(columns)
     parts = []
     for ci, t in read_segment_rows(batches, columns, key_column="ci"):
         if part is not None:

@@ -32,7 +32,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 __all__ = ["SEGMENT_SCHEMA", "SEGMENT_COLUMNS", "LAYOUT_WIRE", "LAYOUT_CHUNK", "decode_fn", "chunk_table",
            "segments_df", "register_segments_chunk", "value_columns_of", "value_arrays", "read_segment_rows",
-           "arrow_type", "encode_ipc",
+           "arrow_type", "chunk_arrow_schema", "encode_ipc",
            "DECODE_PARTITIONS"]
 
 SEGMENT_SCHEMA = "layout int, seq_base long, day_lo int, day_hi int, payload binary"
@@ -51,6 +51,14 @@ def arrow_type(typ: str):
 
     return {"string": pa.string(), "float": pa.float64(), "integer": pa.int64(),
             "uinteger": pa.decimal128(20, 0), "boolean": pa.bool_()}[typ]
+
+
+def chunk_arrow_schema(columns: list):
+    """The Arrow schema of the chunk layout of `columns` [(name, type)]: them, `time_ns`, `_iox_seq`."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(n, arrow_type(t)) for n, t in columns]
+                     + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())])
 
 
 def value_arrays(t, columns: list, combine: bool = False) -> list:

@@ -27,7 +27,8 @@ engine); nothing here is pickled.
 """
 from __future__ import annotations
 
-from .ipc_segments import LAYOUT_CHUNK, chunk_table, read_segment_rows, value_columns_of
+from .ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
+                           value_columns_of)
 
 __all__ = ["LOCAL_PAYLOAD_MAX_BYTES", "LOCAL_BUILD_MAX_BYTES", "LOCAL_CHUNK_MAX_ROWS", "segment_table",
            "local_segment_df", "decode_local", "conform", "register_local_chunk", "joined_local_rows"]
@@ -53,12 +54,7 @@ def segment_table(rows: list):
 
 def local_segment_df(spark, segments):
     """A local chunk's segment: a local relation of `segments` (a `segment_table`). No job runs."""
-    from pyspark.sql import types as T
-
-    struct = T.StructType([T.StructField("layout", T.IntegerType()), T.StructField("seq_base", T.LongType()),
-                           T.StructField("day_lo", T.IntegerType()), T.StructField("day_hi", T.IntegerType()),
-                           T.StructField("payload", T.BinaryType())])
-    return spark.createDataFrame(segments, schema=struct)
+    return spark.createDataFrame(segments, schema=SEGMENT_SCHEMA)
 
 
 def decode_local(segments, columns: list):
@@ -69,7 +65,7 @@ def decode_local(segments, columns: list):
     value_cols = value_columns_of(columns)
     parts = list(read_segment_rows(segments.to_batches(), value_cols))
     if not parts:
-        return _empty(value_cols)
+        return chunk_arrow_schema(value_cols).empty_table()
     return pa.concat_tables(parts)
 
 
@@ -99,13 +95,3 @@ def joined_local_rows(chunks: list, columns: list):
         return None
     return pa.concat_tables([conform(c.local_rows, columns) for c in chunks])
 
-
-def _empty(value_cols: list):
-    import pyarrow as pa
-
-    from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
-
-    from .ipc_segments import arrow_type
-
-    return pa.schema([pa.field(n, arrow_type(t)) for n, t in value_cols]
-                     + [pa.field(TIME_NS_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())]).empty_table()
