@@ -14,7 +14,11 @@ Two ways, by the forms the chunks are held in (catalog/chunk.py):
   local too (their rows joined on the driver);
 - otherwise (`to_read_buffer`, or chunks that have a read form) the chunks are
   merged into deduplicated rows with the deletes materialised, the read form:
-  in Arrow from the write-buffer form when every chunk holds it and every
+  on the driver when every chunk is local, they hold at most
+  LOCAL_CHUNK_MAX_ROWS rows and every delete is evaluable in Arrow
+  (local_rows.merged_local_rows: no Spark job; the read form is a local
+  relation and the new chunk stays local, so queries of it run no job either),
+  else in Arrow from the write-buffer form when every chunk holds it and every
   delete is evaluable in Arrow (chunk_data.arrow_merged_df, the way persist
   merges; from 100k rows by `arrow_merge_parts` tasks side by side, each the
   rows of one part of a hash of the time, so queries of the result read the
@@ -26,15 +30,18 @@ from __future__ import annotations
 
 import logging
 
+import pyarrow.compute as pc
+
 from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
+from catalog.schema import TIME_NS_COLUMN
 
 from server.crash_points import crash_point
 
 from .chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
                          row_stats, schema_bytes, table_deletes, time_disjoint)
 from .ipc_segments import register_segments_chunk
-from .local_rows import joined_local_rows, register_local_chunk
+from .local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
 
 __all__ = ["compact_chunks"]
 
@@ -72,11 +79,19 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     segment_bytes = sum(c.segment_bytes for c in chunks) if keep_segments else 0
     segments_dedup = keep_segments and all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks)
     as_segments = keep_segments and not to_read_buffer and all(c.df is None for c in chunks)
-    df = None
+    df = local_read = None
     try:
+        # a merge of local chunks is small: computed on the driver, its read form a local relation
+        if not as_segments:
+            local_read = merged_local_rows(chunks, schema, table_deletes(db, table))
         if as_segments:
             rows = sum(c.rows for c in chunks)
             lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
+        elif local_read is not None:
+            df = local_df(spark, local_read[1], schema.to_json())
+            rows = local_read[1].num_rows
+            mm = pc.min_max(local_read[1].column(TIME_NS_COLUMN))
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
         else:
             deletes = table_deletes(db, table)
             plan = arrow_plan(chunks, schema, deletes)
@@ -97,9 +112,13 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     crash_point("compact_before_swap")
     cid = catalog.next_chunk_id()
     columns = schema.to_json()
-    # a join of local chunks stays local while it is small (lifecycle/local_rows.py)
-    local = joined_local_rows(chunks, columns) if as_segments else None
-    if local is not None:
+    # a join of local chunks stays local while it is small (lifecycle/local_rows.py); a merge of
+    # them keeps their joined rows too
+    if as_segments:
+        local = joined_local_rows(chunks, columns)
+    else:
+        local = local_read[0] if local_read is not None else None
+    if local is not None and df is None:
         view = register_local_chunk(spark, local, columns, cid)
     else:
         view = register_segments_chunk(segments, columns, cid) if as_segments else register_df_chunk(df, cid)
@@ -110,8 +129,9 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                 a, b = offsets.get(kp, (a_lo, a_hi))
                 offsets[kp] = (min(a, a_lo), max(b, a_hi))
         new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rows,
-                    size_bytes=segment_bytes + (schema_bytes(rows, schema) if df is not None else 0)
-                    + (local.nbytes if local is not None else 0), local_rows=local,
+                    size_bytes=segment_bytes + (local.nbytes if local is not None else 0)
+                    + (local_read[1].nbytes if local_read is not None else schema_bytes(rows, schema) if df is not None
+                       else 0), local_rows=local,
                     min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
                     created_at=max(c.created_at for c in chunks),
                     deduplicated=segments_dedup if as_segments else True, segments=segments,

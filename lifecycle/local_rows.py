@@ -31,7 +31,8 @@ from .ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chu
                            value_columns_of)
 
 __all__ = ["LOCAL_PAYLOAD_MAX_BYTES", "LOCAL_BUILD_MAX_BYTES", "LOCAL_CHUNK_MAX_ROWS", "segment_table",
-           "local_segment_df", "decode_local", "conform", "register_local_chunk", "joined_local_rows"]
+           "local_segment_df", "decode_local", "conform", "local_df", "register_local_chunk", "joined_local_rows",
+           "merged_local_rows"]
 
 #: a message's payload travels to the driver with the batch's metadata only up to this size
 LOCAL_PAYLOAD_MAX_BYTES = 16 * 1024
@@ -75,15 +76,49 @@ def conform(rows, columns: list):
     return chunk_table(rows, LAYOUT_CHUNK, 0, None, None, value_columns_of(columns))
 
 
+def local_df(spark, rows, columns: list):
+    """A local relation of `rows` (a pyarrow Table in the chunk layout of `columns`). No job runs."""
+    from catalog.schema import TableSchema
+    from server.views import spark_struct_for
+
+    return spark.createDataFrame(rows, schema=spark_struct_for(TableSchema.from_json("_", columns)))
+
+
 def register_local_chunk(spark, rows, columns: list, chunk_id: int) -> str:
     """Registers a local chunk's view: a local relation of its `rows`. Returns the view name."""
-    from catalog.schema import TableSchema
-    from server.views import chunk_view_name, spark_struct_for
+    from server.views import chunk_view_name
 
     view = chunk_view_name(chunk_id)
-    struct = spark_struct_for(TableSchema.from_json("_", columns))
-    spark.createDataFrame(rows, schema=struct).createOrReplaceGlobalTempView(view)
+    local_df(spark, rows, columns).createOrReplaceGlobalTempView(view)
     return view
+
+
+def merged_local_rows(chunks: list, schema, deletes: list):
+    """(joined, merged) for a merge of local chunks on the driver (compaction into the read form):
+    `joined` their `joined_local_rows`, `merged` those rows with `deletes` (of the mailbox) applied
+    and deduplicated in Arrow (lifecycle/arrow_merge.py: the rows `chunk_data.merged_df` gives),
+    both in the chunk layout of `schema`. None when `joined_local_rows` is None or a delete that
+    meets them is not evaluable in Arrow. No Spark job runs."""
+    import pyarrow.compute as pc
+
+    from catalog.schema import TIME_NS_COLUMN
+
+    from .arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
+
+    columns = schema.to_json()
+    joined = joined_local_rows(chunks, columns)
+    if joined is None:
+        return None
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    mm = pc.min_max(joined.column(TIME_NS_COLUMN))
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    arrow_deletes = [as_arrow_delete(d) for d in deletes
+                     if lo is not None and d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    if not deletes_supported(arrow_deletes, col_types):
+        return None
+    merged = deduplicate(apply_deletes(joined, arrow_deletes, col_types), schema.tags(),
+                         [f.name for f in schema.fields()])
+    return joined, merged
 
 
 def joined_local_rows(chunks: list, columns: list):
@@ -91,7 +126,8 @@ def joined_local_rows(chunks: list, columns: list):
     of them holds none or the join would pass LOCAL_CHUNK_MAX_ROWS."""
     import pyarrow as pa
 
-    if not chunks or any(c.local_rows is None for c in chunks) or sum(c.rows for c in chunks) > LOCAL_CHUNK_MAX_ROWS:
+    if not chunks or any(c.local_rows is None for c in chunks) \
+            or sum(c.local_rows.num_rows for c in chunks) > LOCAL_CHUNK_MAX_ROWS:
         return None
     return pa.concat_tables([conform(c.local_rows, columns) for c in chunks])
 

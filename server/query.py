@@ -8,9 +8,11 @@ deletes for (server/write_buffer_tail.py) is read as its chunks plus those
 writes, deduplicated and with every delete applied exactly as the consumer will
 apply them, from one cut taken under the catalog lock: the result reflects
 `visible_hi_inclusive` (>= `applied_hi_inclusive`) of every Kafka partition.
-Such a table of at most SMALL_TABLE_ROWS rows whose chunks are all local
-(lifecycle/local_rows.py) is merged with its tail rows in Arrow on the driver
-and read as one local relation: the same rows, with no Python worker.
+A table of at most SMALL_TABLE_ROWS rows whose chunks are all local
+(lifecycle/local_rows.py) is merged with its tail rows (if any) in Arrow on the
+driver and read as one local relation: the same rows, with no Python worker;
+a query that only filters and projects such tables is answered on the driver
+without a Spark job (`to_arrow`), so it never waits for a task slot.
 
 Runs on the driver (the gRPC handler's thread); Spark runs the query.
 """
@@ -32,7 +34,7 @@ from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSche
 from .errors import DatabaseNotFound, InvalidArgument
 from .views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
 
-__all__ = ["QueryEngine", "QueryResult", "tail_rows"]
+__all__ = ["QueryEngine", "QueryResult", "tail_rows", "to_arrow"]
 
 _TAIL_VIEWS = itertools.count(1)
 
@@ -85,12 +87,13 @@ class QueryEngine:
                     kp = partition_for(table, db.kafka_partitions)
                     r.tail_writes = cut.writes.get(table, [])
                     r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
-                    if r.tail_writes or r.tail_deletes:
-                        r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
-                        if all(c.local_rows is not None and c.view is not None for c in chunks):
-                            r.local = [c.local_rows for c in chunks]
-                        r.deletes = table_deletes(db, table)
-                        r.schema = db.schemas.get(table)
+                all_local = all(c.local_rows is not None and c.view is not None for c in chunks)
+                if r.from_tail or (chunks and all_local):
+                    r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
+                    if all_local:
+                        r.local = [c.local_rows for c in chunks]
+                    r.deletes = table_deletes(db, table)
+                    r.schema = db.schemas.get(table)
                 reads[table] = r
         now = time.time()
         for table in _tables_named(sql, db.table_names()):
@@ -107,8 +110,8 @@ class QueryEngine:
         try:
             n_tail = 0
             for table, r in sorted(reads.items()):
-                if r.from_tail:
-                    n_tail += 1
+                if r.from_tail or r.local:
+                    n_tail += r.from_tail
                     _tail_view(session, table, db.epoch, r).createOrReplaceTempView(table)
                     continue
                 if has_view(table):
@@ -121,7 +124,7 @@ class QueryEngine:
             t_views = time.perf_counter()
             df = session.sql(sql)
             t_sql = time.perf_counter()
-            result = df.toArrow()
+            result = to_arrow(df)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("query on %s: %d rows; cut %.3f s, views %.3f s (%d table(s), %d from the tail), run %.3f s "
                           "(analysis %.3f s)", database, result.num_rows, t_cut - t0, t_views - t_cut, len(reads),
@@ -235,9 +238,40 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
     session.createDataFrame(t, schema=spark_struct_for(schema)).createOrReplaceTempView(name)
     mm = pc.min_max(t.column(TIME_NS_COLUMN))
     src = ChunkSource(quote(name), set(col_types), mm["min"].as_py(), mm["max"].as_py(), deduplicated=True)
-    df = session.sql(_small(table_view_sql(schema, [src]), t.num_rows))
+    # no COALESCE hint: a projection or filter of a local relation is folded into one, which
+    # `to_arrow` reads without a Spark job
+    df = session.sql(table_view_sql(schema, [src]))
     session.catalog.dropTempView(name)
     return df
+
+
+def to_arrow(df) -> pa.Table:
+    """`df.toArrow()`, the same table, without a Spark job when the physical plan is a local
+    relation (a small table merged on the driver by `_local_merge`, filtered and projected; Spark
+    folds those into the relation): its rows are converted to Arrow on the driver by Spark's own
+    ArrowConverters, as Spark Connect serves such a plan. `toArrow` runs a job for any plan, and a
+    job waits for a free task slot, behind the micro-batches' tasks under load. Driver side."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    plan = df._jdf.queryExecution().executedPlan()
+    if plan.nodeName() != "LocalTableScan":
+        return df.toArrow()
+    spark = df.sparkSession
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                             prefers_large_types=large)
+    conv = getattr(getattr(spark._jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
+    it = conv.toBatchWithSchemaIterator(plan.rows().iterator(), plan.schema(), _ARROW_BATCH_ROWS, _ARROW_BATCH_BYTES,
+                                        spark.conf.get("spark.sql.session.timeZone"), True, large)
+    batches = []
+    while it.hasNext():
+        batches.extend(pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches())
+    return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+
+
+#: the Arrow batches `to_arrow` converts a local relation's rows in (rows, estimated bytes)
+_ARROW_BATCH_ROWS = 10_000
+_ARROW_BATCH_BYTES = 64 * 1024 * 1024
 
 
 def tail_rows(writes: list, columns: list, epoch: int) -> pa.Table | None:

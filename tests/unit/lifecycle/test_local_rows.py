@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 from lifecycle.ipc_segments import LAYOUT_WIRE, decode_fn, encode_ipc
+from catalog.delete_mailbox import Delete
+from catalog.schema import TableSchema
 from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
-                                  joined_local_rows, segment_table)
+                                  joined_local_rows, merged_local_rows, segment_table)
 from server.ingest import _local_payloads, seq_base
 from server.wire_format import NS_PER_DAY
 
@@ -64,8 +66,43 @@ def test_joined_local_rows_keeps_chunk_order_and_refuses_a_chunk_without_local_r
     assert joined.column("_iox_seq").to_pylist() == [10, 11, 20]
     assert joined.column("u").to_pylist() == [None, None, Decimal(2**64 - 1)]
     assert joined_local_rows([ca, SimpleNamespace(local_rows=None, rows=1)], COLUMNS) is None
-    assert joined_local_rows([ca, SimpleNamespace(local_rows=rb, rows=LOCAL_CHUNK_MAX_ROWS)], COLUMNS) is None
+    # bounded by the rows held (a read-form chunk's `rows` count its merge, fewer)
+    many = rb.take([0] * LOCAL_CHUNK_MAX_ROWS)
+    assert joined_local_rows([ca, SimpleNamespace(local_rows=many, rows=1)], COLUMNS) is None
+    assert joined_local_rows([SimpleNamespace(local_rows=many, rows=1)], COLUMNS).num_rows == LOCAL_CHUNK_MAX_ROWS
     assert joined_local_rows([], COLUMNS) is None
+
+
+def test_merged_local_rows_apply_the_deletes_and_deduplicate_on_the_driver():
+    """The read form of a merge of local chunks: the joined rows kept as they are, the merge with a
+    delete applied (only to rows written before it) and a rewritten point merged field by field."""
+    a, b = _payloads()
+    ra = decode_local(segment_table([(LAYOUT_WIRE, 10, None, None, a)]), COLUMNS)
+    rb = decode_local(segment_table([(LAYOUT_WIRE, 20, None, None, b)]), COLUMNS)
+    chunks = [SimpleNamespace(local_rows=ra, rows=2), SimpleNamespace(local_rows=rb, rows=1)]
+    schema = TableSchema.from_json("cpu", COLUMNS)
+    # a delete of host b (seq 15: after chunk a's rows) and one after every row that meets nothing
+    deletes = [Delete("cpu", 0, NS_PER_DAY * 2, (("host", "=", "b", "string"),), 15, 0),
+               Delete("cpu", 0, NS_PER_DAY * 2, (("host", "=", "a", "string"),), 5, 0)]
+    joined, merged = merged_local_rows(chunks, schema, deletes)
+    assert joined.to_pylist() == joined_local_rows(chunks, COLUMNS).to_pylist()
+    assert sorted(merged.to_pylist(), key=lambda r: r["time_ns"]) == [
+        {"host": "a", "v": 1.0, "u": None, "time_ns": 1, "_iox_seq": 10},
+        {"host": "a", "v": None, "u": Decimal(2**64 - 1), "time_ns": 3, "_iox_seq": 20}]
+    # a rewrite of a point: one row, each field its last value
+    rc = decode_local(segment_table([(LAYOUT_WIRE, 30, None, None, encode_ipc(pa.table(
+        {"host": ["a"], "u": pa.array([7], pa.uint64()), "time": pa.array([1], pa.int64())})))]), COLUMNS)
+    _, merged = merged_local_rows(chunks + [SimpleNamespace(local_rows=rc, rows=1)], schema, [])
+    assert sorted(merged.to_pylist(), key=lambda r: (r["time_ns"], r["host"])) == [
+        {"host": "a", "v": 1.0, "u": Decimal(7), "time_ns": 1, "_iox_seq": 30},
+        {"host": "a", "v": None, "u": Decimal(2**64 - 1), "time_ns": 3, "_iox_seq": 20},
+        {"host": "b", "v": 2.0, "u": None, "time_ns": NS_PER_DAY + 2, "_iox_seq": 11}]
+    # refused: a delete Arrow does not evaluate (a comparison of a float with a string), a chunk
+    # that is not local, too many rows
+    assert merged_local_rows(chunks, schema, [Delete("cpu", 0, 10, (("v", "=", "x", "string"),), 99, 0)]) is None
+    assert merged_local_rows(chunks + [SimpleNamespace(local_rows=None, rows=1)], schema, []) is None
+    many = SimpleNamespace(local_rows=rb.take([0] * LOCAL_CHUNK_MAX_ROWS), rows=1)
+    assert merged_local_rows(chunks + [many], schema, []) is None
 
 
 def _msg(offset, payload, kind="write", nrows=1):
