@@ -396,6 +396,12 @@ class WriteBuffer:
                     log.warning("producer poll: %s", e)
 
     def close(self) -> None:
+        """Flushes (at most 5 s), stops the poll thread and closes the producer. Called by the server's
+        stop, after its gRPC and HTTP servers stopped. What the flush did not deliver is purged (its
+        requests are answered UNAVAILABLE): a closed producer no longer reconnects to the broker, whose
+        port, once it stops, another process may have taken (the test suite's Spark took one)."""
         self._producer.flush(5)
         self._stop.set()
         self._poller.join(2)
+        self._producer.purge()
+        self._producer.close()
