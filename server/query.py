@@ -112,7 +112,7 @@ class QueryEngine:
             for table, r in sorted(reads.items()):
                 if r.from_tail or r.local:
                     n_tail += r.from_tail
-                    _tail_view(session, table, db.epoch, r).createOrReplaceTempView(table)
+                    _tail_view(session, table, db.epoch, r).createOrReplaceTempView(quote(table))
                     continue
                 if has_view(table):
                     view_sql = f"SELECT * FROM global_temp.{quote(table_view_name(database, table))}"

@@ -198,8 +198,12 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     Every step answers the same, duplicates and overwrites included. From ARROW_MERGE_MIN_ROWS rows
     the read form is `parts` checkpoints split by time, one Spark partition each."""
     import lifecycle.chunk_data as chunk_data
+    import server.ingest as ingest
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10 if parts > 1 else 10**9)
+    # checkpointed segments, not local chunks (those move to the read buffer on the driver, a local
+    # relation: tests/integration/test_local_chunks.py)
+    monkeypatch.setattr(ingest, "LOCAL_BUILD_MAX_BYTES", -1)
     c, db, srv = manual.client, f"m_{uuid.uuid4().hex[:8]}", manual.server
     for k in range(3):
         _write(c, db, [f"cpu,host=h{i % 3} v={k * 10 + i},w={k}i {T0 + k * 10 + i}" for i in range(10)])
