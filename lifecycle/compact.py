@@ -88,9 +88,10 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             rows = sum(c.rows for c in chunks)
             lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
         elif local_read is not None:
-            df = local_df(spark, local_read[1], schema.to_json())
-            rows = local_read[1].num_rows
-            mm = pc.min_max(local_read[1].column(TIME_NS_COLUMN))
+            merged = local_read[1]
+            df = local_df(spark, merged, schema.to_json())
+            rows = merged.num_rows
+            mm = pc.min_max(merged.column(TIME_NS_COLUMN))
             lo, hi = mm["min"].as_py(), mm["max"].as_py()
         else:
             deletes = table_deletes(db, table)
@@ -118,6 +119,8 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         local = joined_local_rows(chunks, columns)
     else:
         local = local_read[0] if local_read is not None else None
+    # the read form's bytes: the merged rows of a local merge, else the estimate of a checkpoint's
+    read_bytes = local_read[1].nbytes if local_read is not None else schema_bytes(rows, schema) if df is not None else 0
     if local is not None and df is None:
         view = register_local_chunk(spark, local, columns, cid)
     else:
@@ -129,9 +132,8 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                 a, b = offsets.get(kp, (a_lo, a_hi))
                 offsets[kp] = (min(a, a_lo), max(b, a_hi))
         new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rows,
-                    size_bytes=segment_bytes + (local.nbytes if local is not None else 0)
-                    + (local_read[1].nbytes if local_read is not None else schema_bytes(rows, schema) if df is not None
-                       else 0), local_rows=local,
+                    size_bytes=segment_bytes + (local.nbytes if local is not None else 0) + read_bytes,
+                    local_rows=local,
                     min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
                     created_at=max(c.created_at for c in chunks),
                     deduplicated=segments_dedup if as_segments else True, segments=segments,

@@ -32,7 +32,7 @@ from .ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chu
 
 __all__ = ["LOCAL_PAYLOAD_MAX_BYTES", "LOCAL_BUILD_MAX_BYTES", "LOCAL_CHUNK_MAX_ROWS", "segment_table",
            "local_segment_df", "decode_local", "conform", "local_df", "register_local_chunk", "joined_local_rows",
-           "merged_local_rows"]
+           "merged_local_rows", "merge_rows"]
 
 #: a message's payload travels to the driver with the batch's metadata only up to this size
 LOCAL_PAYLOAD_MAX_BYTES = 16 * 1024
@@ -95,30 +95,35 @@ def register_local_chunk(spark, rows, columns: list, chunk_id: int) -> str:
 
 def merged_local_rows(chunks: list, schema, deletes: list):
     """(joined, merged) for a merge of local chunks on the driver (compaction into the read form):
-    `joined` their `joined_local_rows`, `merged` those rows with `deletes` (of the mailbox) applied
-    and deduplicated in Arrow (lifecycle/arrow_merge.py: the rows `chunk_data.merged_df` gives),
-    both in the chunk layout of `schema`. None when `joined_local_rows` is None or a delete that
-    meets them is not evaluable in Arrow. No Spark job runs."""
+    `joined` their `joined_local_rows`, `merged` those rows through `merge_rows` with the `deletes`
+    (of the mailbox) that meet their time range, both in the chunk layout of `schema`. None when
+    `joined_local_rows` is None or such a delete is not evaluable in Arrow. No Spark job runs."""
     import pyarrow.compute as pc
 
     from catalog.schema import TIME_NS_COLUMN
 
-    from .arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
-
-    columns = schema.to_json()
-    joined = joined_local_rows(chunks, columns)
+    joined = joined_local_rows(chunks, schema.to_json())
     if joined is None:
         return None
-    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     mm = pc.min_max(joined.column(TIME_NS_COLUMN))
     lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    arrow_deletes = [as_arrow_delete(d) for d in deletes
-                     if lo is not None and d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    merged = merge_rows(joined, schema, [d for d in deletes
+                                         if lo is not None and d.start_ns <= hi and d.stop_ns_exclusive > lo])
+    return None if merged is None else (joined, merged)
+
+
+def merge_rows(t, schema, deletes: list):
+    """Rows `t` in the chunk layout of `schema` with `deletes` (of the mailbox) applied and
+    deduplicated in Arrow (lifecycle/arrow_merge.py: the rows the SQL merge of the table views
+    gives), or None when a delete is not evaluable in Arrow. Pure (driver: compaction of local
+    chunks, the query engine's merge of a small table)."""
+    from .arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
+
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    arrow_deletes = [as_arrow_delete(d) for d in deletes]
     if not deletes_supported(arrow_deletes, col_types):
         return None
-    merged = deduplicate(apply_deletes(joined, arrow_deletes, col_types), schema.tags(),
-                         [f.name for f in schema.fields()])
-    return joined, merged
+    return deduplicate(apply_deletes(t, arrow_deletes, col_types), schema.tags(), [f.name for f in schema.fields()])
 
 
 def joined_local_rows(chunks: list, columns: list):

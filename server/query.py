@@ -218,26 +218,25 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
     rows the SQL view gives), read as one local relation: no Python worker and no GROUP BY in Spark.
     None when it does not apply (more than SMALL_TABLE_ROWS rows, or a delete Arrow does not
     evaluate): the caller builds the view from the chunks' views."""
-    from lifecycle.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
-    from lifecycle.local_rows import conform
+    from lifecycle.local_rows import conform, merge_rows
 
-    n = sum(t.num_rows for t in r.local) + (tail.num_rows if tail is not None else 0)
-    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
-    deletes = [as_arrow_delete(d) for d in list(r.deletes) + list(r.tail_deletes)]
-    if n > SMALL_TABLE_ROWS or not deletes_supported(deletes, col_types):
+    if sum(t.num_rows for t in r.local) + (tail.num_rows if tail is not None else 0) > SMALL_TABLE_ROWS:
         return None
     columns = schema.to_json()
     parts = [conform(t, columns) for t in r.local] + ([tail] if tail is not None else [])
     if not parts:
         return session.sql(empty_table_view_sql(schema))
-    t = pa.concat_tables(parts, promote_options="permissive")
-    t = deduplicate(apply_deletes(t, deletes, col_types), schema.tags(), [f.name for f in schema.fields()])
+    t = merge_rows(pa.concat_tables(parts, promote_options="permissive"), schema,
+                   list(r.deletes) + list(r.tail_deletes))
+    if t is None:  # a delete Arrow does not evaluate
+        return None
     if not t.num_rows:
         return session.sql(empty_table_view_sql(schema))
     name = f"iox_tail_{next(_TAIL_VIEWS)}"
     session.createDataFrame(t, schema=spark_struct_for(schema)).createOrReplaceTempView(name)
     mm = pc.min_max(t.column(TIME_NS_COLUMN))
-    src = ChunkSource(quote(name), set(col_types), mm["min"].as_py(), mm["max"].as_py(), deduplicated=True)
+    src = ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"}, mm["min"].as_py(),
+                      mm["max"].as_py(), deduplicated=True)
     # no COALESCE hint: a projection or filter of a local relation is folded into one, which
     # `to_arrow` reads without a Spark job
     df = session.sql(table_view_sql(schema, [src]))
