@@ -15,6 +15,14 @@ Invariants (IOx compact_object_store_chunks):
   a crash leaves the old files in force; after it, the new one.
 - The replaced chunks are retired, not released: queries planned before the
   swap still read them (cleanup keeps the files retired chunks read).
+
+How: files none of whose chunks is held in memory, at most `ARROW_COMPACTION_MAX_ROWS`
+rows in all, and whose deletes Arrow evaluates are merged in ONE executor task
+in Arrow (`_arrow_compaction_fn`: read with pyarrow, lifecycle/arrow_merge.py's
+`apply_deletes` and `deduplicate`, one Parquet file written): one core for a few
+seconds, where Spark's GROUP BY of every row took both cores for a minute
+(22M rows), holding the lifecycle worker (persists wait for it) and the
+micro-batches' task slots. Others take Spark's merge (`merged_df`), which spills.
 """
 from __future__ import annotations
 
@@ -30,14 +38,18 @@ from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 from server.crash_points import crash_point
 
 from .chunk_data import (merged_df, register_df_chunk, register_parquet_chunk, release_df, schema_bytes,
-                         table_deletes)
-from .persist import InFlightFiles, add_parquet_action, write_one_file
+                         table_deletes, time_disjoint)
+from .persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
-__all__ = ["PersistedCompaction", "compact_persisted_chunks"]
+__all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks"]
 
 log = logging.getLogger(__name__)
 
 _STORED = ("persisted", "unloaded")
+
+#: files holding more rows than this in all are merged by Spark (which spills to disk), not in one
+#: Python worker's memory (~70 bytes a row of the bench's 5-column table, plus the merge's copy)
+ARROW_COMPACTION_MAX_ROWS = 32_000_000
 
 
 @dataclass(frozen=True)
@@ -78,14 +90,19 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         part.compacting = True
     old_keys = tuple(k for c in stored for k in c.parquet_keys)
     key = parquet_key(db.name, table, partition_key, uuid.uuid4())
-    merged = None
+    merged = plan = None
     try:
         schema = db.schemas.get(table)
-        merged = merged_df(spark, schema, stored, table_deletes(db, table))
-        if in_memory:
-            merged = merged.localCheckpoint(eager=True)
+        deletes = table_deletes(db, table)
+        plan = None if in_memory else _arrow_plan(stored, schema, deletes)
         in_flight.add([key])
-        meta = write_one_file(merged, store, key)
+        if plan is not None:
+            meta = _arrow_compact(spark, store, stored, key, schema, *plan)
+        else:
+            merged = merged_df(spark, schema, stored, deletes)
+            if in_memory:
+                merged = merged.localCheckpoint(eager=True)
+            meta = write_one_file(merged, store, key)
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         added = [add_parquet_action(m, table, partition_key, schema) for m in meta]
         actions += added
@@ -124,6 +141,83 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
     catalog.retire(stored, now)
     rows = sum(f.row_count for f in added)
     new_key = added[0].key if added else None
-    log.info("compacted %d Parquet files of %s/%s/%s into %s (%d rows), revision %d", len(old_keys), db.name, table,
-             partition_key, new_key or "nothing", rows, revision)
+    log.info("compacted %d Parquet files of %s/%s/%s into %s (%d rows, merged %s), revision %d", len(old_keys), db.name,
+             table, partition_key, new_key or "nothing", rows, "in Arrow" if plan is not None else "by Spark", revision)
     return PersistedCompaction(table, partition_key, old_keys, new_key, rows, revision)
+
+
+def _arrow_plan(stored: list, schema, deletes: list) -> tuple | None:
+    """(ArrowDelete list, whether to deduplicate) when `stored` (chunks read from Parquet only) can
+    be merged in Arrow: at most ARROW_COMPACTION_MAX_ROWS rows and every delete term that meets
+    their time span evaluable in Arrow; else None. Deduplication is skipped when every file is
+    deduplicated and no two meet in time. Pure (driver)."""
+    from .arrow_merge import as_arrow_delete, deletes_supported
+
+    if sum(c.rows for c in stored) > ARROW_COMPACTION_MAX_ROWS:
+        return None
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    lo, hi = min(c.min_time_ns for c in stored), max(c.max_time_ns for c in stored)
+    arrow_deletes = [as_arrow_delete(d) for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    if not deletes_supported(arrow_deletes, col_types):
+        return None
+    return arrow_deletes, not (all(c.deduplicated for c in stored) and time_disjoint(stored))
+
+
+def _arrow_compact(spark, store: ObjectStore, stored: list, key: str, schema, deletes: list, dedup: bool) -> list:
+    """Runs `_arrow_compaction_fn` as one task (driver side); returns `write_one_file`'s metadata."""
+    columns = layout_columns(schema)
+    fn = _arrow_compaction_fn(store, [k for c in stored for k in c.parquet_keys], key, columns,
+                              list(schema.tags()), [f.name for f in schema.fields()], deletes, dedup)
+    return spark.range(0, 1, 1, 1).mapInArrow(fn, FILE_META_SCHEMA).collect()
+
+
+def _arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns: list, tags: list, fields: list,
+                         deletes: list, dedup: bool):
+    """mapInArrow function of ONE task (executor side): reads `file_keys` with pyarrow in the
+    chunk layout of `columns` [(name, type)] (a column a file lacks reads as NULL), applies
+    `deletes` (ArrowDelete), deduplicates when `dedup`, writes the rows as one Parquet file at
+    `key` and yields its metadata in `write_one_file`'s schema (nothing when no row is left).
+    Picklable (the store config and plain data)."""
+
+    def fn(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+
+        from .arrow_merge import apply_deletes, deduplicate
+        from .ipc_segments import arrow_type, chunk_arrow_schema
+        from .persist import ROW_GROUP_ROWS, parquet_options
+
+        for _ in batches:  # the one input row only starts the task
+            pass
+        target = chunk_arrow_schema(columns)
+        fs, _base = store.arrow_fs()
+        parts = []
+        for k in file_keys:
+            f = pq.read_table(store.arrow_path(k), filesystem=fs)
+            have = set(f.column_names)
+            # a persisted file's column has the table's type (a conflicting write is refused), so a
+            # failing cast is an error, not a NULL
+            arrays = [pc.cast(f.column(n), arrow_type(t)) if n in have else pa.nulls(f.num_rows, arrow_type(t))
+                      for n, t in columns]
+            parts.append(pa.Table.from_arrays(arrays + [f.column(TIME_NS_COLUMN), f.column(SEQ_COLUMN)],
+                                              schema=target))
+        t = pa.concat_tables(parts)
+        del parts
+        t = apply_deletes(t, deletes, dict(columns))
+        if dedup:
+            t = deduplicate(t, tags, fields)
+        if t.num_rows:
+            wfs, path = store.arrow_prepare_write(key)
+            pq.write_table(t, path, filesystem=wfs, row_group_size=ROW_GROUP_ROWS, **parquet_options(t.schema.names))
+            tt, ss = pc.min_max(t.column(TIME_NS_COLUMN)), pc.min_max(t.column(SEQ_COLUMN))
+            yield pa.RecordBatch.from_pylist([{"key": key, "rows": t.num_rows, "size": wfs.get_file_info(path).size,
+                                               "min_t": tt["min"].as_py(), "max_t": tt["max"].as_py(),
+                                               "min_seq": ss["min"].as_py(), "max_seq": ss["max"].as_py()}])
+        del t
+        # the Python worker lives on (reused): hand the merge's memory back to the OS
+        pa.default_memory_pool().release_unused()
+
+    return fn

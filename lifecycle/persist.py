@@ -49,11 +49,12 @@ from .ipc_segments import LAYOUT_CHUNK, register_segments_chunk
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
-           "add_parquet_action"]
+           "add_parquet_action", "FILE_META_SCHEMA"]
 
 log = logging.getLogger(__name__)
 
-_META_SCHEMA = "key string, rows long, size long, min_t long, max_t long, min_seq long, max_seq long"
+#: the metadata a task yields for each Parquet file it wrote (`write_one_file`, compaction in Arrow)
+FILE_META_SCHEMA = "key string, rows long, size long, min_t long, max_t long, min_seq long, max_seq long"
 #: rows per Parquet row group (pyarrow's default for a whole table): Spark hands the writer
 #: 10,000-row Arrow batches, and a row group each made files ~1.7x larger
 ROW_GROUP_ROWS = 1 << 20
@@ -157,7 +158,7 @@ def write_one_file(df, store: ObjectStore, key: str) -> list:
 
     Returns [Row(key, rows, size, min_t, max_t, min_seq, max_seq)], or [] when `df` is empty.
     """
-    return df.coalesce(1).mapInArrow(_writer_fn(store, key), _META_SCHEMA).collect()
+    return df.coalesce(1).mapInArrow(_writer_fn(store, key), FILE_META_SCHEMA).collect()
 
 
 def add_parquet_action(m, table: str, partition_key: str, schema) -> AddParquet:

@@ -7,6 +7,7 @@ its own, with small lifecycle thresholds where the test needs the policy to act.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -515,11 +516,18 @@ def test_persisting_a_compacted_chunk(manual, form):
     assert (f.metadata.num_rows, f.metadata.num_row_groups) == (3 * n, 1)
 
 
-def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual):
+@pytest.mark.parametrize("merge", ["arrow", "spark"])
+def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, merge, monkeypatch, caplog):
     """Three files (overwrites across them, a recorded delete on the first) become one file in
-    one transaction; answers, the delete and a restart agree; the old files go only once the
-    chunks reading them are released."""
+    one transaction, merged in Arrow (one task) or, above ARROW_COMPACTION_MAX_ROWS, by Spark;
+    answers, the delete and a restart agree; the old files go only once the chunks reading them
+    are released."""
+    from lifecycle import compact_persisted
     from lifecycle.chunk_data import release_chunk_data
+
+    if merge == "spark":
+        monkeypatch.setattr(compact_persisted, "ARROW_COMPACTION_MAX_ROWS", 0)
+    caplog.set_level(logging.INFO, logger="lifecycle.compact_persisted")
 
     c, db = manual.client, f"k_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
@@ -541,6 +549,9 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual):
     assert [set(p.applies_to) for p in pc.state.delete_predicates] == [set(old)]
     r = c.compact(db, "cpu", "2023-11-14", persisted=True)
     assert r["compacted"] is True and int(r["rows"]) == 30 and sorted(r["removed_files"]) == sorted(old)
+    merged_by = [m.getMessage().split("merged ")[1].split(")")[0] for m in caplog.records
+                 if m.name == "lifecycle.compact_persisted" and db in m.getMessage()]
+    assert merged_by == ["in Arrow" if merge == "arrow" else "by Spark"]
     assert c.query(db, Q).to_pylist() == expect
     part = _partitions(c, db)["2023-11-14"]
     assert [f["key"] for f in part["files"]] == [r["added_file"]] and int(part["files"][0]["rows"]) == 30
@@ -556,6 +567,8 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual):
         release_chunk_data(srv.spark, ch)
     assert sorted(srv.lifecycle.cleanup(time.time() + 10_000, 900.0)) == sorted(old)
     assert c.query(db, Q).to_pylist() == expect
+    if merge == "spark":
+        return  # the commit a restart reads is the same for both merges: one restart suffices
     r2 = manual.restart()
     try:
         assert r2.client.query(db, Q).to_pylist() == expect

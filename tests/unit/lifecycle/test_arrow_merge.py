@@ -160,6 +160,36 @@ def test_deduplicate_returns_a_table_without_repeated_times_as_it_is(times):
     assert deduplicate(t, TAGS, [n for n, _t in FIELDS]) is t
 
 
+@pytest.mark.parametrize("m1, m2", [(arrow_merge._HASH_M1, arrow_merge._HASH_M2),  # the real hash
+                                     (arrow_merge._HASH_M1, 0),  # tags ignored: rows of one time collide
+                                     (0, 0)])  # every row collides
+@settings(max_examples=200, deadline=None)
+@given(rs=rows())
+def test_deduplicate_narrowed_by_the_key_hash_equals_reference_also_when_hashes_collide(m1, m2, rs):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(arrow_merge, "_KEY_HASH_MIN_ROWS", 0)
+        mp.setattr(arrow_merge, "_HASH_M1", m1)
+        mp.setattr(arrow_merge, "_HASH_M2", m2)
+        got = deduplicate(_table(rs), TAGS, [n for n, _t in FIELDS])
+    assert got.schema == _table(rs).schema
+    assert sorted(map(_key, got.to_pylist())) == sorted(map(_key, _reference_dedup(rs)))
+
+
+def test_new_series_at_the_same_times_are_kept_as_they_are_with_one_rewrite_merged(monkeypatch):
+    """Many series reporting on the same ticks (every time repeats, no key does) over several
+    chunks, plus one point written twice: only that point is merged."""
+    monkeypatch.setattr(arrow_merge, "_KEY_HASH_MIN_ROWS", 100)
+    rs = [{"host": f"h{k}", "region": None if k % 5 == 0 else "eu", "f": float(k), "i": None, "u": None, "s": None,
+           "b": None, "time_ns": tick, "_iox_seq": 1000 * k + tick} for k in range(40) for tick in range(10)]
+    rs.append(dict(rs[13], f=None, i=7, _iox_seq=99_999))  # host h1 at tick 3: i added, f kept
+    t = pa.concat_tables([_table(rs[o:o + 50]) for o in range(0, len(rs), 50)])
+    mask = arrow_merge._repeated_key_among(t, TAGS, arrow_merge._repeated_time_mask(t))
+    assert [i for i, m in enumerate(mask.tolist()) if m] == [13, 400]
+    got = deduplicate(t, TAGS, [n for n, _t in FIELDS])
+    assert sorted(map(_key, got.to_pylist())) == sorted(map(_key, _reference_dedup(rs)))
+    assert got.num_rows == 400 and {r["i"] for r in got.to_pylist() if (r["host"], r["time_ns"]) == ("h1", 3)} == {7}
+
+
 _terms = st.lists(st.one_of(
     st.tuples(st.just("host"), st.sampled_from(["=", "!="]), st.sampled_from(["a", "b"]), st.just("string")),
     st.tuples(st.just("f"), st.sampled_from(["=", "!="]), st.sampled_from([1.5, 0.0]), st.just("float")),
