@@ -12,8 +12,12 @@ figure is the sustained run's acknowledged points / (time from its first write
 until its last acknowledged offset is applied, i.e. queryable), and it counts as
 met only if that run's lag did not grow. The server runs its lifecycle
 (row-threshold persists with a short late-arrive window) during the runs, as in
-steady state; after the burst, what is left unpersisted is persisted and the
-baseline runs with the machine to itself, before the sustained runs.
+steady state; after the burst, what is left unpersisted is persisted, the
+lifecycle's compaction of the then cold partitions' files is waited for, and the
+baseline runs with the machine to itself, before the sustained runs. A second
+sustained run starts once the lifecycle is done with the first one's data (its
+last persists, the compaction of its cold partitions' files): each run measures
+the lifecycle work its own writes cause, not a previous run's.
 
 Baseline: a plain Spark Structured Streaming job in a separate Spark
 application (bench/spark_worker.py) reading the SAME topic with the same
@@ -217,11 +221,14 @@ def run(ctx) -> list[Row]:
                                       s["settle_s"])
     ours_files = max((p["files"] for p in parts), default=0)
     settle_took = laps.lap("settle")
-    # what is left in memory is persisted now, so our server does nothing (no move to the read
-    # buffer, no persist) while the baseline's catch-up is measured; the topic then holds the
-    # warm-up batch and the burst, which the baseline reads
+    # what is left in memory is persisted now, and the lifecycle's compaction of the cold partitions'
+    # files is waited for, so our server does nothing (no move to the read buffer, no persist, no
+    # compaction) while the baseline's catch-up is measured; the topic then holds the warm-up batch
+    # and the burst, which the baseline reads
     srv.client.persist(DB, timeout_s=600)
     laps.lap("persist_rest")
+    _poll_partitions(srv, tables, _lifecycle_done, s["settle_s"])
+    laps.lap("compaction_wait")
 
     # -------- baseline: plain Spark file sink over the same topic: the warm-up batch and the burst
     base = None
@@ -245,6 +252,9 @@ def run(ctx) -> list[Row]:
     # 2. sustained: writers paced below the burst's rate for e2e_s; the lag must not grow
     attempts = []
     for k, frac in enumerate(_PACED_FRACTIONS[:s["e2e_paced_tries"]]):
+        if k:  # the previous run's last persists and the compaction of its cold partitions' files
+            _poll_partitions(srv, tables, lambda ps: _lifecycle_done(ps, threshold), s["settle_s"])
+            laps.lap(f"lifecycle_wait_{frac}")
         r = _measured_run(srv, batches, s["clients"], s["e2e_s"], frac * burst.rate, cycle_base=(k + 1) * 100_000)
         attempts.append((frac, r))
         laps.lap(f"paced_{frac}")
@@ -328,6 +338,14 @@ def _persists_then_compaction(srv, n_persists: int, settle_s: float) -> dict:
     want = n_persists * POINTS_PER_BATCH
     return {"files_peak": peak, "files_after": after, "settle_s": time.monotonic() - done, "rows": n["n"],
             "rows_ok": n["n"] == want and n["d"] == want and sum(p["file_rows"] for p in parts) == want}
+
+
+def _lifecycle_done(parts: list, row_threshold: int = 1) -> bool:
+    """No chunk of `parts` (status partitions) is persisting or compacting, each holds fewer than
+    `row_threshold` unpersisted rows and at most one Parquet file (the lifecycle compacts a cold
+    partition's files into one)."""
+    return all(p["unpersisted_rows"] < row_threshold and p["files"] <= 1
+               and not any(c["state"] in ("persisting", "compacting") for c in p["chunk_list"]) for p in parts)
 
 
 def _poll_partitions(srv, tables: list, done, timeout_s: float) -> tuple[list, bool]:
