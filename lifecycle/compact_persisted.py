@@ -19,10 +19,11 @@ Invariants (IOx compact_object_store_chunks):
 How: files none of whose chunks is held in memory, at most `ARROW_COMPACTION_MAX_ROWS`
 rows in all, and whose deletes Arrow evaluates are merged in ONE executor task
 in Arrow (`_arrow_compaction_fn`: read with pyarrow, lifecycle/arrow_merge.py's
-`apply_deletes` and `deduplicate`, one Parquet file written): one core for a few
-seconds, where Spark's GROUP BY of every row took both cores for a minute
-(22M rows), holding the lifecycle worker (persists wait for it) and the
-micro-batches' task slots. Others take Spark's merge (`merged_df`), which spills.
+`apply_deletes` and `deduplicate`, one Parquet file written): 22M rows of the
+bench's sustained load in ~10 s on one core, where Spark's GROUP BY of every
+row took both cores for ~60 s, holding the lifecycle worker (persists wait for
+it: it runs one action at a time) and the micro-batches' task slots. Others
+take Spark's merge (`merged_df`), which spills to disk.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 _STORED = ("persisted", "unloaded")
 
 #: files holding more rows than this in all are merged by Spark (which spills to disk), not in one
-#: Python worker's memory (~70 bytes a row of the bench's 5-column table, plus the merge's copy)
+#: Python worker's memory (22M rows of the bench's 5-column table peaked at ~3 GB: ~135 bytes a row)
 ARROW_COMPACTION_MAX_ROWS = 32_000_000
 
 
