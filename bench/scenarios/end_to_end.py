@@ -342,9 +342,10 @@ def _persists_then_compaction(srv, n_persists: int, settle_s: float) -> dict:
 
 def _lifecycle_done(parts: list, row_threshold: int = 1) -> bool:
     """No chunk of `parts` (status partitions) is persisting or compacting, each holds fewer than
-    `row_threshold` unpersisted rows and at most one Parquet file (the lifecycle compacts a cold
-    partition's files into one)."""
-    return all(p["unpersisted_rows"] < row_threshold and p["files"] <= 1
+    `row_threshold` unpersisted rows and at most one persisted chunk (the lifecycle compacts a cold
+    partition's persisted chunks into one; a persist split by time makes one chunk of two files)."""
+    return all(p["unpersisted_rows"] < row_threshold
+               and sum(c["state"] in ("persisted", "unloaded") for c in p["chunk_list"]) <= 1
                and not any(c["state"] in ("persisting", "compacting") for c in p["chunk_list"]) for p in parts)
 
 
