@@ -18,7 +18,7 @@ from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
-__all__ = ["arrow_plan", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
+__all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
            "ARROW_MERGE_PARTS", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
            "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
@@ -80,17 +80,24 @@ def arrow_plan(chunks: list, schema, deletes: list):
     form in Arrow (persist, the move to the read buffer): every chunk holds it and every delete term
     is evaluable in Arrow; else None. Deduplication is skipped when every chunk's streams are known
     to be deduplicated and no two chunks meet in time. Pure (driver)."""
-    from .arrow_merge import as_arrow_delete, deletes_supported
-
     if not chunks or not all(c.segments for c in chunks):
         return None
-    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
-    lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
-    arrow_deletes = [as_arrow_delete(d) for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
-    if not deletes_supported(arrow_deletes, col_types):
+    arrow_deletes = arrow_deletes_meeting(chunks, schema, deletes)
+    if arrow_deletes is None:
         return None
     dedup = not (all(c.segments_deduplicated for c in chunks) and time_disjoint(chunks))
     return arrow_deletes, dedup
+
+
+def arrow_deletes_meeting(chunks: list, schema, deletes: list) -> list | None:
+    """The `deletes` (of the mailbox) whose time range meets `chunks`' (non-empty) as ArrowDelete,
+    or None when Arrow cannot evaluate a term of one of them. Pure (driver)."""
+    from .arrow_merge import as_arrow_delete, deletes_supported
+
+    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
+    lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
+    arrow_deletes = [as_arrow_delete(d) for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
+    return arrow_deletes if deletes_supported(arrow_deletes, col_types) else None
 
 
 def indexed_segments_df(chunks: list, segment_lists: list | None = None):

@@ -38,8 +38,8 @@ from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
 from server.crash_points import crash_point
 
-from .chunk_data import (merged_df, register_df_chunk, register_parquet_chunk, release_df, schema_bytes,
-                         table_deletes, time_disjoint)
+from .chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
+                         schema_bytes, table_deletes, time_disjoint)
 from .persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
 __all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks"]
@@ -152,14 +152,10 @@ def _arrow_plan(stored: list, schema, deletes: list) -> tuple | None:
     be merged in Arrow: at most ARROW_COMPACTION_MAX_ROWS rows and every delete term that meets
     their time span evaluable in Arrow; else None. Deduplication is skipped when every file is
     deduplicated and no two meet in time. Pure (driver)."""
-    from .arrow_merge import as_arrow_delete, deletes_supported
-
     if sum(c.rows for c in stored) > ARROW_COMPACTION_MAX_ROWS:
         return None
-    col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
-    lo, hi = min(c.min_time_ns for c in stored), max(c.max_time_ns for c in stored)
-    arrow_deletes = [as_arrow_delete(d) for d in deletes if d.start_ns <= hi and d.stop_ns_exclusive > lo]
-    if not deletes_supported(arrow_deletes, col_types):
+    arrow_deletes = arrow_deletes_meeting(stored, schema, deletes)
+    if arrow_deletes is None:
         return None
     return arrow_deletes, not (all(c.deduplicated for c in stored) and time_disjoint(stored))
 

@@ -50,7 +50,11 @@ def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_commi
         (kp, off), = tok.items()
         assert kp == 0
         # bounded input reliance: the group's committed offsets are the replay start (mem's write)
-        committed = WriteBuffer(broker.bootstrap, 2, 5000).committed_offsets(db, 2)
+        wb = WriteBuffer(broker.bootstrap, 2, 5000)
+        try:
+            committed = wb.committed_offsets(db, 2)
+        finally:
+            wb.close()  # else its producer reconnects to the stopped broker's port for the rest of the session
         assert committed.get(kp) == off
     finally:
         c.close()
