@@ -136,8 +136,8 @@ def deduplicate(t: pa.Table, tags: list, fields: list) -> pa.Table:
 #: from this many rows that share their time with another row on, they are narrowed down to the
 #: rows sharing a hash of their whole key (`_repeated_key_among`) before the exact merge: a load of
 #: new series at the same times (the bench's sustained ingest, many hosts reporting on the same
-#: ticks) repeats every time but no key. 22M such rows: ~4 s and ~3 GB instead of a hash group-by
-#: of all of them (~14 s, ~8 GB peak)
+#: ticks) repeats every time but no key. 22M such rows (a compaction of the bench's files): ~4 s
+#: instead of ~14 s for a hash group-by of all of them, and the compaction's peak RSS ~3 GB, not ~8
 _KEY_HASH_MIN_ROWS = 65_536
 #: 64-bit multipliers of the key hash (Fibonacci hashing's, and xxHash's second prime)
 _HASH_M1 = 0x9E3779B97F4A7C15
