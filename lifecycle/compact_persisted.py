@@ -173,8 +173,8 @@ def _arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns:
     """mapInArrow function of ONE task (executor side): reads `file_keys` with pyarrow in the
     chunk layout of `columns` [(name, type)] (a column a file lacks reads as NULL), applies
     `deletes` (ArrowDelete), deduplicates when `dedup`, writes the rows as one Parquet file at
-    `key` and yields its metadata in `write_one_file`'s schema (nothing when no row is left).
-    Picklable (the store config and plain data)."""
+    `key` (persist's `write_files`) and yields its metadata in `write_one_file`'s schema
+    (nothing when no row is left). Picklable (the store config and plain data)."""
 
     def fn(batches):
         import pyarrow as pa
@@ -185,7 +185,7 @@ def _arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns:
 
         from .arrow_merge import apply_deletes, deduplicate
         from .ipc_segments import arrow_type, chunk_arrow_schema
-        from .persist import ROW_GROUP_ROWS, parquet_options
+        from .persist import write_files
 
         for _ in batches:  # the one input row only starts the task
             pass
@@ -207,12 +207,10 @@ def _arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns:
         if dedup:
             t = deduplicate(t, tags, fields)
         if t.num_rows:
-            wfs, path = store.arrow_prepare_write(key)
-            pq.write_table(t, path, filesystem=wfs, row_group_size=ROW_GROUP_ROWS, **parquet_options(t.schema.names))
-            tt, ss = pc.min_max(t.column(TIME_NS_COLUMN)), pc.min_max(t.column(SEQ_COLUMN))
-            yield pa.RecordBatch.from_pylist([{"key": key, "rows": t.num_rows, "size": wfs.get_file_info(path).size,
-                                               "min_t": tt["min"].as_py(), "max_t": tt["max"].as_py(),
-                                               "min_seq": ss["min"].as_py(), "max_seq": ss["max"].as_py()}])
+            # one key: one file, whatever the row count
+            [(_key, rows, size, (min_t, max_t, min_seq, max_seq))] = write_files(store, [key], t, t.num_rows)
+            yield pa.RecordBatch.from_pylist([{"key": key, "rows": rows, "size": size, "min_t": min_t, "max_t": max_t,
+                                               "min_seq": min_seq, "max_seq": max_seq}])
         del t
         # the Python worker lives on (reused): hand the merge's memory back to the OS
         pa.default_memory_pool().release_unused()

@@ -49,7 +49,7 @@ from .ipc_segments import LAYOUT_CHUNK, register_segments_chunk
 from .policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
-           "add_parquet_action", "FILE_META_SCHEMA"]
+           "add_parquet_action", "FILE_META_SCHEMA", "write_files"]
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def _time_pieces(t, cuts: list) -> list:
     return [pa.Table.from_batches(p, schema=t.schema) for p in pieces]
 
 
-def _write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> list:
+def write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> list:
     """Writes `t` (chunk layout, rows) as Parquet: one file at keys[0], or, from
     `parallel_min_rows` rows on, up to len(keys) files split by time (`_time_pieces`), each by a
     thread of its own. Returns [(key, rows, size, stats)] of the files written. Executor side."""
@@ -314,7 +314,7 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
                          dedup: bool, parallel_min_rows: int = PARALLEL_WRITE_MIN_ROWS):
     """Executor side of a persist from the write-buffer form (one task): decodes the chunks' IPC
     streams in chunk order (column `ci`), applies `deletes` (ArrowDelete), deduplicates when
-    `dedup`, writes the rows with time <= `flush_ts` as Parquet (`_write_files`: one file at
+    `dedup`, writes the rows with time <= `flush_ts` as Parquet (`write_files`: one file at
     keys[0], or from `parallel_min_rows` rows one per key, split by time) and yields each
     file's metadata ("file", with the seconds spent waiting for input, merging and writing),
     then the later rows as IPC streams in the chunk layout ("rem", one row each, with their
@@ -354,7 +354,7 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
         rest = t.slice(0, 0) if n_later == 0 else t if n_later == t.num_rows else t.filter(later)
         t1 = _time.perf_counter()
         if to_write.num_rows:
-            written = _write_files(store, keys, to_write, parallel_min_rows)
+            written = write_files(store, keys, to_write, parallel_min_rows)
             t2 = _time.perf_counter()
             for key, rows, size, stats in written:
                 yield _out_row("file", key, rows, size, stats, None, (waited[0], t1 - t0 - waited[0], t2 - t1))
