@@ -116,7 +116,10 @@ class WriteBuffer:
         #: a transaction's decision is produced only this soon after its parts, so it is acknowledged
         #: (or given up: message.timeout.ms) well before a consumer could abort it (txn_timeout_s)
         self.txn_commit_deadline_s = txn_commit_deadline_s(txn_timeout_s, produce_timeout_ms)
-        self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+        #: None once closed: librdkafka's admin client is a producer handle of its own (its log
+        #: name is producer-N) that reconnects to the broker until it is destroyed, and it has
+        #: no close; dropping the only reference destroys it
+        self._admin_client: AdminClient | None = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
         self._lock = threading.Lock()
         self._known_topics: set[str] = set()
         #: topic -> Kafka topic id seen when the topic was ensured
@@ -128,9 +131,19 @@ class WriteBuffer:
         #: source, end_polls.py, and the write buffer's tail holds them, write_buffer_tail.py)
         self.on_acked = None
         self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
+        #: producers replaced after a fatal error: requests that took one before it was replaced
+        #: may still produce through it (their messages fail), so they are closed only by close()
+        self._retired: list[Producer] = []
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer-poll", daemon=True)
         self._poller.start()
+
+    @property
+    def _admin(self) -> AdminClient:
+        admin = self._admin_client
+        if admin is None:
+            raise WriteBufferUnavailable("the write buffer is closed (the server is stopping)")
+        return admin
 
     # -- topics -----------------------------------------------------------------
     def ensure_topic(self, database: str) -> str:
@@ -381,6 +394,7 @@ class WriteBuffer:
         with self._lock:
             if self._producer is broken:
                 log.warning("idempotent producer hit a fatal error; creating a new one")
+                self._retired.append(broken)
                 self._producer = Producer(_producer_conf(self.bootstrap, self.produce_timeout_ms))
             return self._producer
 
@@ -396,12 +410,17 @@ class WriteBuffer:
                     log.warning("producer poll: %s", e)
 
     def close(self) -> None:
-        """Flushes (at most 5 s), stops the poll thread and closes the producer. Called by the server's
-        stop, after its gRPC and HTTP servers stopped. What the flush did not deliver is purged (its
-        requests are answered UNAVAILABLE): a closed producer no longer reconnects to the broker, whose
-        port, once it stops, another process may have taken (the test suite's Spark took one)."""
+        """Flushes (at most 5 s), stops the poll thread and closes the producer, the producers it
+        replaced and the admin client. Called by the server's stop, after its gRPC and HTTP servers
+        stopped. What the flush did not deliver is purged (its requests are answered UNAVAILABLE): a
+        closed client no longer reconnects to the broker, whose port, once it stops, another process
+        may have taken (the test suite's Spark took one)."""
         self._producer.flush(5)
         self._stop.set()
         self._poller.join(2)
-        self._producer.purge()
-        self._producer.close()
+        with self._lock:
+            producers, self._retired = [*self._retired, self._producer], []
+            self._admin_client = None
+        for p in producers:
+            p.purge()
+            p.close()

@@ -14,3 +14,20 @@ def test_producing_nothing_returns_at_once_without_a_broker():
 def test_commit_deadline_leaves_room_for_two_produce_timeouts_and_the_slack():
     assert txn_commit_deadline_s(60.0, 10_000) == 35.0
     assert txn_commit_deadline_s(8.0, 1_000) == 1.0
+
+
+def test_close_closes_the_producers_it_replaced_and_the_admin_client():
+    import pytest
+    from server.errors import WriteBufferUnavailable
+
+    wb = WriteBuffer("127.0.0.1:9", partitions=4, produce_timeout_ms=1000)
+    first = wb._producer
+    second = wb._recreate_producer(first)
+    assert second is not first and wb._producer is second
+    assert wb._recreate_producer(first) is second  # a later caller with the broken one gets the new one
+    wb.close()
+    for p in (first, second):
+        with pytest.raises(RuntimeError, match="closed"):
+            p.produce("iox.x", b"v")
+    with pytest.raises(WriteBufferUnavailable, match="closed"):
+        wb.list_database_topics()
