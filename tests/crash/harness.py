@@ -112,6 +112,12 @@ def stop_embedded_broker(data_dir: str) -> None:
         pass
 
 
+#: pause between the batches of Writer.write_until_dead: writers that never pause kept both cores busy
+#: (~600 requests a second), so the crash points that wait for persists came late, and the check
+#: after the restart replayed ~700k rows
+WRITE_PAUSE_S = 0.01
+
+
 class Writer:
     """Writes batches of uniquely numbered points; remembers what was acknowledged."""
 
@@ -136,11 +142,14 @@ class Writer:
         self.tokens.append(tok)
         return True
 
-    def write_until_dead(self, server: ServerProcess, timeout_s: float = 120.0, n: int = 50) -> None:
+    def write_until_dead(self, server: ServerProcess, timeout_s: float = 120.0, n: int = 50,
+                         pause_s: float = WRITE_PAUSE_S) -> None:
+        """Writes batches of `n` points, `pause_s` apart, until the server died (at its crash point)."""
         deadline = time.monotonic() + timeout_s
         while server.proc.poll() is None:
             assert time.monotonic() < deadline, f"the crash point never fired: {server.tail()}"
             self.write_batch(server.client, n)
+            time.sleep(pause_s)
         server.client.close()
 
     def check(self, client: IoxClient, timeout_s: float = 180.0, wait_tokens: bool = True) -> list:
