@@ -267,6 +267,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+        # the admin client (a producer handle in librdkafka) has no close: dropping it destroys it
+        self._admin = None
 
     # -- executor side -------------------------------------------------------
     def read(self, partition: _TopicPartitionRange):

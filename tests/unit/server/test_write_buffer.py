@@ -1,4 +1,7 @@
 """WriteBuffer pieces that need no broker."""
+import pytest
+
+from server.errors import WriteBufferUnavailable
 from server.write_buffer import WriteBuffer, txn_commit_deadline_s
 
 
@@ -17,9 +20,6 @@ def test_commit_deadline_leaves_room_for_two_produce_timeouts_and_the_slack():
 
 
 def test_close_closes_the_producers_it_replaced_and_the_admin_client():
-    import pytest
-    from server.errors import WriteBufferUnavailable
-
     wb = WriteBuffer("127.0.0.1:9", partitions=4, produce_timeout_ms=1000)
     first = wb._producer
     second = wb._recreate_producer(first)
