@@ -66,6 +66,12 @@ _COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", 
 #: returned whole when it comes first, so a message of any size the write buffer takes is read.
 FETCH_MAX_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 8 * 1024 * 1024
+#: Messages one `consume` call of `read` takes at most, and how long it waits for them.
+#: librdkafka's consume returns when it has that many messages or at the timeout, whichever comes
+#: first: `read` asks for no more than its range still holds (asking for 500 held every task of a
+#: smaller range for the whole timeout: 200 ms of each micro-batch's read, and of each point's visibility).
+_CONSUME_MAX_MESSAGES = 500
+_CONSUME_TIMEOUT_S = 0.2
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
@@ -122,8 +128,11 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int
     try:
         while time.monotonic() < deadline:
             # a fetch delivers a record batch whole: once a partition's first record came, the
-            # rest of its batch is already queued, so waiting is only for partitions not heard from
-            msgs = consumer.consume(1000, timeout=0.1 if waiting else 0)
+            # rest of its batch is already queued, so waiting is only for partitions not heard from,
+            # and only until the next message arrives (a larger count would wait out the timeout)
+            msgs = consumer.consume(1000, timeout=0)
+            if not msgs and waiting:
+                msgs = consumer.consume(1, timeout=0.1)
             for m in msgs:
                 if m.error() is None and m.topic() == topic and m.partition() in todo:
                     out[m.partition()] = max(out[m.partition()], m.offset() + 1)
@@ -285,7 +294,10 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             cols = {k: [] for k in _COLUMNS}
             last_progress = time.monotonic()
             while next_offset < partition.end_exclusive:
-                msgs = c.consume(500, timeout=0.2)
+                # no more than the range still holds: `consume` returns once it has that many (or at
+                # the timeout), so the range's last messages are not held back for the timeout
+                msgs = c.consume(min(_CONSUME_MAX_MESSAGES, partition.end_exclusive - next_offset),
+                                 timeout=_CONSUME_TIMEOUT_S)
                 if not msgs:
                     if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
                         raise RuntimeError(

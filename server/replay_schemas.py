@@ -61,7 +61,9 @@ def load_replay_schemas(bootstrap: str, db: Database, start_offsets: dict[int, i
         next_offset = {kp: lo for kp, (lo, _hi) in todo.items()}
         last_progress = time.monotonic()
         while any(next_offset[kp] <= hi for kp, (_lo, hi) in todo.items()):
-            msgs = c.consume(1000, timeout=0.2)
+            # no more than the ranges still hold: consume returns once it has that many (or at the timeout)
+            left = sum(hi - next_offset[kp] + 1 for kp, (_lo, hi) in todo.items() if next_offset[kp] <= hi)
+            msgs = c.consume(min(1000, left), timeout=0.2)
             if not msgs and time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
                 kp = next(k for k, (_lo, hi) in todo.items() if next_offset[k] <= hi)
                 raise ReplaySchemasStalled(db.topic, kp, todo[kp][1], next_offset[kp])
