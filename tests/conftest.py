@@ -20,6 +20,21 @@ from server.config import ServerConfig
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the test item (`item.rep_setup`, `item.rep_call`), so a
+    fixture can tell whether its test passed (see `passed`)."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def passed(node) -> bool:
+    """Whether the test `node` (a fixture's `request.node`) passed its setup and its call."""
+    return all(getattr(node, f"rep_{when}", None) is not None and getattr(node, f"rep_{when}").passed
+               for when in ("setup", "call"))
+
+
 @pytest.fixture(scope="session")
 def broker():
     """A real Kafka-protocol broker (Tansu) for the whole session."""

@@ -6,12 +6,14 @@ killed server and is reused by the next one on the same data directory).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 import uuid
 
 import pytest
 
+from tests.conftest import passed
 from tests.crash.harness import ServerProcess, Writer, broker_record, stop_embedded_broker
 
 # persist and compact quickly so the crash points are reached within seconds
@@ -20,10 +22,14 @@ LIFECYCLE = ["--persist-row-threshold", "150", "--late-arrive-window-s", "1", "-
 
 
 @pytest.fixture
-def data_dir():
+def data_dir(request):
+    """The servers' data directory; removed after a test that passed, kept (with the servers'
+    logs) after one that failed."""
     d = tempfile.mkdtemp(prefix="iox-crash-")
     yield d
     stop_embedded_broker(d)
+    if passed(request.node):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("point", ["consume_before_applied", "compact_before_swap", "persist_after_parquet",
