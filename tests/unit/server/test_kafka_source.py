@@ -74,7 +74,7 @@ class _Consumer:
 def _write(table: str, n: int):
     data = pa.table({"v": pa.array([float(i) for i in range(n)]), "time": pa.array([T0 + i for i in range(n)],
                                                                                     pa.int64())})
-    return encode_write(table, [Column("v", "field", "float"), Column("time", "time", "timestamp")], data)
+    return encode_write(table, [Column("v", "field", "float"), Column("time", "time", "time")], data)
 
 
 @pytest.fixture
