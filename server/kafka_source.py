@@ -69,7 +69,7 @@ FETCH_MAX_BYTES = 8 * 1024 * 1024
 #: Messages one `consume` call of `read` takes at most, and how long it waits for them.
 #: librdkafka's consume returns when it has that many messages or at the timeout, whichever comes
 #: first: `read` asks for no more than its range still holds (asking for 500 held every task of a
-#: smaller range for the whole timeout: 200 ms of each micro-batch's read, and of each point's visibility).
+#: smaller range for the whole timeout: 200 ms more for each micro-batch's read).
 _CONSUME_MAX_MESSAGES = 500
 _CONSUME_TIMEOUT_S = 0.2
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
