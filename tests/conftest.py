@@ -31,8 +31,8 @@ def pytest_runtest_makereport(item, call):
 
 def passed(node) -> bool:
     """Whether the test `node` (a fixture's `request.node`) passed its setup and its call."""
-    return all(getattr(node, f"rep_{when}", None) is not None and getattr(node, f"rep_{when}").passed
-               for when in ("setup", "call"))
+    reports = [getattr(node, f"rep_{when}", None) for when in ("setup", "call")]
+    return all(rep is not None and rep.passed for rep in reports)
 
 
 @pytest.fixture(scope="session")

@@ -71,10 +71,11 @@ class _Consumer:
         return [c for c in self.calls if c[1] > 0 and c[2] < c[0]]
 
 
-def _write(table: str, n: int):
-    data = pa.table({"v": pa.array([float(i) for i in range(n)]), "time": pa.array([T0 + i for i in range(n)],
-                                                                                    pa.int64())})
-    return encode_write(table, [Column("v", "field", "float"), Column("time", "time", "time")], data)
+def _write(table: str, n: int, field: str = "v", typ: str = "float"):
+    """A write-buffer message of `n` rows of `table`: one field column of `typ` (float or integer)."""
+    arrow = {"float": pa.float64(), "integer": pa.int64()}[typ]
+    data = pa.table({field: pa.array(range(n), arrow), "time": pa.array([T0 + i for i in range(n)], pa.int64())})
+    return encode_write(table, [Column(field, "field", typ), Column("time", "time", "time")], data)
 
 
 @pytest.fixture

@@ -4,24 +4,13 @@ in the replay ranges and never asks for more messages than the ranges still hold
 out a `consume` timeout. The real consumer is exercised by the restart integration tests."""
 from __future__ import annotations
 
-import pyarrow as pa
-
 from catalog.catalog import Database
-from catalog.schema import Column
 from server import replay_schemas
-from server.wire_format import encode_write
-from tests.unit.server.test_kafka_source import T0, TOPIC, _Consumer, _Msg
-
-
-def _write(table: str, field: str, typ: str, values: list):
-    arrow = {"float": pa.float64(), "integer": pa.int64()}[typ]
-    data = pa.table({field: pa.array(values, arrow), "time": pa.array([T0 + i for i in range(len(values))],
-                                                                      pa.int64())})
-    return encode_write(table, [Column(field, "field", typ), Column("time", "time", "time")], data)
+from tests.unit.server.test_kafka_source import TOPIC, _Consumer, _Msg, _write
 
 
 def test_replay_schemas_reads_exactly_the_ranges_without_waiting_out_a_timeout(monkeypatch):
-    a, b = _write("cpu", "v", "float", [1.0]), _write("mem", "used", "integer", [1, 2])
+    a, b = _write("cpu", 1), _write("mem", 2, field="used", typ="integer")
     log = {0: [_Msg(0, off, a.value, a.headers) for off in range(5)],
            1: [_Msg(1, off, b.value, b.headers) for off in range(3)]}
     c = _Consumer(log)
