@@ -39,19 +39,23 @@ WORKER_SCENARIOS = ("e2e", "restart", "query")
 SIZES = {
     "quick": dict(parse_lines=100_000, repeat=2, query_repeat=2, settle_quiet_s=3.0, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
-                  e2e_persist_row_threshold=100_000, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
+                  e2e_persist_row_threshold=100_000, e2e_cold_s=5, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g",
                   worker_memory="4g", visibility_points_per_s=0),
     "full": dict(parse_lines=1_000_000, repeat=5, query_repeat=9, settle_quiet_s=5.0, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
-                 e2e_persist_row_threshold=1_000_000, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
+                 e2e_persist_row_threshold=1_000_000, e2e_cold_s=30, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
                  probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="6g",
                  worker_memory="5g", visibility_points_per_s=0),
 }
 #: visibility_points_per_s: the visibility load; 0 = half the end-to-end figure of the same run
 #: (a value is for experiments with --only, e.g. --set visibility_points_per_s=260000)
 #: server A (end-to-end, files): lifecycle persists by row threshold (sizes' e2e_persist_row_threshold;
-#: IOx's default 1M in full mode) once the late-arrive window passed
+#: IOx's default 1M in full mode) once the late-arrive window passed; a partition's files are
+#: compacted from 2 on once it had no write for sizes' e2e_cold_s (--persisted-compaction-cold-s,
+#: 300 s by default: the bench waits for that compaction after each run). 30 s in full mode is
+#: several times the gap between the micro-batches that write a partition under load (4-12 s),
+#: so the partitions of a sustained run are not rewritten between two of them.
 SERVER_A_ARGS = ["--late-arrive-window-s", "2"]
 #: server B (everything else): only explicit Persist calls persist
 SERVER_B_ARGS = ["--persist-row-threshold", "1000000000"]
@@ -226,7 +230,8 @@ def main(argv=None) -> int:
             t0 = time.monotonic()
             try:
                 if needs_server and ctx.server is None:
-                    args = (SERVER_A_ARGS + ["--persist-row-threshold", str(ctx.sizes["e2e_persist_row_threshold"])]
+                    args = (SERVER_A_ARGS + ["--persist-row-threshold", str(ctx.sizes["e2e_persist_row_threshold"]),
+                                             "--persisted-compaction-cold-s", str(ctx.sizes["e2e_cold_s"])]
                             if name == "e2e" else SERVER_B_ARGS) + ctx.server_extra
                     _start_server_and_worker(ctx, args, selected)
                 elif needs_server and name != "restart" and ctx.server.extra_args != ctx.server_args_after_restart \

@@ -23,7 +23,7 @@ Invariants kept here:
 * A :class:`CompactPersistedChunks` names every persisted chunk (one Parquet
   file each, or two time-disjoint ones from a large persist) of a partition,
   once there are ``persisted_compaction_file_threshold`` of them, or >= 2 and
-  the partition had no write for ``late_arrive_window_s``
+  the partition had no write for ``persisted_compaction_cold_s``
   (it went cold); it is chosen only when no persist or in-memory compaction is due.
 * At most ``max_active_compactions`` compactions run at once, not counting runs of
   fewer than ``FREE_JOIN_MAX_ROWS`` rows of write-buffer chunks joined as they are
@@ -384,7 +384,9 @@ def select_persisted_compaction(partition: PartitionState, rules: LifecycleRules
     """The persisted chunks to merge into one Parquet file, if the partition is due (see ``decide``).
 
     Due: at least ``persisted_compaction_file_threshold`` persisted chunks, or at
-    least 2 and no chunk of the partition was written for ``late_arrive_window_s``.
+    least 2 and no chunk of the partition was written for ``persisted_compaction_cold_s`` (not the
+    late-arrive window: a short one would let a partition under load look cold between two
+    micro-batches, and all its persisted rows would be rewritten while it is still written).
     """
     stored = [c for c in partition.chunks if c.state in _IN_OBJECT_STORE]
     if len(stored) < 2:
@@ -392,7 +394,7 @@ def select_persisted_compaction(partition: PartitionState, rules: LifecycleRules
     if len(stored) >= rules.persisted_compaction_file_threshold:
         return tuple(c.chunk_id for c in stored)
     last_write = max(c.time_of_last_write for c in partition.chunks)
-    if _elapsed_at_least(now, last_write, rules.late_arrive_window_s):
+    if _elapsed_at_least(now, last_write, rules.persisted_compaction_cold_s):
         return tuple(c.chunk_id for c in stored)
     return None
 

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_WORKER_BACKOFF_MS",
     "DEFAULT_MAX_ACTIVE_COMPACTIONS",
     "DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD",
+    "DEFAULT_PERSISTED_COMPACTION_COLD_S",
     "DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT",
     "DEFAULT_CATALOG_TRANSACTION_PRUNE_AGE_S",
     "DEFAULT_DRIVER_MEMORY_BYTES",
@@ -74,10 +75,18 @@ DEFAULT_READ_BUFFER_WAIT_MIN_ROWS = 100_000
 #: IOx ``DEFAULT_WORKER_BACKOFF_MILLIS``: the policy loop runs again after this long.
 DEFAULT_WORKER_BACKOFF_MS = 1_000
 #: Compact a partition's Parquet files into one once it has this many, even while it is written
-#: to (a partition with no write for ``late_arrive_window_s`` is compacted from 2 files on).
+#: to (a partition with no write for ``persisted_compaction_cold_s`` is compacted from 2 files on).
 #: Each such compaction rewrites the partition's persisted rows, so a partition written for a
 #: long time is rewritten about every this-many persists.
 DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD = 10
+#: A partition with no write for this long (seconds) is cold: its Parquet files are compacted into
+#: one from 2 files on. Such a compaction rewrites every persisted row of the partition, so the
+#: window must outlast the gaps between the micro-batches that write to a partition still
+#: written to (several seconds apart under load): a partition that looks cold between two of them
+#: is rewritten and written again at once. IOx used its late-arrive window (300 s by default) for
+#: this; here it is a rule of its own, with that value, so that a short late-arrive window (which
+#: makes rows persistable sooner) does not make partitions under load look cold.
+DEFAULT_PERSISTED_COMPACTION_COLD_S = 300.0
 #: Concurrent compactions (IOx: number of CPUs, see module docstring).
 DEFAULT_MAX_ACTIVE_COMPACTIONS = 1
 #: IOx ``DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT``: full preserved-catalog checkpoint every N transactions.
@@ -169,6 +178,8 @@ class LifecycleRules:
     max_active_compactions: int = DEFAULT_MAX_ACTIVE_COMPACTIONS
     #: A partition with this many Parquet files gets them compacted into one (see the constant).
     persisted_compaction_file_threshold: int = DEFAULT_PERSISTED_COMPACTION_FILE_THRESHOLD
+    #: A partition with no write for this long (seconds) gets its files compacted from 2 on (see the constant).
+    persisted_compaction_cold_s: float = DEFAULT_PERSISTED_COMPACTION_COLD_S
     #: Write a full preserved-catalog checkpoint every this many transactions.
     catalog_transactions_until_checkpoint: int = DEFAULT_CATALOG_TRANSACTIONS_UNTIL_CHECKPOINT
     #: Preserved-catalog transactions older than this (seconds) may be pruned.
@@ -185,7 +196,7 @@ class LifecycleRules:
             raise InvalidLifecycleRule("persisted_compaction_file_threshold", self.persisted_compaction_file_threshold,
                                        "must be at least 2 (compacting one file into one changes nothing)")
         for name in ("persist_age_threshold_s", "late_arrive_window_s", "catalog_transaction_prune_age_s",
-                     "read_buffer_delay_s", "queried_read_buffer_delay_s"):
+                     "read_buffer_delay_s", "queried_read_buffer_delay_s", "persisted_compaction_cold_s"):
             _positive_seconds(name, getattr(self, name))
         for name in ("buffer_size_soft_bytes", "buffer_size_hard_bytes"):
             value = getattr(self, name)

@@ -62,6 +62,7 @@ LIFECYCLE_OPTIONS = [
     ("--catalog-transactions-until-checkpoint", int, "catalog_transactions_until_checkpoint"),
     ("--max-active-compactions", int, "max_active_compactions"),
     ("--persisted-compaction-file-threshold", int, "persisted_compaction_file_threshold"),
+    ("--persisted-compaction-cold-s", float, "persisted_compaction_cold_s"),
 ]
 
 

@@ -11,7 +11,8 @@ server hold, so full mode stops at two). The
 figure is the sustained run's acknowledged points / (time from its first write
 until its last acknowledged offset is applied, i.e. queryable), and it counts as
 met only if that run's lag did not grow. The server runs its lifecycle
-(row-threshold persists with a short late-arrive window) during the runs, as in
+(row-threshold persists with a short late-arrive window; a partition's files
+compacted once it had no write for the mode's `e2e_cold_s`) during the runs, as in
 steady state; after the burst, what is left unpersisted is persisted, the
 lifecycle's compaction of the then cold partitions' files is waited for, and the
 baseline runs with the machine to itself, before the sustained runs. A second

@@ -18,7 +18,7 @@ from tests.crash.harness import ServerProcess, Writer, broker_record, stop_embed
 
 # persist and compact quickly so the crash points are reached within seconds
 LIFECYCLE = ["--persist-row-threshold", "150", "--late-arrive-window-s", "1", "--persist-age-threshold-s", "2",
-             "--worker-backoff-ms", "200"]
+             "--persisted-compaction-cold-s", "1", "--worker-backoff-ms", "200"]
 
 
 @pytest.fixture

@@ -103,7 +103,8 @@ def manual(iox_server, session_tmp, backend, aws_env):
 def auto(iox_server, session_tmp, backend, aws_env):
     """Small thresholds and a tiny soft memory limit: the policy persists and unloads on its own."""
     r = _start(session_tmp, backend, worker_backoff_ms=200, persist_row_threshold=50, persist_age_threshold_s=2.0,
-               late_arrive_window_s=1.0, buffer_size_soft_bytes=1, buffer_size_hard_bytes=1 << 40)
+               late_arrive_window_s=1.0, persisted_compaction_cold_s=1.0, buffer_size_soft_bytes=1,
+               buffer_size_hard_bytes=1 << 40)
     yield r
     r.stop()
     r.broker.stop()
@@ -579,7 +580,7 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
 
 def test_the_policy_compacts_the_files_of_a_cold_partition(auto):
     c, db = auto.client, f"f_{uuid.uuid4().hex[:8]}"
-    for k in range(3):  # three forced persists: three files, then the partition goes cold (1 s)
+    for k in range(3):  # three forced persists: three files, then the partition goes cold (no write for 1 s)
         _write(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
         c.persist(db)
     part = wait_for(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],

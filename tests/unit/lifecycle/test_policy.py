@@ -73,6 +73,7 @@ def test_rule_defaults_are_iox_defaults() -> None:
     assert r.persist_row_threshold == 1_000_000
     assert r.persist_age_threshold_s == 1800
     assert r.late_arrive_window_s == 300
+    assert r.persisted_compaction_cold_s == 300  # IOx's cold partition: no write for its late-arrive window
     assert r.mub_row_threshold == 100_000
     assert r.catalog_transactions_until_checkpoint == 100
     assert r.catalog_transaction_prune_age_s == 86_400
@@ -105,7 +106,7 @@ def test_max_active_compactions_for_cpus() -> None:
         ("persist_row_threshold", 0), ("mub_row_threshold", -1), ("worker_backoff_ms", 0),
         ("max_active_compactions", 0), ("catalog_transactions_until_checkpoint", 0),
         ("persist_age_threshold_s", 0), ("late_arrive_window_s", float("nan")), ("persist", 1),
-        ("buffer_size_soft_bytes", 0), ("persist_row_threshold", True),
+        ("buffer_size_soft_bytes", 0), ("persist_row_threshold", True), ("persisted_compaction_cold_s", 0),
     ],
 )
 def test_rule_validation(field: str, value: object) -> None:
@@ -663,12 +664,30 @@ def test_persisted_compaction_waits_for_the_file_threshold_while_the_partition_i
 def test_a_cold_partition_gets_its_files_compacted_from_two_on():
     from lifecycle.policy import CompactPersistedChunks
 
-    r = rules(persisted_compaction_file_threshold=10, late_arrive_window_s=60.0)
+    r = rules(persisted_compaction_file_threshold=10, persisted_compaction_cold_s=60.0)
     p = part([chunk(1, 100.0, "persisted"), chunk(2, 130.0, "unloaded")])
     assert decide(db([p]), r, now=189.9) == []  # the last write is 59.9 s old
     assert decide(db([p]), r, now=190.0) == [CompactPersistedChunks("t", "p", (1, 2))]
     one = part([chunk(1, 100.0, "persisted"), chunk(3, 100.0, "closed")])
     assert decide(db([one]), r, now=1000.0) == []  # one file: nothing to merge
+
+
+def test_a_short_late_arrive_window_does_not_make_a_partition_under_load_cold():
+    """Under load a partition is written once per micro-batch, seconds apart. With a 2 s
+    late-arrive window (rows persistable sooner) it must not count as cold between two of them:
+    the compaction would rewrite all its persisted rows while it is still written."""
+    from lifecycle.policy import CompactPersistedChunks, select_persisted_compaction
+
+    r = rules(persisted_compaction_file_threshold=10, late_arrive_window_s=2.0, persisted_compaction_cold_s=30.0,
+              read_buffer_delay_s=1000.0, queried_read_buffer_delay_s=1000.0)
+    # two files, and a fresh chunk last written by the micro-batch 6 s ago (the next one is coming)
+    p = part([chunk(1, 90.0, "persisted"), chunk(2, 94.0, "persisted"), chunk(3, 100.0, "open")])
+    assert select_persisted_compaction(p, r, now=106.0) is None
+    assert decide(db([p]), r, now=106.0) == []
+    # writes stopped: cold once the last one is persisted_compaction_cold_s old
+    assert select_persisted_compaction(p, r, now=129.9) is None
+    assert select_persisted_compaction(p, r, now=130.0) == (1, 2)
+    assert decide(db([p]), r, now=130.0) == [CompactPersistedChunks("t", "p", (1, 2))]
 
 
 def test_persisted_compaction_yields_to_persist_memory_compaction_busy_partitions_and_replay():

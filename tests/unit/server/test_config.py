@@ -60,10 +60,12 @@ def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usag
     from server.cli import _config_from_args, build_parser
 
     monkeypatch.setenv("IOX_SPARK_CONF", "spark.a=1;spark.b=x=y")
-    a = build_parser().parse_args(["serve", "--spark-conf", "spark.c= 2", "--read-buffer-delay-s", "5"])
+    a = build_parser().parse_args(["serve", "--spark-conf", "spark.c= 2", "--read-buffer-delay-s", "5",
+                                   "--persisted-compaction-cold-s", "30"])
     cfg = _config_from_args(a)
     assert cfg.extra_spark_conf == {"spark.a": "1", "spark.b": "x=y", "spark.c": " 2"}
     assert cfg.lifecycle["read_buffer_delay_s"] == 5.0
+    assert cfg.lifecycle["persisted_compaction_cold_s"] == 30.0
     with pytest.raises(SystemExit) as ei:
         main(["serve", "--spark-conf", "spark.nothing"])
     assert ei.value.code == 2
