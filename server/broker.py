@@ -115,9 +115,14 @@ class BrokerHandle:
         return _alive(self.pid) and _reachable(self.port)
 
     def stop(self) -> None:
-        """Stops the broker (SIGTERM, then SIGKILL) and removes its record."""
+        """Stops the broker and removes its record.
+
+        A broker on durable storage gets SIGTERM and up to ``STOP_TIMEOUT_S`` to exit (then
+        SIGKILL). An in-memory broker is killed at once: it has nothing to flush, its messages go
+        either way, and Tansu's graceful stop waits ~5 s for connected clients to leave."""
+        sig = signal.SIGKILL if self.storage.startswith("memory://") else signal.SIGTERM
         try:
-            os.kill(self.pid, signal.SIGTERM)
+            os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + STOP_TIMEOUT_S
