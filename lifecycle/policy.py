@@ -62,6 +62,7 @@ __all__ = [
     "PartitionState",
     "DatabaseState",
     "PersistReason",
+    "PersistedCompactionReason",
     "CompactChunks",
     "CompactPersistedChunks",
     "PersistChunks",
@@ -93,6 +94,7 @@ _WITH_ACTION = ("compacting", "persisting")
 _IN_OBJECT_STORE = ("persisted", "unloaded")
 
 PersistReason = Literal["row_threshold", "age_threshold", "memory"]
+PersistedCompactionReason = Literal["file_threshold", "cold"]
 #: where a chunk's rows are held (catalog/chunk.py `Chunk.storage`)
 STORAGES: tuple[str, ...] = ("write_buffer", "read_buffer", "read_buffer+write_buffer", "object_store")
 
@@ -223,11 +225,16 @@ class CompactChunks:
 
 @dataclass(frozen=True)
 class CompactPersistedChunks:
-    """Merge persisted chunks of a partition (their Parquet files) into one file and one chunk."""
+    """Merge persisted chunks of a partition (their Parquet files) into one file and one chunk.
+
+    ``reason``: ``"file_threshold"`` (``persisted_compaction_file_threshold`` files) or ``"cold"``
+    (fewer, but no write for ``persisted_compaction_cold_s``); the worker logs it.
+    """
 
     table: str
     partition_key: str
     chunk_ids: tuple[int, ...]
+    reason: PersistedCompactionReason = "file_threshold"
 
 
 @dataclass(frozen=True)
@@ -544,7 +551,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
                 continue
             stored = select_persisted_compaction(p, rules, now) if rules.persist else None
             if stored is not None:
-                actions.append(CompactPersistedChunks(p.table, p.partition_key, stored))
+                reason = "file_threshold" if len(stored) >= rules.persisted_compaction_file_threshold else "cold"
+                actions.append(CompactPersistedChunks(p.table, p.partition_key, stored, reason))
                 acted.add((p.table, p.partition_key))
                 claimed.update((p.table, p.partition_key, cid) for cid in stored)
                 active_compactions += 1

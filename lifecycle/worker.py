@@ -149,12 +149,15 @@ class LifecycleWorker:
                 self._set_backpressure(action.engaged)
                 return True
             if isinstance(action, PersistChunks):
+                log.info("persisting %s/%s/%s (%s)", db.name, action.table, action.partition_key, action.reason)
                 return self.persist(db, action.table, action.partition_key, now, action.force) is not None
             if isinstance(action, CompactChunks):
                 return compact_chunks(self.spark, self.catalog, db, action.table, action.partition_key,
                                       tuple(action.chunk_ids), now, self.refresh_view,
                                       to_read_buffer=action.to_read_buffer) is not None
             if isinstance(action, CompactPersistedChunks):
+                log.info("compacting %d Parquet file(s) of %s/%s/%s (%s)", len(action.chunk_ids), db.name,
+                         action.table, action.partition_key, action.reason)
                 return self.compact_persisted(db, action.table, action.partition_key, tuple(action.chunk_ids),
                                               now) is not None
             if isinstance(action, UnloadChunk):

@@ -578,7 +578,8 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
         manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
 
 
-def test_the_policy_compacts_the_files_of_a_cold_partition(auto):
+def test_the_policy_compacts_the_files_of_a_cold_partition(auto, caplog):
+    caplog.set_level(logging.INFO, logger="lifecycle.worker")
     c, db = auto.client, f"f_{uuid.uuid4().hex[:8]}"
     for k in range(3):  # three forced persists: three files, then the partition goes cold (no write for 1 s)
         _write(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
@@ -586,6 +587,8 @@ def test_the_policy_compacts_the_files_of_a_cold_partition(auto):
     part = wait_for(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],
                     90, "the policy's compaction of the persisted files")
     assert int(part["files"][0]["rows"]) == 30
+    # the worker says why: 3 files are under the default 10-file threshold, so the partition went cold
+    assert f"compacting 3 Parquet file(s) of {db}/cpu/2023-11-14 (cold)" in [r.getMessage() for r in caplog.records]
     assert c.query(db, Q2).to_pylist() == [
         {"host": "h0", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(0, 10, 2)))},
         {"host": "h1", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(1, 10, 2)))}]

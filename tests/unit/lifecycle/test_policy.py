@@ -658,7 +658,7 @@ def test_persisted_compaction_waits_for_the_file_threshold_while_the_partition_i
     three = part([chunk(1, 100.0, "persisted"), chunk(2, 100.0, "unloaded"), chunk(4, 105.0, "persisted"),
                   chunk(3, 109.0, "open")])
     assert select_persisted_compaction(three, r, now=110.0) == (1, 2, 4)
-    assert decide(db([three]), r, now=110.0) == [CompactPersistedChunks("t", "p", (1, 2, 4))]
+    assert decide(db([three]), r, now=110.0) == [CompactPersistedChunks("t", "p", (1, 2, 4), reason="file_threshold")]
 
 
 def test_a_cold_partition_gets_its_files_compacted_from_two_on():
@@ -667,7 +667,7 @@ def test_a_cold_partition_gets_its_files_compacted_from_two_on():
     r = rules(persisted_compaction_file_threshold=10, persisted_compaction_cold_s=60.0)
     p = part([chunk(1, 100.0, "persisted"), chunk(2, 130.0, "unloaded")])
     assert decide(db([p]), r, now=189.9) == []  # the last write is 59.9 s old
-    assert decide(db([p]), r, now=190.0) == [CompactPersistedChunks("t", "p", (1, 2))]
+    assert decide(db([p]), r, now=190.0) == [CompactPersistedChunks("t", "p", (1, 2), reason="cold")]
     one = part([chunk(1, 100.0, "persisted"), chunk(3, 100.0, "closed")])
     assert decide(db([one]), r, now=1000.0) == []  # one file: nothing to merge
 
@@ -687,7 +687,7 @@ def test_a_short_late_arrive_window_does_not_make_a_partition_under_load_cold():
     # writes stopped: cold once the last one is persisted_compaction_cold_s old
     assert select_persisted_compaction(p, r, now=129.9) is None
     assert select_persisted_compaction(p, r, now=130.0) == (1, 2)
-    assert decide(db([p]), r, now=130.0) == [CompactPersistedChunks("t", "p", (1, 2))]
+    assert decide(db([p]), r, now=130.0) == [CompactPersistedChunks("t", "p", (1, 2), reason="cold")]
 
 
 def test_persisted_compaction_yields_to_persist_memory_compaction_busy_partitions_and_replay():
