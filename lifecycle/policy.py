@@ -395,14 +395,22 @@ def select_persisted_compaction(partition: PartitionState, rules: LifecycleRules
     late-arrive window: a short one would let a partition under load look cold between two
     micro-batches, and all its persisted rows would be rewritten while it is still written).
     """
+    due = _persisted_compaction(partition, rules, now)
+    return due[0] if due is not None else None
+
+
+def _persisted_compaction(partition: PartitionState, rules: LifecycleRules,
+                          now: float) -> tuple[tuple[int, ...], PersistedCompactionReason] | None:
+    """:func:`select_persisted_compaction`'s chunks, with the rule that made them due. Pure."""
     stored = [c for c in partition.chunks if c.state in _IN_OBJECT_STORE]
     if len(stored) < 2:
         return None
+    ids = tuple(c.chunk_id for c in stored)
     if len(stored) >= rules.persisted_compaction_file_threshold:
-        return tuple(c.chunk_id for c in stored)
+        return ids, "file_threshold"
     last_write = max(c.time_of_last_write for c in partition.chunks)
     if _elapsed_at_least(now, last_write, rules.persisted_compaction_cold_s):
-        return tuple(c.chunk_id for c in stored)
+        return ids, "cold"
     return None
 
 
@@ -549,9 +557,9 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
                 continue
             if not slot_free:
                 continue
-            stored = select_persisted_compaction(p, rules, now) if rules.persist else None
-            if stored is not None:
-                reason = "file_threshold" if len(stored) >= rules.persisted_compaction_file_threshold else "cold"
+            due = _persisted_compaction(p, rules, now) if rules.persist else None
+            if due is not None:
+                stored, reason = due
                 actions.append(CompactPersistedChunks(p.table, p.partition_key, stored, reason))
                 acted.add((p.table, p.partition_key))
                 claimed.update((p.table, p.partition_key, cid) for cid in stored)

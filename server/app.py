@@ -189,7 +189,7 @@ class IoxServer:
                 self.grpc.stop(grace=5).wait(10)
             if getattr(self, "http", None) is not None:
                 self.http.stop()
-            if self.broker is not None and self.broker.storage.startswith("memory") and \
+            if self.broker is not None and self.broker.in_memory and \
                     self.lifecycle is not None and self.consumer is not None and not self.lifecycle.fenced:
                 self._drain_and_persist()
             if self.lifecycle is not None:

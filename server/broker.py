@@ -111,6 +111,11 @@ class BrokerHandle:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def in_memory(self) -> bool:
+        """Tansu keeps its messages in memory only: they are gone once it stops."""
+        return self.storage.startswith("memory://")
+
     def is_running(self) -> bool:
         return _alive(self.pid) and _reachable(self.port)
 
@@ -120,7 +125,7 @@ class BrokerHandle:
         A broker on durable storage gets SIGTERM and up to ``STOP_TIMEOUT_S`` to exit (then
         SIGKILL). An in-memory broker is killed at once: it has nothing to flush, its messages go
         either way, and Tansu's graceful stop waits ~5 s for connected clients to leave."""
-        sig = signal.SIGKILL if self.storage.startswith("memory://") else signal.SIGTERM
+        sig = signal.SIGKILL if self.in_memory else signal.SIGTERM
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError:
