@@ -75,10 +75,26 @@ _CONSUME_TIMEOUT_S = 0.2
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
-#: bootstrap -> a consumer no task is using. Spark reuses its Python workers, so the next task
-#: of this worker process reads with it instead of connecting anew (connecting dominates small
-#: micro-batches). A task that fails closes its consumer.
+#: bootstrap -> (a consumer no task is using, `time.monotonic()` when it became idle). Spark
+#: reuses its Python workers, so the next task of this worker process reads with it instead of
+#: connecting anew (connecting dominates small micro-batches). A task that fails closes its consumer.
 _idle_consumers: dict = {}
+#: An idle consumer unused for longer than this is closed by the next task of its worker process,
+#: whatever broker that task reads. Without it, a worker that once read a broker that is gone (a
+#: server stopped in the same Spark application, a broker address that changed) kept a consumer
+#: reconnecting to it, and logging each refused connection, for as long as the worker lived.
+IDLE_CONSUMER_MAX_S = 60.0
+
+
+def _take_consumer(bootstrap: str, now_monotonic: float):
+    """An idle consumer of `bootstrap`, or a new one; first closes the consumers idle for longer
+    than IDLE_CONSUMER_MAX_S. Runs on an executor, in the task's Python worker."""
+    for b, (c, idle_since) in list(_idle_consumers.items()):
+        if now_monotonic - idle_since > IDLE_CONSUMER_MAX_S:
+            del _idle_consumers[b]
+            c.close()
+    kept = _idle_consumers.pop(bootstrap, None)
+    return kept[0] if kept is not None else reader_consumer(bootstrap)
 
 
 class _TopicPartitionRange(InputPartition):
@@ -286,7 +302,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
 
         from server.wire_format import header_text, holds_write, payload_problem
 
-        c = _idle_consumers.pop(self.bootstrap, None) or reader_consumer(self.bootstrap)
+        c = _take_consumer(self.bootstrap, time.monotonic())
         ok = False
         try:
             c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
@@ -340,7 +356,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         finally:
             if ok and self.bootstrap not in _idle_consumers:
                 c.unassign()
-                _idle_consumers[self.bootstrap] = c
+                _idle_consumers[self.bootstrap] = (c, time.monotonic())
             else:
                 c.close()
 

@@ -5,6 +5,8 @@ source must never ask for more than its range still holds (nor, probing ends, fo
 next message while waiting). The real consumer is exercised by the integration tests."""
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 
@@ -52,6 +54,7 @@ class _Consumer:
         self.log = log
         self.queue: list[_Msg] = []
         self.calls: list[tuple[int, float, int]] = []
+        self.closed = False
 
     def assign(self, tps):
         self.queue = [m for tp in tps for m in self.log[tp.partition] if m.offset() >= tp.offset]
@@ -60,7 +63,7 @@ class _Consumer:
         self.queue = []
 
     def close(self):
-        pass
+        self.closed = True
 
     def consume(self, num_messages=1, timeout=-1):
         out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
@@ -89,7 +92,7 @@ def reader(monkeypatch):
 def test_read_asks_for_no_more_messages_than_its_range_holds(reader, end_exclusive):
     w = _write("cpu", 4)
     c = _Consumer({2: [_Msg(2, off, w.value, w.headers) for off in range(10)]})
-    kafka_source._idle_consumers["fake:9092"] = c
+    kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
     batches = list(reader.read(_TopicPartitionRange(TOPIC, 2, 0, end_exclusive)))
     t = pa.Table.from_batches(batches)
     assert t.column("offset").to_pylist() == list(range(end_exclusive))
@@ -97,17 +100,43 @@ def test_read_asks_for_no_more_messages_than_its_range_holds(reader, end_exclusi
     assert t.column("problem").to_pylist() == [None] * end_exclusive
     assert c.waited_out() == []
     assert [n for n, _t, _got in c.calls] == [end_exclusive]
-    assert kafka_source._idle_consumers["fake:9092"] is c  # kept for the worker's next task
+    assert kafka_source._idle_consumers["fake:9092"][0] is c  # kept for the worker's next task
 
 
 def test_read_of_a_range_larger_than_one_consume_call_asks_for_what_is_left(reader):
     w = _write("cpu", 1)
     c = _Consumer({0: [_Msg(0, off, w.value, w.headers) for off in range(1_200)]})
-    kafka_source._idle_consumers["fake:9092"] = c
+    kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
     rows = sum(b.num_rows for b in reader.read(_TopicPartitionRange(TOPIC, 0, 100, 1_150)))
     assert rows == 1_050
     assert [n for n, _t, _got in c.calls] == [500, 500, 50]
     assert c.waited_out() == []
+
+
+def test_a_consumer_idle_for_too_long_is_closed_by_the_next_task_whatever_broker_it_reads(reader, monkeypatch):
+    # a worker once read a broker that is gone: its idle consumer must not reconnect to it forever
+    w = _write("cpu", 1)
+    gone, recent, stale = _Consumer({}), _Consumer({}), _Consumer({})
+    created: list[tuple[str, _Consumer]] = []
+
+    def new_consumer(bootstrap):
+        created.append((bootstrap, _Consumer({0: [_Msg(0, 0, w.value, w.headers)]})))
+        return created[-1][1]
+
+    monkeypatch.setattr(kafka_source, "reader_consumer", new_consumer)
+    now = time.monotonic()
+    kafka_source._idle_consumers.update({
+        "gone:9092": (gone, now - kafka_source.IDLE_CONSUMER_MAX_S - 1),
+        "recent:9092": (recent, now - kafka_source.IDLE_CONSUMER_MAX_S + 30),
+        "fake:9092": (stale, now - kafka_source.IDLE_CONSUMER_MAX_S - 1)})
+    assert sum(b.num_rows for b in reader.read(_TopicPartitionRange(TOPIC, 0, 0, 1))) == 1
+    assert gone.closed and "gone:9092" not in kafka_source._idle_consumers
+    assert not recent.closed and kafka_source._idle_consumers["recent:9092"][0] is recent
+    # the task's own broker's idle consumer was as old: closed too, and the task read with a new one,
+    # now the idle one of its broker
+    assert stale.closed and stale.calls == []
+    assert [b for b, _c in created] == ["fake:9092"]
+    assert kafka_source._idle_consumers["fake:9092"][0] is created[0][1] and not created[0][1].closed
 
 
 def test_true_ends_reads_each_last_batch_without_waiting_out_a_timeout():
