@@ -50,7 +50,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from .end_polls import AckMarks, EndPolls
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer",
-           "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES"]
+           "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
