@@ -184,12 +184,17 @@ def _measured_run(srv, batches: list, clients: int, seconds: float, rate: float 
     return _Run(rate, stats, start, writes_done, applied_at, samples)
 
 
+def _kept_samples(r: _Run) -> list:
+    """A run's lag samples as the JSON keeps them: [seconds, points], the last 200."""
+    return [(round(t, 2), lag) for t, lag in r.samples][-200:]
+
+
 def _attempt(frac: float, r: _Run) -> dict:
     """One paced run as the JSON keeps it: a run whose lag grew is kept with its lag, for diagnosis."""
     mid_avg, last_avg, growing = r.lag()
     return {"fraction": frac, "offered": r.offered_rate, "rate": r.rate, "growing": growing,
             "lag_mid_avg": mid_avg, "lag_last_avg": last_avg, "drain_s": round(r.drain_s, 2),
-            "lag_samples": [(round(t, 2), lag) for t, lag in r.samples][-200:]}
+            "lag_samples": _kept_samples(r)}
 
 
 #: paced runs at these fractions of the burst's rate, until one does not grow its lag (the
@@ -293,7 +298,7 @@ def run(ctx) -> list[Row]:
                  f"{last_avg:,.0f} points), drained {best.drain_s:.1f} s after writes stopped; burst (unpaced, "
                  f"{burst.stats.points:,} points in {burst.writes_done - burst.start:.0f} s): {burst.rate:,.0f} "
                  f"points/s until all queryable, drained {burst.drain_s:.1f} s after; {tried}; " + note_b,
-            extra={"lag_samples": [(round(t, 2), lag) for t, lag in best.samples][-200:], "messages": total_msgs,
+            extra={"lag_samples": _kept_samples(best), "messages": total_msgs,
                    "base_token": base_token, "errors": stats.errors, "burst_rate": burst.rate,
                    "attempts": [_attempt(f, rr) for f, rr in attempts]})
     r.met = ours >= 500_000 and r.ratio is not None and r.ratio >= 1.0 and not growing
