@@ -11,6 +11,12 @@ catalog builds its single-committer fencing (DESIGN.md invariant 8) on this.
   ``os.replace``-s it; ``put_if_absent`` writes a temporary file and
   ``os.link``-s it to the target (``link`` fails with ``EEXIST`` atomically),
   falling back to ``O_CREAT | O_EXCL`` on file systems without hard links.
+  Both return only once the object survives a power loss: the file, its
+  directory and the parent of every directory created for it are fsync-ed.
+  Files written through pyarrow (Parquet) get the same guarantee from
+  ``arrow_prepare_write`` (created directories) and ``arrow_finish_write``
+  (the file and its directory), which the writer calls before the preserved
+  catalog may name the file.
 * S3: ``put_object(..., IfNoneMatch="*")``; S3 answers ``412
   PreconditionFailed`` when the key exists and ``409
   ConditionalRequestConflict`` when a concurrent conditional write to the same
@@ -38,7 +44,7 @@ import uuid as _uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 from urllib.parse import quote, urlsplit
 
 import pyarrow.fs
@@ -172,7 +178,8 @@ class ObjectStore(ABC):
         ``filesystem`` (see :meth:`arrow_path`).  Writes through pyarrow are
         not atomic: only use them for objects nobody reads before they are
         committed elsewhere (Parquet files become visible through the
-        preserved catalog).
+        preserved catalog).  Nor are they durable: write through
+        :meth:`arrow_prepare_write` and :meth:`arrow_finish_write`.
         """
 
     def arrow_path(self, key: str) -> str:
@@ -185,10 +192,22 @@ class ObjectStore(ABC):
 
         Called on the executor that writes the file: creates whatever the
         backend needs before a write (parent directories on a local disk,
-        nothing on S3).
+        durably: see :class:`LocalObjectStore`; nothing on S3).
         """
         fs, base = self.arrow_fs()
         return fs, f"{base}/{_validate_key(key)}" if base else _validate_key(key)
+
+    def arrow_finish_write(self, keys: Iterable[str]) -> None:
+        """Make the objects at ``keys``, written and closed through pyarrow, durable.
+
+        Called on the executor that wrote them (after :meth:`arrow_prepare_write`
+        and closing each writer), before their metadata goes to the driver:
+        once this returns, the objects survive a power loss, so a preserved
+        catalog transaction may name them.  On a local disk: one fsync per
+        file and one per distinct directory holding them; on S3 nothing (an
+        object exists once its upload completed).  Raises ``OSError`` when a
+        file cannot be synced (then it must not be committed).
+        """
 
 
 # --------------------------------------------------------------------------- local
@@ -199,7 +218,10 @@ class LocalObjectStore(ObjectStore):
 
     Picklable (holds only the absolute root path).  Creates the root directory
     lazily on the first write.  Durability: data and directory entries are
-    fsync-ed before a write returns.
+    fsync-ed before a write returns (``put``, ``put_if_absent``); for files
+    written through pyarrow, before :meth:`arrow_finish_write` returns.
+    Every directory a write creates has its entry made durable (its parent
+    fsync-ed) before the write goes on.
     """
 
     def __init__(self, root_dir: str | os.PathLike[str]) -> None:
@@ -228,7 +250,7 @@ class LocalObjectStore(ObjectStore):
 
     def _write_temp(self, target: str, data: bytes) -> str:
         directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
+        _makedirs_durable(directory)
         tmp = os.path.join(directory, f"{_LOCAL_TMP_PREFIX}{_uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -331,14 +353,26 @@ class LocalObjectStore(ObjectStore):
     def arrow_fs(self) -> tuple[pyarrow.fs.FileSystem, str]:
         """Local file system; ``base_path`` is ``root_dir``.
 
-        pyarrow does not create parent directories on write: use
-        :meth:`arrow_prepare_write` (or create them) before writing.
+        pyarrow does not create parent directories on write, nor fsync what
+        it wrote: use :meth:`arrow_prepare_write` before writing and
+        :meth:`arrow_finish_write` after closing the file.
         """
         return pyarrow.fs.LocalFileSystem(), Path(self._root).as_posix()
 
     def arrow_prepare_write(self, key: str) -> tuple[pyarrow.fs.FileSystem, str]:
-        os.makedirs(os.path.dirname(self._path(key)), exist_ok=True)
+        """Creates the missing parent directories of ``key``, fsync-ing the parent of each one created."""
+        _makedirs_durable(os.path.dirname(self._path(key)))
         return super().arrow_prepare_write(key)
+
+    def arrow_finish_write(self, keys: Iterable[str]) -> None:
+        """fsync-s each file, then each distinct directory holding them once."""
+        directories: dict[str, None] = {}
+        for key in keys:
+            path = self._path(key)
+            _fsync_file(path)
+            directories[os.path.dirname(path)] = None
+        for directory in directories:
+            _fsync_dir(directory)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -353,6 +387,40 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _fsync_file(path: str) -> None:
+    """Make the data of the closed file ``path`` durable; ``OSError`` propagates."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _makedirs_durable(directory: str) -> None:
+    """Create ``directory`` and its missing parents, then fsync the parent of each one created.
+
+    A directory another process created concurrently (``mkdir`` fails with
+    ``EEXIST``) counts as created here too.  Costs one ``stat`` when
+    ``directory`` exists.
+    """
+    missing: list[str] = []
+    current = directory
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for path in reversed(missing):  # outermost first
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+    for path in missing:  # deepest first
+        _fsync_dir(os.path.dirname(path))
 
 
 def _fsync_dir(directory: str) -> None:

@@ -12,7 +12,9 @@ Invariants (IOx compact_object_store_chunks):
   merged into it, so every query answers the same before and after.
 - One preserved-catalog transaction adds the new file and removes the old ones;
   checkpoints do not move (no row enters or leaves Parquet). Before the commit
-  a crash leaves the old files in force; after it, the new one.
+  a crash leaves the old files in force; after it, the new one, which its
+  writer made durable before the commit (persist's `write_one_file` /
+  `write_files`).
 - The replaced chunks are retired, not released: queries planned before the
   swap still read them (cleanup keeps the files retired chunks read).
 

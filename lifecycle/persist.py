@@ -16,6 +16,9 @@ Invariants (IOx persist + persist_sink's many writers / one committer):
   ranges never meet); the driver alone commits ONE preserved-catalog
   transaction naming the files, the partition checkpoint, the database
   checkpoint and the table schema.
+- A file is durable before its metadata leaves the task that wrote it
+  (`ObjectStore.arrow_finish_write`: fsync-ed with its directory on a local
+  store), so the commit never names a file a power loss can take.
 - Only after that commit are the flush handle committed and the chunks
   swapped in the catalog; before it, a crash leaves at most orphan files
   (which cleanup deletes) and the write buffer still covers every row.
@@ -107,7 +110,8 @@ class PersistOutcome:
 
 def _writer_fn(store: ObjectStore, key: str):
     """Executor side: writes every batch it gets into ONE Parquet file at `key`, in row groups of
-    ROW_GROUP_ROWS rows (the last one smaller); yields its metadata.
+    ROW_GROUP_ROWS rows (the last one smaller), makes it durable (`ObjectStore.arrow_finish_write`)
+    and yields its metadata.
 
     Picklable (captures the store config and a key).
     """
@@ -146,6 +150,7 @@ def _writer_fn(store: ObjectStore, key: str):
             if writer is not None:
                 writer.close()
         if rows:
+            store.arrow_finish_write([key])
             size = fs.get_file_info(path).size
             yield pa.RecordBatch.from_pylist([{"key": key, "rows": rows, "size": size, "min_t": min_t,
                                                "max_t": max_t, "min_seq": min_s, "max_seq": max_s}])
@@ -289,7 +294,8 @@ def _time_pieces(t, cuts: list) -> list:
 def write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> list:
     """Writes `t` (chunk layout, rows) as Parquet: one file at keys[0], or, from
     `parallel_min_rows` rows on, up to len(keys) files split by time (`_time_pieces`), each by a
-    thread of its own. Returns [(key, rows, size, stats)] of the files written. Executor side."""
+    thread of its own, and makes them durable (`ObjectStore.arrow_finish_write`). Returns
+    [(key, rows, size, stats)] of the files written. Executor side."""
     import pyarrow.parquet as pq
 
     cuts = _time_split(t, len(keys)) if t.num_rows >= parallel_min_rows and len(keys) > 1 else []
@@ -303,11 +309,14 @@ def write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> li
         return keys[i], piece.num_rows, fs.get_file_info(path).size, _stats(piece)
 
     if not cuts:
-        return [write(0)]
-    from concurrent.futures import ThreadPoolExecutor
+        written = [write(0)]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(len(cuts) + 1) as pool:  # pyarrow releases the GIL while it writes
-        return list(pool.map(write, range(len(cuts) + 1)))
+        with ThreadPoolExecutor(len(cuts) + 1) as pool:  # pyarrow releases the GIL while it writes
+            written = list(pool.map(write, range(len(cuts) + 1)))
+    store.arrow_finish_write([w[0] for w in written])
+    return written
 
 
 def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: list, flush_ts: int, deletes: list,
