@@ -14,7 +14,16 @@ Where each part runs:
 
 Invariants:
 - A micro-batch covers, per Kafka partition, exactly the offsets [start, end):
-  `read` yields every message in that range once, or fails the batch.
+  `read` yields every message in that range once, or fails the batch. An offset
+  the broker returns no message for is a gap: consumed, no row (a transaction
+  control record of a transactional producer, which librdkafka's `consume`
+  hides; a record removed by compaction or retention). `read` ends only on the
+  broker's word that the range is passed, never because nothing arrived (Tansu's
+  watermark can be short of its last batch, and a message can be slow to come):
+  a message at or beyond `end`, or the consumer's position (`consumer_positions`)
+  at or beyond `end`, which control records move too. An offset with no record
+  at all at the range's end (a last batch compaction emptied) gives no such
+  word: the range ends once a later record arrives.
 - `latestOffset` never reports an end beyond what Kafka holds and never stops
   short of the last message for longer than one trigger after a partition
   stops moving: Tansu reports the high watermark as the base offset of the
@@ -50,7 +59,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from .end_polls import AckMarks, EndPolls
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer",
-           "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S"]
+           "consumer_positions", "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
@@ -66,12 +75,18 @@ _COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", 
 #: returned whole when it comes first, so a message of any size the write buffer takes is read.
 FETCH_MAX_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 8 * 1024 * 1024
-#: Messages one `consume` call of `read` takes at most, and how long it waits for them.
-#: librdkafka's consume returns when it has that many messages or at the timeout, whichever comes
-#: first: `read` asks for no more than its range still holds (asking for 500 held every task of a
-#: smaller range for the whole timeout: 200 ms more for each micro-batch's read).
+#: Messages one `consume` call of `read` takes at most, and how long it waits for one.
+#: librdkafka's consume returns when it has as many messages as asked or at the timeout, whichever
+#: comes first, and a transaction control record counts as none. A range holds fewer messages than
+#: offsets when it has gaps, so `read` never waits for more than one: it takes what the consumer
+#: holds already (up to what the range can still hold, timeout 0) and, after a call that brought
+#: nothing (no message, no move of the position), waits for the next message at most
+#: _CONSUME_TIMEOUT_S. Asking a range's count with a timeout held its task for the whole timeout
+#: whenever fewer came (asking for 500 did so for every smaller range: 200 ms more for each
+#: micro-batch's read). A control record that arrives during a wait ends it not: a range ending in
+#: one that comes in a fetch of its own waits this long once.
 _CONSUME_MAX_MESSAGES = 500
-_CONSUME_TIMEOUT_S = 0.2
+_CONSUME_TIMEOUT_S = 0.05
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
@@ -106,6 +121,14 @@ class _TopicPartitionRange(InputPartition):
 
 
 def reader_consumer(bootstrap: str, **extra):
+    """A consumer for reading assigned offset ranges (no group membership, no commits); `extra`
+    overrides its configuration.
+
+    A position the broker no longer holds (below its log start) resumes at the earliest offset it
+    holds: the offsets skipped are gone, gaps as the readers count them. librdkafka's default
+    ("latest") would skip to the partition's end, past messages the broker still holds, which a
+    reader that counts unreturned offsets as gaps would then never read.
+    """
     from confluent_kafka import Consumer
 
     conf = {
@@ -118,10 +141,26 @@ def reader_consumer(bootstrap: str, **extra):
         "max.partition.fetch.bytes": FETCH_MAX_PARTITION_BYTES,
         "receive.message.max.bytes": 512 * 1024 * 1024,
         "allow.auto.create.topics": False,
+        "auto.offset.reset": "earliest",
         "log_level": 3,
     }
     conf.update(extra)
     return Consumer(conf)
+
+
+def consumer_positions(consumer, topic: str, partitions) -> dict[int, int]:
+    """{partition: position} of `consumer`'s assigned `partitions` of `topic`.
+
+    librdkafka's position is the offset after the last record its `consume` calls went past in
+    this assignment: messages returned, and transaction control records, which `consume` hides
+    but passes. So every offset below it the broker returned, or holds no message at (a control
+    record, a gap). Before any record it is OFFSET_INVALID (< 0): librdkafka resets it when a
+    partition's earlier assignment stops, so a value read right after `assign` and before any
+    `consume` is a leftover of an earlier assignment, not this one's.
+    """
+    from confluent_kafka import TopicPartition
+
+    return {tp.partition: tp.offset for tp in consumer.position([TopicPartition(topic, p) for p in partitions])}
 
 
 def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int, int]:
@@ -129,8 +168,13 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int
 
     Tansu reports the base offset of the last record batch + 1: read that batch
     and take its last offset. On Apache Kafka the batch ends at the watermark.
-    Every partition is probed at once (one fetch round trip, not one per
-    partition). Uses (and then unassigns) `consumer`.
+    A last batch that is a transaction control record delivers no message: the
+    consumer's position (`consumer_positions`) passing the watermark ends that
+    partition's wait instead, and the position counts toward its end (the end
+    includes the control record, as a watermark does). Every partition is
+    probed at once (one fetch round trip, not one per partition); a partition
+    heard from neither way ends with its watermark after 2 s. Uses (and then
+    unassigns) `consumer`.
     """
     from confluent_kafka import TopicPartition
 
@@ -140,21 +184,33 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int
         return out
     consumer.assign([TopicPartition(topic, p, high_watermarks[p] - 1) for p in sorted(todo)])
     deadline = time.monotonic() + 2.0
+    # a position read before any consume is an earlier assignment's (see consumer_positions): such a
+    # partition's position proves nothing, it ends by a message or the deadline
+    fresh = {p for p, pos in consumer_positions(consumer, topic, sorted(todo)).items() if pos < 0}
     waiting = set(todo)  # partitions whose last batch has not arrived yet
+    wait = False  # the last call brought nothing while partitions are waiting
     try:
         while time.monotonic() < deadline:
             # a fetch delivers a record batch whole: once a partition's first record came, the
             # rest of its batch is already queued, so waiting is only for partitions not heard from,
-            # and only until the next message arrives (a larger count would wait out the timeout)
-            msgs = consumer.consume(1000, timeout=0)
-            if not msgs and waiting:
-                msgs = consumer.consume(1, timeout=0.1)
+            # and only until the next message arrives (a larger count would wait out the timeout);
+            # a control record ends no wait, so the positions are read before waiting again
+            msgs = consumer.consume(1, timeout=0.1) if wait else consumer.consume(1000, timeout=0)
+            heard = len(waiting)
             for m in msgs:
                 if m.error() is None and m.topic() == topic and m.partition() in todo:
                     out[m.partition()] = max(out[m.partition()], m.offset() + 1)
                     waiting.discard(m.partition())
+            if waiting & fresh:
+                for p, pos in consumer_positions(consumer, topic, sorted(waiting & fresh)).items():
+                    if pos >= high_watermarks[p]:  # past the last offset: a control record
+                        out[p] = max(out[p], pos)
+                        waiting.discard(p)
             if not waiting and not msgs:
                 break
+            wait = not msgs and len(waiting) == heard
+        for p, pos in consumer_positions(consumer, topic, sorted(fresh)).items():
+            out[p] = max(out[p], pos)  # control records after the last message count too
     finally:
         consumer.unassign()
     return out
@@ -297,40 +353,51 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
 
     # -- executor side -------------------------------------------------------
     def read(self, partition: _TopicPartitionRange):
+        """Yields the messages of [start, end_exclusive) of one Kafka partition as Arrow batches of
+        SOURCE_SCHEMA, in offset order, each once; an offset with no message is a gap (see the
+        module invariant). Ends once the broker went past `end_exclusive - 1` (a message at or
+        beyond it, or the consumer's position); raises when that takes more than
+        READ_STALL_TIMEOUT_S without progress."""
         import pyarrow as pa
         from confluent_kafka import TopicPartition
 
         from server.wire_format import header_text, holds_write, payload_problem
 
+        topic, kp, end = partition.topic, partition.partition, partition.end_exclusive
         c = _take_consumer(self.bootstrap, time.monotonic())
         ok = False
         try:
-            c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
-            next_offset = partition.start
+            c.assign([TopicPartition(topic, kp, partition.start)])
+            if consumer_positions(c, topic, [kp])[kp] >= 0:
+                # a reused consumer whose earlier assignment's position was not reset yet: it would
+                # claim offsets this range has not read; a new consumer starts with none
+                stale, c = c, None
+                stale.close()
+                c = reader_consumer(self.bootstrap)
+                c.assign([TopicPartition(topic, kp, partition.start)])
+            next_offset = partition.start  # every offset below it is read, or a gap
             cols = {k: [] for k in _COLUMNS}
             last_progress = time.monotonic()
-            while next_offset < partition.end_exclusive:
-                # no more than the range still holds: `consume` returns once it has that many (or at
-                # the timeout), so the range's last messages are not held back for the timeout
-                msgs = c.consume(min(_CONSUME_MAX_MESSAGES, partition.end_exclusive - next_offset),
-                                 timeout=_CONSUME_TIMEOUT_S)
-                if not msgs:
-                    if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
-                        raise RuntimeError(
-                            f"{partition.topic}[{partition.partition}]: offset {next_offset} not readable "
-                            f"within {READ_STALL_TIMEOUT_S}s (expected up to {partition.end_exclusive - 1})")
-                    continue
+            wait = False  # the last call brought nothing: wait for the next message
+            while next_offset < end:
+                # what the consumer holds, no more than the range can still hold, without waiting;
+                # after a call that brought nothing, one message (see _CONSUME_TIMEOUT_S)
+                msgs = (c.consume(1, timeout=_CONSUME_TIMEOUT_S) if wait
+                        else c.consume(min(_CONSUME_MAX_MESSAGES, end - next_offset), timeout=0))
+                before = next_offset
                 for m in msgs:
-                    if m.error() is not None or m.partition() != partition.partition or m.topic() != partition.topic:
+                    if m.error() is not None or m.partition() != kp or m.topic() != topic:
                         continue
                     off = m.offset()
-                    if off < next_offset or off >= partition.end_exclusive:
+                    if off < next_offset:
+                        continue  # read already
+                    if off >= end:
+                        next_offset = end  # the broker is past the range: what it did not return are gaps
                         continue
-                    next_offset = off + 1
-                    last_progress = time.monotonic()
+                    next_offset = off + 1  # offsets skipped on the way are gaps
                     h = dict(m.headers() or [])
-                    cols["topic"].append(partition.topic)
-                    cols["kp"].append(partition.partition)
+                    cols["topic"].append(topic)
+                    cols["kp"].append(kp)
                     cols["offset"].append(off)
                     cols["ts_ms"].append(m.timestamp()[1])
                     cols["kind"].append(header_text(h, "iox-kind"))
@@ -347,6 +414,18 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                     cols["txn_info"].append(info)
                     cols["unique"].append(header_text(h, "iox-unique") == "1")
                     cols["problem"].append(payload_problem(value) if holds_write(cols["kind"][-1], info) else None)
+                # every message below the position was returned by the calls above (and taken), so
+                # what lies between is control records or gaps
+                passed = consumer_positions(c, topic, [kp])[kp]
+                if passed > next_offset:
+                    next_offset = min(passed, end)
+                wait = next_offset == before
+                if not wait:
+                    last_progress = time.monotonic()
+                elif time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                    raise RuntimeError(
+                        f"{topic}[{kp}]: offset {next_offset} not readable "
+                        f"within {READ_STALL_TIMEOUT_S}s (expected up to {end - 1})")
                 if len(cols["offset"]) >= 256:
                     yield _batch(pa, cols)
                     cols = {k: [] for k in cols}
@@ -354,7 +433,9 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                 yield _batch(pa, cols)
             ok = True
         finally:
-            if ok and self.bootstrap not in _idle_consumers:
+            if c is None:
+                pass
+            elif ok and self.bootstrap not in _idle_consumers:
                 c.unassign()
                 _idle_consumers[self.bootstrap] = (c, time.monotonic())
             else:

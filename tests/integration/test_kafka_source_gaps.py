@@ -1,0 +1,113 @@
+"""The streaming source's reads (server/kafka_source.py `read`, `true_ends`) and the replay's
+schema read (server/replay_schemas.py) on a partition holding transaction control records: a
+transactional producer leaves a commit marker after each of its transactions, an offset that
+holds no message. A range with markers in it, ending in one, or made of one only is read whole and
+ends at once, with the real broker and librdkafka's consumer (Spark not needed). The topic is not
+a database topic (prefix `iox.`), so the session's server never follows it."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from catalog.catalog import Database
+from catalog.schema import Column
+from server import kafka_source, replay_schemas
+from server.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange, reader_consumer, true_ends
+from server.wire_format import encode_write
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _write(n: int):
+    data = pa.table({"v": pa.array([float(i) for i in range(n)], pa.float64()),
+                     "time": pa.array([T0 + i for i in range(n)], pa.int64())})
+    return encode_write("cpu", [Column("v", "field", "float"), Column("time", "time", "time")], data)
+
+
+@pytest.fixture
+def marked_topic(broker):
+    """(topic, {offset: rows} of its messages, high watermark): one partition where 3 transactions
+    of 1, 2 and 1 messages each end with a commit marker, the last offset being one."""
+    topic = f"gaps.{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        f.result(30)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": topic, "log_level": 3})
+    p.init_transactions(30)
+    acked: dict[int, int] = {}
+    for rows in ([1], [2, 3], [4]):
+        p.begin_transaction()
+        for n in rows:
+            w = _write(n)
+            p.produce(topic, value=w.value, headers=w.headers, partition=0,
+                      on_delivery=lambda err, m, n=n: acked.__setitem__(m.offset(), n))
+        p.commit_transaction(30)
+    c = reader_consumer(broker.bootstrap)
+    try:
+        _lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        c.close()
+    assert len(acked) == 4 and hi > max(acked) + 1  # a marker after the last message
+    yield topic, acked, hi
+
+
+@pytest.fixture
+def reader(broker, monkeypatch):
+    monkeypatch.setattr(kafka_source, "_idle_consumers", {})
+    monkeypatch.setattr(kafka_source, "READ_STALL_TIMEOUT_S", 10.0)  # a stalled range fails in 10 s, not 60
+    r = IoxKafkaStreamReader({"bootstrap": broker.bootstrap})
+    yield r
+    for c, _since in kafka_source._idle_consumers.values():
+        c.close()
+
+
+def _read(reader, topic: str, start: int, end_exclusive: int) -> tuple[list[int], list[int], float]:
+    t0 = time.monotonic()
+    batches = list(reader.read(_TopicPartitionRange(topic, 0, start, end_exclusive)))
+    took = time.monotonic() - t0
+    t = pa.Table.from_batches(batches) if batches else None
+    return ([] if t is None else t.column("offset").to_pylist(),
+            [] if t is None else t.column("nrows").to_pylist(), took)
+
+
+def test_ranges_with_control_records_are_read_whole_and_end_at_once(reader, marked_topic):
+    topic, acked, hi = marked_topic
+    offsets = sorted(acked)
+    # the whole partition, ending in a marker; then again with the consumer the first read left idle
+    for _ in range(2):
+        got, rows, took = _read(reader, topic, 0, hi)
+        assert got == offsets and rows == [acked[o] for o in offsets]
+        assert took < 2.0
+    # a range that starts at a marker, one that ends at the first, one of the last marker only
+    assert _read(reader, topic, offsets[0] + 1, hi)[0] == offsets[1:]
+    assert _read(reader, topic, 0, offsets[0] + 2)[0] == offsets[:1]
+    got, _rows, took = _read(reader, topic, hi - 1, hi)
+    assert got == [] and took < 2.0
+
+
+def test_true_ends_of_a_partition_ending_in_a_control_record_does_not_wait_for_a_message(broker, marked_topic):
+    topic, _acked, hi = marked_topic
+    c = reader_consumer(broker.bootstrap)
+    try:
+        t0 = time.monotonic()
+        assert true_ends(c, topic, {0: hi}) == {0: hi}
+        assert time.monotonic() - t0 < 1.5  # the probe gives a partition it never hears from 2 s
+    finally:
+        c.close()
+
+
+def test_replay_schemas_reads_a_range_ending_in_a_control_record(broker, marked_topic, monkeypatch):
+    topic, acked, hi = marked_topic
+    monkeypatch.setattr(replay_schemas, "READ_STALL_TIMEOUT_S", 10.0)
+    db = Database(name="gaps", topic=topic, kafka_partitions=1)
+    t0 = time.monotonic()
+    assert replay_schemas.load_replay_schemas(broker.bootstrap, db, {0: 0}, {0: hi - 1}) == len(acked)
+    assert time.monotonic() - t0 < 2.0
+    assert db.schemas.get("cpu").get("v").type == "float"
+    # a replay range of the last marker only (everything before it applied)
+    assert replay_schemas.load_replay_schemas(broker.bootstrap, db, {0: hi - 1}, {0: hi - 1}) == 0
