@@ -22,7 +22,7 @@ from . import broker as broker_mod
 from .config import ServerConfig
 from .consumer import WriteBufferConsumer
 from .end_polls import AckMarks
-from .errors import DatabaseNotFound
+from .errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
 from .grpc_services import SERVICE_NAMES, build_grpc_server
 from .ingest import Ingestor
 from .query import QueryEngine
@@ -32,10 +32,15 @@ from .write_buffer import WriteBuffer, topic_for
 from .write_buffer_tail import WriteBufferTail
 from .write_path_priority import raise_write_path_priority
 
-__all__ = ["IoxServer", "DRAIN_TIMEOUT_S"]
+__all__ = ["IoxServer", "DRAIN_TIMEOUT_S", "CATCH_UP_TIMEOUT_S"]
 
 #: How long a clean stop waits for acknowledged writes to be applied before persisting.
 DRAIN_TIMEOUT_S = 120.0
+#: How long `iox persist` / `iox compact` wait at most (less when the request's deadline is nearer) for the
+#: writes acknowledged before them to be applied
+CATCH_UP_TIMEOUT_S = 120.0
+#: How much sooner than a request's deadline a wait gives up, so its answer reaches the client in time
+_ANSWER_MARGIN_S = 0.25
 #: How often the transaction-repair thread looks for markers and aborts to write.
 TXN_REPAIR_INTERVAL_S = 1.0
 
@@ -310,22 +315,44 @@ class IoxServer:
         threading.Thread(target=self.stop, name="fenced-shutdown", daemon=True).start()
 
     # -- management ---------------------------------------------------------------------
-    def persist_now(self, database: str, table: str = "", partition_key: str = ""):
+    def caught_up_database(self, database: str, deadline_s: float | None = None):
+        """The database once every write acknowledged before this call is applied (`iox persist`,
+        `iox compact`: they act on what was written before them, not on what a micro-batch
+        happened to apply already).
+
+        The target is the write buffer's true end per Kafka partition as of the call (whoever
+        produced it); waits at most `deadline_s` (None: CATCH_UP_TIMEOUT_S). Raises DatabaseNotFound
+        when neither the catalog nor Kafka knows the database, CatchUpTimedOut past the deadline,
+        WriteBufferUnavailable when Kafka cannot be asked. Called from gRPC threads (driver)."""
+        # with a request deadline: answer a little before it, so the client gets the reason
+        timeout_s = CATCH_UP_TIMEOUT_S if deadline_s is None else \
+            max(0.0, min(deadline_s - _ANSWER_MARGIN_S, CATCH_UP_TIMEOUT_S))
         try:
-            db = self.catalog.database(database)
-        except DatabaseNotFoundError:
-            raise DatabaseNotFound(database) from None
+            bounds = self.write_buffer.partition_bounds(topic_for(database), self.config.partitions)
+        except Exception as e:  # KafkaException, or the write buffer closing
+            raise WriteBufferUnavailable(f"cannot read the end of {topic_for(database)}: {e}") from e
+        target = {kp: end - 1 for kp, (_lo, end) in bounds.items() if end > 0}
+        if not bounds:
+            try:
+                return self.catalog.database(database)
+            except DatabaseNotFoundError:
+                raise DatabaseNotFound(database) from None
+        applied = self.ingestor.wait_applied(database, target, timeout_s)
+        if applied is None or any(applied.get(kp, -1) < off for kp, off in target.items()):
+            raise CatchUpTimedOut(database, target, applied or {}, timeout_s)
+        return self.catalog.database(database)
+
+    def persist_now(self, database: str, table: str = "", partition_key: str = "", deadline_s: float | None = None):
+        db = self.caught_up_database(database, deadline_s)
         resp = management_pb2.PersistResponse()
         for r in self.lifecycle.persist_now(db, table or None, partition_key or None, time.time()):
             resp.persisted.add(table=r.table, partition_key=r.partition_key, rows=r.rows_persisted,
                                files=list(r.files), revision=r.revision, flush_timestamp_ns=r.flush_timestamp_ns)
         return resp
 
-    def compact_now(self, database: str, table: str, partition_key: str, persisted: bool = False):
-        try:
-            db = self.catalog.database(database)
-        except DatabaseNotFoundError:
-            raise DatabaseNotFound(database) from None
+    def compact_now(self, database: str, table: str, partition_key: str, persisted: bool = False,
+                    deadline_s: float | None = None):
+        db = self.caught_up_database(database, deadline_s)
         if persisted:
             r = self.lifecycle.compact_persisted_now(db, table, partition_key, time.time())
             if r is None:

@@ -15,6 +15,7 @@ __all__ = [
     "WriteBufferOverloaded",
     "SchemaConflict",
     "InvalidArgument",
+    "CatchUpTimedOut",
 ]
 
 
@@ -95,3 +96,19 @@ class WriteBufferUnavailable(ServerError):
         self.reason = reason
         self.retry_after_s = retry_after_s
         super().__init__(f"write buffer unavailable: {reason}")
+
+
+class CatchUpTimedOut(ServerError):
+    """`iox persist` / `iox compact` waited past their deadline for the writes acknowledged before
+    them to be applied (``target`` and ``applied``: {kafka partition: offset}, inclusive)."""
+
+    def __init__(self, database: str, target: dict, applied: dict, timeout_s: float):
+        self.database = database
+        self.target = dict(target)
+        self.applied = dict(applied)
+        self.timeout_s = timeout_s
+        behind = {kp: (applied.get(kp, -1), off) for kp, off in sorted(target.items()) if applied.get(kp, -1) < off}
+        super().__init__(
+            f"database {database!r}: the writes acknowledged before this request were not all applied within "
+            f"{timeout_s:g} s (Kafka partition: applied / needed offset: "
+            + ", ".join(f"{kp}: {a} / {t}" for kp, (a, t) in behind.items()) + "); nothing was done")

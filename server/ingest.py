@@ -599,6 +599,27 @@ class Ingestor:
         with self._views_lock:
             return (database, table) in self._table_views
 
+    def wait_applied(self, database: str, target: dict, timeout_s: float) -> dict | None:
+        """Waits until the database's `applied_hi_inclusive` reaches `target` ({kp: offset}) on every
+        partition, or `timeout_s` passed; returns the applied offsets then (None: the database is
+        not in the catalog yet). Any driver thread."""
+        def reached() -> bool:
+            try:
+                db = self.catalog.database(database)
+            except KeyError:
+                return False
+            with self.catalog.lock:
+                return all(db.applied_hi_inclusive.get(kp, -1) >= off for kp, off in target.items())
+
+        with self._applied:
+            self._applied.wait_for(reached, timeout_s)
+        try:
+            db = self.catalog.database(database)
+        except KeyError:
+            return None
+        with self.catalog.lock:
+            return dict(db.applied_hi_inclusive)
+
     def wait_for_batches(self, n: int, timeout_s: float) -> bool:
         with self._applied:
             return self._applied.wait_for(lambda: self.batches_applied >= n, timeout_s)

@@ -147,6 +147,53 @@ def test_persist_keeps_answers_and_records_files(manual):
         int(c.status(db)["databases"][0]["catalog_revision"]) >= 1
 
 
+def test_persist_and_compact_cover_every_write_acknowledged_before_them(manual):
+    """`iox persist` right after a write persists it, though its micro-batch was not applied yet
+    when the request came (the consumer is held back by the backpressure file): the request waits
+    until the applied watermark reaches the write buffer's end as of the call. Past its deadline
+    it answers DEADLINE_EXCEEDED and does nothing."""
+    import threading
+
+    import grpc
+
+    c, db = manual.client, f"pw_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=h0 v=0 {T0}"])
+    pause = manual.server.pause_file
+    open(pause, "w").close()
+    try:
+        tok = c.write(db, "\n".join(f"cpu,host=h{i % 3} v={i} {T0 + i}" for i in range(1, 31)))
+        with pytest.raises(grpc.RpcError) as e:
+            c.persist(db, timeout_s=3)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        (kp, off), = tok.items()
+        assert c.applied(db)[kp] < off  # still held back: nothing was persisted meanwhile
+        assert not _partitions(c, db)["2023-11-14"]["files"]
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.update(r=c.persist(db)))
+        t.start()
+        wait_for(lambda: "persist_now" in _busy_threads(), 30, "the persist request to arrive")
+    finally:
+        os.unlink(pause)
+    t.join(120)
+    assert [(p["table"], int(p["rows"])) for p in out["r"]["persisted"]] == [("cpu", 31)]
+    part = _partitions(c, db)["2023-11-14"]
+    assert sum(int(f["rows"]) for f in part["files"]) == 31 and int(part["unpersisted_rows"]) == 0
+    # compact likewise acts on what was written before it: the two new writes' chunks are compacted
+    _write(c, db, [f"cpu,host=h0 v=100 {T0 + 40}"])
+    c.write(db, f"cpu,host=h1 v=101 {T0 + 41}")
+    r = c.compact(db, "cpu", "2023-11-14")
+    assert r["compacted"] is True and int(r["rows"]) == 2
+    assert c.query(db, "SELECT count(*) AS n, max(v) AS v FROM cpu").to_pylist() == [{"n": 33, "v": 101.0}]
+
+
+def _busy_threads() -> str:
+    """The functions the process's threads are in now (to wait for a request to be served)."""
+    import sys
+    import traceback
+
+    return "".join("".join(traceback.format_stack(f)) for f in sys._current_frames().values())
+
+
 def test_a_large_persist_writes_files_split_by_time_that_queries_and_a_restart_read_exactly(manual, monkeypatch):
     """From PARALLEL_WRITE_MIN_ROWS rows on a persist from the write-buffer form writes one file per
     thread, each a time range of its own: the persisted chunk reads both, the answers stay, and a
