@@ -72,6 +72,12 @@ def partition_for(table: str, partitions: int) -> int:
     return zlib.crc32(table.encode("utf-8")) % partitions
 
 
+#: Delivery errors after which the producer is replaced, besides fatal ones: a message that timed
+#: out (the broker was away, or came back without the producer's idempotence session)
+_STUCK_PRODUCER_ERRORS = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT,
+                                    KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
+
+
 def _fatal_error(producer: Producer):
     """The producer's fatal error, or None. A fatal idempotent producer never recovers."""
     try:
@@ -355,13 +361,14 @@ class WriteBuffer:
             raise WriteBufferUnavailable(f"produce to {topic} failed: {e}") from e
         if not done.wait(self.produce_timeout_ms / 1000.0 + 5.0):
             self._forget_topic(topic)
+            self._recreate_producer(producer, "no acknowledgement within the produce timeout")
             raise WriteBufferUnavailable(f"no acknowledgement from Kafka within {self.produce_timeout_ms} ms")
         out = []
         for err, part, off in results:
             if err is not None:
                 self._forget_topic(topic)
-                if err.fatal():
-                    self._recreate_producer(producer)
+                if err.fatal() or err.code() in _STUCK_PRODUCER_ERRORS:
+                    self._recreate_producer(producer, err.str())
                 raise WriteBufferUnavailable(f"Kafka did not acknowledge the write: {err.str()}")
             out.append((part, off))
         on_acked = self.on_acked
@@ -385,15 +392,23 @@ class WriteBuffer:
     def _forget_topic(self, topic: str) -> None:
         self._known_topics.discard(topic)
 
-    def _recreate_producer(self, broken: Producer) -> Producer:
-        """Replaces a producer that hit a fatal error (e.g. the broker lost its producer id).
+    def _recreate_producer(self, broken: Producer, reason: str = "a fatal error") -> Producer:
+        """Replaces a producer that hit a fatal error (e.g. the broker lost its producer id) or
+        whose messages time out (`_STUCK_PRODUCER_ERRORS`: an idempotence session a broker that
+        came back empty no longer knows can stay stuck retrying), so writes recover once the
+        broker is back, without a restart of the server.
 
-        Messages the broken producer had not delivered were answered UNAVAILABLE by
-        their requests; the new producer starts a fresh idempotence session.
+        Messages the broken producer had not delivered were answered UNAVAILABLE by their
+        requests; what it still queues or retries is purged, so none of them lands after a
+        later write that the new producer (a fresh idempotence session) gets acknowledged.
         """
         with self._lock:
             if self._producer is broken:
-                log.warning("idempotent producer hit a fatal error; creating a new one")
+                log.warning("idempotent producer replaced (%s)", reason)
+                try:
+                    broken.purge(in_queue=True, in_flight=True, blocking=False)
+                except KafkaException:
+                    pass
                 self._retired.append(broken)
                 self._producer = Producer(_producer_conf(self.bootstrap, self.produce_timeout_ms))
             return self._producer

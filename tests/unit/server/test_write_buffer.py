@@ -31,3 +31,25 @@ def test_close_closes_the_producers_it_replaced_and_the_admin_client():
             p.produce("iox.x", b"v")
     with pytest.raises(WriteBufferUnavailable, match="closed"):
         wb.list_database_topics()
+
+
+def test_a_producer_whose_messages_time_out_is_replaced():
+    """A broker that is away (here: nothing listens) times the message out; the producer is
+    replaced so that writes recover once a broker is back, whatever the old idempotence session
+    went through. Its queue is purged."""
+    from catalog.schema import Column
+    import pyarrow as pa
+
+    from server.wire_format import encode_write
+
+    wb = WriteBuffer("127.0.0.1:9", partitions=1, produce_timeout_ms=300)
+    wb._known_topics.add("iox.x")  # no topic admin against a missing broker
+    try:
+        first = wb._producer
+        w = encode_write("m", [Column("v", "field", "float")], pa.table({"v": [1.0], "time": pa.array([1], pa.int64())}))
+        with pytest.raises(WriteBufferUnavailable, match="timed out"):
+            wb._send_all("iox.x", [w])
+        assert wb._producer is not first and wb._retired == [first]
+        assert len(first) == 0  # nothing of it is left to retry
+    finally:
+        wb.close()
