@@ -35,6 +35,18 @@ if [ ! -f "$stamp" ] || [ ! -f iox/__init__.py ]; then
   touch "$stamp"
 fi
 
+# the durable embedded broker's store (server/broker.py): s3rver, a Node package, under .venv/node
+S3RVER_VERSION=3.7.1
+if [ ! -x .venv/node/node_modules/.bin/s3rver ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: installing nodejs and npm (the embedded broker's store)" >&2
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q nodejs npm
+  fi
+  npm install --prefix .venv/node --no-audit --no-fund --loglevel=error "s3rver@$S3RVER_VERSION" >&2
+fi
+
 # the Spark JVM's class-data-sharing archive (server/jvm_archive.py), built once per installation:
 # every server starts ~4 s faster; without it servers still start (tests/integration check it)
 .venv/bin/python -m server.jvm_archive >&2 || echo "setup: the JVM archive was not built; servers start without it" >&2

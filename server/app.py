@@ -41,6 +41,8 @@ DRAIN_TIMEOUT_S = 120.0
 CATCH_UP_TIMEOUT_S = 120.0
 #: How much sooner than a request's deadline a wait gives up, so its answer reaches the client in time
 _ANSWER_MARGIN_S = 0.25
+#: How often the server checks that its embedded broker still runs (and starts it again if not)
+BROKER_CHECK_INTERVAL_S = 1.0
 #: How often the transaction-repair thread looks for markers and aborts to write.
 TXN_REPAIR_INTERVAL_S = 1.0
 
@@ -74,9 +76,16 @@ class IoxServer:
         if cfg.kafka_bootstrap:
             bootstrap = cfg.kafka_bootstrap
         else:
-            self.broker = broker_mod.start_or_reuse(data_dir, cfg.embedded_broker_port)
+            self.broker = broker_mod.start_or_reuse(data_dir, cfg.embedded_broker_port, cfg.broker_storage)
             bootstrap = self.broker.bootstrap
-            log.info("embedded broker on %s (pid %s)", bootstrap, self.broker.pid)
+            if self.broker.in_memory:
+                log.warning("embedded broker on %s (pid %s) keeps the write buffer IN MEMORY: a crash of the broker "
+                            "or a restart of the host loses acknowledged writes not yet persisted (at most %g s "
+                            "old); for development only (--broker-storage durable, or a Kafka cluster)",
+                            bootstrap, self.broker.pid, cfg.lifecycle_rules().persist_age_threshold_s)
+            else:
+                log.info("embedded broker on %s (pid %s, storage %s%s)", bootstrap, self.broker.pid,
+                         self.broker.storage, f" in {self.broker.store_dir}" if self.broker.store_dir else "")
         self.bootstrap = bootstrap
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s)
         scratch = os.path.join(data_dir, "spark")
@@ -154,6 +163,8 @@ class IoxServer:
             self.http.start()
         if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
             self._raise_write_path(cfg.write_path_rt_priority)
+        if self.broker is not None:
+            threading.Thread(target=self._supervise_broker, name="broker-supervisor", daemon=True).start()
         for name in ("",) + SERVICE_NAMES:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.started_at = time.time()
@@ -214,6 +225,29 @@ class IoxServer:
                 self.broker.stop()
             self._stopped.set()
             log.info("iox stopped")
+
+    def _supervise_broker(self) -> None:
+        """Runs from start to stop with an embedded broker: one that died (or whose store died) is
+        started again on its port and its data directory, so writes recover by themselves; a durable
+        broker then serves every message it had acknowledged. A failed start is retried next round."""
+        while not self._stopped.wait(BROKER_CHECK_INTERVAL_S):
+            b = self.broker
+            if b is None or b.is_running():
+                continue
+            if not self._stop_lock.acquire(blocking=False):
+                continue  # stopping: the broker is being stopped on purpose
+            try:
+                if self._stopped.is_set():
+                    return
+                log.warning("the embedded broker (pid %s) is gone; starting it again on port %s", b.pid, b.port)
+                nb = broker_mod.start_or_reuse(self.config.abs_data_dir, b.port, self.config.broker_storage)
+                if nb.port != b.port:
+                    log.error("the embedded broker came back on port %s, not %s: restart the server", nb.port, b.port)
+                self.broker = nb
+            except Exception as e:
+                log.error("starting the embedded broker again failed (next try in %g s): %s", BROKER_CHECK_INTERVAL_S, e)
+            finally:
+                self._stop_lock.release()
 
     def _txn_repair_loop(self) -> None:
         """Runs from start to stop: about once a second, produces the transaction markers and

@@ -14,12 +14,20 @@ import logging
 import os
 import sys
 
+from .broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, InvalidConfig, ServerConfig, parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "SERVE_OPTIONS"]
+
+
+def _broker_storage(text: str) -> str:
+    if text not in (STORAGE_DURABLE, STORAGE_MEMORY):
+        raise argparse.ArgumentTypeError(f"{text!r}: durable or memory")
+    return text
+
 
 #: (flag, type, default, help) of `iox serve`; each also read from IOX_<FLAG>.
 SERVE_OPTIONS = [
@@ -45,6 +53,10 @@ SERVE_OPTIONS = [
      "buffer's tail (e.g. 256m; 0 = queries see applied writes only)"),
     ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
+    ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
+     "storage of the embedded broker: durable (acknowledged writes on disk under <data-dir>/broker-store, "
+     "through its local S3 server) or memory (a broker crash or host restart loses unpersisted writes: "
+     f"development only; --persist-age-threshold-s is then at most {MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s)"),
     ("--object-store", str, None, "directory or s3://bucket/prefix for Parquet + catalog (default <data-dir>/objects)"),
     ("--s3-endpoint", str, None, "S3 endpoint URL (MinIO, moto); credentials from the usual AWS variables"),
 ]
@@ -124,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
-    b.add_argument("--storage", default="memory", help="memory or s3://bucket/")
+    b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", "durable"),
+                   help="durable (messages on disk under --data-dir; the default), memory (lost when the broker "
+                        "stops: development only) or s3://bucket/ (env IOX_BROKER_STORAGE)")
+    b.add_argument("--data-dir", default=os.environ.get("IOX_BROKER_DATA_DIR", "./broker-data"),
+                   help="where a durable broker keeps its messages (env IOX_BROKER_DATA_DIR)")
 
     w = sub.add_parser("write", help="write line protocol from FILE (or - for stdin)")
     _add_addr(w)
@@ -169,7 +185,8 @@ def _config_from_args(a) -> ServerConfig:
                         write_path_rt_priority=a.write_path_rt_priority,
                         max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
-                        embedded_broker_port=a.broker_port, object_store=a.object_store,
+                        embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
+                        object_store=a.object_store,
                         s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
                         extra_spark_conf=_spark_conf(a.spark_conf),
                         lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
@@ -286,7 +303,7 @@ def main(argv=None) -> int:
     if a.cmd == "broker":
         from .broker import run_foreground
 
-        return run_foreground(a.port, a.storage)
+        return run_foreground(a.port, a.storage, a.data_dir)
     if a.cmd == "demo":
         from .demo import run_demo
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+
 __all__ = [
     "ServerConfig",
     "DEFAULT_GRPC_PORT",
@@ -111,6 +113,8 @@ class ServerConfig:
     http_port: int = DEFAULT_HTTP_PORT
     #: Embedded broker port; 0 = pick a free port.
     embedded_broker_port: int = 0
+    #: Embedded broker storage: "durable" (on disk) or "memory" (development only; see server/broker.py)
+    broker_storage: str = DEFAULT_BROKER_STORAGE
     #: Address the gRPC server binds to.
     bind_host: str = "0.0.0.0"
     extra_spark_conf: dict = field(default_factory=dict)
@@ -131,6 +135,8 @@ class ServerConfig:
         if not _int_in(self.write_path_rt_priority, 0, 99):
             raise InvalidConfig("write_path_rt_priority", self.write_path_rt_priority,
                                 "must be an integer from 0 (off) to 99")
+        if self.broker_storage not in (STORAGE_DURABLE, STORAGE_MEMORY):
+            raise InvalidConfig("broker_storage", self.broker_storage, "must be durable or memory")
         if not _int_in(self.tail_max_bytes, 0):
             raise InvalidConfig("tail_max_bytes", self.tail_max_bytes, "must be a number of bytes >= 0 (0 disables)")
 
@@ -143,10 +149,22 @@ class ServerConfig:
     def object_store_url(self) -> str:
         return self.object_store or os.path.join(self.abs_data_dir, "objects")
 
+    @property
+    def memory_broker(self) -> bool:
+        """The write buffer is the embedded broker in memory: a broker crash loses unpersisted writes."""
+        return self.kafka_bootstrap is None and self.broker_storage == STORAGE_MEMORY
+
     def lifecycle_rules(self):
+        """The lifecycle rules; with the in-memory embedded broker the persist age threshold is at
+        most MEMORY_BROKER_MAX_PERSIST_AGE_S (what a broker crash can lose is bounded by it)."""
         from lifecycle.rules import LifecycleRules
 
-        return LifecycleRules.for_driver_memory(self.driver_memory_bytes, **self.lifecycle)
+        rules = LifecycleRules.for_driver_memory(self.driver_memory_bytes, **self.lifecycle)
+        if self.memory_broker and rules.persist_age_threshold_s > MEMORY_BROKER_MAX_PERSIST_AGE_S:
+            import dataclasses
+
+            rules = dataclasses.replace(rules, persist_age_threshold_s=MEMORY_BROKER_MAX_PERSIST_AGE_S)
+        return rules
 
     @property
     def abs_data_dir(self) -> str:

@@ -102,7 +102,7 @@ def build(path: str) -> bool:
     data_dir = tempfile.mkdtemp(prefix="iox-jvm-archive-")
     port = free_port()
     cfg = ServerConfig(grpc_port=port, http_port=0, data_dir=data_dir, driver_memory="1g", bind_host="127.0.0.1",
-                       spark_connect_port=0,
+                       spark_connect_port=0, broker_storage="memory",  # a throwaway server
                        # the dump warns about every class it leaves out (generated, signed JARs): quiet
                        extra_spark_conf={"spark.driver.extraJavaOptions": f"{DUMP_OPTION}{tmp} {_QUIET_CDS}"})
     server = IoxServer(cfg)

@@ -105,11 +105,17 @@ def broker_record(data_dir: str) -> dict:
 
 
 def stop_embedded_broker(data_dir: str) -> None:
+    """SIGKILLs the embedded broker recorded in `data_dir` and, for a durable one, its store."""
     try:
-        pid = broker_record(data_dir)["pid"]
-        os.kill(pid, signal.SIGKILL)
-    except (OSError, KeyError, ValueError):
-        pass
+        rec = broker_record(data_dir)
+    except (OSError, ValueError):
+        return
+    for pid in (rec.get("pid"), rec.get("store_pid")):
+        try:
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 #: pause between the batches of Writer.write_until_dead: writers that never pause kept both cores busy

@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 from tests.conftest import passed
-from tests.crash.harness import ServerProcess, Writer, broker_record, stop_embedded_broker
+from tests.waiting import wait_for
+from tests.crash.harness import T0, ServerProcess, Writer, broker_record, stop_embedded_broker
 
 # persist and compact quickly so the crash points are reached within seconds
 LIFECYCLE = ["--persist-row-threshold", "150", "--late-arrive-window-s", "1", "--persist-age-threshold-s", "2",
@@ -80,13 +81,14 @@ def test_clean_stop_persists_everything_and_a_new_epoch_keeps_order(data_dir):
     """SIGTERM with the embedded in-memory broker: everything is persisted before the broker
     stops; the next server gets a fresh broker (offsets start over) and keeps write order."""
     w = Writer(f"e_{uuid.uuid4().hex[:8]}")
-    s1 = ServerProcess(data_dir).wait_ready()  # default thresholds: nothing persists by itself
+    memory = ["--broker-storage", "memory"]
+    s1 = ServerProcess(data_dir, extra=memory).wait_ready()  # default thresholds: nothing persists by itself
     for _ in range(5):
         w.write_batch(s1.client)
     s1.client.write(w.db, "over,k=a v=1 1700000000000000000\n")
     assert s1.terminate() == 0, s1.tail()
     assert not os.path.exists(os.path.join(data_dir, "broker.json"))  # the broker was stopped
-    s2 = ServerProcess(data_dir).wait_ready()
+    s2 = ServerProcess(data_dir, extra=memory).wait_ready()
     try:
         w.check(s2.client, wait_tokens=False)
         st = s2.client.status(w.db)["databases"][0]
@@ -102,7 +104,6 @@ def test_kill_during_cleanup_with_interleaved_partitions_and_deletes(data_dir):
     """Two tables on two Kafka partitions written in the same requests, a database-wide delete in
     between, a persist, then SIGKILL while the restarted server's first cleanup runs; after the
     next restart exactly the acknowledged rows the delete did not remove come back."""
-    from tests.crash.harness import T0
 
     db = f"i_{uuid.uuid4().hex[:8]}"
     s1 = ServerProcess(data_dir).wait_ready()
@@ -139,7 +140,6 @@ def test_kill_during_cleanup_with_interleaved_partitions_and_deletes(data_dir):
 
 def _two_table_request(lo: int, hi: int) -> str:
     """Rows lo..hi-1 of `cpu` and `net`, which live on different Kafka partitions (of 2)."""
-    from tests.crash.harness import T0
 
     return "\n".join(f"{t},src=w id={i}i {T0 + i}" for i in range(lo, hi) for t in ("cpu", "net"))
 
@@ -186,3 +186,94 @@ def test_kill_inside_a_multi_partition_request_applies_all_or_nothing(data_dir, 
         assert _ids(s2.client, db, "net") == expect + list(range(100, 110))
     finally:
         s2.kill()
+
+
+def test_a_delete_never_removes_a_later_write_across_restarts(data_dir):
+    """Write two hosts, delete host a's first 50 s, write a point back at a deleted timestamp,
+    persist, delete host b on the persisted data, SIGKILL, restart: host a keeps its 51 points
+    (the one written after the delete included); again after a clean restart (new epoch)."""
+    db, S = f"dl_{uuid.uuid4().hex[:8]}", 1_000_000_000
+    q = "SELECT host, count(*) AS n, max(v) AS v FROM m GROUP BY host ORDER BY host"
+    want = [{"host": "a", "n": 51, "v": 999}]
+    servers = [ServerProcess(data_dir).wait_ready()]
+    try:
+        c = servers[0].client
+        c.write(db, "\n".join(f"m,host={h} v={i}i {T0 + i * S}" for h in "ab" for i in range(100)))
+        c.delete(db, T0, T0 + 50 * S, predicate='host="a"', table="m")
+        c.write(db, f"m,host=a v=999i {T0 + 10 * S}")
+        assert int(c.persist(db)["persisted"][0]["rows"]) == 151
+        tok = c.delete(db, T0, T0 + 200 * S, predicate='host="b"', table="m")
+        c.wait_applied(db, tok, timeout_s=60)
+        assert c.query(db, q).to_pylist() == want
+        servers[0].kill()
+        servers.append(ServerProcess(data_dir).wait_ready())
+        c = servers[-1].client
+        c.wait_applied(db, tok, timeout_s=120)
+        assert c.query(db, q).to_pylist() == want
+        assert c.query(db, f"SELECT v FROM m WHERE time_ns = {T0 + 10 * S}").to_pylist() == [{"v": 999}]
+        assert servers[-1].terminate() == 0, servers[-1].tail()
+        servers.append(ServerProcess(data_dir).wait_ready())
+        c = servers[-1].client
+        c.wait_caught_up(db, 120)
+        assert c.query(db, q).to_pylist() == want
+    finally:
+        for s in servers:
+            s.kill()
+
+
+def test_the_durable_embedded_broker_loses_no_acknowledged_write_when_everything_is_killed(data_dir):
+    """The default embedded broker keeps the write buffer on disk: SIGKILL of the broker alone (the
+    server starts it again and writes go on), then of the server, the broker and its store at once;
+    the next server starts them on the same directory and every acknowledged write is there,
+    exactly once (nothing was persisted: the default thresholds do not act within the test)."""
+    w = Writer(f"db_{uuid.uuid4().hex[:8]}")
+    s1 = ServerProcess(data_dir).wait_ready()
+    servers = [s1]
+    try:
+        rec = broker_record(data_dir)
+        assert rec["storage"].startswith("s3://") and rec["store_pid"]
+        for _ in range(5):
+            assert w.write_batch(s1.client)
+        os.kill(rec["pid"], 9)  # the broker alone: the server starts it again on its port and store
+        wait_for(lambda: w.write_batch(s1.client), 30, "writes to succeed again after the broker was killed")
+        assert broker_record(data_dir)["pid"] != rec["pid"]
+        for _ in range(5):
+            assert w.write_batch(s1.client)
+        w.check(s1.client)
+        assert s1.client.status(w.db)["databases"][0]["tables"][0]["partitions"][0]["files"] == []
+        rec = broker_record(data_dir)
+        s1.kill()
+        for pid in (rec["pid"], rec["store_pid"]):
+            os.kill(pid, 9)
+        s2 = ServerProcess(data_dir).wait_ready()
+        servers.append(s2)
+        w.check(s2.client)
+        assert w.write_batch(s2.client)
+        w.check(s2.client)
+    finally:
+        for s in servers:
+            s.kill()
+
+
+def test_a_committed_request_whose_rows_are_not_persisted_survives_a_restart(data_dir):
+    """A request of two tables is a transaction: its parts are applied at the offset of its commit
+    decision, later than the parts themselves. Persisting one table records a replay start for the
+    other's unpersisted rows; it must let replay read their part again, not start at the decision
+    (which would leave the request without its parts: its rows lost)."""
+    db = f"tx_{uuid.uuid4().hex[:8]}"
+    s1 = ServerProcess(data_dir).wait_ready()
+    servers = [s1]
+    try:
+        c = s1.client  # m and n live on Kafka partition 0 of 2
+        tok = c.write(db, f"m,host=a v=1i {T0}\nn,host=a v=2i {T0}")
+        c.wait_applied(db, tok, timeout_s=60)
+        assert [p["table"] for p in c.persist(db, table="m")["persisted"]] == ["m"]
+        s1.kill()
+        s2 = ServerProcess(data_dir).wait_ready()
+        servers.append(s2)
+        s2.client.wait_caught_up(db, 120)
+        assert s2.client.query(db, "SELECT host, v FROM n").to_pylist() == [{"host": "a", "v": 2}]
+        assert s2.client.query(db, "SELECT host, v FROM m").to_pylist() == [{"host": "a", "v": 1}]
+    finally:
+        for s in servers:
+            s.kill()

@@ -29,3 +29,49 @@ def test_an_in_memory_broker_is_killed_at_once_a_durable_one_asked_to_stop(monke
     broker.BrokerHandle(pid=11, port=1, storage=broker._storage_url("memory"), owned=True).stop()
     broker.BrokerHandle(pid=12, port=1, storage="sqlite://tansu.db", owned=True).stop()
     assert sent == [(11, signal.SIGKILL), (12, signal.SIGTERM)]
+
+
+def test_a_durable_broker_is_asked_to_stop_before_its_store(monkeypatch):
+    import signal
+
+    from server import broker
+
+    sent = []
+    monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "_reap", lambda pid: None)
+    broker.BrokerHandle(pid=21, port=1, storage="s3://tansu/", owned=True, store_pid=22, store_port=2,
+                        store_dir="/x").stop()
+    assert sent == [(21, signal.SIGTERM), (22, signal.SIGTERM)]
+
+
+def test_a_missing_store_names_the_fix(monkeypatch, tmp_path):
+    import sys
+
+    import pytest
+
+    from server import broker
+
+    monkeypatch.setenv("IOX_S3RVER", str(tmp_path / "nope"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(broker.BrokerStoreMissing, match="setup.sh installs it.*--broker-storage memory"):
+        broker.object_server_binary()
+
+
+def test_the_memory_broker_bounds_the_persist_age_and_a_durable_one_does_not():
+    from server.broker import MEMORY_BROKER_MAX_PERSIST_AGE_S
+    from server.config import InvalidConfig, ServerConfig
+
+    import pytest
+
+    assert ServerConfig(broker_storage="memory").lifecycle_rules().persist_age_threshold_s == \
+        MEMORY_BROKER_MAX_PERSIST_AGE_S
+    assert ServerConfig(broker_storage="memory", lifecycle={"persist_age_threshold_s": 5.0}) \
+        .lifecycle_rules().persist_age_threshold_s == 5.0
+    assert ServerConfig().lifecycle_rules().persist_age_threshold_s > MEMORY_BROKER_MAX_PERSIST_AGE_S
+    # an external Kafka cluster is not the embedded broker, whatever the option says
+    assert ServerConfig(broker_storage="memory", kafka_bootstrap="k:9092").lifecycle_rules() \
+        .persist_age_threshold_s > MEMORY_BROKER_MAX_PERSIST_AGE_S
+    with pytest.raises(InvalidConfig, match="durable or memory"):
+        ServerConfig(broker_storage="disk")
