@@ -26,11 +26,15 @@ up on its own commit long before that (its produce timeout is far shorter),
 which is what keeps a commit from landing behind an abort.
 
 Replay after a crash sees the same records, so it reaches the same fates, as
-long as two things are still replayed:
+long as three things are still replayed:
 - a part that has no marker yet (``pinned_offsets``: its partition's
   checkpoint stays at or below it);
 - a commit decision whose parts elsewhere have not yet met their marker (the
-  consumer may have to write those markers again after a crash).
+  consumer may have to write those markers again after a crash);
+- a committed part whose rows may not be persisted yet (`applied_part_pins`):
+  its rows sit in the persistence windows at the marker's offset, later than
+  the part itself, so a checkpoint that only followed the windows could start
+  replay between the part and its marker, and the marker would find no part.
 
 `TxnLog` is the consumer's state of one database. Pure: the caller passes the
 records of a micro-batch (in any order; it sorts them), the applied offsets and
@@ -116,6 +120,9 @@ class TxnLog:
         self.decisions: dict = {}
         #: txn -> _Pin: a commit decision that must stay replayable
         self.pins: dict = {}
+        #: (kp, part offset) -> offset it was applied at (its marker's): committed parts whose rows
+        #: may not be persisted yet (see `applied_part_pins`)
+        self.applied_parts: dict = {}
         #: (kind, kp, txn) -> when this run last produced that repair
         self._repaired_at: dict = {}
 
@@ -138,6 +145,7 @@ class TxnLog:
                 del self.pending[key]
                 if r.decision == COMMIT:
                     out.commit[key] = r.offset
+                    self.applied_parts[key] = r.offset
                 else:
                     out.abort.add(key)
                 pin = self.pins.get(r.txn)
@@ -181,6 +189,27 @@ class TxnLog:
         for pin in self.pins.values():
             out[pin.kp] = min(out.get(pin.kp, pin.offset), pin.offset)
         return out
+
+    def applied_part_pins(self, unpersisted_lo: dict[int, int]) -> dict[int, int]:
+        """{kp: lowest part offset replay must still read} for the committed parts applied at or
+        above `unpersisted_lo` ({kp: lowest offset whose rows may be unpersisted}; a partition
+        missing: everything on it persisted): their rows may not be in Parquet, and replay must read
+        the part again to apply them. Called by persist while it builds the checkpoint."""
+        out: dict[int, int] = {}
+        for (kp, off), applied_at in self.applied_parts.items():
+            lo = unpersisted_lo.get(kp)
+            if lo is not None and applied_at >= lo:
+                out[kp] = min(out.get(kp, off), off)
+        return out
+
+    def forget_persisted_parts(self, unpersisted_lo: dict[int, int], applied_hi_inclusive: dict[int, int]) -> None:
+        """Drops the committed parts `applied_part_pins(unpersisted_lo)` did not pin: their rows are
+        persisted. Called once the checkpoint built with the same `unpersisted_lo` is committed;
+        `applied_hi_inclusive` is what was applied when it was built (parts applied later stay)."""
+        for (kp, off), applied_at in list(self.applied_parts.items()):
+            lo = unpersisted_lo.get(kp)
+            if applied_at <= applied_hi_inclusive.get(kp, -1) and (lo is None or applied_at < lo):
+                del self.applied_parts[(kp, off)]
 
     def is_idle(self) -> bool:
         return not self.pending and not self.pins

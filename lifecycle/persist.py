@@ -549,18 +549,30 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             builder = PersistCheckpointBuilder(handle.checkpoint())
             # every partition's unpersisted ranges NOW; for this one, what stays unpersisted after
             # this flush, including rows that reached it while the persist ran (they must replay)
+            unpersisted_lo: dict = {}  # kp -> lowest offset whose rows stay unpersisted
             for parts in db.partitions.values():
                 for other in parts.values():
                     if other is part:
-                        builder.register_other_partition(part.windows.offset_ranges_after_flush())
+                        ranges = part.windows.offset_ranges_after_flush()
                     elif other.windows is not None:
-                        builder.register_other_partition(other.windows.offset_ranges())
+                        ranges = other.windows.offset_ranges()
+                    else:
+                        continue
+                    builder.register_other_partition(ranges)
+                    for kp, r in ranges.items():
+                        if r.min_unpersisted_offset is not None:
+                            unpersisted_lo[kp] = min(unpersisted_lo.get(kp, r.min_unpersisted_offset),
+                                                     r.min_unpersisted_offset)
             builder.register_other_partition({kp: UnpersistedOffsets(None, hi) for kp, hi in applied.items()
                                               if hi >= 0})
-            # transaction parts without a marker, and commit decisions whose parts elsewhere have
-            # none yet, must be read again by a replay (catalog/transactions.py)
+            # transaction parts without a marker, commit decisions whose parts elsewhere have
+            # none yet, and committed parts whose rows (at their marker's offset) may be unpersisted,
+            # must be read again by a replay (catalog/transactions.py)
+            pins = db.txns.pinned_offsets()
+            for kp, off in db.txns.applied_part_pins(unpersisted_lo).items():
+                pins[kp] = min(pins.get(kp, off), off)
             builder.register_other_partition({kp: UnpersistedOffsets(off, max(off, applied.get(kp, off)))
-                                              for kp, off in db.txns.pinned_offsets().items()})
+                                              for kp, off in pins.items()})
             part_ckpt, db_ckpt = builder.build()
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         files = []
@@ -604,6 +616,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     # committed: now the flush handle, then the in-memory swap
     with catalog.lock:
         part.windows.flush(handle)
+        db.txns.forget_persisted_parts(unpersisted_lo, applied)
         new_chunks = []
         if rows:
             view = register_df_chunk(w.persisted_df, pid) if w.persisted_df is not None else parquet_view

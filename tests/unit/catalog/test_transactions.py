@@ -106,3 +106,25 @@ def test_a_part_settled_in_an_earlier_batch_does_not_pin_a_later_decision():
     assert res.commit == {(0, 4): 5}
     log.apply_batch([part(2, 8), decision(2, 9, [(0, 4), (2, 8)])], {0: 5, 2: 9}, now_s=2.0)
     assert log.pins == {} and log.is_idle() and log.pinned_offsets() == {}
+
+
+def test_a_committed_part_pins_replay_until_its_rows_are_persisted():
+    """Parts at 10 and 5 are applied at their marker's offsets 11 and 6: while rows at or after
+    those offsets may be unpersisted, replay must start at the parts, not at the markers."""
+    log = TxnLog()
+    log.apply_batch([marker(0, 11), part(0, 10), part(2, 5), decision(2, 6, [(0, 10), (2, 5)])],
+                    {0: 11, 2: 6}, now_s=100.0)
+    assert log.pinned_offsets() == {}
+    # the windows still hold rows from offset 11 on partition 0 and from 3 on partition 2
+    assert log.applied_part_pins({0: 11, 2: 3}) == {0: 10, 2: 5}
+    # partition 0's rows up to 11 persisted (unpersisted from 12), partition 2's all persisted
+    assert log.applied_part_pins({0: 12}) == {}
+    log.forget_persisted_parts({0: 12}, {0: 11, 2: 6})
+    assert log.applied_parts == {}
+
+
+def test_a_part_applied_after_the_checkpoint_was_built_is_not_forgotten():
+    log = TxnLog()
+    log.apply_batch([part(0, 20, q=0), decision(0, 21, [(0, 20)])], {0: 21}, now_s=1.0)
+    log.forget_persisted_parts({}, {0: 19})  # built when 19 was applied: the part came later
+    assert log.applied_part_pins({0: 21}) == {0: 20}
