@@ -22,7 +22,7 @@ from .preserved_catalog import RecordDatabaseCheckpoint
 from .schema import SchemaRegistry, TableSchema
 from .transactions import TxnLog
 
-__all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError"]
+__all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange"]
 
 
 _CHUNK_IDS = itertools.count(1)
@@ -60,6 +60,22 @@ class TablePartition:
         return None
 
 
+@dataclass(frozen=True)
+class LostWriteRange:
+    """Offsets of one Kafka partition that held acknowledged writes the server can no longer apply
+    nor find in Parquet: the write buffer lost them (a broker restarted empty, a topic deleted,
+    retention). ``to_exclusive`` None: the end is unknown (everything from ``from_offset`` on).
+    ``accepted``: the operator accepted the loss (--skip-lost-writes); until then the database
+    refuses writes."""
+
+    partition: int
+    from_offset: int
+    to_exclusive: int | None
+    detected_at_s: float
+    reason: str
+    accepted: bool = False
+
+
 @dataclass
 class Database:
     name: str
@@ -75,6 +91,11 @@ class Database:
     deletes: DeleteMailbox = field(default_factory=DeleteMailbox)
     #: Kafka partitions whose lost offsets were skipped at start (--skip-lost-writes): {kp: (from, to_exclusive)}
     lost_writes_skipped: dict = field(default_factory=dict)
+    #: every loss of acknowledged writes found (LostWriteRange), accepted or not; while one is not
+    #: accepted, writes and deletes to the database are refused
+    lost_writes: list = field(default_factory=list)
+    #: the topic was deleted and created again while this server ran (writes refused until a restart)
+    topic_replaced: bool = False
     #: messages the consumer skipped as unreadable (server/wire_format.py header_problem), since this
     #: server started: {kp: (count, last offset, last reason)}
     skipped_messages: dict = field(default_factory=dict)

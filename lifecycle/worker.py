@@ -227,6 +227,44 @@ class LifecycleWorker:
             self.preserved[db_name] = pc
         return pc
 
+    def record_database(self, db, now: float) -> bool:
+        """Records `db` (its topic, Kafka topic id and epoch) in its preserved catalog if the catalog
+        holds no database checkpoint yet; True when it committed one. Called by the server before
+        the first write to a database is produced, so that a write buffer that loses the database's
+        writes before any persist is detected at the next start (server/recovery.py), not silently
+        read as an empty topic. Raises what the commit raises."""
+        with self._action_lock:
+            pc = self.preserved_for(db.name, now)
+            if pc.state.database_checkpoint is not None:
+                return False
+            try:
+                pc.commit([db.checkpoint_action({})], now)
+            except RevisionConflict as e:
+                self._fence(e)
+                raise
+            return True
+
+    def mark_checkpoint_complete(self, db, now: float) -> bool:
+        """Commits the database's last checkpoint again, marked complete, if nothing of the database is
+        unpersisted (every partition's windows empty): its topic then holds nothing that is not in
+        Parquet, so losing the topic loses nothing (server/recovery.py continues in a new epoch). True
+        when committed. Called by the server after its topic was replaced while it ran."""
+        with self._action_lock:
+            pc = self.preserved.get(db.name)
+            if pc is None or pc.state.database_checkpoint is None:
+                return False
+            with self.catalog.lock:
+                if any(p.windows is not None and p.windows.unpersisted_row_count()
+                       for parts in db.partitions.values() for p in parts.values()):
+                    return False
+            numbers = dict(pc.state.database_checkpoint.sequencer_numbers)
+            try:
+                pc.commit([db.checkpoint_action(numbers, complete=True)], now)
+            except RevisionConflict as e:
+                self._fence(e)
+                raise
+            return True
+
     def flush_mailboxes(self, now: float) -> int:
         """Records pending deletes that hit persisted files in the preserved catalog; returns how many."""
         with self._action_lock:

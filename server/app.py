@@ -15,14 +15,14 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from catalog.catalog import Catalog, DatabaseNotFoundError
+from catalog.catalog import Catalog, DatabaseNotFoundError, LostWriteRange
 from iox import management_pb2
 
 from . import broker as broker_mod
 from .config import ServerConfig
 from .consumer import WriteBufferConsumer
 from .end_polls import AckMarks
-from .errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
+from .errors import CatchUpTimedOut, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable, WritesLost
 from .grpc_services import SERVICE_NAMES, build_grpc_server
 from .ingest import Ingestor
 from .query import QueryEngine
@@ -119,6 +119,7 @@ class IoxServer:
                       cfg.skip_lost_writes, self.parquet_cache_dir)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
+        self._lost_at_start = {db.name: len(db.lost_writes) for db in self.catalog.databases() if db.lost_writes}
         self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
         for topic, until in self._replay_until.items():  # types of Kafka-only tables, before any write
             load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
@@ -134,6 +135,8 @@ class IoxServer:
         self.write_buffer.on_acked = self._on_acked
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
+        for name, n in self._lost_at_start.items():
+            self.router.metrics.lost_writes(name, n)
         self.pause_file = os.path.join(data_dir, "backpressure")
         if os.path.exists(self.pause_file):
             os.unlink(self.pause_file)
@@ -150,6 +153,8 @@ class IoxServer:
                                          on_persisted=self._commit_resumption_offsets,
                                          cache_dir=self.parquet_cache_dir)
         self.lifecycle.start()
+        self.write_buffer.guard = self._refuse_writes_after_a_loss
+        self.write_buffer.on_topic = self._on_topic
         self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
         self._txn_repair.start()
         self.router.overload_check = self._overloaded
@@ -330,6 +335,76 @@ class IoxServer:
         log.info("replay caught up")
         return False
 
+    # -- write-buffer losses -------------------------------------------------------------
+    def _refuse_writes_after_a_loss(self, database: str) -> None:
+        """The write buffer's guard (every produce, gRPC/HTTP threads): refuses writes and deletes
+        to a database whose write buffer lost acknowledged writes not accepted yet, or whose topic
+        was replaced under this server."""
+        try:
+            db = self.catalog.database(database)
+        except DatabaseNotFoundError:
+            return
+        with self.catalog.lock:
+            open_ranges = [r for r in db.lost_writes if not r.accepted]
+            replaced = db.topic_replaced
+        if open_ranges:
+            raise WritesLost(database, open_ranges)
+        if replaced:
+            raise TopicReplaced(database, db.topic)
+
+    def _on_topic(self, database: str, topic: str, topic_id: str | None) -> None:
+        """The write buffer ensured `topic` (first write of this process to it, or after a produce
+        failed): a database new here is recorded in its preserved catalog before its first write is
+        produced; a topic whose Kafka id changed under this server was deleted and created again
+        (a broker that restarted empty): what it lost is recorded and writes are refused."""
+        db = self.catalog.ensure_database(database, topic, self.config.partitions)
+        with self.catalog.lock:
+            known = db.topic_id
+            if known is None:
+                db.topic_id = topic_id
+        if known is None:
+            if topic_id is not None and self.lifecycle is not None:
+                self.lifecycle.record_database(db, time.time())
+            return
+        if topic_id is None or topic_id == known:
+            return
+        self._topic_replaced(db, topic_id)
+        self._refuse_writes_after_a_loss(database)
+
+    def _topic_replaced(self, db, new_topic_id: str) -> None:
+        """Records the loss of the acknowledged writes this server had not applied yet (the rest are
+        in memory) and persists what was applied, in the background; with nothing lost, the last
+        database checkpoint is then marked complete, so the next start continues on the new topic."""
+        now = time.time()
+        acked = {kp: off for (t, kp), off in dict(self.write_buffer.acked_hi_inclusive).items() if t == db.topic}
+        reason = f"topic {db.topic} was deleted and created again (its id is now {new_topic_id}, was {db.topic_id})"
+        with self.catalog.lock:
+            if db.topic_replaced:
+                return
+            db.topic_replaced = True
+            applied = dict(db.applied_hi_inclusive)
+            ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason)
+                      for kp, off in sorted(acked.items()) if off > applied.get(kp, -1)]
+            db.lost_writes.extend(ranges)
+        if ranges:
+            self.router.metrics.lost_writes(db.name, len(ranges))
+            log.error("database %s: the write buffer LOST acknowledged writes (%s): %s; writes are refused until the "
+                      "loss is accepted (restart with --skip-lost-writes)", db.name, reason,
+                      ", ".join(f"partition {r.partition} [{r.from_offset}, {r.to_exclusive})" for r in ranges))
+        else:
+            log.error("database %s: %s while the server ran; nothing acknowledged was lost; persisting what was "
+                      "applied; writes are refused until the server restarts", db.name, reason)
+        threading.Thread(target=self._persist_after_replacement, args=(db, not ranges), daemon=True,
+                         name=f"persist-after-loss-{db.name}").start()
+
+    def _persist_after_replacement(self, db, nothing_lost: bool) -> None:
+        try:
+            self.lifecycle.persist_now(db, None, None, time.time())
+            if nothing_lost:
+                self.lifecycle.mark_checkpoint_complete(db, time.time())
+        except Exception:
+            log.exception("database %s: persisting after the write buffer's topic was replaced", db.name)
+
     def _on_acked(self, topic: str, messages: list) -> None:
         """The write buffer's hook (in the acknowledging request's thread): marks the topic for the
         streaming source (end_polls.AckMarks) and hands the messages to the tail."""
@@ -423,6 +498,11 @@ class IoxServer:
                                               **({} if hi is None else {"to_offset_exclusive": hi}))
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
+                d.topic_replaced = db.topic_replaced
+                for r in db.lost_writes:
+                    d.lost_writes.add(partition=r.partition, from_offset=r.from_offset, detected_at_s=r.detected_at_s,
+                                      reason=r.reason, accepted=r.accepted,
+                                      **({} if r.to_exclusive is None else {"to_offset_exclusive": r.to_exclusive}))
                 for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
                     d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
                 visible = self.tail.visible(db) if self.tail is not None else {}

@@ -16,6 +16,8 @@ __all__ = [
     "SchemaConflict",
     "InvalidArgument",
     "CatchUpTimedOut",
+    "WritesLost",
+    "TopicReplaced",
 ]
 
 
@@ -112,3 +114,33 @@ class CatchUpTimedOut(ServerError):
             f"database {database!r}: the writes acknowledged before this request were not all applied within "
             f"{timeout_s:g} s (Kafka partition: applied / needed offset: "
             + ", ".join(f"{kp}: {a} / {t}" for kp, (a, t) in behind.items()) + "); nothing was done")
+
+
+class WritesLost(ServerError):
+    """The database's write buffer lost acknowledged writes (``ranges``: catalog LostWriteRange):
+    writes and deletes are refused until the loss is accepted."""
+
+    def __init__(self, database: str, ranges: list):
+        self.database = database
+        self.ranges = list(ranges)
+        parts = "; ".join(f"Kafka partition {r.partition} offsets "
+                          + (f"[{r.from_offset}, {r.to_exclusive})" if r.to_exclusive is not None
+                             else f"from {r.from_offset} on")
+                          + f" ({r.reason})" for r in self.ranges)
+        super().__init__(
+            f"database {database!r}: the write buffer lost acknowledged writes that are not persisted: {parts}. "
+            "Writes are refused until the loss is accepted: restart the server with --skip-lost-writes "
+            "(the loss stays recorded in `iox status`)")
+
+
+class TopicReplaced(ServerError):
+    """The database's write-buffer topic was deleted and created again while the server ran, and
+    no acknowledged write was lost: the server must restart to read the new topic."""
+
+    def __init__(self, database: str, topic: str):
+        self.database = database
+        self.topic = topic
+        super().__init__(
+            f"database {database!r}: the write buffer's topic {topic} was deleted and created again while the "
+            "server ran; no acknowledged write was lost (what was applied is persisted), but writes are refused "
+            "until the server restarts and continues on the new topic")

@@ -2,7 +2,7 @@
 
 Invariant: every ServerError maps to one gRPC status a user can act on
 (INVALID_ARGUMENT with a google.rpc.BadRequest for bad lines, NOT_FOUND,
-RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED); anything else is INTERNAL and logged.
+RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION); anything else is INTERNAL and logged.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from grpc_status import rpc_status
 
 from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-from .errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseNotFound, InvalidArgument, RequestTooLarge, ServerError,
+from .errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable)
 from .router import ArrowTableWrite
 
@@ -60,6 +60,8 @@ def _abort(context, err: Exception):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
     if isinstance(err, CatchUpTimedOut):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
+    if isinstance(err, (WritesLost, TopicReplaced)):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
         if isinstance(err, WriteBufferOverloaded):
             context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))

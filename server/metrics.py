@@ -50,11 +50,18 @@ class ServerMetrics:
                                  registry=self.registry)
         self._points = Counter("iox_write_points", "Points of the write requests acknowledged by Kafka",
                                registry=self.registry)
+        self._lost = Counter("iox_lost_write_ranges", "Ranges of offsets (one per Kafka partition and loss) of "
+                             "acknowledged writes the write buffer lost before they were persisted",
+                             ["database"], registry=self.registry)
         for s in WRITE_STAGES:  # every stage is listed from the start, with zero observations
             self._stage.labels(stage=s)
         self._gc = Histogram("iox_gc_pause_seconds", "Seconds of each garbage collection of the server process "
                              "(every thread waits for it)", ["generation"], registry=self.registry,
                              buckets=GC_PAUSE_BUCKETS_S)
+
+    def lost_writes(self, database: str, ranges: int) -> None:
+        """Counts `ranges` ranges of acknowledged writes the write buffer lost (per Kafka partition)."""
+        self._lost.labels(database=database).inc(ranges)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         """Records `seconds` spent in `stage` (one of WRITE_STAGES) by one request."""

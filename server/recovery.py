@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from catalog.catalog import Catalog
+from catalog.catalog import Catalog, LostWriteRange
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from catalog.chunk import Chunk
 from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
@@ -213,6 +213,8 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                           "(--skip-lost-writes)", name, kp, _offset_range(*lost),
                           f" ({gone_reason})" if gone_reason else "")
                 db.lost_writes_skipped[kp] = lost
+                db.lost_writes.append(LostWriteRange(kp, lost[0], lost[1], now, gone_reason or (
+                    "Kafka no longer holds offsets the replay needed"), accepted=True))
                 s = lo
             starts[kp] = s
             if needs_replay and s <= rng.max_seen_offset:

@@ -132,6 +132,13 @@ class WriteBuffer:
         self._topic_ids: dict[str, str | None] = {}
         #: (topic, kafka partition) -> highest offset this process got acknowledged
         self.acked_hi_inclusive: dict = {}
+        #: called with the database at the start of every produce (the server refuses writes to a
+        #: database whose write buffer lost acknowledged writes: it raises)
+        self.guard = None
+        #: called with (database, topic, Kafka topic id) each time this process ensures a topic,
+        #: before anything is produced to it (the server records a new database's topic in its
+        #: preserved catalog and detects a topic replaced under it: it raises to refuse the write)
+        self.on_topic = None
         #: called with (topic, [(kafka partition, offset, headers, value)]) of every message Kafka
         #: acknowledged, in the producing thread (the server marks the topic for the streaming
         #: source, end_polls.py, and the write buffer's tail holds them, write_buffer_tail.py)
@@ -179,6 +186,8 @@ class WriteBuffer:
         if actual != self.partitions:
             raise PartitionCountMismatch(topic, self.partitions, actual)
         self._topic_ids[topic] = self._describe_topic_id(topic)
+        if self.on_topic is not None:
+            self.on_topic(database, topic, self._topic_ids[topic])
         self._known_topics.add(topic)
         return topic
 
@@ -272,6 +281,8 @@ class WriteBuffer:
         whole or not at all. Returns the write token: {kafka partition: highest offset
         written}. Raises WriteBufferUnavailable when the request was not committed.
         """
+        if self.guard is not None:
+            self.guard(database)
         topic = self.ensure_topic(database)
         if len(writes) == 1:
             return self._token(topic, self._send_all(topic, writes))

@@ -367,7 +367,9 @@ class WriteBufferTail:
             for kp in range(db.kafka_partitions):
                 applied = applied_hi_inclusive.get(kp, -1)
                 pt = self._parts.get((db.topic, kp))
-                if pt is None or pt.visible_hi <= applied:
+                # a topic replaced under the server: what the tail holds past the applied watermark
+                # is gone from Kafka (recorded as lost), never applied: not shown as if it were kept
+                if pt is None or pt.visible_hi <= applied or db.topic_replaced:
                     visible[kp] = applied
                     continue
                 visible[kp] = pt.visible_hi
@@ -389,7 +391,7 @@ class WriteBufferTail:
             out = {}
             for kp, a in applied.items():
                 pt = self._parts.get((db.topic, kp))
-                out[kp] = max(a, pt.visible_hi) if pt is not None else a
+                out[kp] = max(a, pt.visible_hi) if pt is not None and not db.topic_replaced else a
             return out
 
     # -- this server's acknowledged messages ---------------------------------------------

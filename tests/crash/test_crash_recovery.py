@@ -277,3 +277,30 @@ def test_a_committed_request_whose_rows_are_not_persisted_survives_a_restart(dat
     finally:
         for s in servers:
             s.kill()
+
+
+def test_a_lost_in_memory_broker_is_found_at_start_from_the_first_write_on(data_dir):
+    """Nothing persisted yet, the server and its in-memory broker SIGKILLed: the next server
+    refuses to start (the database and its topic were recorded at its first write), naming
+    --skip-lost-writes; with it, it starts and lists the accepted loss."""
+    db = f"lw_{uuid.uuid4().hex[:8]}"
+    memory = ["--broker-storage", "memory"]
+    s1 = ServerProcess(data_dir, extra=memory).wait_ready()
+    servers = [s1]
+    try:
+        s1.client.wait_applied(db, s1.client.write(db, f"m v=1i {T0}"), timeout_s=60)
+        s1.kill()
+        stop_embedded_broker(data_dir)
+        s2 = ServerProcess(data_dir, extra=memory)
+        servers.append(s2)
+        assert s2.wait_exit(180) not in (None, 0), s2.tail()
+        assert "no longer holds offsets" in s2.tail(20_000) and "--skip-lost-writes" in s2.tail(20_000)
+        s3 = ServerProcess(data_dir, extra=memory + ["--skip-lost-writes"]).wait_ready()
+        servers.append(s3)
+        st = s3.client.status(db)["databases"][0]
+        assert st["lost_writes"] and all(r["accepted"] for r in st["lost_writes"])
+        s3.client.wait_applied(db, s3.client.write(db, f"m v=2i {T0 + 1}"), timeout_s=60)
+        assert s3.client.query(db, "SELECT v FROM m").to_pylist() == [{"v": 2}]
+    finally:
+        for s in servers:
+            s.kill()

@@ -82,7 +82,7 @@ class WriteBufferModel(RuleBasedStateMachine):
         self.db = f"mb_{uuid.uuid4().hex[:10]}"
         #: (table, host, second) -> {field: value}: what the database must answer
         self.rows: dict = {}
-        #: {kafka partition: offset} of the acknowledged requests since the broker last started
+        #: {kafka partition: offset} of the acknowledged requests
         self.token: dict = {}
         self.trace: list = []  # what the example did, for the failure message
         _COUNTS["examples"] = _COUNTS.get("examples", 0) + 1
@@ -151,9 +151,8 @@ class WriteBufferModel(RuleBasedStateMachine):
     @rule(how=st.sampled_from(["kill", "kill_while_persisting", "clean"]))
     def restart(self, how):
         srv = _SERVERS.current()
-        if how == "clean":
+        if how == "clean":  # the durable embedded broker stops with it and keeps every message
             assert srv.terminate() == 0, srv.tail()
-            self.token = {}  # the embedded in-memory broker stopped with it: offsets start over
         elif how == "kill":
             srv.kill()
         else:
