@@ -87,7 +87,8 @@ class IoxServer:
                 log.info("embedded broker on %s (pid %s, storage %s%s)", bootstrap, self.broker.pid,
                          self.broker.storage, f" in {self.broker.store_dir}" if self.broker.store_dir else "")
         self.bootstrap = bootstrap
-        self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s)
+        self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
+                                        cfg.replication_factor if cfg.kafka_bootstrap else 1)
         scratch = os.path.join(data_dir, "spark")
         from pyspark.sql import SparkSession
 

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from .write_buffer import DEFAULT_REPLICATION_FACTOR
 from .broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
@@ -36,6 +37,9 @@ SERVE_OPTIONS = [
     ("--data-dir", str, DEFAULT_DATA_DIR, "data directory (embedded broker record, scratch, objects)"),
     ("--kafka-bootstrap", str, None, "Kafka bootstrap servers; absent = embedded Tansu broker"),
     ("--partitions", int, DEFAULT_PARTITIONS, "Kafka partitions per database topic"),
+    ("--replication-factor", int, DEFAULT_REPLICATION_FACTOR,
+     "replicas of each Kafka partition of the topics the server creates (fewer when the cluster has fewer "
+     "brokers, with a warning)"),
     ("--spark-master", str, DEFAULT_SPARK_MASTER, "Spark master URL"),
     ("--driver-memory", str, DEFAULT_DRIVER_MEMORY, "Spark driver memory (e.g. 4g)"),
     ("--produce-timeout-ms", int, DEFAULT_PRODUCE_TIMEOUT_MS, "max wait for Kafka's ack before UNAVAILABLE"),
@@ -179,7 +183,7 @@ def _spark_conf(pairs: list) -> dict:
 
 def _config_from_args(a) -> ServerConfig:
     return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
-                        partitions=a.partitions, spark_master=a.spark_master, driver_memory=a.driver_memory,
+                        partitions=a.partitions, replication_factor=a.replication_factor, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
                         trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
                         write_path_rt_priority=a.write_path_rt_priority,

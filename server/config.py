@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .write_buffer import DEFAULT_REPLICATION_FACTOR
 from .broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 
 __all__ = [
@@ -111,6 +112,9 @@ class ServerConfig:
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
+    #: replication factor of the database topics this server creates (fewer replicas when the Kafka
+    #: cluster has fewer brokers, with a warning; the embedded broker is one broker)
+    replication_factor: int = DEFAULT_REPLICATION_FACTOR
     #: Embedded broker port; 0 = pick a free port.
     embedded_broker_port: int = 0
     #: Embedded broker storage: "durable" (on disk) or "memory" (development only; see server/broker.py)
@@ -135,6 +139,8 @@ class ServerConfig:
         if not _int_in(self.write_path_rt_priority, 0, 99):
             raise InvalidConfig("write_path_rt_priority", self.write_path_rt_priority,
                                 "must be an integer from 0 (off) to 99")
+        if not _int_in(self.replication_factor, 1):
+            raise InvalidConfig("replication_factor", self.replication_factor, "must be an integer >= 1")
         if self.broker_storage not in (STORAGE_DURABLE, STORAGE_MEMORY):
             raise InvalidConfig("broker_storage", self.broker_storage, "must be durable or memory")
         if not _int_in(self.tail_max_bytes, 0):

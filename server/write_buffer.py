@@ -28,13 +28,17 @@ from .errors import WriteBufferUnavailable
 from .wire_format import EncodedWrite, as_part, encode_decision, encode_marker
 
 __all__ = ["WriteBuffer", "topic_for", "consumer_group_for", "database_of_topic", "partition_for", "TOPIC_PREFIX",
-           "PartitionCountMismatch", "txn_commit_deadline_s", "TXN_SLACK_S"]
+           "PartitionCountMismatch", "txn_commit_deadline_s", "TXN_SLACK_S", "DEFAULT_REPLICATION_FACTOR",
+           "replication_for"]
 
 log = logging.getLogger(__name__)
 
 TOPIC_PREFIX = "iox."
 #: How long topic creation / metadata calls may take before the broker counts as unavailable.
 ADMIN_TIMEOUT_S = 10.0
+#: Replicas of each partition of a database topic (Kafka's usual production setting; with
+#: acks=all and the cluster's min.insync.replicas, an acknowledged write survives a broker's loss).
+DEFAULT_REPLICATION_FACTOR = 3
 #: Margin between a router giving up on a commit and a consumer aborting its transaction.
 TXN_SLACK_S = 5.0
 
@@ -78,6 +82,12 @@ _STUCK_PRODUCER_ERRORS = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED
                                     KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
 
 
+def replication_for(configured: int, brokers: int) -> int:
+    """The replication factor of a new topic: the configured one, or the cluster's broker count
+    when that is smaller (at least 1). Pure."""
+    return max(1, min(configured, brokers))
+
+
 def _fatal_error(producer: Producer):
     """The producer's fatal error, or None. A fatal idempotent producer never recovers."""
     try:
@@ -115,9 +125,12 @@ class WriteBuffer:
     """Producer + topic admin for the database topics. Created once per server."""
 
     def __init__(self, bootstrap: str, partitions: int, produce_timeout_ms: int,
-                 txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S):
+                 txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S, replication_factor: int = DEFAULT_REPLICATION_FACTOR):
         self.bootstrap = bootstrap
         self.partitions = partitions
+        #: replicas of each partition of a topic this server creates (fewer when the cluster has fewer brokers)
+        self.replication_factor = replication_factor
+        self._rf_warned = False
         self.produce_timeout_ms = produce_timeout_ms
         #: a transaction's decision is produced only this soon after its parts, so it is acknowledged
         #: (or given up: message.timeout.ms) well before a consumer could abort it (txn_timeout_s)
@@ -170,7 +183,13 @@ class WriteBuffer:
             raise WriteBufferUnavailable(f"cannot reach Kafka at {self.bootstrap}: {e}") from e
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None:
-            fut = self._admin.create_topics([NewTopic(topic, self.partitions, 1)],
+            rf = replication_for(self.replication_factor, len(md.brokers))
+            if rf < self.replication_factor and not self._rf_warned:
+                self._rf_warned = True
+                log.warning("the Kafka cluster at %s has %d broker(s): topics are created with replication factor %d, "
+                            "not the configured %d; a broker's loss can lose acknowledged writes",
+                            self.bootstrap, len(md.brokers), rf, self.replication_factor)
+            fut = self._admin.create_topics([NewTopic(topic, self.partitions, rf)],
                                             operation_timeout=ADMIN_TIMEOUT_S,
                                             request_timeout=ADMIN_TIMEOUT_S)[topic]
             try:

@@ -53,3 +53,13 @@ def test_a_producer_whose_messages_time_out_is_replaced():
         assert len(first) == 0  # nothing of it is left to retry
     finally:
         wb.close()
+
+
+def test_topics_are_replicated_as_configured_or_on_every_broker_of_a_smaller_cluster():
+    from server.write_buffer import DEFAULT_REPLICATION_FACTOR, replication_for
+
+    assert DEFAULT_REPLICATION_FACTOR == 3
+    assert replication_for(3, 5) == 3
+    assert replication_for(3, 2) == 2
+    assert replication_for(3, 1) == 1
+    assert replication_for(3, 0) == 1
