@@ -109,7 +109,7 @@ def _start_server_and_worker(ctx: Context, args: list, selected: list) -> None:
             from .scenarios.end_to_end import BaselineWarmup
 
             tb = time.monotonic()
-            broker = start_or_reuse(ctx.server.data_dir)
+            broker = start_or_reuse(ctx.server.data_dir, storage=_broker_storage(args))
             ctx.baseline_warmup = BaselineWarmup(ctx, broker.bootstrap)
             timings["broker_and_warm_topic"] = time.monotonic() - tb
         t0 = time.monotonic()
@@ -158,6 +158,18 @@ def _release_baseline(ctx: Context, selected: list) -> None:
     print("  baseline Spark application stopped (the rest of the run does not use it)", flush=True)
 
 
+def _broker_storage(args: list) -> str:
+    """The embedded broker storage our servers' arguments ask for (`--broker-storage[=]X`), else the default."""
+    from server.broker import DEFAULT_BROKER_STORAGE
+
+    for i, a in enumerate(args):
+        if a.startswith("--broker-storage="):
+            return a.split("=", 1)[1]
+        if a == "--broker-storage" and i + 1 < len(args):
+            return args[i + 1]
+    return DEFAULT_BROKER_STORAGE
+
+
 def _watched_processes(ctx: Context) -> dict:
     """{label: pid} of the run's processes for the memory watch (absent ones left out)."""
     out = {}
@@ -165,7 +177,10 @@ def _watched_processes(ctx: Context) -> dict:
         out["server"] = ctx.server.pid
         try:
             with open(os.path.join(ctx.server.data_dir, "broker.json")) as f:
-                out["broker"] = int(json.load(f)["pid"])
+                rec = json.load(f)
+            out["broker"] = int(rec["pid"])
+            if rec.get("store_pid"):
+                out["broker_store"] = int(rec["store_pid"])
         except (OSError, ValueError, KeyError):
             pass
     if ctx.worker is not None and ctx.worker.proc.poll() is None:

@@ -583,12 +583,20 @@ class ServerProcess:
             return f"127.0.0.1:{json.load(f)['port']}"
 
     def stop_broker(self) -> None:
-        """Stops the embedded broker this data directory recorded (started by our server or the bench)."""
+        """Stops the embedded broker this data directory recorded (started by our server or the bench),
+        and a durable one's store."""
         rec = os.path.join(self.data_dir, "broker.json")
         if not os.path.exists(rec):
             return
         with open(rec) as f:
-            pid = int(json.load(f)["pid"])
+            r = json.load(f)
+        if r.get("store_pid"):
+            from server.broker import BrokerHandle
+
+            BrokerHandle(pid=int(r["pid"]), port=int(r["port"]), storage=r["storage"], owned=True,
+                         record_path=rec, store_pid=int(r["store_pid"])).stop()
+            return
+        pid = int(r["pid"])
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:

@@ -181,8 +181,10 @@ class IoxServer:
         a refusal is logged, never fatal. An external Kafka cluster is not touched."""
         me = os.getpid()
         pids = [me] + ([self.broker.pid] if self.broker is not None else [])
+        if self.broker is not None and self.broker.store_pid is not None:
+            pids.append(self.broker.store_pid)  # a durable broker acknowledges once its store wrote
         for r in raise_write_path_priority(pids, priority):
-            what = "server" if r.pid == me else "embedded broker"
+            what = "server" if r.pid == me else "embedded broker" if r.pid == pids[1] else "embedded broker's store"
             if r.not_raised:
                 log.warning("write path: the %s (pid %d) keeps the normal CPU policy, SCHED_RR priority %d was not "
                             "set (%s); --write-path-rt-priority 0 turns this off", what, r.pid, priority, r.not_raised)

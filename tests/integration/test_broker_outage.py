@@ -31,18 +31,26 @@ def _write_until_ok(client, db, lp, timeout_s=60.0):
             time.sleep(0.5)
 
 
-def test_unavailable_while_broker_stopped_then_ok(iox_server, session_tmp, db):
+def _server_on_a_broker_of_its_own(session_tmp, name: str, db: str):
+    """(port, broker, config, server, client, token): a server on an in-memory broker of its own,
+    after a first write to `db` was applied."""
     from server.app import IoxServer
 
     port = free_port()
     b = start_broker(port)
-    srv = IoxServer(make_config(os.path.join(session_tmp, "outage"), b.bootstrap, produce_timeout_ms=3000))
+    cfg = make_config(os.path.join(session_tmp, name), b.bootstrap, produce_timeout_ms=3000)
+    srv = IoxServer(cfg)
     srv.start()
     c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
+    c.wait_ready(60)
+    tok = c.write(db, f"m v=1 {T0}\n")
+    c.wait_applied(db, tok, timeout_s=60)
+    return port, b, cfg, srv, c, tok
+
+
+def test_unavailable_while_broker_stopped_then_ok(iox_server, session_tmp, db):
+    port, b, _cfg, srv, c, _tok = _server_on_a_broker_of_its_own(session_tmp, "outage", db)
     try:
-        c.wait_ready(60)
-        tok = c.write(db, f"m v=1 {T0}\n")
-        c.wait_applied(db, tok, timeout_s=60)
         b.stop()
         t = time.monotonic()
         with pytest.raises(grpc.RpcError) as ei:
@@ -88,16 +96,8 @@ def test_a_broker_that_comes_back_empty_is_a_loss_reported_and_refused_until_acc
     from server.app import IoxServer
     from server.recovery import LostWrites
 
-    port = free_port()
-    b = start_broker(port)
-    cfg = make_config(os.path.join(session_tmp, f"loss-{db}"), b.bootstrap, produce_timeout_ms=3000)
-    srv = IoxServer(cfg)
-    srv.start()
-    c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
+    port, b, cfg, srv, c, tok = _server_on_a_broker_of_its_own(session_tmp, f"loss-{db}", db)
     try:
-        c.wait_ready(60)
-        tok = c.write(db, f"m v=1 {T0}\n")
-        c.wait_applied(db, tok, timeout_s=60)
         (kp, first), = tok.items()
         open(srv.pause_file, "w").close()  # the consumer holds back: the next write is acknowledged only
         assert c.write(db, f"m v=2 {T0 + 1}\n") == {kp: first + 1}
