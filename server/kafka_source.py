@@ -87,6 +87,10 @@ FETCH_MAX_BYTES = 8 * 1024 * 1024
 #: one that comes in a fetch of its own waits this long once.
 _CONSUME_MAX_MESSAGES = 500
 _CONSUME_TIMEOUT_S = 0.05
+#: How often at most the end of a partition whose watermark did not move is read past what is known,
+#: while it is asked (writes were acknowledged on its topic, or its poll is due): Tansu on s3://
+#: storage can report a high watermark one short of its last message until the next produce
+STALE_PROBE_INTERVAL_S = 0.25
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
@@ -226,6 +230,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._probe = None
         self._admin = None
         self._true_end: dict[tuple[str, int], int] = {}
+        #: (topic, partition) -> when its end was last read past an unmoved watermark (monotonic)
+        self._stale_probed_at: dict[tuple[str, int], float] = {}
         self._polls = EndPolls()
         marks_dir = options.get("acked_marks_dir", "")
         self._marks = AckMarks(marks_dir) if marks_dir else None
@@ -277,6 +283,11 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             known = self._true_end.get((topic, p), 0)
             if hi <= known:
                 out[p] = known
+                if known > 0 and now - self._stale_probed_at.get((topic, p), -1e9) >= STALE_PROBE_INTERVAL_S:
+                    # Tansu on s3:// storage can report a watermark one short of its last message
+                    # for good (until the next produce): look past what is known, now and then
+                    self._stale_probed_at[(topic, p)] = now
+                    grown[p] = known
             elif moved:
                 # still growing: up to the watermark now (exact for single-message batches); the
                 # rest of a larger last batch once the partition stops moving (read below then)

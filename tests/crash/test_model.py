@@ -72,6 +72,26 @@ class _Servers:
 _SERVERS: _Servers | None = None
 #: what the run did, printed at its end (pytest -s shows it): examples, steps, restarts by kind
 _COUNTS: dict = {}
+#: the first failure of the run with the steps that led to it: hypothesis replays a failing example
+#: to report it, and a failure that depends on timing may not come back in the replay
+_FIRST_FAILURE: list = []
+
+
+def _recorded(step):
+    """Wraps a rule or invariant: its first failure in the run is kept with the example's steps."""
+    import functools
+
+    @functools.wraps(step)
+    def run(self, *args, **kwargs):
+        try:
+            return step(self, *args, **kwargs)
+        except BaseException as e:
+            if not _FIRST_FAILURE:
+                _FIRST_FAILURE.append(f"{step.__name__}{kwargs or ''} failed with {e!r} in database {self.db} "
+                                      f"({_SERVERS.data_dir}) after:\n" + "\n".join(self.trace))
+            raise
+
+    return run
 
 
 class WriteBufferModel(RuleBasedStateMachine):
@@ -93,6 +113,7 @@ class WriteBufferModel(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
     @rule(points=st.lists(_point, min_size=1, max_size=6))
+    @_recorded
     def write(self, points):
         lines = []
         for table, host, sec, fields in points:
@@ -106,6 +127,7 @@ class WriteBufferModel(RuleBasedStateMachine):
 
     @rule(table=st.sampled_from(TABLES), lo=st.integers(0, SECONDS - 1), span=st.integers(1, SECONDS),
           host=st.none() | st.sampled_from(HOSTS))
+    @_recorded
     def delete(self, table, lo, span, host):
         hi = min(SECONDS, lo + span)
         if table not in self._known_tables():
@@ -119,12 +141,14 @@ class WriteBufferModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.rows)
     @rule()
+    @_recorded
     def persist(self):
         self.client.persist(self.db, timeout_s=120)
         self.trace.append("persist")
 
     @precondition(lambda self: self.rows)
     @rule(table=st.sampled_from(TABLES), persisted=st.booleans())
+    @_recorded
     def compact(self, table, persisted):
         if table not in self._known_tables():
             return
@@ -136,6 +160,7 @@ class WriteBufferModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.rows)
     @rule()
+    @_recorded
     def let_the_lifecycle_persist(self):
         """Time passes: waits until the policy persisted every partition on its own (age threshold)."""
         def all_persisted():
@@ -149,6 +174,7 @@ class WriteBufferModel(RuleBasedStateMachine):
         self.trace.append("lifecycle persisted")
 
     @rule(how=st.sampled_from(["kill", "kill_while_persisting", "clean"]))
+    @_recorded
     def restart(self, how):
         srv = _SERVERS.current()
         if how == "clean":  # the durable embedded broker stops with it and keeps every message
@@ -166,6 +192,7 @@ class WriteBufferModel(RuleBasedStateMachine):
 
     # -- the oracle ----------------------------------------------------------------------
     @invariant()
+    @_recorded
     def answers_equal_the_model(self):
         if not self.trace:
             return
@@ -228,3 +255,6 @@ def test_write_buffer_model():
         _SERVERS = None
         print(f"model run (seed {SEED}): {_COUNTS}")
         _COUNTS.clear()
+        if _FIRST_FAILURE:
+            print("first failure of the run:", _FIRST_FAILURE[0])
+            _FIRST_FAILURE.clear()

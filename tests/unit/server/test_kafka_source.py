@@ -308,3 +308,31 @@ def test_true_ends_does_not_wait_for_a_last_offset_that_is_a_control_record(fetc
     assert c.waited_out() == []
     assert time.monotonic() - t0 < 1.0  # not the 2 s the probe gives a partition it never hears from
     assert c.queue == [] and c.positions == {}  # unassigned
+
+
+def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(monkeypatch):
+    """Tansu on s3:// storage can report a high watermark one short of its last message until the
+    next produce: once the end is asked again (writes were acknowledged on the topic, or the poll is
+    due), it is read past what is known, at most every STALE_PROBE_INTERVAL_S."""
+    log = {0: [_Msg(0, i) for i in range(3)]}
+    probe = _Consumer(log)
+    marks = {"hw": 2}
+    probe.get_watermark_offsets = lambda tp, timeout=None: (0, marks["hw"])
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
+    r._probe, r._admin = probe, object()
+    clock = [100.0]
+
+    def monotonic():  # advances a little on every look, so no wait in the code under test is endless
+        clock[0] += 1e-4
+        return clock[0]
+
+    monkeypatch.setattr(kafka_source.time, "monotonic", monotonic)
+    r._true_end[(TOPIC, 0)] = 2  # offsets 0 and 1 were known; the watermark stays at 2 though 2 exists
+    assert r._ends_of(TOPIC, 1) == {0: 3}
+    # not read past again before the interval: nothing new anyway
+    log[0].append(_Msg(0, 3))
+    clock[0] += kafka_source.STALE_PROBE_INTERVAL_S / 2
+    r._polls = kafka_source.EndPolls()  # due again
+    assert r._ends_of(TOPIC, 1) == {0: 3}
+    clock[0] += kafka_source.STALE_PROBE_INTERVAL_S
+    assert r._ends_of(TOPIC, 1) == {0: 4}
