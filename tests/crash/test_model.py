@@ -10,7 +10,7 @@ before it and never those written after it. Requests are sequential, so write or
 the order of the acknowledgements.
 
 Its CI share is a few examples of a few steps (about 3 minutes). A longer run:
-``IOX_MODEL_EXAMPLES=50 IOX_MODEL_STEPS=40 .venv/bin/python -m pytest tests/crash/test_model.py``
+``IOX_MODEL_EXAMPLES=50 IOX_MODEL_STEPS=40 .venv/bin/python -m pytest tests/crash/test_model.py -s``
 (``IOX_MODEL_SEED`` picks another seed; the default is fixed so CI runs the same cases).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import threading
 import uuid
 
 import grpc
+import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
@@ -241,6 +242,7 @@ def _persist_quietly(client, db: str) -> None:
         pass  # the server was killed under it
 
 
+@pytest.mark.timeout(max(600, 20 * EXAMPLES * STEPS))  # a longer run gets the time it needs
 def test_write_buffer_model():
     global _SERVERS
     _SERVERS = _Servers()
