@@ -59,7 +59,8 @@ class _Servers:
 
     def current(self) -> ServerProcess:
         if self.server is None or self.server.proc.poll() is not None:
-            self.server = ServerProcess(self.data_dir, extra=LIFECYCLE).wait_ready()
+            self.server = ServerProcess(self.data_dir, extra=LIFECYCLE)  # known before it is ready: close() kills it
+            self.server.wait_ready()
         return self.server
 
     def close(self, keep: bool) -> None:
