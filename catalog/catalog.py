@@ -155,6 +155,11 @@ class Catalog:
                 self._dbs[name] = db
             return db
 
+    def peek_database(self, name: str) -> Database | None:
+        """The database, or None, without taking the lock (a dict read is atomic): for checks on
+        every write request that must not wait behind the catalog's longer critical sections."""
+        return self._dbs.get(name)
+
     def database(self, name: str) -> Database:
         with self._lock:
             db = self._dbs.get(name)
