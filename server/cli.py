@@ -58,9 +58,9 @@ SERVE_OPTIONS = [
     ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
-     "storage of the embedded broker: durable (acknowledged writes on disk under <data-dir>/broker-store, "
-     "through its local S3 server) or memory (a broker crash or host restart loses unpersisted writes: "
-     f"development only; --persist-age-threshold-s is then at most {MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s)"),
+     "storage of the embedded broker: memory (a broker crash or host restart loses unpersisted writes: "
+     f"--persist-age-threshold-s is then at most {MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s) or durable (acknowledged "
+     "writes on disk under <data-dir>/broker-store, through its local S3 server; far slower under load)"),
     ("--object-store", str, None, "directory or s3://bucket/prefix for Parquet + catalog (default <data-dir>/objects)"),
     ("--s3-endpoint", str, None, "S3 endpoint URL (MinIO, moto); credentials from the usual AWS variables"),
 ]
@@ -140,9 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
-    b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", "durable"),
-                   help="durable (messages on disk under --data-dir; the default), memory (lost when the broker "
-                        "stops: development only) or s3://bucket/ (env IOX_BROKER_STORAGE)")
+    b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", "memory"),
+                   help="memory (lost when the broker stops; the default), durable (messages on disk under "
+                        "--data-dir) or s3://bucket/ (env IOX_BROKER_STORAGE)")
     b.add_argument("--data-dir", default=os.environ.get("IOX_BROKER_DATA_DIR", "./broker-data"),
                    help="where a durable broker keeps its messages (env IOX_BROKER_DATA_DIR)")
 

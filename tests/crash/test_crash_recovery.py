@@ -222,12 +222,13 @@ def test_a_delete_never_removes_a_later_write_across_restarts(data_dir):
 
 
 def test_the_durable_embedded_broker_loses_no_acknowledged_write_when_everything_is_killed(data_dir):
-    """The default embedded broker keeps the write buffer on disk: SIGKILL of the broker alone (the
+    """The durable embedded broker (--broker-storage durable) keeps the write buffer on disk: SIGKILL of the broker alone (the
     server starts it again and writes go on), then of the server, the broker and its store at once;
     the next server starts them on the same directory and every acknowledged write is there,
     exactly once (nothing was persisted: the default thresholds do not act within the test)."""
     w = Writer(f"db_{uuid.uuid4().hex[:8]}")
-    s1 = ServerProcess(data_dir).wait_ready()
+    durable = ["--broker-storage", "durable"]
+    s1 = ServerProcess(data_dir, extra=durable).wait_ready()
     servers = [s1]
     try:
         rec = broker_record(data_dir)
@@ -245,7 +246,7 @@ def test_the_durable_embedded_broker_loses_no_acknowledged_write_when_everything
         s1.kill()
         for pid in (rec["pid"], rec["store_pid"]):
             os.kill(pid, 9)
-        s2 = ServerProcess(data_dir).wait_ready()
+        s2 = ServerProcess(data_dir, extra=durable).wait_ready()
         servers.append(s2)
         w.check(s2.client)
         assert w.write_batch(s2.client)

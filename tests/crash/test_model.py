@@ -11,7 +11,8 @@ the order of the acknowledgements.
 
 Its CI share is a few examples of a few steps (about 3 minutes). A longer run:
 ``IOX_MODEL_EXAMPLES=50 IOX_MODEL_STEPS=40 .venv/bin/python -m pytest tests/crash/test_model.py -s``
-(``IOX_MODEL_SEED`` picks another seed; the default is fixed so CI runs the same cases).
+(``IOX_MODEL_SEED`` picks another seed; the default is fixed so CI runs the same cases;
+``IOX_MODEL_BROKER=durable`` runs it on the durable embedded broker).
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ LIFECYCLE = ["--persist-row-threshold", "12", "--persist-age-threshold-s", "3", 
              "--persisted-compaction-cold-s", "2", "--persisted-compaction-file-threshold", "3",
              "--worker-backoff-ms", "200"]
 
+#: the embedded broker's storage (memory: the default; durable keeps offsets across clean restarts)
+BROKER_STORAGE = os.environ.get("IOX_MODEL_BROKER", "memory")
 EXAMPLES = int(os.environ.get("IOX_MODEL_EXAMPLES", "3"))
 STEPS = int(os.environ.get("IOX_MODEL_STEPS", "14"))
 SEED = int(os.environ.get("IOX_MODEL_SEED", "20261127"))
@@ -59,7 +62,8 @@ class _Servers:
 
     def current(self) -> ServerProcess:
         if self.server is None or self.server.proc.poll() is not None:
-            self.server = ServerProcess(self.data_dir, extra=LIFECYCLE)  # known before it is ready: close() kills it
+            self.server = ServerProcess(self.data_dir, extra=LIFECYCLE + ["--broker-storage", BROKER_STORAGE])
+            # known before it is ready: close() kills it
             self.server.wait_ready()
         return self.server
 
@@ -104,7 +108,7 @@ class WriteBufferModel(RuleBasedStateMachine):
         self.db = f"mb_{uuid.uuid4().hex[:10]}"
         #: (table, host, second) -> {field: value}: what the database must answer
         self.rows: dict = {}
-        #: {kafka partition: offset} of the acknowledged requests
+        #: {kafka partition: offset} of the acknowledged requests (since the broker last started empty)
         self.token: dict = {}
         self.trace: list = []  # what the example did, for the failure message
         _COUNTS["examples"] = _COUNTS.get("examples", 0) + 1
@@ -179,8 +183,10 @@ class WriteBufferModel(RuleBasedStateMachine):
     @_recorded
     def restart(self, how):
         srv = _SERVERS.current()
-        if how == "clean":  # the durable embedded broker stops with it and keeps every message
+        if how == "clean":
             assert srv.terminate() == 0, srv.tail()
+            if BROKER_STORAGE == "memory":  # the broker stopped with it: offsets start over, a new epoch
+                self.token = {}
         elif how == "kill":
             srv.kill()
         else:
