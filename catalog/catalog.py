@@ -87,6 +87,9 @@ class Database:
     applied_hi_inclusive: dict = field(default_factory=dict)
     #: write-buffer epoch: grows when the topic was found reset (offsets started over)
     epoch: int = 0
+    #: the `_iox_seq` of row 0 of offset 0 in `epoch` (catalog/seq_layout.py): every seq of this
+    #: database is `seq_base(seq_origin, offset)` + row; set by recovery, constant while the server runs
+    seq_origin: int = 0
     #: deletes of this database (applied in views, materialised by compaction/persist)
     deletes: DeleteMailbox = field(default_factory=DeleteMailbox)
     #: Kafka partitions whose lost offsets were skipped at start (--skip-lost-writes): {kp: (from, to_exclusive)}
@@ -116,10 +119,11 @@ class Database:
 
     def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
         """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})
-        for this database's topic incarnation and write-buffer epoch; the one place that builds it."""
+        for this database's topic incarnation, write-buffer epoch and seq origin; the one place that
+        builds it."""
         return RecordDatabaseCheckpoint(topic=self.topic, kafka_partitions=self.kafka_partitions,
                                         sequencer_numbers=sequencer_numbers, epoch=self.epoch,
-                                        topic_id=self.topic_id, complete=complete)
+                                        topic_id=self.topic_id, complete=complete, seq_origin=self.seq_origin)
 
     def table_names(self) -> list[str]:
         return sorted(self.partitions)

@@ -32,6 +32,7 @@ __all__ = [
     "UndeterminedPartitionCheckpointOrder",
     "PartitionCheckpointWithoutDatabase",
     "PartitionCheckpointMaximumAfterDatabase",
+    "SeqOverflow",
 ]
 
 
@@ -290,3 +291,23 @@ class PartitionCheckpointMaximumAfterDatabase(CatalogError):
             f"max offset in partition checkpoint {table!r}/{partition_key!r} ({partition_max_offset}) is larger "
             f"than the database-wide max ({database_max_offset}) for kafka partition {kafka_partition}"
         )
+
+
+# --- write-buffer order (catalog/seq_layout.py)
+
+
+class SeqOverflow(CatalogError):
+    """An ``_iox_seq`` would not fit a signed 64-bit integer; raised instead of wrapping.
+
+    ``origin``: the seq origin it was computed from; ``offset``: the Kafka offset whose
+    message's seqs do not fit (None: no offset fits, the origin itself has no room);
+    ``limit``: the largest seq there is (``2**63 - 1``).
+    """
+
+    def __init__(self, origin: int, offset: int | None, limit: int) -> None:
+        self.origin = origin
+        self.offset = offset
+        self.limit = limit
+        what = f"the seqs of offset {offset}" if offset is not None else "the seqs of a write-buffer epoch"
+        super().__init__(f"{what} from seq origin {origin} would exceed {limit}: the write-buffer order "
+                         "of this database is exhausted")

@@ -5,7 +5,10 @@ of a database's catalog is the object ``<db>/catalog/<%020d N>.txn``, created
 with the store's atomic ``put_if_absent``.  Of any number of writers that try
 to commit revision ``N + 1`` on top of revision ``N`` exactly one succeeds; the
 others get :class:`RevisionConflict`, are fenced (their catalog object refuses
-every further commit) and must stop.  Every transaction names the uuid of its
+every further commit) and must stop.  A writer that does not commit learns it
+lost the database by probing for the next transaction key
+(:meth:`PreservedCatalog.newer_revision`): one existence check, no listing;
+it relies on transactions never being deleted.  Every transaction names the uuid of its
 predecessor, so loading verifies an unbroken chain ``0, 1, ..., N`` (or ``c+1,
 ..., N`` after the newest full checkpoint ``<%020d c>.ckpt``) and refuses to
 start from anything else.
@@ -23,6 +26,11 @@ File format (JSON, ``FORMAT_VERSION`` in every file; any other version raises
     checkpoint:  {"format_version": 1, "type": "checkpoint", "db": ...,
                   "revision": N, "uuid": <uuid of transaction N>,
                   "timestamp_s": ..., "state": {...}}
+
+A field added to an action after version 1 is optional: it is written only
+when set, and a file without it reads as the field's default (``topic_id``,
+``complete`` and ``seq_origin`` of ``database_checkpoint``; a missing
+``seq_origin`` means the legacy ``_iox_seq`` layout, see catalog/seq_layout.py).
 
 Action kinds (``"kind"`` field) and their dataclasses: ``add_parquet``
 (:class:`AddParquet`), ``remove_parquet`` (:class:`RemoveParquet`),
@@ -59,6 +67,7 @@ from catalog.errors import (
     RevisionGap,
 )
 from catalog.object_store import ObjectStore, catalog_prefix
+from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET
 
 __all__ = [
     "DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT",
@@ -315,12 +324,19 @@ class RecordDatabaseCheckpoint:
     #: and persisted: the topic holds nothing past ``sequencer_numbers`` that is not in
     #: Parquet, so losing the topic (an in-memory broker stopped with the server) loses nothing
     complete: bool = False
+    #: the ``_iox_seq`` of row 0 of offset 0 in ``epoch`` (catalog/seq_layout.py): a multiple of
+    #: 2**SEQ_ROW_BITS; None: written before origins were recorded, the legacy layout's origin
+    seq_origin: int | None = None
 
     def __post_init__(self) -> None:
         k = self.KIND
         _str(k, "topic", self.topic)
         if not isinstance(self.complete, bool):
             raise InvalidAction(k, f"complete must be a boolean, got {self.complete!r}")
+        if _int(k, "seq_origin", self.seq_origin, minimum=0, optional=True) is not None:
+            if self.seq_origin % SEQ_ROWS_PER_OFFSET or self.seq_origin > SEQ_MAX:
+                raise InvalidAction(k, f"seq_origin must be a multiple of {SEQ_ROWS_PER_OFFSET} "
+                                       f"up to {SEQ_MAX}, got {self.seq_origin}")
         if self.topic_id is not None:
             _str(k, "topic_id", self.topic_id)
         _int(k, "kafka_partitions", self.kafka_partitions, minimum=1)
@@ -339,6 +355,7 @@ class RecordDatabaseCheckpoint:
             "epoch": self.epoch,
             **({} if self.topic_id is None else {"topic_id": self.topic_id}),
             **({"complete": True} if self.complete else {}),
+            **({} if self.seq_origin is None else {"seq_origin": self.seq_origin}),
         }
 
 
@@ -632,9 +649,11 @@ class PreservedCatalog:
 
     Created on the driver by :meth:`create_or_load`; one instance per
     process and database.  ``commit`` is thread-safe (serialized).  Once a
-    commit lost the race for its revision the instance is fenced: it raises
-    :class:`RevisionConflict` on every further commit, and the caller must
-    stop ingesting (another ingester owns the database now).  Not picklable.
+    commit lost the race for its revision, or :meth:`newer_revision` found
+    the next revision committed by another writer, the instance is fenced:
+    it raises :class:`RevisionConflict` on every further commit, and the
+    caller must stop ingesting (another ingester owns the database now).
+    Not picklable.
     """
 
     def __init__(
@@ -729,6 +748,33 @@ class PreservedCatalog:
     def fenced(self) -> bool:
         """True once a commit lost its revision to another writer; all later commits fail."""
         return self._fenced_at is not None
+
+    @property
+    def fenced_at(self) -> int | None:
+        """The revision another writer committed in this instance's place (None while not fenced)."""
+        return self._fenced_at
+
+    def newer_revision(self) -> int | None:
+        """The revision another writer committed after this instance's newest, or None.
+
+        Probes the store for the transaction key of ``revision + 1`` (one
+        ``exists`` call, nothing listed).  Taken under the commit lock, so a
+        commit of this instance in progress is never mistaken for another
+        writer's: every revision up to :attr:`revision` is this instance's,
+        the next one exists only if someone else wrote it.  Once one is found
+        the instance is fenced (as if its commit had lost that revision) and
+        no store call is made again.  Store errors propagate.
+        """
+        with self._lock:
+            if self._fenced_at is None:
+                revision = self._state.revision + 1
+                if self._store.exists(transaction_key(self._db, revision)):
+                    self._fenced_at = revision
+            return self._fenced_at
+
+    def newer_revision_exists(self) -> bool:
+        """Whether another writer committed after this instance (see :meth:`newer_revision`)."""
+        return self.newer_revision() is not None
 
     # -- committing ------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from catalog import time_spans
 from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
+from catalog.seq_layout import SEQ_OFFSET_BITS, SEQ_ROW_BITS, max_seq_offset, seq_base
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
@@ -53,16 +54,30 @@ __all__ = ["Ingestor", "SEQ_ROW_BITS", "SEQ_OFFSET_BITS", "seq_base", "decode_de
 
 log = logging.getLogger(__name__)
 
-#: `_iox_seq` = epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS) | offset << SEQ_ROW_BITS | row in its message:
-#: write-buffer order, also across a reset of the topic (a new epoch orders after every older one).
-#: 8 bits of epoch, 35 of Kafka offset, 20 of row (a message holds at most 2**20 rows of one table).
-SEQ_ROW_BITS = 20
-SEQ_OFFSET_BITS = 35
+# `_iox_seq` = `seq_base(db.seq_origin, offset)` + row in its message (catalog/seq_layout.py):
+# write-buffer order, also across resets of the topic (a new epoch's origin orders after every
+# seq of the older ones); SEQ_ROW_BITS, SEQ_OFFSET_BITS and seq_base are re-exported from there.
 
 
-def seq_base(epoch: int, offset: int) -> int:
-    """The `_iox_seq` of row 0 of the message at `offset` in write-buffer epoch `epoch`."""
-    return (epoch << (SEQ_OFFSET_BITS + SEQ_ROW_BITS)) | (offset << SEQ_ROW_BITS)
+def _seq_base_column(origin: int, offset, F):
+    """The Spark column of `seq_base(origin, offset)` for the long column `offset`: built from the same
+    constants, so it equals seq_base wherever seq_base returns; for an offset whose seqs would not
+    fit (above `max_seq_offset(origin)`, where seq_base raises SeqOverflow) the job fails
+    (`raise_error`) instead of computing a wrapped seq."""
+    fits = offset.cast("long") <= F.lit(max_seq_offset(origin)).cast("long")
+    return F.when(fits, F.lit(origin).cast("long") + F.shiftleft(offset.cast("long"), SEQ_ROW_BITS)).otherwise(
+        F.raise_error(F.lit(f"_iox_seq overflow: an offset above {max_seq_offset(origin)} from seq origin "
+                            f"{origin}")))
+
+
+def _check_seqs_fit(origin: int, offsets) -> None:
+    """Raises SeqOverflow (on the driver, before a Spark job computes a seq) unless the seqs of every
+    message applied at one of `offsets` fit from seq origin `origin`."""
+    hi = max(offsets, default=None)
+    if hi is not None:
+        seq_base(origin, hi)
+
+
 _META_COLUMNS = ["topic", "kp", "offset", "ts_ms", "kind", "tbl", "schema", "nrows", "days", "fmt", "txn", "txn_info",
                  "unique", "problem"]
 
@@ -87,13 +102,14 @@ def _forget_accumulator(acc) -> None:
     _accumulatorRegistry.pop(acc.aid, None)
 
 
-def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: int = 0, at_offset: dict | None = None,
-               unreadable=None):
+def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, seq_origin: int = 0,
+               at_offset: dict | None = None, unreadable=None):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
 
     Picklable (captures only plain lists/tuples/dicts and an accumulator). `day_lo_hi` = (first, last) day
     number to keep, or None for all rows. `keep_mask(kp, offset, days, times)`
-    (replay after a restart) drops rows the preserved catalog already holds.
+    (replay after a restart) drops rows the preserved catalog already holds. `seq_origin`: the
+    database's (catalog/seq_layout.py); a seq that would not fit raises SeqOverflow.
     `at_offset`: {(kp, offset): offset}: a committed transaction part is applied at
     the offset of the marker that committed it. A payload that does not decode to a table
     with its times yields no rows and is reported to `unreadable` (a `_ListParam`
@@ -128,7 +144,7 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, epoch: in
                 time_ns = t.column("time").combine_chunks()
                 arrays.append(time_ns)
                 names.append(TIME_NS_COLUMN)
-                seq = pc.add(pa.array(range(n), pa.int64()), seq_base(epoch, off))
+                seq = pc.add_checked(pa.array(range(n), pa.int64()), seq_base(seq_origin, off))
                 arrays.append(seq)
                 names.append(SEQ_COLUMN)
                 out = pa.RecordBatch.from_arrays(arrays, names=names)
@@ -426,6 +442,8 @@ class Ingestor:
         keep = keep_mask_fn(filters) if filters else None
         nbytes = sum(m.get("nbytes") or 0 for m in msgs) + sum(len(p) for _kp, _off, p in stashed)
         local = _local_payloads(msgs) if keep is None and not stashed and not remap else None
+        _check_seqs_fit(db.seq_origin, [m["offset"] for m in msgs] + list(remap.values())
+                        + [at for _kp, at, _payload in stashed])
         out = []
         for key in sorted(days):
             rows, lo, hi, _ = days[key]
@@ -439,38 +457,38 @@ class Ingestor:
                 b.deduplicated = disjoint_unique(ranges[key])
                 b.time_spans = time_spans.normalize([(r_lo, r_hi) for r_lo, r_hi, _u in ranges[key]])
                 if local is not None:  # a local chunk: its segment and rows made here, on the driver
-                    seg = segment_table([(LAYOUT_WIRE, seq_base(db.epoch, off), *(bounds or (None, None)), payload)
-                                         for off, payload in local])
+                    seg = segment_table([(LAYOUT_WIRE, seq_base(db.seq_origin, off), *(bounds or (None, None)),
+                                          payload) for off, payload in local])
                     b.cdf = local_segment_df(self.spark, seg)
                     b.local_rows = decode_local(seg, chunk_cols)
                 else:
-                    b.segment = self._segment_plan(sel, stashed, db.epoch, remap, bounds, F)
+                    b.segment = self._segment_plan(sel, stashed, db.seq_origin, remap, bounds, F)
             else:
                 decode_sel = sel.select("kp", "offset", "payload").coalesce(1)
                 if stashed:
                     decode_sel = decode_sel.unionByName(
                         self.spark.createDataFrame(stashed, "kp int, offset long, payload binary"))
                 b.unreadable = self.spark.sparkContext.accumulator([], _ListParam())
-                b.decoded = decode_sel.mapInArrow(_decode_fn(value_cols, bounds, keep, db.epoch, remap, b.unreadable),
-                                                  spark_struct_for(schema))
+                b.decoded = decode_sel.mapInArrow(
+                    _decode_fn(value_cols, bounds, keep, db.seq_origin, remap, b.unreadable), spark_struct_for(schema))
                 b.count_rows = True
             out.append(b)
         return out
 
-    def _segment_plan(self, sel, stashed: list, epoch: int, remap: dict, bounds, F):
+    def _segment_plan(self, sel, stashed: list, seq_origin: int, remap: dict, bounds, F):
         """The lazy segment (lifecycle/ipc_segments.py) of a table's messages `sel` of one batch:
         each payload as it is, its rows ordered at the offset it is applied at (`remap`: a committed
-        transaction part at its marker's), plus the `stashed` parts [(kp, offset applied at, payload)]."""
+        transaction part at its marker's) from the database's `seq_origin`, plus the `stashed` parts
+        [(kp, offset applied at, payload)]."""
         applied_at = F.col("offset")
         for (kp, off), at in remap.items():
             applied_at = F.when((F.col("kp") == kp) & (F.col("offset") == off), F.lit(at)).otherwise(applied_at)
-        base = F.shiftleft(F.lit(epoch).cast("long"), SEQ_OFFSET_BITS + SEQ_ROW_BITS).bitwiseOR(
-            F.shiftleft(applied_at.cast("long"), SEQ_ROW_BITS))
+        base = _seq_base_column(seq_origin, applied_at, F)
         lo, hi = bounds if bounds is not None else (None, None)
         seg = sel.select(F.lit(LAYOUT_WIRE).alias("layout"), base.alias("seq_base"),
                          F.lit(lo).cast("int").alias("day_lo"), F.lit(hi).cast("int").alias("day_hi"), "payload")
         if stashed:
-            rows = [(LAYOUT_WIRE, seq_base(epoch, at), lo, hi, payload) for _kp, at, payload in stashed]
+            rows = [(LAYOUT_WIRE, seq_base(seq_origin, at), lo, hi, payload) for _kp, at, payload in stashed]
             seg = seg.unionByName(self.spark.createDataFrame(rows, SEGMENT_SCHEMA))
         return seg.select(*SEGMENT_COLUMNS)
 
@@ -553,7 +571,7 @@ class Ingestor:
         for topic, kp, offset, payload in sorted(found, key=lambda f: (f[0], f[1], f[2])):
             db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
             try:
-                d = decode_delete(payload, db.epoch, offset, kp)
+                d = decode_delete(payload, db.seq_origin, offset, kp)
             except (ValueError, KeyError, TypeError) as e:
                 skipped.append((topic, kp, offset, f"delete whose value is not a delete ({type(e).__name__}: {e})"))
                 continue
@@ -625,11 +643,12 @@ class Ingestor:
             return self._applied.wait_for(lambda: self.batches_applied >= n, timeout_s)
 
 
-def decode_delete(payload: bytes, epoch: int, offset: int, kp: int) -> Delete:
+def decode_delete(payload: bytes, seq_origin: int, offset: int, kp: int) -> Delete:
     """A delete message's value as the Delete it applies at `offset` (a committed delete part: its
-    marker's offset) of Kafka partition `kp` in write-buffer epoch `epoch`. Raises ValueError,
-    KeyError or TypeError for a value the router could not have written (the message is skipped).
-    Pure; called by the consumer and the write-buffer tail."""
+    marker's offset) of Kafka partition `kp`, its seq from the database's `seq_origin`. Raises
+    ValueError, KeyError or TypeError for a value the router could not have written (the message is
+    skipped), SeqOverflow for a seq that would not fit. Pure; called by the consumer and the
+    write-buffer tail."""
     body = json.loads(payload)
     from_json(body["predicate"])  # raises what a term the router could not have written raises
     if body["table"] is not None and not isinstance(body["table"], str):
@@ -637,7 +656,7 @@ def decode_delete(payload: bytes, epoch: int, offset: int, kp: int) -> Delete:
     return Delete(table=body["table"] or None, start_ns=int(body["start_ns"]),
                   stop_ns_exclusive=int(body["stop_ns_exclusive"]),
                   predicate=tuple(tuple(t) for t in body["predicate"]),
-                  seq=seq_base(epoch, offset), kafka_partition=kp)
+                  seq=seq_base(seq_origin, offset), kafka_partition=kp)
 
 
 def _txn_record(m) -> TxnRecord:

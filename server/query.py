@@ -112,7 +112,7 @@ class QueryEngine:
             for table, r in sorted(reads.items()):
                 if r.from_tail or r.local:
                     n_tail += r.from_tail
-                    _tail_view(session, table, db.epoch, r).createOrReplaceTempView(quote(table))
+                    _tail_view(session, table, db.seq_origin, r).createOrReplaceTempView(quote(table))
                     continue
                 if has_view(table):
                     view_sql = f"SELECT * FROM global_temp.{quote(table_view_name(database, table))}"
@@ -167,7 +167,7 @@ def _small(view_sql: str, rows: int) -> str:
     return f"SELECT /*+ COALESCE(1) */ * FROM ({view_sql})" if rows <= SMALL_TABLE_ROWS else view_sql
 
 
-def _tail_view(session, table: str, epoch: int, r: _TableRead):
+def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
     """The table view, as a DataFrame of `session`, over its chunks and its tail writes, with the
     catalog's and the tail's deletes. The tail's rows are a local relation from Arrow, named only
     while the view is analysed (a DataFrame's temp view keeps its analysed plan), so no name of
@@ -182,7 +182,7 @@ def _tail_view(session, table: str, epoch: int, r: _TableRead):
             schema.merge(cols)
         except ColumnTypeConflict:  # as the consumer does: new columns kept, conflicting values read as NULL
             schema.merge([c for c in cols if schema.get(c.name) is None])
-    rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], epoch)
+    rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], seq_origin)
     if r.local is not None:
         local = _local_merge(session, schema, r, rows)
         if local is not None:
@@ -273,10 +273,10 @@ _ARROW_BATCH_ROWS = 10_000
 _ARROW_BATCH_BYTES = 64 * 1024 * 1024
 
 
-def tail_rows(writes: list, columns: list, epoch: int) -> pa.Table | None:
-    """The rows of tail writes in the chunk layout of `columns` [(name, type)] (+ time_ns, _iox_seq),
-    in write-buffer order; a payload that does not decode yields no rows, as the consumer skips it.
-    None when there are no rows. Pure."""
+def tail_rows(writes: list, columns: list, seq_origin: int) -> pa.Table | None:
+    """The rows of tail writes in the chunk layout of `columns` [(name, type)] (+ time_ns, _iox_seq
+    from the database's `seq_origin`, as the consumer computes it), in write-buffer order; a payload
+    that does not decode yields no rows, as the consumer skips it. None when there are no rows. Pure."""
     from lifecycle.ipc_segments import LAYOUT_WIRE, chunk_table
 
     from .ingest import seq_base
@@ -289,7 +289,7 @@ def tail_rows(writes: list, columns: list, epoch: int) -> pa.Table | None:
         except Exception:  # noqa: BLE001 - untrusted bytes: the consumer skips this write
             continue
         if decoded_problem(t) is None:
-            out.append(chunk_table(t, LAYOUT_WIRE, seq_base(epoch, w.offset), None, None, columns))
+            out.append(chunk_table(t, LAYOUT_WIRE, seq_base(seq_origin, w.offset), None, None, columns))
     return pa.concat_tables(out) if out else None
 
 

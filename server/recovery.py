@@ -12,6 +12,7 @@ keep only time > flush timestamp; below min -> skip).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPl
 from catalog.chunk import Chunk
 from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
 from catalog.schema import Column
+from catalog.seq_layout import current_seq_origin, next_seq_origin
 from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 
 from .write_buffer import topic_for
@@ -177,6 +179,11 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                            recorded=True)
         epoch = dbck.epoch if dbck is not None else 0
         db.epoch = epoch
+        db.seq_origin, record_origin = current_seq_origin(state)
+        if record_origin:  # a legacy epoch whose seqs wrapped: continue above every known seq, from now on
+            pc.commit([dataclasses.replace(dbck, seq_origin=db.seq_origin)], now)
+            log.warning("database %s: write-buffer epoch %d is past the legacy seq layout; its seqs "
+                        "continue from origin %d", name, epoch, db.seq_origin)
         planner = ReplayPlanner()
         filters = {}
         for (table, pkey), ck in state.partition_checkpoints.items():
@@ -222,7 +229,9 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
         reset = reset or gone
         if reset:
-            # offsets start over: a new epoch keeps write-buffer order (seq) and ignores old checkpoints
+            # offsets start over: a new epoch keeps write-buffer order (its seq origin is above every
+            # seq the catalog knows) and ignores old checkpoints
+            db.seq_origin = next_seq_origin(state, db.seq_origin)
             db.epoch = epoch + 1
             starts = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions)}
             until = {}
@@ -230,7 +239,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
             pc.commit([db.checkpoint_action({})], now)
             log.warning("database %s: the write buffer topic was reset; everything was persisted, "
-                        "continuing in write-buffer epoch %d", name, db.epoch)
+                        "continuing in write-buffer epoch %d (seq origin %d)", name, db.epoch, db.seq_origin)
         # replay counts as caught up once everything Kafka held at start is applied
         if not bounds:
             bounds = write_buffer.partition_bounds(topic, kafka_partitions)

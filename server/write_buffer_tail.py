@@ -127,7 +127,8 @@ class PartitionTail:
     """One Kafka partition's tail. Pure state machine: `take` one message, `trim` at the applied
     watermark; the caller locks. Offsets of `items` are the offsets their messages apply at."""
 
-    epoch: int
+    #: the database's seq origin (catalog/seq_layout.py): deletes' seqs are computed from it
+    seq_origin: int
     #: next offset to read
     next_offset: int
     #: every offset up to it is held (or applied)
@@ -152,8 +153,8 @@ class PartitionTail:
     dropped: list = field(default_factory=list)
 
     @classmethod
-    def starting_after(cls, applied_hi_inclusive: int, epoch: int) -> "PartitionTail":
-        return cls(epoch=epoch, next_offset=applied_hi_inclusive + 1, visible_hi=applied_hi_inclusive)
+    def starting_after(cls, applied_hi_inclusive: int, seq_origin: int) -> "PartitionTail":
+        return cls(seq_origin=seq_origin, next_offset=applied_hi_inclusive + 1, visible_hi=applied_hi_inclusive)
 
     def take(self, offset: int, headers: dict, value: bytes, kp: int, room_bytes: int) -> None:
         """Applies the message at `offset` read from Kafka: holds it, skips it, or blocks at it.
@@ -231,7 +232,7 @@ class PartitionTail:
             self.nbytes += len(value)
         else:
             try:
-                self.items.append((offset, decode_delete(value, self.epoch, offset, kp)))
+                self.items.append((offset, decode_delete(value, self.seq_origin, offset, kp)))
             except (ValueError, KeyError, TypeError):
                 pass  # the consumer skips a delete whose value is not one
         self.visible_hi = offset
@@ -255,7 +256,7 @@ class PartitionTail:
             self.nbytes -= len(item)
             if info["decision"] == COMMIT:
                 try:
-                    self.items.append((offset, decode_delete(item, self.epoch, offset, kp)))
+                    self.items.append((offset, decode_delete(item, self.seq_origin, offset, kp)))
                 except (ValueError, KeyError, TypeError):
                     pass  # the consumer skips it
         self.visible_hi = offset
@@ -485,15 +486,15 @@ class WriteBufferTail:
         """Follows new databases and trims at the applied watermarks; True when the consumer's
         assignment must change (a partition to read from a new position)."""
         with self.catalog.lock:
-            dbs = [(db.topic, db.epoch, dict(db.applied_hi_inclusive)) for db in self.catalog.databases()]
+            dbs = [(db.topic, db.seq_origin, dict(db.applied_hi_inclusive)) for db in self.catalog.databases()]
         changed = False
         with self._lock:
             room = self.max_bytes - sum(p.nbytes for p in self._parts.values())
-            for topic, epoch, applied in dbs:
+            for topic, seq_origin, applied in dbs:
                 for kp, a in applied.items():
                     pt = self._parts.get((topic, kp))
                     if pt is None:
-                        self._parts[(topic, kp)] = PartitionTail.starting_after(a, epoch)
+                        self._parts[(topic, kp)] = PartitionTail.starting_after(a, seq_origin)
                         self._restarted.add((topic, kp))
                         changed = True
                     elif pt.trim(a, room + pt.nbytes):

@@ -65,3 +65,13 @@ def test_a_withdrawn_batch_holds_persists_until_its_offsets_are_applied_again():
     assert db.failed_batch_hi == {0: 11}
     cat.advance_applied(db, {0: 11})
     assert db.failed_batch_hi == {}
+
+
+def test_a_database_checkpoint_records_the_seq_origin():
+    """Every database checkpoint (persist, clean stop, recovery) carries the origin its seqs use."""
+    cat = Catalog()
+    db = cat.ensure_database("d", "t", 2)
+    assert (db.epoch, db.seq_origin) == (0, 0) and db.checkpoint_action({}).seq_origin == 0
+    db.epoch, db.seq_origin = 300, 77 << 20
+    ck = db.checkpoint_action({0: (None, 5)}, complete=True)
+    assert (ck.epoch, ck.seq_origin, ck.complete, ck.sequencer_numbers) == (300, 77 << 20, True, {0: (None, 5)})

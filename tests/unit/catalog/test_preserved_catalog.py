@@ -252,6 +252,35 @@ def test_database_checkpoint_topic_id_and_complete_round_trip(store) -> None:
         RecordDatabaseCheckpoint(topic="t", kafka_partitions=1, topic_id="")
 
 
+def test_database_checkpoint_seq_origin_round_trips_and_legacy_json_reads_as_the_legacy_origin(store) -> None:
+    """seq_origin survives JSON, a commit, a reload and a full checkpoint file; a checkpoint
+    written without it (every catalog before origins were recorded) reads as None, whose origin
+    is the legacy layout's; an origin that is negative, not aligned or too large is refused."""
+    from catalog.seq_layout import SEQ_MAX, SEQ_ROW_BITS, current_seq_origin, legacy_seq_origin
+
+    origin = legacy_seq_origin(255) + (42 << SEQ_ROW_BITS)
+    ck = RecordDatabaseCheckpoint(topic="t", kafka_partitions=2, sequencer_numbers={0: (None, 4)}, epoch=256,
+                                  complete=True, seq_origin=origin)
+    assert ck.to_json()["seq_origin"] == origin
+    assert action_from_json(json.loads(json.dumps(ck.to_json()))) == ck
+    legacy = {"kind": "database_checkpoint", "topic": "t", "kafka_partitions": 2,
+              "sequencer_numbers": {"0": [None, 4]}, "epoch": 7, "complete": True}
+    assert action_from_json(legacy).seq_origin is None
+    assert "seq_origin" not in action_from_json(legacy).to_json()
+    cat, _ = _load(store, PreservedCatalogConfig(transactions_until_checkpoint=2))
+    cat.commit([legacy], now_s=NOW_S)
+    state = _load(store)[1]
+    assert state.database_checkpoint.seq_origin is None
+    assert current_seq_origin(state) == (legacy_seq_origin(7), False)
+    cat.commit([ck], now_s=NOW_S)  # revision 2: also written as a full checkpoint
+    assert store.exists(checkpoint_key(DB, 2))
+    state = _load(store)[1]
+    assert state.database_checkpoint == ck and current_seq_origin(state) == (origin, False)
+    for bad in (-(1 << SEQ_ROW_BITS), 1, (1 << SEQ_ROW_BITS) + 5, SEQ_MAX + 1, True, "0"):
+        with pytest.raises(InvalidAction):
+            RecordDatabaseCheckpoint(topic="t", kafka_partitions=1, seq_origin=bad)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -405,6 +434,60 @@ def test_loser_of_a_revision_gets_revision_conflict_and_is_fenced(store) -> None
     assert a.commit([_add(3)], now_s=NOW_S) == 2
     _, state = _load(store)
     assert set(state.files) == {_add(1).key, _add(3).key}
+
+
+class _CountingStore(LocalObjectStore):
+    """Local store that counts ``exists`` and ``list`` calls."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.exists_calls: list[str] = []
+        self.list_calls = 0
+
+    def exists(self, key: str) -> bool:
+        self.exists_calls.append(key)
+        return super().exists(key)
+
+    def list(self, prefix: str = ""):
+        self.list_calls += 1
+        return super().list(prefix)
+
+
+def test_newer_revision_probes_the_next_transaction_key_only(tmp_path) -> None:
+    store = _CountingStore(str(tmp_path / "objects"))
+    a, _ = _load(store)
+    b, _ = _load(store)
+    store.exists_calls.clear()
+    store.list_calls = 0
+    assert a.newer_revision() is None and not a.newer_revision_exists()
+    assert store.exists_calls == [transaction_key(DB, 1)] * 2 and store.list_calls == 0
+    assert b.commit([_add(1)], now_s=NOW_S) == 1
+    assert a.newer_revision() == 1 and a.newer_revision_exists()
+    assert a.fenced and a.fenced_at == 1 and a.revision == 0
+    calls = len(store.exists_calls)
+    assert a.newer_revision() == 1 and len(store.exists_calls) == calls  # fenced: never asks again
+    with pytest.raises(RevisionConflict) as info:  # refused without writing anything
+        a.commit([_add(2)], now_s=NOW_S)
+    assert info.value.revision == 1
+    assert not store.exists(transaction_key(DB, 2))
+    assert b.newer_revision() is None and not b.fenced  # the winner owns the database
+
+
+def test_newer_revision_does_not_count_this_writers_own_commits(store) -> None:
+    cat, _ = _load(store)
+    for i in range(3):
+        cat.commit([_add(i + 1)], now_s=NOW_S)
+        assert cat.newer_revision() is None
+    assert not cat.fenced and cat.fenced_at is None
+
+
+def test_a_commit_that_lost_is_reported_by_newer_revision(store) -> None:
+    a, _ = _load(store)
+    b, _ = _load(store)
+    a.commit([_add(1)], now_s=NOW_S)
+    with pytest.raises(RevisionConflict):
+        b.commit([_add(2)], now_s=NOW_S)
+    assert b.fenced_at == 1 and b.newer_revision() == 1
 
 
 def test_now_must_be_a_finite_number(store) -> None:

@@ -1,9 +1,17 @@
-"""The lost-offsets decision of recovery (server/recovery.py::lost_offsets), one case per cause."""
+"""Recovery (server/recovery.py): the lost-offsets decision (`lost_offsets`), one case per cause,
+and the seq origin a start gives each database (`recover`, with its Parquet views stubbed)."""
 from __future__ import annotations
 
 import pytest
 
+from catalog.catalog import Catalog
+from catalog.object_store import LocalObjectStore
+from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, PreservedCatalog, RecordDatabaseCheckpoint,
+                                       RecordPartitionCheckpoint)
+from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset
+from server import recovery
 from server.recovery import LostWrites, lost_offsets
+from server.write_buffer import topic_for
 
 
 def test_kafka_holds_everything_replay_needs():
@@ -52,3 +60,94 @@ def test_lost_writes_message_names_partition_range_and_flag(to, text):
     assert str(e) == (f"database 'db1': Kafka partition 3 no longer holds offsets {text} that are not "
                       f"persisted yet (topic iox.db1 no longer exists); refusing to start. Start with "
                       f"--skip-lost-writes to accept losing them and read from the oldest available offset.")
+
+
+# --------------------------------------------------------------------------- seq origins of `recover`
+
+DB = "db1"
+TOPIC_ID = "AaIEvtMVcYCJieZB4rlcnA"
+NOW = 1_700_000_000.0
+SCHEMA = (("host", "tag", "string"), ("time", "time", "time"))
+
+
+class _WriteBuffer:
+    """A topic that holds offsets [0, end) of Kafka partition 0 (end 0: empty, as an in-memory
+    broker after a clean stop)."""
+
+    def __init__(self, end: int):
+        self.end = end
+
+    def topic_id(self, topic):
+        return TOPIC_ID
+
+    def partition_bounds(self, topic, partitions):
+        return {kp: (0, self.end if kp == 0 else 0) for kp in range(partitions)}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setattr(recovery, "register_parquet_chunk", lambda *a, **k: "unused_view")
+    return LocalObjectStore(tmp_path / "objects")
+
+
+def _recover(store, end: int):
+    catalog = Catalog()
+    recovery.recover(None, catalog, store, 1, NOW, 100, [DB], _WriteBuffer(end))
+    return catalog.database(DB), PreservedCatalog.create_or_load(store, DB, NOW)[1]
+
+
+def _persisted(store, epoch: int, seq_origin: int | None, origin: int, seen: int, n: int, delete_at: int) -> list:
+    """Commits what a server at `epoch` persisted (offsets 0..seen in file `n`, a delete at offset
+    `delete_at`) and its clean stop's complete checkpoint; returns the file's seqs."""
+    pc, _state = PreservedCatalog.create_or_load(store, DB, NOW)
+    lo, hi = origin, origin + (seen << 20) + 1  # as any layout wrote them, wrapped ones too
+    key = f"{DB}/data/cpu/f{n}.parquet"
+    pc.commit([AddParquet(key=key, table="cpu", partition_key="2024-01-01", row_count=2, size_bytes=1, min_time_ns=0,
+                          max_time_ns=1, min_seq=lo, max_seq=hi, schema=SCHEMA),
+               AddDeletePredicate(table="cpu", start_ns=0, stop_ns_exclusive=1, predicate=(),
+                                  seq=origin + (delete_at << 20), applies_to=(key,)),
+               RecordPartitionCheckpoint(table="cpu", partition_key="2024-01-01", flush_timestamp_ns=1,
+                                         sequencer_numbers={0: (None, seen)}, epoch=epoch),
+               RecordDatabaseCheckpoint(topic=topic_for(DB), kafka_partitions=1, sequencer_numbers={0: (None, seen)},
+                                        epoch=epoch, topic_id=TOPIC_ID, complete=True, seq_origin=seq_origin)], NOW)
+    return [lo, hi, origin + (delete_at << 20)]
+
+
+def test_a_reset_past_legacy_epoch_255_continues_above_every_persisted_seq(store):
+    """A catalog written before seq origins were recorded, at epoch 255; then clean stops with the
+    in-memory broker (its topic empty at every start) take it to epoch 256, 257, ..."""
+    seqs = _persisted(store, 255, None, legacy_seq_origin(255), seen=41, n=0, delete_at=42)
+    db, state = _recover(store, end=42)  # the topic still holds epoch 255: nothing reset
+    assert (db.epoch, db.seq_origin) == (255, legacy_seq_origin(255))
+    assert state.database_checkpoint.seq_origin is None  # nothing recorded: the legacy origin
+    for n, epoch in enumerate(range(256, 262), start=1):
+        db, state = _recover(store, end=0)
+        assert db.epoch == epoch and db.seq_origin % SEQ_ROWS_PER_OFFSET == 0
+        assert db.seq_origin > max(seqs) and max_seq_offset(db.seq_origin) > 0
+        if epoch == 256:  # above the delete at offset 42, which the checkpoint's offsets (to 41) do not cover
+            assert db.seq_origin == legacy_seq_origin(255) + 43 * SEQ_ROWS_PER_OFFSET
+        ck = state.database_checkpoint
+        assert (ck.epoch, ck.seq_origin, ck.sequencer_numbers) == (epoch, db.seq_origin, {})
+        seqs += _persisted(store, epoch, db.seq_origin, db.seq_origin, seen=9 + n, n=n, delete_at=10 + n)
+    assert all(0 <= s <= SEQ_MAX for s in seqs) and seqs == sorted(seqs)
+
+
+def test_a_start_without_a_reset_keeps_the_recorded_origin(store):
+    origin = legacy_seq_origin(255) + 42 * SEQ_ROWS_PER_OFFSET
+    _persisted(store, 256, origin, origin, seen=5, n=0, delete_at=3)
+    db, state = _recover(store, end=6)
+    assert (db.epoch, db.seq_origin) == (256, origin)
+    assert state.database_checkpoint.seq_origin == origin
+
+
+def test_a_legacy_checkpoint_past_epoch_255_gets_an_origin_above_every_seq_and_records_it(store):
+    """The legacy layout kept going past epoch 255 (its seqs wrapped): the start records an origin
+    above every seq the catalog knows, before any seq is computed from it."""
+    wrapped = ((256 << 55) - (1 << 64))
+    _persisted(store, 255, None, legacy_seq_origin(255), seen=41, n=0, delete_at=40)
+    _persisted(store, 256, None, wrapped, seen=3, n=1, delete_at=2)
+    db, state = _recover(store, end=4)
+    assert db.epoch == 256 and db.seq_origin == legacy_seq_origin(255) + 42 * SEQ_ROWS_PER_OFFSET
+    assert state.database_checkpoint.seq_origin == db.seq_origin
+    assert state.database_checkpoint.sequencer_numbers == {0: (None, 3)} and state.database_checkpoint.complete
+    assert _recover(store, end=4)[0].seq_origin == db.seq_origin  # recorded: the next start keeps it

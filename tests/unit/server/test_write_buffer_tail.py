@@ -9,6 +9,7 @@ import pytest
 
 from catalog.delete_mailbox import Delete
 from catalog.schema import Column
+from catalog.seq_layout import SEQ_ROW_BITS, legacy_seq_origin
 from server.ingest import seq_base
 from server.query import tail_rows
 from server.wire_format import as_part, encode_decision, encode_delete, encode_marker, encode_write
@@ -17,6 +18,8 @@ from server.write_buffer_tail import PartitionTail, TailWrite
 KP = 1
 ROOM = 1 << 30
 T0 = 1_700_000_000_000_000_000
+#: a seq origin of an epoch after the legacy layout's last one (catalog/seq_layout.py)
+ORIGIN = legacy_seq_origin(255) + (17 << SEQ_ROW_BITS)
 
 
 def _write(table="cpu", rows=((T0, "a", 1.0),), unique=True):
@@ -42,7 +45,7 @@ def _headers(msg, **changes):
 
 
 def test_writes_become_visible_in_order_with_their_bytes():
-    pt = PartitionTail.starting_after(9, epoch=0)
+    pt = PartitionTail.starting_after(9, seq_origin=0)
     w1, w2 = _write(rows=((T0, "a", 1.0),)), _write(rows=((T0 + 5, "b", 2.0), (T0 + 9, "b", 3.0)))
     _take(pt, 10, w1)
     _take(pt, 11, w2)
@@ -55,7 +58,7 @@ def test_writes_become_visible_in_order_with_their_bytes():
 
 
 def test_messages_the_consumer_skips_are_skipped():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     pt.take(0, _headers(w, iox_format=None), w.value, KP, ROOM)  # a foreign producer's
     pt.take(1, _headers(w, iox_kind=b"gossip"), w.value, KP, ROOM)
@@ -65,7 +68,7 @@ def test_messages_the_consumer_skips_are_skipped():
 
 
 def test_an_unknown_format_blocks_until_the_consumer_applied_it():
-    pt = PartitionTail.starting_after(4, epoch=0)
+    pt = PartitionTail.starting_after(4, seq_origin=0)
     w = _write()
     _take(pt, 5, w)
     pt.take(6, _headers(w, iox_format=b"99"), w.value, KP, ROOM)
@@ -77,13 +80,13 @@ def test_an_unknown_format_blocks_until_the_consumer_applied_it():
 
 
 def test_a_gap_blocks_instead_of_claiming_offsets_never_read():
-    pt = PartitionTail.starting_after(4, epoch=0)
+    pt = PartitionTail.starting_after(4, seq_origin=0)
     _take(pt, 7, _write())
     assert pt.blocked_at == 5 and pt.visible_hi == 4 and pt.items == []
 
 
 def test_a_write_past_the_byte_budget_blocks():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _take(pt, 0, w, room=len(w.value))
     _take(pt, 1, w, room=len(w.value) - 1)
@@ -91,16 +94,16 @@ def test_a_write_past_the_byte_budget_blocks():
 
 
 def test_deletes_are_held_with_their_sequence():
-    pt = PartitionTail.starting_after(-1, epoch=3)
+    pt = PartitionTail.starting_after(-1, seq_origin=ORIGIN)
     d = encode_delete("cpu", 100, 200, [["host", "=", "a", "string"]])
     _take(pt, 0, d)
     assert pt.items == [(0, Delete(table="cpu", start_ns=100, stop_ns_exclusive=200,
-                                   predicate=(("host", "=", "a", "string"),), seq=seq_base(3, 0), kafka_partition=KP))]
+                                   predicate=(("host", "=", "a", "string"),), seq=ORIGIN, kafka_partition=KP))]
     assert pt.nbytes == 0 and pt.visible_hi == 0
 
 
 def test_a_committed_part_applies_at_its_marker_and_an_aborted_one_never():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _take(pt, 0, as_part(w, "t1", coordinator_kp=3))
     _take(pt, 1, _write(table="mem"))
@@ -115,7 +118,7 @@ def test_a_committed_part_applies_at_its_marker_and_an_aborted_one_never():
 
 
 def test_a_decision_decides_the_parts_of_its_own_partition():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _take(pt, 0, as_part(w, "t1", coordinator_kp=KP))
     _take(pt, 1, encode_decision("t1", "commit", [(0, 7), (KP, 0)], KP))
@@ -128,13 +131,13 @@ def test_a_decision_decides_the_parts_of_its_own_partition():
     encode_decision("t1", "commit", [(KP, 3)], KP),
 ])
 def test_a_decision_for_a_part_read_before_the_tail_blocks(decision):
-    pt = PartitionTail.starting_after(4, epoch=0)  # the part at offset 3 is in the consumer's stash
+    pt = PartitionTail.starting_after(4, seq_origin=0)  # the part at offset 3 is in the consumer's stash
     _take(pt, 5, decision)
     assert pt.blocked_at == 5 and pt.visible_hi == 4
 
 
 def test_a_committed_delete_part_applies_at_its_marker():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     d = encode_delete(None, 0, 10, [])
     _take(pt, 0, as_part(d, "t1", coordinator_kp=3))
     assert pt.nbytes == len(d.value)
@@ -144,7 +147,7 @@ def test_a_committed_delete_part_applies_at_its_marker():
 
 
 def test_trim_drops_what_the_consumer_applied_and_restarts_when_it_is_ahead():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     for off in range(3):
         _take(pt, off, w)
@@ -161,18 +164,18 @@ def test_tail_rows_are_the_rows_the_consumer_builds():
     w2 = _write(rows=((T0 + 2, "a", 3.0),))
     writes = [TailWrite(7, "cpu", w1.value, (), (), True), TailWrite(9, "cpu", b"garbage", (), (), True),
               TailWrite(12, "cpu", w2.value, (), (), True)]
-    t = tail_rows(writes, [("host", "string"), ("region", "string"), ("usage", "float")], epoch=2)
+    t = tail_rows(writes, [("host", "string"), ("region", "string"), ("usage", "float")], seq_origin=ORIGIN)
     assert t.column_names == ["host", "region", "usage", "time_ns", "_iox_seq"]
     assert t.to_pylist() == [
-        {"host": "a", "region": None, "usage": 1.0, "time_ns": T0, "_iox_seq": seq_base(2, 7)},
-        {"host": "b", "region": None, "usage": 2.0, "time_ns": T0 + 1, "_iox_seq": seq_base(2, 7) + 1},
-        {"host": "a", "region": None, "usage": 3.0, "time_ns": T0 + 2, "_iox_seq": seq_base(2, 12)}]
-    assert tail_rows([writes[1]], [("host", "string")], epoch=0) is None
+        {"host": "a", "region": None, "usage": 1.0, "time_ns": T0, "_iox_seq": seq_base(ORIGIN, 7)},
+        {"host": "b", "region": None, "usage": 2.0, "time_ns": T0 + 1, "_iox_seq": seq_base(ORIGIN, 7) + 1},
+        {"host": "a", "region": None, "usage": 3.0, "time_ns": T0 + 2, "_iox_seq": seq_base(ORIGIN, 12)}]
+    assert tail_rows([writes[1]], [("host", "string")], seq_origin=0) is None
 
 
 def test_the_schema_and_days_headers_are_kept():
     w = _write(rows=((T0, "a", 1.0), (T0 + 86_400 * 10**9, "a", 2.0)))
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     _take(pt, 0, w)
     it = pt.items[0][1]
     assert [list(c) for c in it.columns] == json.loads(dict(w.headers)["iox-schema"])
@@ -184,7 +187,7 @@ def _offer(pt, offset, msg, now=0.0, room=ROOM):
 
 
 def test_this_servers_acknowledged_messages_are_held_without_reading_them_back():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w0, w1 = _write(rows=((T0, "a", 1.0),)), _write(rows=((T0 + 1, "b", 2.0),))
     _offer(pt, 0, w0)
     _offer(pt, 1, w1)
@@ -194,7 +197,7 @@ def test_this_servers_acknowledged_messages_are_held_without_reading_them_back()
 
 
 def test_acknowledgements_out_of_order_wait_for_the_offsets_before_them():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _offer(pt, 2, w, now=5.0)
     _offer(pt, 1, w, now=5.01)
@@ -206,7 +209,7 @@ def test_acknowledgements_out_of_order_wait_for_the_offsets_before_them():
 
 
 def test_a_gap_another_producer_left_is_filled_from_kafka_then_the_early_ones_follow():
-    pt = PartitionTail.starting_after(9, epoch=0)
+    pt = PartitionTail.starting_after(9, seq_origin=0)
     ours, theirs = _write(rows=((T0, "a", 1.0),)), _write(rows=((T0, "z", 9.0),))
     _offer(pt, 12, ours, now=1.0)
     _offer(pt, 13, ours, now=1.0)
@@ -222,7 +225,7 @@ def test_a_gap_another_producer_left_is_filled_from_kafka_then_the_early_ones_fo
 
 
 def test_a_message_read_from_kafka_first_is_not_held_twice():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _take(pt, 0, w)
     _offer(pt, 0, w)
@@ -230,7 +233,7 @@ def test_a_message_read_from_kafka_first_is_not_held_twice():
 
 
 def test_a_blocked_partition_drops_what_it_is_offered_and_a_restart_reads_it_from_kafka():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _offer(pt, 2, w)
     _offer(pt, 0, w, room=len(w.value) - 1)  # past the byte budget: blocks at 0
@@ -242,7 +245,7 @@ def test_a_blocked_partition_drops_what_it_is_offered_and_a_restart_reads_it_fro
 
 
 def test_a_restart_at_the_applied_watermark_forgets_the_early_messages():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _offer(pt, 5, w, now=2.0)
     assert pt.trim(3) is True  # the consumer is ahead of the tail
@@ -252,7 +255,7 @@ def test_a_restart_at_the_applied_watermark_forgets_the_early_messages():
 def test_the_early_messages_are_bounded():
     from server.write_buffer_tail import MAX_EARLY
 
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     for off in range(1, MAX_EARLY + 3):
         _offer(pt, off, w)
@@ -264,7 +267,7 @@ def test_the_early_messages_are_bounded():
 def test_a_full_tail_waits_until_what_it_dropped_is_small_before_reading_kafka_again():
     from server.write_buffer_tail import RESUME_BACKLOG_SHARE
 
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     n = len(w.value)
     _offer(pt, 0, w, room=n)
@@ -283,12 +286,12 @@ def test_a_full_tail_waits_until_what_it_dropped_is_small_before_reading_kafka_a
 
 
 def test_a_block_for_what_a_message_is_restarts_as_soon_as_it_is_applied():
-    pt = PartitionTail.starting_after(-1, epoch=0)
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
     _take(pt, 0, w)
     _take(pt, 1, _write(), room=0)
     assert pt.full is True
-    pt2 = PartitionTail.starting_after(-1, epoch=0)
+    pt2 = PartitionTail.starting_after(-1, seq_origin=0)
     unknown = _headers(w, iox_format=b"99")
     pt2.take(0, unknown, w.value, KP, ROOM)
     assert pt2.blocked_at == 0 and pt2.full is False
