@@ -4,12 +4,31 @@ When it runs: a daemon thread started by the server after recovery; every
 `worker_backoff_ms` it snapshots each database, asks `policy.decide` for
 actions and executes them one at a time (compact in memory, persist, compact
 persisted files, unload, backpressure); it also releases retired chunk data after a grace period and
-deletes unreferenced Parquet files. It stops on server shutdown, or when a
-commit lost the race for a catalog revision (fencing: another writer owns the
-database, this server must stop).
+deletes unreferenced Parquet files. It stops on server shutdown.
+
+Fencing (DESIGN.md invariant 8, "One committer") is per database. A database is
+fenced when another writer (a second server on the same object store) committed
+a revision of its preserved catalog that this server did not: found when a
+commit of this server loses its revision (RevisionConflict), when cleanup finds
+the next revision right before deleting (catalog/cleanup.py), or by the fence
+probe, a second daemon thread that every `FENCE_PROBE_INTERVAL_S` asks the store
+whether the next revision of each database it holds a preserved catalog of
+exists (`PreservedCatalog.newer_revision`: one existence check per database,
+independent of how long a lifecycle round takes), so a server that does not
+commit learns it within seconds. From then on the database never commits again
+here (no persist, no persisted compaction, no delete mailbox flush, no database
+record) and its files are never cleaned up; `fenced` names it with the revision
+and `on_fenced` is called once, so the server refuses its writes and deletes
+(FAILED_PRECONDITION) and reports it in `iox status`. Decision: the process is
+not stopped — its other databases, queries and health keep being served; only
+the fenced database stops. The fenced database's in-memory chunks are still
+compacted and unloaded and backpressure still follows the buffer size, but
+what the new owner writes to a shared write buffer is still applied to memory
+here until the server restarts.
 
 Invariant: all decisions come from `policy.decide(state, rules, now)`; this
-module only observes and executes.
+module only observes and executes (a fenced database's committing actions are
+dropped).
 """
 from __future__ import annotations
 
@@ -20,6 +39,7 @@ import time
 from catalog.catalog import Catalog
 from catalog.cleanup import delete_unreferenced
 from catalog.errors import RevisionConflict
+from catalog.preserved_catalog import transaction_key
 
 from server.crash_points import crash_point
 
@@ -32,7 +52,8 @@ from .policy import (Backpressure, CompactChunks, CompactPersistedChunks, Databa
 from .rules import LifecycleRules
 from .unload import unload_chunk
 
-__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S"]
+__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S",
+           "FENCE_PROBE_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +66,11 @@ MAILBOX_FLUSH_INTERVAL_S = 10.0
 CLEANUP_INTERVAL_S = 300.0
 #: A Parquet file younger than this is never deleted by cleanup (an in-flight persist may own it).
 CLEANUP_MIN_AGE_S = 900.0
+#: How often the fence probe asks the store whether another writer committed the next catalog revision
+#: of a database (one existence check per database each time).
+FENCE_PROBE_INTERVAL_S = 2.0
+#: Actions that commit to the preserved catalog: never carried out for a fenced database.
+_COMMITTING_ACTIONS = (PersistChunks, CompactPersistedChunks)
 
 
 class LifecycleWorker:
@@ -68,11 +94,16 @@ class LifecycleWorker:
         self.backpressure_engagements = 0
         self.in_flight = InFlightFiles()
         self.backpressure_engaged = False
-        self.fenced = False
         self.actions_done: list = []
         self._action_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
+        self._probe_thread = None
+        #: how often the fence probe runs (seconds)
+        self.fence_probe_interval_s = FENCE_PROBE_INTERVAL_S
+        #: database name -> the catalog revision another writer committed (see the module docstring)
+        self._fenced: dict[str, int] = {}
+        self._fence_lock = threading.Lock()
         self._last_cleanup = 0.0
         self._last_mailbox_flush = 0.0
         self.last_error: str | None = None
@@ -81,28 +112,89 @@ class LifecycleWorker:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="lifecycle", daemon=True)
         self._thread.start()
+        self._probe_thread = threading.Thread(target=self._probe_loop, name="fence-probe", daemon=True)
+        self._probe_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
+        for t in (self._thread, self._probe_thread):
+            if t is not None:
+                t.join(60)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.rules.worker_backoff_ms / 1000.0):
             try:
                 self.run_once(time.time())
-            except RevisionConflict as e:
+            except RevisionConflict as e:  # fences that database only; the others go on
                 self._fence(e)
-                return
             except Exception as e:  # keep going: the next round retries
                 self.last_error = repr(e)
                 log.exception("lifecycle round failed")
 
-    def _fence(self, e: Exception) -> None:
-        self.fenced = True
-        log.critical("another writer committed to the preserved catalog (%s): this server stops", e)
+    # -- fencing ------------------------------------------------------------------------
+    @property
+    def fenced(self) -> dict[str, int]:
+        """{database: the catalog revision another writer committed} of every fenced database."""
+        out = {name: pc.fenced_at for name, pc in list(self.preserved.items()) if pc.fenced_at is not None}
+        with self._fence_lock:
+            out.update(self._fenced)
+        return out
+
+    def fenced_revision(self, db_name: str) -> int | None:
+        """The catalog revision another writer committed to `db_name`, or None while this server owns it."""
+        with self._fence_lock:
+            revision = self._fenced.get(db_name)
+        if revision is None:
+            pc = self.preserved.get(db_name)
+            revision = pc.fenced_at if pc is not None else None
+        return revision
+
+    def _check_not_fenced(self, db_name: str) -> None:
+        """Raises RevisionConflict when `db_name` is fenced (before anything is written for a commit)."""
+        revision = self.fenced_revision(db_name)
+        if revision is not None:
+            raise RevisionConflict(db_name, revision, transaction_key(db_name, revision))
+
+    def _fence(self, e: RevisionConflict) -> None:
+        """Records that `e.db` is fenced at `e.revision`; logs and calls `on_fenced` once per database."""
+        with self._fence_lock:
+            if e.db in self._fenced:
+                return
+            self._fenced[e.db] = e.revision
+        log.critical("database %s: another writer committed revision %d of its preserved catalog (%s): this "
+                     "server no longer commits to it, cleans it up or accepts writes and deletes for it; its "
+                     "other databases are served on", e.db, e.revision, e)
         if self.on_fenced is not None:
-            self.on_fenced(e)
+            try:
+                self.on_fenced(e)
+            except Exception:
+                log.exception("database %s: the fencing callback failed", e.db)
+
+    def probe_fencing(self) -> dict[str, int]:
+        """Asks the store, for each database this server holds a preserved catalog of and that is not
+        fenced yet, whether another writer committed its next revision; fences those found. Returns
+        {database: revision} of the databases fenced by this call. A store error is logged and that
+        database is asked again next time."""
+        found = {}
+        for name, pc in list(self.preserved.items()):
+            if self.fenced_revision(name) is not None:
+                continue
+            try:
+                revision = pc.newer_revision()
+            except Exception as e:
+                log.warning("database %s: probing the preserved catalog for a newer revision failed: %s", name, e)
+                continue
+            if revision is not None:
+                self._fence(RevisionConflict(name, revision, transaction_key(name, revision)))
+                found[name] = revision
+        return found
+
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(self.fence_probe_interval_s):
+            try:
+                self.probe_fencing()
+            except Exception:  # keep probing
+                log.exception("fence probe failed")
 
     # -- one round ----------------------------------------------------------------------
     def snapshot(self, db, now: float) -> DatabaseState:
@@ -127,11 +219,16 @@ class LifecycleWorker:
     def run_once(self, now: float) -> list:
         done = []
         for db in self.catalog.databases():
-            for action in decide(self.snapshot(db, now), self.rules, now):
-                if self._stop.is_set():
-                    return done
-                if self.execute(db, action, now):
-                    done.append(action)
+            try:
+                for action in decide(self.snapshot(db, now), self.rules, now):
+                    if self._stop.is_set():
+                        return done
+                    if isinstance(action, _COMMITTING_ACTIONS) and self.fenced_revision(db.name) is not None:
+                        continue  # never commits again (see the module docstring)
+                    if self.execute(db, action, now):
+                        done.append(action)
+            except RevisionConflict as e:
+                self._fence(e)
         for chunk in self.catalog.take_retired(now - RETIRED_GRACE_S):
             release_chunk_data(self.spark, chunk)
         if now - self._last_mailbox_flush >= MAILBOX_FLUSH_INTERVAL_S:
@@ -169,7 +266,7 @@ class LifecycleWorker:
         raise TypeError(f"unknown action {action!r}")
 
     def persist(self, db, table: str, partition_key: str, now: float, force: bool):
-        preserved = self.preserved_for(db.name, now)
+        preserved = self.preserved_for(db.name, now)  # raises RevisionConflict when fenced
         r = persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
                               self.in_flight, now, force, self.refresh_view, self.cache_dir)
         if r is not None and self.on_persisted is not None:
@@ -177,8 +274,10 @@ class LifecycleWorker:
         return r
 
     def persist_now(self, db, table: str | None, partition_key: str | None, now: float) -> list:
-        """`iox persist`: persists every partition of the scope now, regardless of thresholds."""
+        """`iox persist`: persists every partition of the scope now, regardless of thresholds.
+        Raises RevisionConflict, writing nothing, when the database is fenced."""
         out = []
+        self._check_not_fenced(db.name)
         with self._action_lock:
             with self.catalog.lock:
                 scope = [(t, k) for t, parts in db.partitions.items() for k in parts
@@ -218,6 +317,9 @@ class LifecycleWorker:
                 raise
 
     def preserved_for(self, db_name: str, now: float):
+        """The database's PreservedCatalog (loaded or created on first use). Raises RevisionConflict when
+        the database is fenced, so that nothing is written for a commit that cannot happen."""
+        self._check_not_fenced(db_name)
         pc = self.preserved.get(db_name)
         if pc is None:
             from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
@@ -266,14 +368,22 @@ class LifecycleWorker:
             return True
 
     def flush_mailboxes(self, now: float) -> int:
-        """Records pending deletes that hit persisted files in the preserved catalog; returns how many."""
+        """Records pending deletes that hit persisted files in the preserved catalog; returns how many.
+        A fenced database is skipped (one found fenced now is recorded so)."""
+        n = 0
         with self._action_lock:
-            return sum(self._flush_mailbox(db, now) for db in self.catalog.databases())
+            for db in self.catalog.databases():
+                try:
+                    n += self._flush_mailbox(db, now)
+                except RevisionConflict as e:
+                    self._fence(e)
+        return n
 
     def _flush_mailbox(self, db, now: float) -> int:
         pc = self.preserved.get(db.name)
         if pc is None or not db.deletes.unrecorded():
             return 0
+        self._check_not_fenced(db.name)
         actions: list = []
         flushed = mailbox_actions(db, pc, [], actions)
         if actions:
@@ -282,14 +392,22 @@ class LifecycleWorker:
         return len(flushed) if actions else 0
 
     def cleanup(self, now: float, min_age_s: float) -> list:
-        """Deletes Parquet files no retained transaction references (never in-flight ones)."""
+        """Deletes Parquet files no retained transaction references (never in-flight ones). A fenced
+        database is never cleaned up; one whose next revision another writer committed (checked right
+        before deleting, catalog/cleanup.py) loses nothing and is fenced."""
         deleted = []
         for db_name, pc in list(self.preserved.items()):
+            if self.fenced_revision(db_name) is not None:
+                continue
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
             # compaction of persisted files) still read stay until those chunks are released
             in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys()
             crash_point("cleanup_before_delete")
-            deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now)
+            try:
+                deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now,
+                                               newer_revision=pc.newer_revision)
+            except RevisionConflict as e:
+                self._fence(e)
         if deleted:
             log.info("cleanup deleted %d unreferenced file(s)", len(deleted))
         return deleted

@@ -4,6 +4,18 @@ When it runs: `iox serve` builds one `IoxServer`, calls `start()` and blocks in
 `wait()` until SIGTERM/SIGINT, then `stop()` shuts down in reverse order
 (gRPC stops taking requests, the stream stops, producers close, the embedded
 broker this data directory owns is stopped).
+
+Fencing (DESIGN.md invariant 8, "One committer") stops one database, not the
+server: once another server committed a newer revision of a database's
+preserved catalog (found by the lifecycle worker: a lost commit, its fence
+probe within seconds, or cleanup's check; see lifecycle/worker.py), writes and
+deletes to that database answer FAILED_PRECONDITION (DatabaseFenced, HTTP 409)
+naming the revision, `iox persist` / `iox compact --persisted` too, it is never
+committed to or cleaned up again, and `iox status` reports it `fenced` with
+`fenced_revision`. The process keeps serving its other databases, queries and
+health: stopping everything would take down databases nobody else owns (and
+used to lose their unpersisted writes with an in-memory broker) to protect one
+that the refusals above already protect. A restart loads the catalog again.
 """
 from __future__ import annotations
 
@@ -22,7 +34,8 @@ from . import broker as broker_mod
 from .config import ServerConfig
 from .consumer import WriteBufferConsumer
 from .end_polls import AckMarks
-from .errors import CatchUpTimedOut, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable, WritesLost
+from .errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
+                     WritesLost)
 from .grpc_services import SERVICE_NAMES, build_grpc_server
 from .ingest import Ingestor
 from .query import QueryEngine
@@ -81,7 +94,7 @@ class IoxServer:
             if self.broker.in_memory:
                 log.warning("embedded broker on %s (pid %s) keeps the write buffer IN MEMORY: a crash of the broker "
                             "or a restart of the host loses acknowledged writes not yet persisted (at most %g s "
-                            "old); for development only (--broker-storage durable, or a Kafka cluster)",
+                            "old); production runs a Kafka cluster (--kafka-bootstrap)",
                             bootstrap, self.broker.pid, cfg.lifecycle_rules().persist_age_threshold_s)
             else:
                 log.info("embedded broker on %s (pid %s, storage %s%s)", bootstrap, self.broker.pid,
@@ -154,11 +167,12 @@ class IoxServer:
                                          on_persisted=self._commit_resumption_offsets,
                                          cache_dir=self.parquet_cache_dir)
         self.lifecycle.start()
-        self.write_buffer.guard = self._refuse_writes_after_a_loss
+        self.write_buffer.guard = self._guard_writes
         self.write_buffer.on_topic = self._on_topic
         self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
         self._txn_repair.start()
         self.router.overload_check = self._overloaded
+        self.router.database_check = self._refuse_writes_when_fenced
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
         self.grpc.start()
         self.http = None
@@ -214,7 +228,7 @@ class IoxServer:
             if getattr(self, "http", None) is not None:
                 self.http.stop()
             if self.broker is not None and self.broker.in_memory and \
-                    self.lifecycle is not None and self.consumer is not None and not self.lifecycle.fenced:
+                    self.lifecycle is not None and self.consumer is not None:
                 self._drain_and_persist()
             if self.lifecycle is not None:
                 self.lifecycle.stop()
@@ -298,6 +312,9 @@ class IoxServer:
                 break
             time.sleep(0.1)
         for db in self.catalog.databases():
+            if self.lifecycle.fenced_revision(db.name) is not None:
+                log.warning("clean stop: %s is fenced (another server owns it): not persisted here", db.name)
+                continue
             try:
                 done = self.lifecycle.persist_now(db, None, None, time.time())
                 log.info("clean stop: persisted %d partition(s) of %s", len(done), db.name)
@@ -338,7 +355,21 @@ class IoxServer:
         log.info("replay caught up")
         return False
 
-    # -- write-buffer losses -------------------------------------------------------------
+    # -- write-buffer losses and fencing ------------------------------------------------
+    def _guard_writes(self, database: str) -> None:
+        """The write buffer's guard (every produce of a write or a delete): refuses a fenced database,
+        then one whose write buffer lost writes (see both checks)."""
+        self._refuse_writes_when_fenced(database)
+        self._refuse_writes_after_a_loss(database)
+
+    def _refuse_writes_when_fenced(self, database: str) -> None:
+        """Raises DatabaseFenced when another server committed a newer revision of the database's
+        preserved catalog (the router calls it before anything of a write is done)."""
+        lifecycle = self.lifecycle
+        revision = lifecycle.fenced_revision(database) if lifecycle is not None else None
+        if revision is not None:
+            raise DatabaseFenced(database, revision)
+
     def _refuse_writes_after_a_loss(self, database: str) -> None:
         """The write buffer's guard (every produce, gRPC/HTTP threads): refuses writes and deletes
         to a database whose write buffer lost acknowledged writes not accepted yet, or whose topic
@@ -422,8 +453,13 @@ class IoxServer:
         except Exception:
             log.exception("committing resumption offsets of %s", db.name)
 
-    def _on_fenced(self, err: Exception) -> None:
-        threading.Thread(target=self.stop, name="fenced-shutdown", daemon=True).start()
+    def _on_fenced(self, err) -> None:
+        """The lifecycle found `err.db` fenced (a catalog RevisionConflict naming the other server's
+        revision): from now on its writes and deletes are refused (`_refuse_writes_when_fenced`); the
+        server keeps serving everything else (see the module docstring)."""
+        log.error("database %s: another server committed revision %d of its preserved catalog; its writes and "
+                  "deletes are refused from now on, its other databases are served on (restart to load the "
+                  "catalog again)", err.db, err.revision)
 
     # -- management ---------------------------------------------------------------------
     def caught_up_database(self, database: str, deadline_s: float | None = None):
@@ -501,6 +537,10 @@ class IoxServer:
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 d.topic_replaced = db.topic_replaced
+                fenced_revision = self.lifecycle.fenced_revision(db.name) if self.lifecycle else None
+                if fenced_revision is not None:
+                    d.fenced = True
+                    d.fenced_revision = fenced_revision
                 for r in db.lost_writes:
                     d.lost_writes.add(partition=r.partition, from_offset=r.from_offset, detected_at_s=r.detected_at_s,
                                       reason=r.reason, accepted=r.accepted,

@@ -18,6 +18,7 @@ __all__ = [
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
+    "DatabaseFenced",
 ]
 
 
@@ -144,3 +145,17 @@ class TopicReplaced(ServerError):
             f"database {database!r}: the write buffer's topic {topic} was deleted and created again while the "
             "server ran; no acknowledged write was lost (what was applied is persisted), but writes are refused "
             "until the server restarts and continues on the new topic")
+
+
+class DatabaseFenced(ServerError):
+    """Another server committed ``revision`` of the database's preserved catalog (DESIGN.md invariant 8,
+    "One committer"): this server no longer owns the database, so its writes and deletes are refused
+    (and it never commits to or cleans up the database again) until the server restarts."""
+
+    def __init__(self, database: str, revision: int):
+        self.database = database
+        self.revision = revision
+        super().__init__(
+            f"database {database!r}: another server committed revision {revision} of its preserved catalog, so "
+            "this server no longer owns the database: writes and deletes are refused here (write to the server "
+            "that owns it, or restart this one to load the catalog again)")

@@ -3,6 +3,8 @@
 Invariant: every ServerError maps to one gRPC status a user can act on
 (INVALID_ARGUMENT with a google.rpc.BadRequest for bad lines, NOT_FOUND,
 RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION); anything else is INTERNAL and logged.
+A fenced database (DatabaseFenced, or the catalog's RevisionConflict of an `iox persist` / `iox compact`
+that found it fenced) is FAILED_PRECONDITION naming the other server's revision.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from grpc_status import rpc_status
 
 from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-from .errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
+from catalog.errors import RevisionConflict
+
+from .errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable)
 from .router import ArrowTableWrite
 
@@ -44,6 +48,8 @@ _ROLE_NAMES = {write_pb2.ColumnRole.TAG: "tag", write_pb2.ColumnRole.FIELD: "fie
 
 def _abort(context, err: Exception):
     """Aborts the RPC with the status that belongs to `err`."""
+    if isinstance(err, RevisionConflict):
+        err = DatabaseFenced(err.db, err.revision)
     if isinstance(err, BadLines):
         br = error_details_pb2.BadRequest()
         for line, reason in err.errors:
@@ -60,7 +66,7 @@ def _abort(context, err: Exception):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
     if isinstance(err, CatchUpTimedOut):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
-    if isinstance(err, (WritesLost, TopicReplaced)):
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
         if isinstance(err, WriteBufferOverloaded):

@@ -5,7 +5,8 @@ Invariant: same all-or-nothing semantics as the gRPC Write: it calls the same
 Router, and every error maps to the HTTP status of its gRPC status
 (INVALID_ARGUMENT -> 400 `{"code": "invalid", ...}` naming the bad lines,
 RESOURCE_EXHAUSTED -> 413, UNAVAILABLE -> 503 with Retry-After, NOT_FOUND -> 404,
-FAILED_PRECONDITION (lost writes not accepted) -> 409, anything else -> 500). 204 is answered only after Kafka acknowledged the write.
+FAILED_PRECONDITION (lost writes not accepted, a topic replaced, a database fenced: another server
+committed a newer revision of its preserved catalog) -> 409, anything else -> 500). 204 is answered only after Kafka acknowledged the write.
 A gzip body is decompressed with a limit: no body can grow past
 `max_request_bytes` in memory, however well it compresses.
 
@@ -26,7 +27,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from .errors import (BadLines, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
+from .errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
 from .metrics import CONTENT_TYPE_LATEST
 
@@ -97,7 +98,7 @@ def error_response(err: Exception) -> tuple[int, list, dict]:
         return 400, [], {"code": "invalid", "message": str(err)}
     if isinstance(err, DatabaseNotFound):
         return 404, [], {"code": "not found", "message": str(err)}
-    if isinstance(err, (WritesLost, TopicReplaced)):
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
         return 409, [], {"code": "conflict", "message": str(err)}
     if isinstance(err, RequestTooLarge):
         return 413, [], {"code": "request too large", "message": str(err)}

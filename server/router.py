@@ -8,8 +8,10 @@ acknowledged every message of the request.
 Line protocol (`write_line_protocol`) and Arrow (`write_arrow`) only differ in
 how a request becomes per-table batches (`{table: ([Column], pa.Table)}`, tags
 as strings, fields float64/int64/uint64/string/bool, `time` int64 nanoseconds);
-from there both take the one path `_produce`: reserved names, the table schema
-check, encoding and producing.
+from there both take the one path `_produce`: the database check (a database
+another server owns now is refused before anything of the request is done:
+FAILED_PRECONDITION, see lifecycle/worker.py on fencing), reserved names, the
+table schema check, encoding and producing.
 
 Runs on the driver, in gRPC / HTTP worker threads.
 """
@@ -89,6 +91,9 @@ class Router:
         self.max_request_bytes = max_request_bytes
         #: returns a WriteBufferOverloaded to raise while backpressure is engaged, else None
         self.overload_check = lambda: None
+        #: called with the database first in `_produce`; raises to refuse every write to it
+        #: (DatabaseFenced: another server committed a newer revision of its preserved catalog)
+        self.database_check = lambda database: None
 
     # -- line protocol -----------------------------------------------------------------
     def write_line_protocol(self, database: str, body: bytes, precision: str = "ns",
@@ -158,6 +163,7 @@ class Router:
         """batches: {table: ([Column], pa.Table, unique_keys)} already validated row by row;
         unique_keys: True when no two rows share a tag set and a time (None: unknown)."""
         t_start = time.perf_counter()
+        self.database_check(database)
         overloaded = self.overload_check()
         if overloaded is not None:
             raise overloaded

@@ -12,7 +12,7 @@ import zlib
 import pytest
 
 from server.broker import free_port
-from server.errors import (BadLines, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
+from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
                            InvalidDatabaseName, RequestTooLarge, SchemaConflict, WriteBufferUnavailable)
 from server.http_api import HttpWriteServer, compressed_cap, database_for, error_response, gunzip_limited
 
@@ -76,6 +76,12 @@ def test_error_response_mapping():
     assert st == 503 and ("Retry-After", "3") in headers and body["code"] == "unavailable"
     assert ("Retry-After", "1") in error_response(WriteBufferUnavailable("down", retry_after_s=0.1))[1]
     assert error_response(RuntimeError("boom"))[0] == 500
+
+
+def test_a_fenced_database_is_a_conflict_naming_the_revision():
+    st, headers, body = error_response(DatabaseFenced("mydb", 7))
+    assert st == 409 and headers == [] and body["code"] == "conflict"
+    assert "'mydb'" in body["message"] and "revision 7" in body["message"]
 
 
 def test_database_for():
