@@ -110,6 +110,9 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                 c.state = "closed"
             part.compacting = False
         raise
+    if lo is None:  # every row was deleted: the chunk keeps its inputs' time bounds (persist then flushes
+        # their windows, and the policy compares bounds as numbers)
+        lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
     crash_point("compact_before_swap")
     cid = catalog.next_chunk_id()
     columns = schema.to_json()

@@ -443,7 +443,7 @@ def select_persistable_chunks(chunks: Iterable[ChunkState], flush_timestamp_ns: 
     for chunk in sorted(chunks, key=lambda c: (c.order, c.chunk_id)):
         if chunk.state in _IN_OBJECT_STORE:
             continue
-        if chunk.min_time_ns > flush_timestamp_ns:
+        if chunk.row_count and chunk.min_time_ns > flush_timestamp_ns:  # an empty chunk goes too
             # nothing to persist in it, but it may be needed to close an order gap
             if not chunk.has_action:
                 gap.append(chunk.chunk_id)

@@ -721,7 +721,9 @@ def test_restart_twice_after_a_full_checkpoint_file(iox_server, session_tmp, bac
     r = _start(session_tmp, backend, worker_backoff_ms=3_600_000, catalog_transactions_until_checkpoint=2)
     db = f"k_{uuid.uuid4().hex[:8]}"
     try:
-        for k in range(3):  # three persists: revisions 1..3, a full checkpoint at revision 2
+        # revision 1 records the database at its first write; three persists: revisions 2..4, a full
+        # checkpoint at revision 2 and 4
+        for k in range(3):
             _write(r.client, db, [f"cpu,host=h{k} v={k} {T0 + k}"])
             r.client.persist(db)
         _write(r.client, db, [f"cpu,host=late v=9 {T0 + 9}"])  # only in Kafka
@@ -734,7 +736,7 @@ def test_restart_twice_after_a_full_checkpoint_file(iox_server, session_tmp, bac
             r = r.restart()
             r.client.wait_caught_up(db)
             assert r.client.query(db, Q2).to_pylist() == expect
-            assert int(r.client.status(db)["databases"][0]["catalog_revision"]) == 3
+            assert int(r.client.status(db)["databases"][0]["catalog_revision"]) == 4
     finally:
         r.stop()
         r.broker.stop()

@@ -827,3 +827,16 @@ def test_a_due_read_buffer_run_waits_for_the_next_write_buffer_chunk_at_most_its
     assert decide(db([part(chunks)]), small, 45) == [CompactChunks("t", "p", (2, 3), to_read_buffer=True)]
     with pytest.raises(InvalidLifecycleRule):
         rules(read_buffer_wait_min_rows=0)
+
+
+def test_a_chunk_whose_rows_were_all_deleted_is_persisted_with_its_neighbours() -> None:
+    """A compaction whose every row a delete removed leaves an empty chunk; persist takes it along
+    (its rows' windows must be flushed), whatever its time bounds say."""
+    from lifecycle.policy import ChunkState, select_persistable_chunks
+
+    def c(i, rows, lo, hi):
+        return ChunkState(chunk_id=i, order=i, state="closed", row_count=rows, size_bytes=0, min_time_ns=lo,
+                          max_time_ns=hi, time_of_last_write=0.0)
+
+    assert select_persistable_chunks([c(1, 0, 500, 900), c(2, 5, 10, 20)], 100).chunk_ids == (1, 2)
+    assert select_persistable_chunks([c(1, 0, 500, 900)], 100).chunk_ids == (1,)
