@@ -92,10 +92,9 @@ class Database:
     seq_origin: int = 0
     #: deletes of this database (applied in views, materialised by compaction/persist)
     deletes: DeleteMailbox = field(default_factory=DeleteMailbox)
-    #: Kafka partitions whose lost offsets were skipped at start (--skip-lost-writes): {kp: (from, to_exclusive)}
-    lost_writes_skipped: dict = field(default_factory=dict)
-    #: every loss of acknowledged writes found (LostWriteRange), accepted or not; while one is not
-    #: accepted, writes and deletes to the database are refused
+    #: every loss of acknowledged writes found (LostWriteRange), accepted or not (the accepted ones
+    #: were skipped at start with --skip-lost-writes); while one is not accepted, writes and deletes
+    #: to the database are refused
     lost_writes: list = field(default_factory=list)
     #: the topic was deleted and created again while this server ran (writes refused until a restart)
     topic_replaced: bool = False

@@ -531,9 +531,10 @@ class IoxServer:
                 d.epoch = db.epoch
                 d.pending_transaction_parts = len(db.txns.pending)
                 d.pinned_transactions = len(db.txns.pins)
-                for kp, (lo, hi) in sorted(db.lost_writes_skipped.items()):
-                    d.lost_writes_skipped.add(partition=kp, from_offset=lo,
-                                              **({} if hi is None else {"to_offset_exclusive": hi}))
+                for r in sorted((r for r in db.lost_writes if r.accepted), key=lambda r: r.partition):
+                    d.lost_writes_skipped.add(partition=r.partition, from_offset=r.from_offset,
+                                              **({} if r.to_exclusive is None else
+                                                 {"to_offset_exclusive": r.to_exclusive}))
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 d.topic_replaced = db.topic_replaced

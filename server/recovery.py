@@ -219,7 +219,6 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                 log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s "
                           "(--skip-lost-writes)", name, kp, _offset_range(*lost),
                           f" ({gone_reason})" if gone_reason else "")
-                db.lost_writes_skipped[kp] = lost
                 db.lost_writes.append(LostWriteRange(kp, lost[0], lost[1], now, gone_reason or (
                     "Kafka no longer holds offsets the replay needed"), accepted=True))
                 s = lo
