@@ -3,8 +3,11 @@
 Invariants:
 - Chunks of a partition are kept in write-buffer order (`Chunk.order`).
 - `applied_hi_inclusive[kp]` of a database is the highest Kafka offset whose
-  message is fully applied (queryable); it only grows, and every offset at or
-  below it is applied (micro-batches are applied whole, in order).
+  message is fully applied (queryable); it only grows within a write-buffer
+  epoch (a database that continues on a new topic starts it again), and every
+  offset at or below it is applied (micro-batches, or the parts a failed one is
+  applied in, are applied whole, in order), passed as unreadable, or accepted
+  as skipped (`PoisonedMessage`).
 - All mutation happens under the catalog lock; readers get snapshots.
 
 Runs on the driver only.
@@ -18,11 +21,12 @@ from dataclasses import dataclass, field
 from .chunk import Chunk
 from .delete_mailbox import DeleteMailbox
 from .persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
-from .preserved_catalog import RecordDatabaseCheckpoint
+from .preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
 from .schema import SchemaRegistry, TableSchema
 from .transactions import TxnLog
 
-__all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange"]
+__all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
+           "HELD", "RETRYING", "ACCEPTED"]
 
 
 _CHUNK_IDS = itertools.count(1)
@@ -65,8 +69,10 @@ class LostWriteRange:
     """Offsets of one Kafka partition that held acknowledged writes the server can no longer apply
     nor find in Parquet: the write buffer lost them (a broker restarted empty, a topic deleted,
     retention). ``to_exclusive`` None: the end is unknown (everything from ``from_offset`` on).
-    ``accepted``: the operator accepted the loss (--skip-lost-writes); until then the database
-    refuses writes."""
+    ``accepted``: the operator accepted the loss (--skip-lost-writes, or `iox accept-lost-writes`
+    while the server runs; ``accepted_at_s``: when, None when unknown); until then the database
+    refuses writes. ``epoch``: the write-buffer epoch the offsets belong to. Recorded in the
+    preserved catalog (`LostWritesEntry`), so a restart keeps the record."""
 
     partition: int
     from_offset: int
@@ -74,6 +80,65 @@ class LostWriteRange:
     detected_at_s: float
     reason: str
     accepted: bool = False
+    accepted_at_s: float | None = None
+    epoch: int = 0
+
+    def entry(self) -> LostWritesEntry:
+        """The preserved catalog's form (an accepted range without a time takes its detection's)."""
+        at = (self.accepted_at_s if self.accepted_at_s is not None else self.detected_at_s) if self.accepted else None
+        return LostWritesEntry(partition=self.partition, from_offset=self.from_offset, to_exclusive=self.to_exclusive,
+                               detected_at_s=self.detected_at_s, reason=self.reason, accepted_at_s=at,
+                               epoch=self.epoch)
+
+    @classmethod
+    def from_entry(cls, e: LostWritesEntry) -> "LostWriteRange":
+        return cls(e.partition, e.from_offset, e.to_exclusive, e.detected_at_s, e.reason,
+                   accepted=e.accepted_at_s is not None, accepted_at_s=e.accepted_at_s, epoch=e.epoch)
+
+
+#: states of a PoisonedMessage
+HELD = "held"
+RETRYING = "retrying"
+ACCEPTED = "accepted"
+
+
+@dataclass
+class PoisonedMessage:
+    """A write-buffer message whose micro-batch failed, found by the consumer to fail on its own
+    (server/poison.py), and set aside so that every other database and Kafka partition goes on.
+
+    ``state``: HELD: its Kafka partition applies nothing at or after ``offset`` (its applied
+    watermark stays at ``offset - 1``) until an operator retries or accepts it; RETRYING: the
+    operator asked to apply it again (the record goes once it is applied; it is held again if it
+    fails again, ``attempts`` counting); ACCEPTED: skipped on the operator's word at
+    ``accepted_at_s`` (never applied, also not by a replay: recorded in the preserved catalog);
+    its partition continues after it. ``epoch``: the write-buffer epoch of ``offset``.
+    Mutated under Catalog.lock only."""
+
+    partition: int
+    offset: int
+    epoch: int
+    table: str
+    kind: str
+    error: str
+    detected_at_s: float
+    last_failed_at_s: float
+    attempts: int = 1
+    state: str = HELD
+    accepted_at_s: float | None = None
+
+    def entry(self) -> AcceptedPoisonEntry:
+        """The preserved catalog's form of an ACCEPTED message."""
+        return AcceptedPoisonEntry(epoch=self.epoch, partition=self.partition, offset=self.offset, table=self.table,
+                                   kind=self.kind, error=self.error, detected_at_s=self.detected_at_s,
+                                   accepted_at_s=self.accepted_at_s if self.accepted_at_s is not None
+                                   else self.last_failed_at_s)
+
+    @classmethod
+    def from_entry(cls, e: AcceptedPoisonEntry) -> "PoisonedMessage":
+        return cls(partition=e.partition, offset=e.offset, epoch=e.epoch, table=e.table, kind=e.kind, error=e.error,
+                   detected_at_s=e.detected_at_s, last_failed_at_s=e.detected_at_s, state=ACCEPTED,
+                   accepted_at_s=e.accepted_at_s)
 
 
 @dataclass
@@ -115,6 +180,21 @@ class Database:
     #: checkpoint those offsets as persisted, and the retried rows, which the windows do not record
     #: again, could be lost in a crash). Under Catalog.lock; see Catalog.withdraw_chunks.
     failed_batch_hi: dict = field(default_factory=dict)
+    #: messages set aside because applying them failed (PoisonedMessage: held, retrying or
+    #: accepted; see server/poison.py). Under Catalog.lock.
+    poisoned: list = field(default_factory=list)
+
+    def held_offsets(self) -> dict:
+        """{kp: offset} of the HELD messages of the current epoch: nothing at or after it is applied."""
+        out: dict = {}
+        for r in self.poisoned:
+            if r.state == HELD and r.epoch == self.epoch:
+                out[r.partition] = min(r.offset, out.get(r.partition, r.offset))
+        return out
+
+    def accepted_offsets(self) -> set:
+        """{(kp, offset)} of the ACCEPTED messages of the current epoch: never applied."""
+        return {(r.partition, r.offset) for r in self.poisoned if r.state == ACCEPTED and r.epoch == self.epoch}
 
     def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
         """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})
@@ -289,6 +369,20 @@ class Catalog:
             for kp, hi in list(db.failed_batch_hi.items()):
                 if db.applied_hi_inclusive.get(kp, -1) >= hi:
                     del db.failed_batch_hi[kp]
+
+    def forget_unapplied(self, db: Database, kp: int, from_offset: int) -> None:
+        """Kafka partition `kp` of `db` stops before `from_offset` (a message there is held,
+        server/poison.py): what failed micro-batch attempts recorded in the persistence windows at
+        and after it is forgotten (their chunks were withdrawn; the offsets are recorded again once
+        applied), so no persist claims those offsets, and the hold those attempts put on persists
+        (`Database.failed_batch_hi`) ends for `kp`: the caller applied every offset below
+        `from_offset` that they covered."""
+        with self._lock:
+            for parts in db.partitions.values():
+                for part in parts.values():
+                    if part.windows is not None:
+                        part.windows.forget_from(kp, from_offset)
+            db.failed_batch_hi.pop(kp, None)
 
     def table_chunks(self, db: Database, table: str) -> list[Chunk]:
         with self._lock:

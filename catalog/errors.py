@@ -96,13 +96,18 @@ class RevisionConflict(CatalogError):
 
 
 class FormatVersionMismatch(CatalogError):
-    """A catalog file was written with a format version this code does not read."""
+    """A catalog file was written with a format version this code does not read.
 
-    def __init__(self, expected: int, actual: object, key: str) -> None:
+    ``expected``: the newest version this code writes; ``readable``: every version it reads."""
+
+    def __init__(self, expected: int, actual: object, key: str, readable: tuple = ()) -> None:
         self.expected = expected
         self.actual = actual
         self.key = key
-        super().__init__(f"catalog file {key!r} has format version {actual!r}, expected {expected}")
+        self.readable = tuple(readable) or (expected,)
+        versions = ", ".join(str(v) for v in self.readable)
+        super().__init__(f"catalog file {key!r} has format version {actual!r}; this server reads format "
+                         f"version{'s' if len(self.readable) > 1 else ''} {versions} (a newer server wrote it?)")
 
 
 class CorruptCatalogFile(CatalogError):

@@ -329,6 +329,37 @@ class PersistenceWindows:
         else:
             self._open.add_range(ranges, row_count, min_time_ns, max_time_ns, now, now_ns)
 
+    def forget_from(self, kp: int, offset: int) -> None:
+        """Forgets the offsets at and after ``offset`` of Kafka partition ``kp``: a micro-batch
+        attempt recorded them and was withdrawn, and they are not applied before a message at
+        ``offset`` is resolved (server/poison.py); once applied they are recorded again. Each window
+        keeps only its offsets below ``offset`` (the rows it counts stay counted: an
+        over-estimate), the offsets seen end at ``offset - 1``, and an outstanding flush handle's
+        checkpoint is cut the same way, so a persist never claims a forgotten offset is persisted."""
+        for w in self._windows():
+            r = w.offsets.get(kp)
+            if r is None:
+                continue
+            if r.offset_lo_inclusive >= offset:
+                del w.offsets[kp]
+            elif r.offset_hi_inclusive >= offset:
+                w.offsets[kp] = OffsetRange(r.offset_lo_inclusive, offset - 1)
+        prev = self._max_offsets.get(kp)
+        if prev is not None and prev >= offset:
+            if offset > 0:
+                self._max_offsets[kp] = offset - 1
+            else:
+                del self._max_offsets[kp]
+        if self._handle is not None:
+            frozen = self._handle._offsets.get(kp)
+            if frozen is not None and frozen.max_seen_offset >= offset:
+                if offset > 0:
+                    lo = frozen.min_unpersisted_offset
+                    self._handle._offsets[kp] = UnpersistedOffsets(lo if lo is not None and lo < offset else None,
+                                                                   offset - 1)
+                else:
+                    del self._handle._offsets[kp]
+
     def unseen_ranges(self, offsets: OffsetsArg) -> dict[int, tuple[int, int]]:
         """The parts of ``offsets`` (as ``add_range`` takes them) above every offset seen so far,
         {Kafka partition: (lo, hi)} inclusive; a partition wholly seen is left out. Pure: for a

@@ -17,8 +17,8 @@ The state is a pure function of the log: :func:`apply_action` is the only code
 that changes a :class:`CatalogState`, and loading and committing both use it,
 so a freshly loaded catalog equals the one that committed.
 
-File format (JSON, ``FORMAT_VERSION`` in every file; any other version raises
-:class:`FormatVersionMismatch`)::
+File format (JSON, ``format_version`` in every file; a version outside
+``READABLE_FORMAT_VERSIONS`` raises :class:`FormatVersionMismatch`)::
 
     transaction: {"format_version": 1, "type": "transaction", "db": ...,
                   "revision": N, "uuid": ..., "previous_uuid": ... | null,
@@ -26,6 +26,15 @@ File format (JSON, ``FORMAT_VERSION`` in every file; any other version raises
     checkpoint:  {"format_version": 1, "type": "checkpoint", "db": ...,
                   "revision": N, "uuid": <uuid of transaction N>,
                   "timestamp_s": ..., "state": {...}}
+
+Versions: 1 is the base format. 2 (``FORMAT_VERSION``) adds the write-buffer
+records ``lost_writes`` and ``accepted_poisoned_messages`` (actions, and the
+state keys of the same names). A file is written with the lowest version that
+holds it: version 2 only for a transaction with one of these actions or a
+checkpoint whose state holds such records, version 1 otherwise, so a catalog
+that never recorded one stays readable by a server that reads version 1 only
+(which refuses a version-2 file with its own FormatVersionMismatch). A
+version-1 file that holds a version-2 record is corrupt.
 
 A field added to an action after version 1 is optional: it is written only
 when set, and a file without it reads as the field's default (``topic_id``,
@@ -37,7 +46,12 @@ Action kinds (``"kind"`` field) and their dataclasses: ``add_parquet``
 ``partition_checkpoint`` (:class:`RecordPartitionCheckpoint`),
 ``database_checkpoint`` (:class:`RecordDatabaseCheckpoint`),
 ``delete_predicate`` (:class:`AddDeletePredicate`), ``schema``
-(:class:`SetTableSchema`).
+(:class:`SetTableSchema`); version 2: ``lost_writes``
+(:class:`RecordLostWrites`: every loss of acknowledged writes the server found,
+accepted or not, replacing the list recorded before) and
+``accepted_poisoned_messages`` (:class:`RecordAcceptedPoison`: every
+write-buffer message an operator accepted to skip because applying it failed,
+replacing the list recorded before; replay skips them).
 
 Everything here runs on the driver.  :class:`PreservedCatalog` is not
 picklable (a committer must never be shipped to an executor); the action
@@ -72,7 +86,13 @@ from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET
 __all__ = [
     "DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT",
     "FORMAT_VERSION",
+    "BASE_FORMAT_VERSION",
+    "READABLE_FORMAT_VERSIONS",
     "Action",
+    "AcceptedPoisonEntry",
+    "LostWritesEntry",
+    "RecordAcceptedPoison",
+    "RecordLostWrites",
     "AddDeletePredicate",
     "AddParquet",
     "CatalogState",
@@ -91,8 +111,13 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Version written into every catalog file; files with another version are refused.
-FORMAT_VERSION = 1
+#: The newest format version (see the module docstring): written into a file that holds a record
+#: of that version; every other file is written as BASE_FORMAT_VERSION.
+FORMAT_VERSION = 2
+#: The version of a file that holds only what version 1 knows.
+BASE_FORMAT_VERSION = 1
+#: Versions this code reads; a file with any other raises FormatVersionMismatch.
+READABLE_FORMAT_VERSIONS = (1, 2)
 #: A full checkpoint file is written once this many revisions passed since the last one.
 DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT = 100
 
@@ -192,6 +217,39 @@ def _sequencer_numbers(kind: str, value: Any) -> dict[int, tuple[int | None, int
 
 def _sequencer_json(numbers: Mapping[int, tuple[int | None, int]]) -> dict[str, list[int | None]]:
     return {str(p): [lo, hi] for p, (lo, hi) in sorted(numbers.items())}
+
+
+def _float(kind: str, name: str, value: Any, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidAction(kind, f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _text(kind: str, name: str, value: Any) -> str:
+    """A string that may be empty (a reason, an error text)."""
+    if not isinstance(value, str):
+        raise InvalidAction(kind, f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _entries(kind: str, name: str, value: Any, cls: type) -> tuple:
+    """A list of entries of ``cls`` (instances or their JSON dicts) as a tuple of ``cls``."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise InvalidAction(kind, f"{name} must be a list")
+    out = []
+    for e in value:
+        if isinstance(e, cls):
+            out.append(e)
+            continue
+        if not isinstance(e, Mapping):
+            raise InvalidAction(kind, f"{name}: entry {e!r} is not an object")
+        try:
+            out.append(cls(**e))
+        except TypeError as exc:  # missing / unexpected fields
+            raise InvalidAction(kind, f"{name}: {exc}") from None
+    return tuple(out)
 
 
 def _predicate_value(kind: str, value: Any) -> Any:
@@ -430,13 +488,122 @@ class SetTableSchema:
         return {"kind": self.KIND, "table": self.table, "columns": [list(c) for c in self.columns]}
 
 
+@dataclass(frozen=True)
+class LostWritesEntry:
+    """One range of offsets of a Kafka partition whose acknowledged writes the write buffer lost
+    before they were persisted (catalog.catalog.LostWriteRange). ``to_exclusive`` None: the end is
+    unknown; ``accepted_at_s`` None: not accepted yet (the server refuses the database's writes);
+    ``epoch``: the write-buffer epoch the offsets belong to."""
+
+    partition: int
+    from_offset: int
+    to_exclusive: int | None
+    detected_at_s: float
+    reason: str
+    accepted_at_s: float | None = None
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        k = RecordLostWrites.KIND
+        _int(k, "partition", self.partition, minimum=0)
+        _int(k, "from_offset", self.from_offset, minimum=0)
+        if _int(k, "to_exclusive", self.to_exclusive, optional=True) is not None and self.to_exclusive < self.from_offset:
+            raise InvalidAction(k, f"to_exclusive {self.to_exclusive} < from_offset {self.from_offset}")
+        object.__setattr__(self, "detected_at_s", _float(k, "detected_at_s", self.detected_at_s))
+        _text(k, "reason", self.reason)
+        object.__setattr__(self, "accepted_at_s", _float(k, "accepted_at_s", self.accepted_at_s, optional=True))
+        _int(k, "epoch", self.epoch, minimum=0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "from_offset": self.from_offset, "to_exclusive": self.to_exclusive,
+                "detected_at_s": self.detected_at_s, "reason": self.reason, "accepted_at_s": self.accepted_at_s,
+                "epoch": self.epoch}
+
+
+@dataclass(frozen=True)
+class RecordLostWrites:
+    """Every loss of acknowledged writes found for the database, accepted or not (format version 2).
+
+    Replaces the list recorded before: a loss is recorded when found (at start, or while the
+    server runs), and again once accepted."""
+
+    KIND: ClassVar[str] = "lost_writes"
+    ranges: tuple[LostWritesEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranges", _entries(self.KIND, "ranges", self.ranges, LostWritesEntry))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "ranges": [r.to_json() for r in self.ranges]}
+
+
+@dataclass(frozen=True)
+class AcceptedPoisonEntry:
+    """A write-buffer message at ``offset`` of Kafka partition ``partition`` (of write-buffer
+    ``epoch``) that failed to apply and that an operator accepted to skip at ``accepted_at_s``:
+    it is never applied, also not by a replay."""
+
+    epoch: int
+    partition: int
+    offset: int
+    table: str
+    kind: str
+    error: str
+    detected_at_s: float
+    accepted_at_s: float
+
+    def __post_init__(self) -> None:
+        k = RecordAcceptedPoison.KIND
+        _int(k, "epoch", self.epoch, minimum=0)
+        _int(k, "partition", self.partition, minimum=0)
+        _int(k, "offset", self.offset, minimum=0)
+        for name in ("table", "kind", "error"):
+            _text(k, name, getattr(self, name))
+        object.__setattr__(self, "detected_at_s", _float(k, "detected_at_s", self.detected_at_s))
+        object.__setattr__(self, "accepted_at_s", _float(k, "accepted_at_s", self.accepted_at_s))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "partition": self.partition, "offset": self.offset, "table": self.table,
+                "kind": self.kind, "error": self.error, "detected_at_s": self.detected_at_s,
+                "accepted_at_s": self.accepted_at_s}
+
+
+@dataclass(frozen=True)
+class RecordAcceptedPoison:
+    """Every write-buffer message accepted to be skipped (format version 2); replaces the list
+    recorded before."""
+
+    KIND: ClassVar[str] = "accepted_poisoned_messages"
+    messages: tuple[AcceptedPoisonEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", _entries(self.KIND, "messages", self.messages, AcceptedPoisonEntry))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "messages": [m.to_json() for m in self.messages]}
+
+
 Action = Union[
-    AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema
+    AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema,
+    RecordLostWrites, RecordAcceptedPoison,
 ]
 _ACTION_TYPES: dict[str, type] = {
     t.KIND: t
-    for t in (AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema)
+    for t in (AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate,
+              SetTableSchema, RecordLostWrites, RecordAcceptedPoison)
 }
+#: action kinds (and state keys) a file of BASE_FORMAT_VERSION cannot hold
+_VERSION_2_KINDS = frozenset({RecordLostWrites.KIND, RecordAcceptedPoison.KIND})
+
+
+def _actions_version(actions: Sequence[Action]) -> int:
+    """The lowest format version that holds ``actions``."""
+    return FORMAT_VERSION if any(a.KIND in _VERSION_2_KINDS for a in actions) else BASE_FORMAT_VERSION
+
+
+def _state_version(state: CatalogState) -> int:
+    """The lowest format version that holds ``state``."""
+    return FORMAT_VERSION if state.lost_writes or state.accepted_poison else BASE_FORMAT_VERSION
 
 
 def action_from_json(obj: Any) -> Action:
@@ -473,6 +640,8 @@ class CatalogState:
       registered files (removing a file removes it there, and a predicate
       left applying to nothing is dropped).
     * ``table_schemas``: table → columns (name, role, type) in first-seen order.
+    * ``lost_writes``: the last :class:`RecordLostWrites`' ranges (version 2).
+    * ``accepted_poison``: the last :class:`RecordAcceptedPoison`'s messages (version 2).
     """
 
     db: str
@@ -484,6 +653,8 @@ class CatalogState:
     database_checkpoint: RecordDatabaseCheckpoint | None = None
     delete_predicates: list[AddDeletePredicate] = field(default_factory=list)
     table_schemas: dict[str, tuple[ColumnSpec, ...]] = field(default_factory=dict)
+    lost_writes: tuple[LostWritesEntry, ...] = ()
+    accepted_poison: tuple[AcceptedPoisonEntry, ...] = ()
 
     def copy(self) -> CatalogState:
         """A copy whose containers can be changed without touching this state (values are immutable)."""
@@ -497,6 +668,8 @@ class CatalogState:
             database_checkpoint=self.database_checkpoint,
             delete_predicates=list(self.delete_predicates),
             table_schemas=dict(self.table_schemas),
+            lost_writes=self.lost_writes,
+            accepted_poison=self.accepted_poison,
         )
 
 
@@ -554,6 +727,10 @@ def apply_action(state: CatalogState, action: Action, revision: int) -> None:
         merged = list(state.table_schemas.get(action.table, ()))
         merged.extend(c for c in action.columns if c[0] not in known)
         state.table_schemas[action.table] = tuple(merged)
+    elif isinstance(action, RecordLostWrites):
+        state.lost_writes = action.ranges
+    elif isinstance(action, RecordAcceptedPoison):
+        state.accepted_poison = action.messages
     else:
         raise InvalidAction(type(action).__name__, "not a catalog action", revision)
 
@@ -567,13 +744,23 @@ def _state_to_json(state: CatalogState) -> dict[str, Any]:
         "table_schemas": [
             SetTableSchema(table=t, columns=state.table_schemas[t]).to_json() for t in sorted(state.table_schemas)
         ],
+        # version 2 (written only when set: a state without them is a version-1 checkpoint)
+        **({RecordLostWrites.KIND: [r.to_json() for r in state.lost_writes]} if state.lost_writes else {}),
+        **({RecordAcceptedPoison.KIND: [m.to_json() for m in state.accepted_poison]}
+           if state.accepted_poison else {}),
     }
 
 
-def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_s: float, key: str) -> CatalogState:
+def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_s: float, key: str,
+                     version: int = FORMAT_VERSION) -> CatalogState:
     if not isinstance(obj, Mapping):
         raise CorruptCatalogFile(key, "state is not a JSON object")
+    newer = sorted(k for k in _VERSION_2_KINDS if k in obj)
+    if newer and version < FORMAT_VERSION:
+        raise CorruptCatalogFile(key, f"state holds {newer}, which format version {version} does not have")
     try:
+        lost = RecordLostWrites(ranges=obj.get(RecordLostWrites.KIND, ()))
+        accepted = RecordAcceptedPoison(messages=obj.get(RecordAcceptedPoison.KIND, ()))
         files = [action_from_json(a) for a in obj["files"]]
         parts = [action_from_json(a) for a in obj["partition_checkpoints"]]
         dbc = obj["database_checkpoint"]
@@ -600,6 +787,8 @@ def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_
     state.database_checkpoint = dbc_action  # type: ignore[assignment]
     state.delete_predicates = list(preds)  # type: ignore[arg-type]
     state.table_schemas = {a.table: a.columns for a in schemas}  # type: ignore[union-attr]
+    state.lost_writes = lost.ranges
+    state.accepted_poison = accepted.messages
     return state
 
 
@@ -619,8 +808,9 @@ def _decode(data: bytes, key: str, expected_type: str, db: str, revision: int) -
     if not isinstance(obj, dict):
         raise CorruptCatalogFile(key, "not a JSON object")
     version = obj.get("format_version")
-    if isinstance(version, bool) or version != FORMAT_VERSION:
-        raise FormatVersionMismatch(expected=FORMAT_VERSION, actual=version, key=key)
+    if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
+        raise FormatVersionMismatch(expected=FORMAT_VERSION, actual=version, key=key,
+                                    readable=READABLE_FORMAT_VERSIONS)
     if obj.get("type") != expected_type:
         raise CorruptCatalogFile(key, f"type is {obj.get('type')!r}, expected {expected_type!r}")
     if obj.get("db") != db:
@@ -701,7 +891,7 @@ class PreservedCatalog:
         if loaded is None:
             txn_uuid = str(_uuid.uuid4())
             txn = {
-                "format_version": FORMAT_VERSION,
+                "format_version": BASE_FORMAT_VERSION,
                 "type": _TYPE_TRANSACTION,
                 "db": db,
                 "revision": 0,
@@ -812,7 +1002,7 @@ class PreservedCatalog:
                 apply_action(new_state, a, revision)
             txn_uuid = str(_uuid.uuid4())
             txn = {
-                "format_version": FORMAT_VERSION,
+                "format_version": _actions_version(parsed),
                 "type": _TYPE_TRANSACTION,
                 "db": self._db,
                 "revision": revision,
@@ -839,7 +1029,7 @@ class PreservedCatalog:
         if state.revision - self._last_checkpoint_revision < self._config.transactions_until_checkpoint:
             return
         ckpt = {
-            "format_version": FORMAT_VERSION,
+            "format_version": _state_version(state),
             "type": _TYPE_CHECKPOINT,
             "db": self._db,
             "revision": state.revision,
@@ -905,7 +1095,8 @@ def _get(store: ObjectStore, db: str, revision: int, key: str) -> bytes:
 
 def _read_checkpoint(store: ObjectStore, db: str, revision: int, key: str) -> CatalogState:
     obj = _decode(_get(store, db, revision, key), key, _TYPE_CHECKPOINT, db, revision)
-    return _state_from_json(obj.get("state"), db, revision, obj["uuid"], float(obj["timestamp_s"]), key)
+    return _state_from_json(obj.get("state"), db, revision, obj["uuid"], float(obj["timestamp_s"]), key,
+                            obj["format_version"])
 
 
 def _read_and_apply_transaction(
@@ -924,7 +1115,11 @@ def _read_and_apply_transaction(
     # ``state`` is private to the load in progress, so it is changed in place.
     try:
         for raw in raw_actions:
-            apply_action(state, action_from_json(raw), revision)
+            action = action_from_json(raw)
+            if action.KIND in _VERSION_2_KINDS and obj["format_version"] < FORMAT_VERSION:
+                raise CorruptCatalogFile(key, f"action {action.KIND!r} needs format version {FORMAT_VERSION}, "
+                                              f"the file has {obj['format_version']}")
+            apply_action(state, action, revision)
     except InvalidAction as exc:
         raise CorruptCatalogFile(key, f"action does not apply: {exc}") from exc
     state.revision = revision

@@ -32,6 +32,7 @@ dropped).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -95,7 +96,8 @@ class LifecycleWorker:
         self.in_flight = InFlightFiles()
         self.backpressure_engaged = False
         self.actions_done: list = []
-        self._action_lock = threading.Lock()
+        #: one action at a time; reentrant: `paused` holders commit records (`commit_records`)
+        self._action_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = None
         self._probe_thread = None
@@ -345,6 +347,26 @@ class LifecycleWorker:
                 self._fence(e)
                 raise
             return True
+
+    def commit_records(self, db, actions: list, now: float) -> int:
+        """Commits `actions` (records of the database that are not data: lost writes, accepted
+        poisoned messages, a database checkpoint of a new write-buffer epoch) in one preserved-catalog
+        transaction; returns its revision. Raises RevisionConflict, fencing the database, when
+        another writer owns it (nothing is written then)."""
+        with self._action_lock:
+            pc = self.preserved_for(db.name, now)
+            try:
+                return pc.commit(actions, now)
+            except RevisionConflict as e:
+                self._fence(e)
+                raise
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No lifecycle action runs while this is held (a database starts a new write-buffer epoch:
+        nothing may persist or compact its partitions meanwhile)."""
+        with self._action_lock:
+            yield
 
     def mark_checkpoint_complete(self, db, now: float) -> bool:
         """Commits the database's last checkpoint again, marked complete, if nothing of the database is

@@ -16,9 +16,19 @@ committed to or cleaned up again, and `iox status` reports it `fenced` with
 health: stopping everything would take down databases nobody else owns (and
 used to lose their unpersisted writes with an in-memory broker) to protect one
 that the refusals above already protect. A restart loads the catalog again.
+
+A write-buffer message that fails to apply stops only its own Kafka partition
+of its database (server/poison.py): `iox poison retry` applies it again, `iox
+poison accept` skips it for good (recorded); both restart the stream from the
+applied offsets while no micro-batch runs (`WriteBufferConsumer.restart`). Lost
+writes found while running (the topic replaced) are accepted with `iox
+accept-lost-writes`: once what was applied is persisted, the database continues
+on the new topic in a new write-buffer epoch, as a start with --skip-lost-writes
+would; every loss stays recorded in the preserved catalog.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -27,7 +37,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from catalog.catalog import Catalog, DatabaseNotFoundError, LostWriteRange
+from catalog.catalog import ACCEPTED, RETRYING, Catalog, DatabaseNotFoundError, LostWriteRange
 from iox import management_pb2
 
 from . import broker as broker_mod
@@ -37,7 +47,9 @@ from .end_polls import AckMarks
 from .errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
                      WritesLost)
 from .grpc_services import SERVICE_NAMES, build_grpc_server
+from .errors import InvalidArgument, NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from .ingest import Ingestor
+from .poison import select
 from .query import QueryEngine
 from .router import Router
 from .spark import build_spark, lower_spark_priority
@@ -58,6 +70,8 @@ _ANSWER_MARGIN_S = 0.25
 BROKER_CHECK_INTERVAL_S = 1.0
 #: How often the transaction-repair thread looks for markers and aborts to write.
 TXN_REPAIR_INTERVAL_S = 1.0
+#: How often a start that replays the write buffer logs its progress (offsets done / to do per database)
+REPLAY_LOG_INTERVAL_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +93,11 @@ class IoxServer:
         self.lifecycle = None
         self.tail = None
         self._replay_until: dict = {}
+        #: database name -> the thread persisting it after its topic was replaced (`_topic_replaced`)
+        self._after_replacement: dict = {}
+        #: topic -> ({kafka partition: first offset replayed}, {kafka partition: replay target}), kept
+        #: after replay caught up (status reports its progress)
+        self._replay_plan: dict = {}
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -128,17 +147,26 @@ class IoxServer:
             if n != cfg.partitions:
                 raise PartitionCountMismatch(topic, cfg.partitions, n)
         databases = sorted(set(list_catalog_databases(self.store)) | {database_of_topic(t) for t in topics})
-        rec = recover(self.spark, self.catalog, self.store, cfg.partitions, time.time(),
+        t_recover = time.time()
+        rec = recover(self.spark, self.catalog, self.store, cfg.partitions, t_recover,
                       self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
                       cfg.skip_lost_writes, self.parquet_cache_dir)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
-        self._lost_at_start = {db.name: len(db.lost_writes) for db in self.catalog.databases() if db.lost_writes}
+        # losses found by this start (the preserved catalog also lists those of earlier runs)
+        self._lost_at_start = {db.name: n for db in self.catalog.databases()
+                               if (n := sum(1 for r in db.lost_writes if r.detected_at_s >= t_recover))}
         self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
+        self._replay_plan = {t: (dict(rec.replay_from.get(t, {})), dict(p)) for t, p in self._replay_until.items()}
         for topic, until in self._replay_until.items():  # types of Kafka-only tables, before any write
             load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
                                 rec.start_offsets.get(topic, {}), until)
-        self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions, rec.row_filters, cfg.txn_timeout_s)
+        # which Kafka partitions are held at a poisoned message (server/poison.py): none at start
+        holds_file = os.path.join(scratch, "poison-holds.json")
+        if os.path.exists(holds_file):
+            os.unlink(holds_file)
+        self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions, rec.row_filters, cfg.txn_timeout_s,
+                                 holds_file=holds_file)
         for db in self.catalog.databases():
             for table in db.table_names():
                 self.ingestor.refresh_table_view(db, table)
@@ -151,14 +179,17 @@ class IoxServer:
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         for name, n in self._lost_at_start.items():
             self.router.metrics.lost_writes(name, n)
+        self.ingestor.metrics = self.router.metrics
         self.pause_file = os.path.join(data_dir, "backpressure")
         if os.path.exists(self.pause_file):
             os.unlink(self.pause_file)
         self.consumer = WriteBufferConsumer(
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
             cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file,
-            self.acked_marks.directory)
+            self.acked_marks.directory, holds_file)
         self.consumer.start(rec.start_offsets)
+        if self._replay_plan:
+            threading.Thread(target=self._log_replay_progress, name="replay-progress", daemon=True).start()
         if self.tail is not None:
             self.tail.start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
@@ -300,7 +331,8 @@ class IoxServer:
             behind = []
             for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
                 db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-                if db is None or db.applied_hi_inclusive.get(kp, -1) < off:
+                held = db.held_offsets() if db is not None and db.poisoned else {}
+                if db is None or db.applied_hi_inclusive.get(kp, -1) < min(off, held.get(kp, off + 1) - 1):
                     behind.append((topic, kp))
             undecided = [d.name for d in self.catalog.databases() if not d.txns.is_idle()]
             if not behind and not undecided and not self.is_replaying():
@@ -354,6 +386,34 @@ class IoxServer:
         self.ingestor.row_filters = {}
         log.info("replay caught up")
         return False
+
+    def replay_progress(self, db) -> tuple[int, int]:
+        """(offsets done, offsets to do) of the replay of `db` at start; (0, 0) when it replayed nothing."""
+        from .recovery import replay_progress
+
+        plan = self._replay_plan.get(db.topic)
+        if plan is None:
+            return 0, 0
+        return replay_progress(plan[0], plan[1], dict(db.applied_hi_inclusive))
+
+    def _log_replay_progress(self) -> None:
+        """Logs each replaying database's progress every REPLAY_LOG_INTERVAL_S until every one caught up."""
+        interval_s = REPLAY_LOG_INTERVAL_S
+        pending = dict(self._replay_plan)
+        t0 = time.monotonic()
+        while pending and not self._stopped.wait(interval_s):
+            for topic in sorted(pending):
+                db = next((d for d in self.catalog.databases() if d.topic == topic), None)
+                if db is None:
+                    continue
+                done, todo = self.replay_progress(db)
+                if done >= todo:
+                    log.info("replay of database %s: done, %d offsets in %.0f s", db.name, todo,
+                             time.monotonic() - t0)
+                    del pending[topic]
+                else:
+                    log.info("replay of database %s: %d of %d offsets (%.1f%%)", db.name, done, todo,
+                             100.0 * done / todo)
 
     # -- write-buffer losses and fencing ------------------------------------------------
     def _guard_writes(self, database: str) -> None:
@@ -416,22 +476,30 @@ class IoxServer:
                 return
             db.topic_replaced = True
             applied = dict(db.applied_hi_inclusive)
-            ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason)
+            ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason, epoch=db.epoch)
                       for kp, off in sorted(acked.items()) if off > applied.get(kp, -1)]
             db.lost_writes.extend(ranges)
         if ranges:
             self.router.metrics.lost_writes(db.name, len(ranges))
             log.error("database %s: the write buffer LOST acknowledged writes (%s): %s; writes are refused until the "
-                      "loss is accepted (restart with --skip-lost-writes)", db.name, reason,
+                      "loss is accepted (iox accept-lost-writes --db %s, or a restart with --skip-lost-writes)",
+                      db.name, reason, db.name,
                       ", ".join(f"partition {r.partition} [{r.from_offset}, {r.to_exclusive})" for r in ranges))
         else:
             log.error("database %s: %s while the server ran; nothing acknowledged was lost; persisting what was "
-                      "applied; writes are refused until the server restarts", db.name, reason)
-        threading.Thread(target=self._persist_after_replacement, args=(db, not ranges), daemon=True,
-                         name=f"persist-after-loss-{db.name}").start()
+                      "applied; writes are refused until the database continues on the new topic (iox "
+                      "accept-lost-writes --db %s, or a restart)", db.name, reason, db.name)
+        t = threading.Thread(target=self._persist_after_replacement, args=(db, not ranges), daemon=True,
+                             name=f"persist-after-loss-{db.name}")
+        self._after_replacement[db.name] = t
+        t.start()
 
     def _persist_after_replacement(self, db, nothing_lost: bool) -> None:
+        """Records the loss in the preserved catalog (a restart keeps the record), then persists
+        what was applied."""
         try:
+            if not nothing_lost:
+                self._record_lost_writes(db, time.time())
             self.lifecycle.persist_now(db, None, None, time.time())
             if nothing_lost:
                 self.lifecycle.mark_checkpoint_complete(db, time.time())
@@ -468,7 +536,7 @@ class IoxServer:
         happened to apply already).
 
         The target is the write buffer's true end per Kafka partition as of the call (whoever
-        produced it); waits at most `deadline_s` (None: CATCH_UP_TIMEOUT_S). Raises DatabaseNotFound
+        produced it), for a partition held at a poisoned message the offset before it; waits at most `deadline_s` (None: CATCH_UP_TIMEOUT_S). Raises DatabaseNotFound
         when neither the catalog nor Kafka knows the database, CatchUpTimedOut past the deadline,
         WriteBufferUnavailable when Kafka cannot be asked. Called from gRPC threads (driver)."""
         # with a request deadline: answer a little before it, so the client gets the reason
@@ -479,6 +547,11 @@ class IoxServer:
         except Exception as e:  # KafkaException, or the write buffer closing
             raise WriteBufferUnavailable(f"cannot read the end of {topic_for(database)}: {e}") from e
         target = {kp: end - 1 for kp, (_lo, end) in bounds.items() if end > 0}
+        db = self.catalog.peek_database(database)
+        if db is not None and db.poisoned:  # a held partition applies nothing from its held message on
+            with self.catalog.lock:
+                held = db.held_offsets()
+            target = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in target.items()}
         if not bounds:
             try:
                 return self.catalog.database(database)
@@ -511,6 +584,192 @@ class IoxServer:
             return management_pb2.CompactResponse(compacted=False)
         return management_pb2.CompactResponse(compacted=True, chunk_id=c.id, rows=c.rows)
 
+    # -- poisoned messages (server/poison.py) ------------------------------------------
+    def _held_poisoned(self, database: str, partition: int | None, offset: int | None):
+        """(db, its HELD records of `partition` at `offset`); raises DatabaseNotFound,
+        InvalidArgument, PoisonedMessageNotFound."""
+        db = self.catalog.peek_database(database)
+        if db is None:
+            raise DatabaseNotFound(database)
+        if offset is not None and partition is None:
+            raise InvalidArgument("a poisoned message's offset needs its Kafka partition")
+        with self.catalog.lock:
+            held = select(db, partition, offset)
+        if not held:
+            raise PoisonedMessageNotFound(database, partition, offset)
+        return db, held
+
+    def retry_poisoned(self, database: str, partition: int | None = None, offset: int | None = None):
+        """`iox poison retry`: the held messages (of `partition`, at `offset`) are applied again:
+        their Kafka partitions are read again from them (the stream restarts from the applied
+        offsets); one that fails again is held again (its record counts the attempt)."""
+        db, _held = self._held_poisoned(database, partition, offset)
+
+        def resolve():  # while no micro-batch runs
+            with self.catalog.lock:
+                targets = select(db, partition, offset)
+                for r in targets:
+                    r.state = RETRYING
+            if not targets:
+                raise PoisonedMessageNotFound(database, partition, offset)
+            self.ingestor.poison_changed(db)
+            return targets
+
+        targets = self.consumer.restart(resolve)
+        for r in targets:
+            log.warning("database %s: retrying the poisoned message %s[%d]@%d (iox poison retry)", db.name, db.topic,
+                        r.partition, r.offset)
+        resp = management_pb2.PoisonedResponse()
+        with self.catalog.lock:
+            for r in targets:
+                _poisoned_status(resp.messages.add(), db, r)
+        return resp
+
+    def accept_poisoned(self, database: str, partition: int | None = None, offset: int | None = None):
+        """`iox poison accept`: the held messages (of `partition`, at `offset`) are skipped for good:
+        recorded in the preserved catalog first (so a replay skips them too), then marked accepted,
+        and their Kafka partitions continue after them."""
+        from catalog.preserved_catalog import RecordAcceptedPoison
+
+        db, _held = self._held_poisoned(database, partition, offset)
+        self._refuse_writes_when_fenced(database)  # the record cannot be committed
+
+        def resolve():  # while no micro-batch runs
+            now = time.time()
+            with self.catalog.lock:
+                targets = select(db, partition, offset)
+                entries = [r.entry() for r in db.poisoned if r.state == ACCEPTED]
+                entries += [dataclasses.replace(r.entry(), accepted_at_s=now) for r in targets]
+            if not targets:
+                raise PoisonedMessageNotFound(database, partition, offset)
+            self.lifecycle.commit_records(db, [RecordAcceptedPoison(messages=tuple(entries))], now)
+            with self.catalog.lock:  # read again from it, it is passed (server/ingest.py `accepted`)
+                for r in targets:
+                    r.state, r.accepted_at_s = ACCEPTED, now
+            self.ingestor.poison_changed(db)
+            return targets
+
+        targets = self.consumer.restart(resolve)
+        for r in targets:
+            log.warning("database %s: the poisoned message %s[%d]@%d is ACCEPTED as skipped (iox poison accept): it "
+                        "is never applied; its partition continues after it", db.name, db.topic, r.partition, r.offset)
+        resp = management_pb2.PoisonedResponse()
+        with self.catalog.lock:
+            for r in targets:
+                _poisoned_status(resp.messages.add(), db, r)
+        return resp
+
+    # -- accepting lost writes while running ---------------------------------------------
+    def accept_lost_writes(self, database: str):
+        """`iox accept-lost-writes`: accepts the database's lost writes without a restart (as
+        --skip-lost-writes does at start). A database whose topic was replaced continues on the new
+        topic in a new write-buffer epoch (`_continue_on_new_topic`). The loss stays recorded,
+        marked accepted with the time, in the preserved catalog too."""
+        from catalog.preserved_catalog import RecordLostWrites
+
+        db = self.catalog.peek_database(database)
+        if db is None:
+            raise DatabaseNotFound(database)
+        self._refuse_writes_when_fenced(database)
+        with self.catalog.lock:
+            open_ranges = [r for r in db.lost_writes if not r.accepted]
+            replaced = db.topic_replaced
+        if not open_ranges and not replaced:
+            raise NothingToAccept(database)
+        persisting = self._after_replacement.get(db.name)
+        if persisting is not None:  # the background persist after the replacement: let it finish
+            persisting.join(CATCH_UP_TIMEOUT_S)
+        now = time.time()
+        if replaced:
+            self._continue_on_new_topic(db, now)
+        else:
+            with self.catalog.lock:
+                lost = [_accepted(r, now) for r in db.lost_writes]
+            self.lifecycle.commit_records(db, [RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
+            with self.catalog.lock:
+                db.lost_writes = [_accepted(r, now) for r in db.lost_writes]
+        log.warning("database %s: lost writes ACCEPTED (iox accept-lost-writes): %s; writes are taken again%s",
+                    db.name, ", ".join(f"partition {r.partition} from {r.from_offset}" for r in open_ranges) or "none",
+                    f" on the new topic, in write-buffer epoch {db.epoch}" if replaced else "")
+        resp = management_pb2.AcceptLostWritesResponse(epoch=db.epoch, new_topic=replaced)
+        with self.catalog.lock:
+            for r in db.lost_writes:
+                if any((r.partition, r.from_offset, r.epoch) == (o.partition, o.from_offset, o.epoch)
+                       for o in open_ranges):
+                    _lost_status(resp.accepted.add(), r)
+        return resp
+
+    def _continue_on_new_topic(self, db, now: float) -> None:
+        """The database's topic was replaced while the server ran: once everything it applied is
+        persisted, it continues on the new topic in a new write-buffer epoch (offsets start over;
+        its seq origin is above every seq it has), as recovery does at a start with
+        --skip-lost-writes. The new epoch's database checkpoint and the accepted loss are committed
+        in one transaction before anything changes in memory; the stream then restarts from the new
+        topic's start. Raises NotReadyToAccept (nothing changed) when something is still
+        unpersisted, RevisionConflict when the database is fenced."""
+        from catalog.preserved_catalog import RecordDatabaseCheckpoint, RecordLostWrites
+        from catalog.seq_layout import next_seq_origin, seq_base
+        from catalog.transactions import TxnLog
+
+        lc = self.lifecycle
+        lc.persist_now(db, None, None, now)
+        try:
+            topic_id = self.write_buffer.topic_id(db.topic)
+            bounds = self.write_buffer.partition_bounds(db.topic, db.kafka_partitions)
+        except Exception as e:  # KafkaException, or the write buffer closing
+            raise WriteBufferUnavailable(f"cannot read topic {db.topic}: {e}") from e
+
+        def switch():  # while no micro-batch runs
+            with lc.paused():
+                with self.catalog.lock:
+                    busy = sorted((t, k) for t, parts in db.partitions.items() for k, p in parts.items()
+                                  if p.windows is not None and (not p.windows.is_empty() or p.windows.has_flush_handle))
+                    if busy or db.failed_batch_hi:
+                        raise NotReadyToAccept(db.name, f"table partitions {busy} still hold unpersisted rows"
+                                               if busy else "a failed micro-batch is not applied again yet")
+                    applied_hi = max(db.applied_hi_inclusive.values(), default=-1)
+                    epoch = db.epoch + 1
+                    lost = [_accepted(r, now) for r in db.lost_writes]
+                pc = lc.preserved_for(db.name, now)
+                # above every seq of the old epoch: the catalog's, and every offset applied in memory
+                origin = max(next_seq_origin(pc.state, db.seq_origin), seq_base(db.seq_origin, applied_hi + 1))
+                checkpoint = RecordDatabaseCheckpoint(topic=db.topic, kafka_partitions=db.kafka_partitions,
+                                                      sequencer_numbers={}, epoch=epoch, topic_id=topic_id,
+                                                      seq_origin=origin)
+                lc.commit_records(db, [checkpoint, RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
+                with self.catalog.lock:
+                    db.epoch, db.seq_origin, db.topic_id, db.topic_replaced = epoch, origin, topic_id, False
+                    db.lost_writes = lost
+                    db.applied_hi_inclusive = {kp: bounds.get(kp, (0, 0))[0] - 1 for kp in range(db.kafka_partitions)}
+                    db.txns = TxnLog()
+                    db.failed_batch_hi = {}
+                    # held or retried messages were of the old topic: gone with it
+                    db.poisoned = [r for r in db.poisoned if r.state == ACCEPTED]
+                    for parts in db.partitions.values():
+                        for p in parts.values():
+                            p.windows = None  # the old epoch's offsets: all persisted
+                self.ingestor.forget_topic(db.topic)
+                self.ingestor.poison_changed(db)
+                for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
+                    del self.ingestor.row_filters[key]
+                self._replay_until.pop(db.topic, None)
+                for key in [k for k in list(self.write_buffer.acked_hi_inclusive) if k[0] == db.topic]:
+                    self.write_buffer.acked_hi_inclusive.pop(key, None)
+                if self.tail is not None:
+                    self.tail.forget_topic(db.topic)
+                log.warning("database %s: continues on the new topic %s (id %s) in write-buffer epoch %d (seq origin "
+                            "%d)", db.name, db.topic, topic_id, epoch, origin)
+
+        self.consumer.restart(switch)
+
+    def _record_lost_writes(self, db, now: float) -> None:
+        """Commits the database's lost-write records (all of them) to its preserved catalog."""
+        from catalog.preserved_catalog import RecordLostWrites
+
+        with self.catalog.lock:
+            entries = tuple(r.entry() for r in db.lost_writes)
+        self.lifecycle.commit_records(db, [RecordLostWrites(ranges=entries)], now)
+
     # -- status -----------------------------------------------------------------------
     def status(self, database: str = "") -> management_pb2.GetStatusResponse:
         if database:
@@ -537,15 +796,16 @@ class IoxServer:
                                                  {"to_offset_exclusive": r.to_exclusive}))
                 for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
+                d.replay_offsets_done, d.replay_offsets_todo = self.replay_progress(db)
                 d.topic_replaced = db.topic_replaced
                 fenced_revision = self.lifecycle.fenced_revision(db.name) if self.lifecycle else None
                 if fenced_revision is not None:
                     d.fenced = True
                     d.fenced_revision = fenced_revision
                 for r in db.lost_writes:
-                    d.lost_writes.add(partition=r.partition, from_offset=r.from_offset, detected_at_s=r.detected_at_s,
-                                      reason=r.reason, accepted=r.accepted,
-                                      **({} if r.to_exclusive is None else {"to_offset_exclusive": r.to_exclusive}))
+                    _lost_status(d.lost_writes.add(), r)
+                for r in sorted(db.poisoned, key=lambda r: (r.epoch, r.partition, r.offset)):
+                    _poisoned_status(d.poisoned.add(), db, r)
                 for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
                     d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
                 visible = self.tail.visible(db) if self.tail is not None else {}
@@ -574,3 +834,27 @@ class IoxServer:
                             p.chunks.add(id=c.id, state=c.state, rows=c.rows, size_bytes=c.size_bytes,
                                          min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns, storage=c.storage)
         return resp
+
+
+def _accepted(r: LostWriteRange, now: float) -> LostWriteRange:
+    """`r` accepted at `now` (unchanged when it was accepted before)."""
+    return r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
+
+
+def _lost_status(out, r: LostWriteRange) -> None:
+    """Fills a management_pb2.LostWrites from `r`."""
+    out.partition, out.from_offset, out.detected_at_s, out.reason = r.partition, r.from_offset, r.detected_at_s, r.reason
+    out.accepted, out.epoch = r.accepted, r.epoch
+    if r.to_exclusive is not None:
+        out.to_offset_exclusive = r.to_exclusive
+    if r.accepted_at_s is not None:
+        out.accepted_at_s = r.accepted_at_s
+
+
+def _poisoned_status(out, db, r) -> None:
+    """Fills a management_pb2.PoisonedMessage from the PoisonedMessage `r` of `db`."""
+    out.topic, out.partition, out.offset, out.table, out.kind = db.topic, r.partition, r.offset, r.table, r.kind
+    out.error, out.detected_at_s, out.last_failed_at_s = r.error, r.detected_at_s, r.last_failed_at_s
+    out.state, out.attempts, out.epoch = r.state, r.attempts, r.epoch
+    if r.accepted_at_s is not None:
+        out.accepted_at_s = r.accepted_at_s

@@ -1,18 +1,26 @@
-"""The `iox` command line: serve, broker, write, sql, status, demo.
+"""The `iox` command line: serve, broker, write, sql, status, persist, compact, delete, poison,
+accept-lost-writes, demo.
 
 Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
 (e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
 Client commands take `--addr host:port` (IOX_ADDR, default localhost:8082) and
 exit non-zero with the server's message on any error.
+
+`iox write` sends an input larger than `--batch-bytes` in several requests, each cut at the end of
+a line; on a terminal it draws a progress bar (bytes acknowledged) on stderr.
+`iox sql --format json` writes one JSON object per row, every number a JSON number (see `json_value`).
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import json
 import logging
+import math
 import os
 import sys
+from decimal import Decimal
 
 from .write_buffer import DEFAULT_REPLICATION_FACTOR
 from .broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
@@ -21,7 +29,11 @@ from .config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, InvalidConfig, ServerConfig, parse_memory_bytes)
 
-__all__ = ["main", "build_parser", "parse_log_levels", "SERVE_OPTIONS"]
+__all__ = ["main", "build_parser", "parse_log_levels", "json_value", "write_input", "SERVE_OPTIONS",
+           "DEFAULT_WRITE_BATCH_BYTES"]
+
+#: `iox write`: the largest request it sends (below the server's default --max-request-bytes, 10 MiB)
+DEFAULT_WRITE_BATCH_BYTES = 8 << 20
 
 
 def _broker_storage(text: str) -> str:
@@ -33,7 +45,7 @@ def _broker_storage(text: str) -> str:
 #: (flag, type, default, help) of `iox serve`; each also read from IOX_<FLAG>.
 SERVE_OPTIONS = [
     ("--grpc-port", int, DEFAULT_GRPC_PORT, "gRPC port"),
-    ("--http-port", int, DEFAULT_HTTP_PORT, "InfluxDB v2 compatible HTTP write API port (0 disables)"),
+    ("--http-port", int, DEFAULT_HTTP_PORT, "InfluxDB v2 and 1.x compatible HTTP write API port (0 disables)"),
     ("--data-dir", str, DEFAULT_DATA_DIR, "data directory (embedded broker record, scratch, objects)"),
     ("--kafka-bootstrap", str, None, "Kafka bootstrap servers; absent = embedded Tansu broker"),
     ("--partitions", int, DEFAULT_PARTITIONS, "Kafka partitions per database topic"),
@@ -138,6 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--persisted", action="store_true",
                     help="merge the partition's Parquet files into one file (one catalog transaction)")
 
+    po = sub.add_parser("poison", help="retry or accept (skip) write-buffer messages set aside because applying "
+                                       "them failed (listed as `poisoned` in `iox status`)")
+    po_sub = po.add_subparsers(dest="poison_cmd", required=True)
+    for name, help_ in (("retry", "apply held messages again (after the cause of the failure was removed); one "
+                                  "that fails again is held again"),
+                        ("accept", "skip held messages for good (recorded, kept in status marked accepted); their "
+                                   "Kafka partitions continue after them")):
+        pp = po_sub.add_parser(name, help=help_)
+        _add_addr(pp)
+        pp.add_argument("--db", required=True)
+        pp.add_argument("--partition", type=int, default=None, help="only the message held on this Kafka partition")
+        pp.add_argument("--offset", type=int, default=None,
+                        help="only if the held message is at this offset (with --partition)")
+
+    al = sub.add_parser("accept-lost-writes", help="accept the database's lost writes while the server runs (as "
+                                                   "a restart with --skip-lost-writes does); writes are taken again")
+    _add_addr(al)
+    al.add_argument("--db", required=True)
+
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
     b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", "memory"),
@@ -150,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_addr(w)
     w.add_argument("--db", required=True)
     w.add_argument("--precision", default="ns", choices=["ns", "us", "ms", "s"])
+    w.add_argument("--batch-bytes", type=parse_memory_bytes, default=DEFAULT_WRITE_BATCH_BYTES,
+                   help="largest request (e.g. 8m): a larger input is sent in several requests, each cut at "
+                        "the end of a line and each all-or-nothing: when one fails, the ones before it stay "
+                        f"written (default {DEFAULT_WRITE_BATCH_BYTES >> 20}m; at most the server's "
+                        "--max-request-bytes)")
     w.add_argument("file")
 
     q = sub.add_parser("sql", help="run Spark SQL against a database")
@@ -197,12 +233,40 @@ def _config_from_args(a) -> ServerConfig:
                                    if getattr(a, fld) is not None})
 
 
+def json_value(v) -> str:
+    """One value of a query result as JSON text (`iox sql --format json`).
+
+    Every number is a JSON number: int64, uint64 (which Spark returns as decimal(20,0)) and other
+    decimals exactly as they are, floats as Python's shortest round-trip form. NaN, inf and -inf
+    have no JSON number: they are written as null (as a SQL NULL is). Strings are JSON strings,
+    binary values base64 strings, lists and maps JSON arrays (a map an array of [key, value] pairs,
+    as Arrow gives it), structs JSON objects; anything else (timestamps, dates) its str().
+    """
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else "null"
+    if isinstance(v, Decimal):
+        return format(v, "f") if v.is_finite() else "null"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return json.dumps(base64.b64encode(bytes(v)).decode("ascii"))
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {json_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(json_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
 def _print_table(table, fmt: str, out=sys.stdout) -> None:
     rows = table.to_pylist()
     cols = table.column_names
     if fmt == "json":
         for r in rows:
-            out.write(json.dumps(r, default=str) + "\n")
+            out.write(json_value(r) + "\n")
         return
     if fmt == "csv":
         w = csv.writer(out)
@@ -220,27 +284,85 @@ def _print_table(table, fmt: str, out=sys.stdout) -> None:
 
 
 def _replay_progress(client, database: str, out=sys.stderr, interval_s: float = 0.5) -> None:
-    """Draws a progress bar (applied offsets / replay targets) until no database replays."""
+    """Draws a progress bar (offsets replayed / to replay, as status reports them) until no database
+    replays."""
     import time
 
-    start: dict = {}
     while True:
         dbs = [d for d in client.status_proto(database).databases if d.replaying]
         if not dbs:
             out.write("\rreplay caught up" + " " * 50 + "\n")
             return
-        done = total = 0
-        for d in dbs:
-            applied = {w.partition: w.applied_hi_inclusive for w in d.write_buffer}
-            for t in d.replay_target:
-                first = start.setdefault((d.name, t.partition), applied.get(t.partition, -1))
-                total += max(0, t.applied_hi_inclusive - first)
-                done += max(0, min(applied.get(t.partition, -1), t.applied_hi_inclusive) - first)
-        frac = done / total if total else 1.0
+        done = sum(d.replay_offsets_done for d in dbs)
+        total = sum(d.replay_offsets_todo for d in dbs)
+        frac = min(1.0, done / total) if total else 1.0
         bar = "#" * int(frac * 40)
-        out.write(f"\rreplaying [{bar:<40}] {frac * 100:5.1f}% ({done}/{total} messages)")
+        out.write(f"\rreplaying [{bar:<40}] {frac * 100:5.1f}% ({done}/{total} offsets)")
         out.flush()
         time.sleep(interval_s)
+
+
+class _WriteFailed(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def write_input(client, database: str, data, precision: str, batch_bytes: int, err=sys.stderr) -> dict:
+    """Writes line protocol `data` (bytes, or a read-only mmap of a file) in requests of at most
+    `batch_bytes`, each cut at the end of a line; returns the merged write token {partition: offset}.
+
+    When stderr (`err`) is a terminal, draws a progress bar of the bytes acknowledged. Raises
+    `_WriteFailed` with the server's message and, for a later request, what was written before it.
+    """
+    import grpc
+    from tqdm import tqdm
+
+    from .line_protocol import line_protocol_pieces
+
+    token: dict = {}
+    total = len(data)
+    pieces = line_protocol_pieces(data, batch_bytes) if total else iter([(0, 0)])
+    lines_before = 0
+    tty = hasattr(err, "isatty") and err.isatty()
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="writing", file=err,
+              disable=not tty, delay=0.5, dynamic_ncols=True) as bar:
+        for i, (start, stop) in enumerate(pieces):
+            body = data[start:stop]
+            try:
+                got = client.write(database, body, precision)
+            except grpc.RpcError as e:
+                msg = f"{e.code().name}: {e.details()}"
+                if i:
+                    done = {str(k): v for k, v in sorted(token.items())}
+                    msg += (f"\n(request {i + 1}, input bytes [{start}, {stop}): its line numbers count from line "
+                            f"{lines_before + 1} of the input, blank lines and comments not counted; the {start} "
+                            f"bytes before it were written, write token {json.dumps(done)})")
+                raise _WriteFailed(msg) from None
+            for p, off in got.items():
+                token[p] = max(off, token.get(p, off))
+            lines_before += body.count(b"\n")
+            bar.update(stop - start)
+    return token
+
+
+def _read_input(path: str):
+    """(data, close): stdin's bytes, or a read-only mmap of a regular file (its bytes for others)."""
+    import mmap
+
+    if path == "-":
+        return sys.stdin.buffer.read(), lambda: None
+    f = open(path, "rb")
+    try:
+        if os.fstat(f.fileno()).st_size:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return m, lambda: (m.close(), f.close())
+    except (OSError, ValueError):  # not mappable (a pipe, a device): read it
+        pass
+    try:
+        return f.read(), lambda: None
+    finally:
+        f.close()
 
 
 def _client_call(fn):
@@ -317,8 +439,16 @@ def main(argv=None) -> int:
 
     client = IoxClient(a.addr)
     if a.cmd == "write":
-        data = sys.stdin.buffer.read() if a.file == "-" else open(a.file, "rb").read()
-        token = _client_call(lambda: client.write(a.db, data, a.precision))
+        if a.batch_bytes < 1:
+            build_parser().error("--batch-bytes: must be at least 1")
+        data, close = _read_input(a.file)
+        try:
+            token = write_input(client, a.db, data, a.precision, a.batch_bytes)
+        except _WriteFailed as e:
+            sys.stderr.write(f"error: {e.message}\n")
+            return 1
+        finally:
+            close()
         print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
         return 0
     if a.cmd == "sql":
@@ -336,6 +466,16 @@ def main(argv=None) -> int:
     if a.cmd == "compact":
         r = _client_call(lambda: client.compact(a.db, a.table, a.partition, persisted=a.persisted))
         print(json.dumps(r, indent=2))
+        return 0
+    if a.cmd == "poison":
+        if a.offset is not None and a.partition is None:
+            build_parser().error("poison: --offset needs --partition")
+        act = client.retry_poisoned if a.poison_cmd == "retry" else client.accept_poisoned
+        r = _client_call(lambda: act(a.db, a.partition, a.offset))
+        print(json.dumps({"messages": r}, indent=2))
+        return 0
+    if a.cmd == "accept-lost-writes":
+        print(json.dumps(_client_call(lambda: client.accept_lost_writes(a.db)), indent=2))
         return 0
     if a.cmd == "status":
         if a.wait_replay:

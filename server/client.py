@@ -114,6 +114,26 @@ class IoxClient:
                                    timeout=timeout_s)
         return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
+    def retry_poisoned(self, database: str, partition: int | None = None, offset: int | None = None,
+                       timeout_s: float = 300.0) -> list:
+        """Applies the database's held poisoned messages again (of `partition`, at `offset`, when
+        given); returns them (dicts, as in status) as they are now."""
+        r = self.mgmt_stub.RetryPoisoned(_poisoned_request(database, partition, offset), timeout=timeout_s)
+        return _as_dict(r)["messages"]
+
+    def accept_poisoned(self, database: str, partition: int | None = None, offset: int | None = None,
+                        timeout_s: float = 300.0) -> list:
+        """Skips the database's held poisoned messages for good (recorded, marked accepted);
+        returns them (dicts, as in status)."""
+        r = self.mgmt_stub.AcceptPoisoned(_poisoned_request(database, partition, offset), timeout=timeout_s)
+        return _as_dict(r)["messages"]
+
+    def accept_lost_writes(self, database: str, timeout_s: float = 300.0) -> dict:
+        """Accepts the database's lost writes while the server runs; returns {accepted: [...], epoch, new_topic}."""
+        r = self.mgmt_stub.AcceptLostWrites(management_pb2.AcceptLostWritesRequest(database=database),
+                                            timeout=timeout_s)
+        return _as_dict(r)
+
     def applied(self, database: str) -> dict:
         """{kafka partition: applied_hi_inclusive}."""
         out = {}
@@ -161,3 +181,16 @@ class IoxClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"write token {token} not {what} within {timeout_s}s ({what}: {have})")
             time.sleep(0.05)
+
+
+def _poisoned_request(database: str, partition: int | None, offset: int | None):
+    req = management_pb2.PoisonedRequest(database=database)
+    if partition is not None:
+        req.partition = partition
+    if offset is not None:
+        req.offset = offset
+    return req
+
+
+def _as_dict(msg) -> dict:
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)

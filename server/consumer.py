@@ -6,7 +6,11 @@ dies, from the offsets the catalog has applied (applied_hi_inclusive + 1), so
 nothing is skipped and nothing is applied twice.
 
 Spark's own checkpoint directory is scratch: the catalog, not Spark, decides
-where reading resumes.
+where reading resumes. The same restart, on purpose, is `restart`: once a held
+poisoned message is retried or accepted (server/poison.py), or a database
+continues on a new topic, the query is stopped, the change is made while no
+micro-batch runs, and the query starts again from the applied offsets, which
+re-reads exactly what was not applied.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ WATCHDOG_INTERVAL_S = 2.0
 class WriteBufferConsumer:
     def __init__(self, spark, catalog: Catalog, ingestor: Ingestor, bootstrap: str, scratch_dir: str,
                  trigger_interval_ms: int, max_messages_per_partition: int, pause_file: str,
-                 acked_marks_dir: str = ""):
+                 acked_marks_dir: str = "", holds_file: str = ""):
         self.spark = spark
         self.catalog = catalog
         self.ingestor = ingestor
@@ -43,6 +47,10 @@ class WriteBufferConsumer:
         self.pause_file = pause_file
         #: where the write buffer marks topics it got a write acknowledged on (end_polls.AckMarks)
         self.acked_marks_dir = acked_marks_dir
+        #: partitions held at a poisoned message (server/poison.py), for the streaming source
+        self.holds_file = holds_file
+        #: one (re)start of the query at a time: the watchdog's and `restart`'s
+        self._restart_lock = threading.Lock()
         self._query = None
         self._stopping = threading.Event()
         self._watchdog = None
@@ -66,6 +74,7 @@ class WriteBufferConsumer:
             "max_messages_per_partition": str(self.max_messages_per_partition),
             "pause_file": self.pause_file,
             "acked_marks_dir": self.acked_marks_dir,
+            "holds_file": self.holds_file,
         }
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():
@@ -86,16 +95,49 @@ class WriteBufferConsumer:
 
     def _watch(self) -> None:
         while not self._stopping.wait(WATCHDOG_INTERVAL_S):
-            q = self._query
-            if q is not None and not q.isActive and not self._stopping.is_set():
-                exc = q.exception()
-                self.last_error = str(exc) if exc else "stopped"
-                log.error("write-buffer stream stopped (%s); restarting from the applied offsets", self.last_error)
-                self.restarts += 1
-                try:
-                    self._start_query(self.resume_offsets())
-                except Exception:
-                    log.exception("restarting the write-buffer stream failed")
+            if not self._restart_lock.acquire(blocking=False):
+                continue  # `restart` is at work
+            try:
+                q = self._query
+                if q is not None and not q.isActive and not self._stopping.is_set():
+                    exc = q.exception()
+                    self.last_error = str(exc) if exc else "stopped"
+                    log.error("write-buffer stream stopped (%s); restarting from the applied offsets", self.last_error)
+                    self.restarts += 1
+                    try:
+                        self._start_query(self.resume_offsets())
+                    except Exception:
+                        log.exception("restarting the write-buffer stream failed")
+            finally:
+                self._restart_lock.release()
+
+    def restart(self, between=None):
+        """Stops the query (a micro-batch in flight finishes, or fails and is withdrawn), calls
+        `between()` while no micro-batch runs, then starts the query again from the applied offsets
+        (also when `between` raises, which is then raised). Returns what `between` returned.
+        Called from gRPC threads (admin commands)."""
+        with self._restart_lock:
+            if self._stopping.is_set():
+                raise RuntimeError("the write-buffer consumer is stopping")
+            self.ingestor.quiescing.set()
+            try:
+                q = self._query
+                if q is not None:
+                    try:
+                        q.stop()
+                    except Exception:
+                        log.exception("stopping the write-buffer stream for a restart")
+                with self.ingestor.batch_lock:
+                    try:
+                        return between() if between is not None else None
+                    finally:
+                        offsets = self.resume_offsets()
+                        self.ingestor.quiescing.clear()
+                        self.restarts += 1
+                        self._start_query(offsets)
+                        log.info("write-buffer stream restarted from the applied offsets")
+            finally:
+                self.ingestor.quiescing.clear()
 
     @property
     def is_active(self) -> bool:
@@ -103,6 +145,7 @@ class WriteBufferConsumer:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.ingestor.quiescing.set()
         if self._query is not None:
             try:
                 self._query.stop()

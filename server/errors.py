@@ -19,6 +19,15 @@ __all__ = [
     "WritesLost",
     "TopicReplaced",
     "DatabaseFenced",
+    "PoisonedMessageNotFound",
+    "NothingToAccept",
+    "NotReadyToAccept",
+    "QueryRefused",
+    "NotAQuery",
+    "PathReadRefused",
+    "RelationRefused",
+    "FunctionRefused",
+    "ConstructRefused",
 ]
 
 
@@ -130,8 +139,8 @@ class WritesLost(ServerError):
                           + f" ({r.reason})" for r in self.ranges)
         super().__init__(
             f"database {database!r}: the write buffer lost acknowledged writes that are not persisted: {parts}. "
-            "Writes are refused until the loss is accepted: restart the server with --skip-lost-writes "
-            "(the loss stays recorded in `iox status`)")
+            f"Writes are refused until the loss is accepted: `iox accept-lost-writes --db {database}`, or a restart "
+            "of the server with --skip-lost-writes (the loss stays recorded in `iox status`)")
 
 
 class TopicReplaced(ServerError):
@@ -144,7 +153,8 @@ class TopicReplaced(ServerError):
         super().__init__(
             f"database {database!r}: the write buffer's topic {topic} was deleted and created again while the "
             "server ran; no acknowledged write was lost (what was applied is persisted), but writes are refused "
-            "until the server restarts and continues on the new topic")
+            f"until the database continues on the new topic: `iox accept-lost-writes --db {database}`, or a restart "
+            "of the server")
 
 
 class DatabaseFenced(ServerError):
@@ -159,3 +169,96 @@ class DatabaseFenced(ServerError):
             f"database {database!r}: another server committed revision {revision} of its preserved catalog, so "
             "this server no longer owns the database: writes and deletes are refused here (write to the server "
             "that owns it, or restart this one to load the catalog again)")
+
+
+class QueryRefused(ServerError):
+    """A Query API statement the SQL sandbox (server/sql_sandbox.py) does not run: it reaches beyond the
+    tables of the request's ``database`` (PERMISSION_DENIED). Nothing of it ran."""
+
+    def __init__(self, database: str, message: str):
+        self.database = database
+        super().__init__(f"query refused on database {database!r}: {message}")
+
+
+class NotAQuery(QueryRefused):
+    """A statement that is no query (DDL, DML, SET / RESET, ADD JAR, CACHE, ...; ``statement``: Spark's name
+    of its plan): INVALID_ARGUMENT, the Query API runs queries only."""
+
+    def __init__(self, database: str, statement: str):
+        self.statement = statement
+        super().__init__(database, f"{statement} is not a query; the Query API runs queries only (SELECT, WITH, "
+                                   "VALUES, TABLE, EXPLAIN, DESCRIBE, SHOW TABLES, SHOW COLUMNS)")
+
+
+class PathReadRefused(QueryRefused):
+    """A read of files by path, ``source``.`path` (text.`/etc/passwd`, parquet.`...`, ...)."""
+
+    def __init__(self, database: str, source: str, path: str):
+        self.source = source
+        self.path = path
+        super().__init__(database, f"reading files is not allowed: {source}.`{path}`")
+
+
+class RelationRefused(QueryRefused):
+    """A relation (``name``: its parts) that is not one of the database's tables: another database's view,
+    a global or other temp view, a catalog table."""
+
+    def __init__(self, database: str, name: tuple, reason: str):
+        self.name = tuple(name)
+        self.reason = reason
+        super().__init__(database, f"{'.'.join(self.name)} is refused: {reason}")
+
+
+class FunctionRefused(QueryRefused):
+    """A function a query may not call (``function``: as named in the query): it reaches the JVM or the host
+    (reflect, java_method, ...), or it is not a builtin one."""
+
+    def __init__(self, database: str, function: str, reason: str):
+        self.function = function
+        self.reason = reason
+        super().__init__(database, f"function {function} is refused: {reason}")
+
+
+class ConstructRefused(QueryRefused):
+    """A query construct outside the sandbox (``construct``: Spark's name of it), such as TRANSFORM ... USING
+    or IDENTIFIER(...) over an expression."""
+
+    def __init__(self, database: str, construct: str, reason: str):
+        self.construct = construct
+        self.reason = reason
+        super().__init__(database, f"{construct} is refused: {reason}")
+
+
+class PoisonedMessageNotFound(ServerError):
+    """`iox poison retry|accept` named no held poisoned message of the database (NOT_FOUND)."""
+
+    def __init__(self, database: str, partition: int | None = None, offset: int | None = None):
+        self.database = database
+        self.partition = partition
+        self.offset = offset
+        where = ("" if partition is None else f" on Kafka partition {partition}") + \
+            ("" if offset is None else f" at offset {offset}")
+        super().__init__(f"database {database!r}: no held poisoned message{where} (see `iox status --db {database}`)")
+
+
+class NothingToAccept(ServerError):
+    """`iox accept-lost-writes` for a database with no loss to accept and a topic not replaced
+    (FAILED_PRECONDITION)."""
+
+    def __init__(self, database: str):
+        self.database = database
+        super().__init__(f"database {database!r}: no lost writes to accept (every loss recorded is accepted and its "
+                         "topic was not replaced)")
+
+
+class NotReadyToAccept(ServerError):
+    """`iox accept-lost-writes` could not yet persist everything the database applied (it continues
+    on a new topic only once nothing of the old one is unpersisted); nothing changed (UNAVAILABLE,
+    retry)."""
+
+    def __init__(self, database: str, reason: str, retry_after_s: float = 1.0):
+        self.database = database
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        super().__init__(f"database {database!r}: the lost writes are not accepted yet: {reason}; nothing changed, "
+                         "try again")

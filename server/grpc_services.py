@@ -3,6 +3,8 @@
 Invariant: every ServerError maps to one gRPC status a user can act on
 (INVALID_ARGUMENT with a google.rpc.BadRequest for bad lines, NOT_FOUND,
 RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION); anything else is INTERNAL and logged.
+A query the SQL sandbox refuses (server/sql_sandbox.py) is PERMISSION_DENIED, or INVALID_ARGUMENT when it is
+no query at all (NotAQuery).
 A fenced database (DatabaseFenced, or the catalog's RevisionConflict of an `iox persist` / `iox compact`
 that found it fenced) is FAILED_PRECONDITION naming the other server's revision.
 """
@@ -24,7 +26,8 @@ from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc
 from catalog.errors import RevisionConflict
 
 from .errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
-                     WriteBufferUnavailable)
+                     WriteBufferUnavailable, NotAQuery, QueryRefused)
+from .errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from .router import ArrowTableWrite
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
@@ -50,6 +53,13 @@ def _abort(context, err: Exception):
     """Aborts the RPC with the status that belongs to `err`."""
     if isinstance(err, RevisionConflict):
         err = DatabaseFenced(err.db, err.revision)
+    if isinstance(err, PoisonedMessageNotFound):
+        context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+    if isinstance(err, NothingToAccept):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+    if isinstance(err, NotReadyToAccept):
+        context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     if isinstance(err, BadLines):
         br = error_details_pb2.BadRequest()
         for line, reason in err.errors:
@@ -60,8 +70,10 @@ def _abort(context, err: Exception):
         detail.Pack(br)
         st = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(err), details=[detail])
         context.abort_with_status(rpc_status.to_status(st))
-    if isinstance(err, InvalidArgument):
+    if isinstance(err, (InvalidArgument, NotAQuery)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    if isinstance(err, QueryRefused):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
     if isinstance(err, DatabaseNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
     if isinstance(err, CatchUpTimedOut):
@@ -166,8 +178,33 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
         except Exception as e:
             _abort(context, e)
 
+    def RetryPoisoned(self, request, context):
+        try:
+            return self.server.retry_poisoned(request.database, _optional(request, "partition"),
+                                              _optional(request, "offset"))
+        except Exception as e:
+            _abort(context, e)
+
+    def AcceptPoisoned(self, request, context):
+        try:
+            return self.server.accept_poisoned(request.database, _optional(request, "partition"),
+                                               _optional(request, "offset"))
+        except Exception as e:
+            _abort(context, e)
+
+    def AcceptLostWrites(self, request, context):
+        try:
+            return self.server.accept_lost_writes(request.database)
+        except Exception as e:
+            _abort(context, e)
+
     def ListDatabases(self, request, context):
         return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()])
+
+
+def _optional(request, name: str):
+    """The value of an `optional` proto3 field, or None when it is not set."""
+    return getattr(request, name) if request.HasField(name) else None
 
 
 def build_grpc_server(server, bind: str, port: int, max_workers: int = 16):

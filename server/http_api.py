@@ -1,5 +1,6 @@
-"""InfluxDB v2 compatible HTTP write API: `POST /api/v2/write`, `GET /health`, `GET /ping`, and the
-server's Prometheus metrics at `GET /metrics` (server/metrics.py).
+"""InfluxDB v2 and 1.x compatible HTTP write API: `POST /api/v2/write`, `POST /write` (1.x, as
+Telegraf's outputs.influxdb sends), `GET /health`, `GET|HEAD /ping`, and the server's Prometheus
+metrics at `GET /metrics` (server/metrics.py).
 
 Invariant: same all-or-nothing semantics as the gRPC Write: it calls the same
 Router, and every error maps to the HTTP status of its gRPC status
@@ -12,6 +13,15 @@ A gzip body is decompressed with a limit: no body can grow past
 
 Mapping: database = `<org>_<bucket>` (`orgID` is used when `org` is absent);
 `precision` is ns (default), us, ms or s.
+
+InfluxDB 1.x: `POST /write?db=DB[&rp=RP][&precision=P]` writes to database `DB`, or `DB_RP` when
+`rp` is given (a valid database name either way: letters, digits, '_' and '-', at most 64
+characters); `precision` is n or ns (default), u or us, ms, s, m (minutes) or h (hours). Same body
+limits, gzip and all-or-nothing semantics as /api/v2/write, the same statuses, but error bodies
+are 1.x's `{"error": "..."}`. Credentials (`u`/`p` query parameters, Basic or Token
+authorization) are accepted and ignored: the server has no authentication. `/ping` answers 204
+with `X-Influxdb-Version` and `X-Influxdb-Build`, or 200 `{"version": ...}` with `verbose=true`
+(as 1.x: any value but empty, 0 and false).
 
 When it runs: started by the server (`--http-port`, 0 disables) after gRPC, in a
 daemon thread; one thread per connection (stdlib ThreadingHTTPServer); stopped
@@ -29,14 +39,20 @@ from urllib.parse import parse_qs, urlsplit
 
 from .errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
+from .line_protocol import ALL_PRECISIONS
 from .metrics import CONTENT_TYPE_LATEST
 
-__all__ = ["HttpWriteServer", "database_for", "gunzip_limited", "error_response", "WRITE_PATH", "METRICS_PATH",
-           "MAX_DRAIN_BYTES", "SERVER_VERSION"]
+__all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
+           "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
+           "SERVER_VERSION"]
 
 log = logging.getLogger(__name__)
 
 WRITE_PATH = "/api/v2/write"
+#: InfluxDB 1.x's write endpoint
+V1_WRITE_PATH = "/write"
+#: InfluxDB 1.x precision names -> the parser's
+V1_PRECISIONS = {"n": "ns", "ns": "ns", "u": "us", "us": "us", "ms": "ms", "s": "s", "m": "m", "h": "h"}
 #: the server's metrics in the Prometheus text format
 METRICS_PATH = "/metrics"
 #: A body over the limit is still read (and dropped) up to this size so the client sees the 413;
@@ -52,6 +68,22 @@ _READ_CHUNK = 1 << 20
 def database_for(org: str, bucket: str) -> str:
     """The database an InfluxDB v2 (org, bucket) writes to."""
     return f"{org}_{bucket}"
+
+
+def database_for_v1(db: str, rp: str = "") -> str:
+    """The database an InfluxDB 1.x write (`db`, optional `rp`) goes to: `db`, or `<db>_<rp>`.
+    Raises InvalidArgument without `db`; the router checks the name."""
+    if not db:
+        raise InvalidArgument("database is required (the db query parameter)")
+    return f"{db}_{rp}" if rp else db
+
+
+def precision_for_v1(precision: str) -> str:
+    """An InfluxDB 1.x precision (n, ns, u, us, ms, s, m, h; empty = ns) as the parser names it."""
+    try:
+        return V1_PRECISIONS[precision or "ns"]
+    except KeyError:
+        raise InvalidArgument(f"precision must be one of {', '.join(V1_PRECISIONS)}, got {precision!r}") from None
 
 
 def compressed_cap(limit: int) -> int:
@@ -108,6 +140,12 @@ def error_response(err: Exception) -> tuple[int, list, dict]:
     return 500, [], {"code": "internal error", "message": f"internal error: {err}"}
 
 
+def error_response_v1(err: Exception) -> tuple[int, list, dict]:
+    """As `error_response`, with InfluxDB 1.x's body: `{"error": "..."}`."""
+    status, headers, body = error_response(err)
+    return status, headers, {"error": body["message"]}
+
+
 class _BodyTooLarge(Exception):
     """The declared or streamed body is over the cap; `drained` says whether the connection is reusable."""
 
@@ -153,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def _send_error(self, err: Exception, close: bool = False) -> None:
-        status, headers, body = error_response(err)
+        status, headers, body = (error_response_v1 if self._v1() else error_response)(err)
         if status == 500:
             log.exception("internal error in the HTTP write API", exc_info=err)
         self._send(status, body, headers, close)
@@ -271,6 +309,18 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         return path.rstrip("/") or "/"
 
+    def _v1(self) -> bool:
+        """An InfluxDB 1.x request: errors in 1.x's form."""
+        return self._route() == V1_WRITE_PATH
+
+    def _ping(self) -> None:
+        qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        verbose = (qs.get("verbose") or [""])[0]
+        if verbose not in ("", "0", "false"):  # as InfluxDB 1.x
+            self._send(200, {"version": SERVER_VERSION})
+        else:
+            self._send(204)
+
     def do_GET(self):
         route = self._route()
         if route == "/health":
@@ -279,24 +329,26 @@ class _Handler(BaseHTTPRequestHandler):
         elif route == "/ready":
             self._send(200, {"status": "ready"})
         elif route == "/ping":
-            self._send(204)
+            self._ping()
         elif route == METRICS_PATH:
             self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
         elif route == WRITE_PATH:
             self._send(405, {"code": "method not allowed", "message": f"use POST {WRITE_PATH}"},
                        [("Allow", "POST")])
+        elif route == V1_WRITE_PATH:
+            self._send(405, {"error": f"use POST {V1_WRITE_PATH}"}, [("Allow", "POST")])
         else:
             self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"})
 
     def do_HEAD(self):
         if self._route() == "/ping":
-            self._send(204)
+            self._ping()
         else:
             self._send(404)
 
     def do_POST(self):
         route = self._route()
-        if route != WRITE_PATH:
+        if route not in (WRITE_PATH, V1_WRITE_PATH):
             drained = self._drain_any()
             if route in ("/health", "/ping", "/ready", METRICS_PATH):
                 self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
@@ -329,17 +381,23 @@ class _Handler(BaseHTTPRequestHandler):
             org = (qs.get("org") or qs.get("orgID") or [""])[0]
             bucket = (qs.get("bucket") or [""])[0]
             precision = (qs.get("precision") or ["ns"])[0] or "ns"
+            db, rp = (qs.get("db") or [""])[0], (qs.get("rp") or [""])[0]
         except InvalidArgument as e:
             self._send_error(e, close=not self._drain_any())
             return
         raw = self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
         try:
-            if not bucket:
-                raise InvalidArgument("the bucket query parameter is required")
-            if not org:
-                raise InvalidArgument("the org (or orgID) query parameter is required")
+            if self._v1():  # u, p, consistency and any credentials: ignored
+                database, kw = database_for_v1(db, rp), {"precisions": ALL_PRECISIONS}
+                precision = precision_for_v1(precision)
+            else:
+                if not bucket:
+                    raise InvalidArgument("the bucket query parameter is required")
+                if not org:
+                    raise InvalidArgument("the org (or orgID) query parameter is required")
+                database, kw = database_for(org, bucket), {}
             body = gunzip_limited(raw, limit) if encoding == "gzip" else raw
-            self.router.write_line_protocol(database_for(org, bucket), body, precision)
+            self.router.write_line_protocol(database, body, precision, **kw)
         except Exception as e:
             self._send_error(e)
             return
@@ -370,7 +428,7 @@ class HttpWriteServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="http-write-api", daemon=True)
         self._thread.start()
-        log.info("InfluxDB v2 HTTP write API on %s:%s", self.host, self.port)
+        log.info("InfluxDB v2 and 1.x HTTP write API on %s:%s", self.host, self.port)
 
     def stop(self) -> None:
         httpd, self._httpd = self._httpd, None

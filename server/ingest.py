@@ -15,6 +15,15 @@ the executors instead (`_decode_fn`), dropping those already in Parquet. A
 batch's chunks are built as concurrent Spark jobs from a small thread pool
 (`_build_pool`; small jobs are latency-bound) and added to the catalog only
 once every one was built.
+
+A micro-batch that fails is not retried whole forever: it is isolated
+(server/poison.py). Its messages are applied again in parts, per database topic
+and Kafka partition, each part whole or not at all as above, until the message
+that fails on its own is found; it is set aside (`Database.poisoned`, `iox
+status`, /metrics) and its Kafka partition holds at the offset before it, while
+everything else of the batch, and of later batches, is applied. Held messages
+are dropped from every batch (`_poison_state`) until an operator retries or
+accepts them.
 """
 from __future__ import annotations
 
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 from pyspark.accumulators import AccumulatorParam
 
 from catalog import time_spans
-from catalog.catalog import Catalog, Database
+from catalog.catalog import RETRYING, Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 from catalog.seq_layout import SEQ_OFFSET_BITS, SEQ_ROW_BITS, max_seq_offset, seq_base
@@ -42,8 +51,9 @@ from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA,
 from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
                                   local_segment_df, register_local_chunk, segment_table)
 
-from .crash_points import crash_point
+from .crash_points import crash_point, fault_point
 from .delete_predicate import from_json
+from .poison import holds_of, isolate, select, set_aside, settle_retried, write_holds
 from .recovery import keep_mask_fn
 from .views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
 from .wire_format import (FORMAT_VERSION, NS_PER_DAY, SUPPORTED_FORMATS, WireFormatMismatch, day_numbers,
@@ -166,7 +176,7 @@ class Ingestor:
     """Owns the foreachBatch callback. One per server."""
 
     def __init__(self, spark, catalog: Catalog, kafka_partitions: int, row_filters: dict | None = None,
-                 txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S):
+                 txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S, holds_file: str = "", metrics=None):
         self.spark = spark
         #: (database, table) -> replay filter (see server/recovery.py); empty once replay is done
         self.row_filters = row_filters or {}
@@ -182,35 +192,85 @@ class Ingestor:
         self._views_lock = threading.Lock()
         #: (database, table) -> lock serialising that table's view refreshes (see refresh_table_view)
         self._refresh_locks: dict = defaultdict(threading.Lock)
+        #: held while a micro-batch is applied: whoever changes what the consumer reads (the
+        #: consumer's `restart`) takes it once the stream is stopped, so no batch runs meanwhile
+        self.batch_lock = threading.Lock()
+        #: set while the stream is being stopped: a batch that fails then is not isolated
+        self.quiescing = threading.Event()
+        #: where the streaming source reads which partitions are held (server/poison.py); "" none
+        self.holds_file = holds_file
+        #: ServerMetrics (poisoned messages), or None
+        self.metrics = metrics
+        #: (topic, kp, offset) -> isolations in a row in which the message failed on its own
+        self._suspects: dict = {}
 
     # foreachBatch entry point
     def apply_batch(self, df, batch_id: int) -> None:
+        """Applies one micro-batch (see the module docstring); a batch that fails is isolated
+        (server/poison.py): every message that applies is applied, a message that fails on its
+        own is set aside and its Kafka partition held, and the batch then succeeds. It fails (and
+        the stream retries it from the applied offsets) only when the stream is being stopped, or
+        when nothing of it applied and no message failed twice in a row (a failure of everything,
+        not of a message)."""
         from pyspark.sql import functions as F
 
         t0 = time.perf_counter()
         # read once, kept as rows (not Spark's columnar cache: building it for the large binary
         # payloads costs more than the batch's other reads of them); released in `finally`
-        raw = df.localCheckpoint(eager=True)
-        #: [(db, chunk)] this batch added to the catalog: withdrawn if the batch fails after all
+        checkpointed = raw = df.localCheckpoint(eager=True)
+        try:
+            with self.batch_lock:
+                # small payloads come along: a table's small messages make a local chunk (lifecycle/local_rows.py)
+                meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes"),
+                                  F.when(F.length("payload") <= LOCAL_PAYLOAD_MAX_BYTES, F.col("payload"))
+                                  .alias("small_payload")).collect()
+                log.debug("batch %s: %d messages", batch_id, len(meta))
+                if not meta:
+                    return
+                holds, accepted = self._poison_state()
+                if holds:  # a held partition applies nothing at or after its held message
+                    kept = [m for m in meta if m["offset"] < holds.get((m["topic"], m["kp"]), m["offset"] + 1)]
+                    if len(kept) < len(meta):
+                        raw = raw.filter(~_held_condition(holds, F))
+                        meta = kept
+                    if not meta:
+                        return
+                try:
+                    self._apply(raw, meta, accepted, batch_id, t0, F)
+                except Exception as e:
+                    if self.quiescing.is_set():
+                        raise
+                    log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
+                              type(e).__name__, e, exc_info=True)
+                    self._isolate(raw, meta, accepted, batch_id, t0, e, F)
+                with self._applied:
+                    self.batches_applied += 1
+                    self._applied.notify_all()
+        finally:
+            release_df(checkpointed)
+
+    def _apply(self, raw, meta: list, accepted: set, batch_id: int, t0: float, F) -> None:
+        """Applies the messages `meta` (metadata rows of `raw`, which holds them and no other
+        message of their Kafka partitions that must not be applied) whole, or raises with nothing
+        of them applied (`_withdraw`). `accepted`: (topic, kp, offset) of messages accepted to be
+        skipped: never applied, their offsets count as applied."""
+        t_meta = time.perf_counter()
+        #: [(db, chunk)] this attempt added to the catalog: withdrawn if it fails after all
         added: list = []
         try:
-            # small payloads come along: a table's small messages make a local chunk (lifecycle/local_rows.py)
-            meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes"),
-                              F.when(F.length("payload") <= LOCAL_PAYLOAD_MAX_BYTES, F.col("payload"))
-                              .alias("small_payload")).collect()
-            t_meta = time.perf_counter()
-            log.debug("batch %s: %d messages", batch_id, len(meta))
-            if not meta:
-                return
             by_table: dict = defaultdict(list)
             hi: dict = defaultdict(dict)
             txn_rows: dict = defaultdict(list)
             has_deletes = False
             skipped = []
+            passed = []  # accepted messages of this batch: not read, not counted as skipped
             for m in meta:
+                hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
+                if accepted and (m["topic"], m["kp"], m["offset"]) in accepted:
+                    passed.append((m["topic"], m["kp"], m["offset"]))
+                    continue
                 if m["fmt"] and m["fmt"] not in SUPPORTED_FORMATS:
                     raise WireFormatMismatch(FORMAT_VERSION, m["fmt"], m["topic"], m["offset"])
-                hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
                 problem = header_problem(m["fmt"], m["kind"], m["tbl"], m["schema"], m["days"], m["txn"],
                                          m["txn_info"])
                 if problem is None and m["kind"] == "write":
@@ -224,8 +284,8 @@ class Ingestor:
                     has_deletes = True
                 elif m["kind"] in TXN_KINDS:
                     txn_rows[m["topic"]].append(m)
-            # what plans and reads payloads below sees: `raw` without the skipped messages
-            readable = raw.filter(~_message_in(skipped, F)) if skipped else raw
+            # what plans and reads payloads below sees: `raw` without the skipped and accepted messages
+            readable = raw.filter(~_message_in(skipped + passed, F)) if skipped or passed else raw
             #: (topic, kp, offset of the part) -> offset it is applied at
             at_offset: dict = {}
             #: (topic, table) -> [(kp, offset, payload)] of parts decided in this batch, read in an earlier one
@@ -241,6 +301,7 @@ class Ingestor:
             builds: list[_ChunkBuild] = []
             for (topic, table), msgs in by_table.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+                fault_point("apply_table", f"{db.name}/{table}")
                 builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
             skipped += self._build_and_add_chunks(builds, added)
@@ -262,22 +323,116 @@ class Ingestor:
                     txns.adopt_repairs_of(db.txns)
                     db.txns = txns
             self._record_skipped(skipped)
-            added, removed = stash_changes
+            added_stash, removed = stash_changes
             for key in removed:
                 self._stash.pop(key, None)
-            self._stash.update(added)
+            self._stash.update(added_stash)
             for topic, parts in hi.items():
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self.catalog.advance_applied(db, parts)
-            with self._applied:
-                self.batches_applied += 1
-                self._applied.notify_all()
+                if db.poisoned:
+                    with self.catalog.lock:
+                        settled = settle_retried(db)
+                    for r in settled:
+                        log.warning("database %s: the poisoned message %s[%d]@%d was applied on retry", db.name,
+                                    topic, r.partition, r.offset)
+                    if settled:
+                        self.poison_changed(db)
         except Exception:
-            log.exception("micro-batch %s failed", batch_id)
             self._withdraw(added)
             raise
-        finally:
-            release_df(raw)
+
+    # -- poisoned messages (server/poison.py) ---------------------------------------------
+    def _poison_state(self) -> tuple[dict, set]:
+        """({(topic, kp): held offset}, {(topic, kp, offset)} accepted) over every database."""
+        holds: dict = {}
+        accepted: set = set()
+        dbs = self.catalog.databases()
+        if not any(db.poisoned for db in dbs):  # every batch passes here
+            return holds, accepted
+        with self.catalog.lock:
+            for db in dbs:
+                for kp, off in db.held_offsets().items():
+                    holds[(db.topic, kp)] = off
+                accepted.update((db.topic, kp, off) for kp, off in db.accepted_offsets())
+        return holds, accepted
+
+    def _isolate(self, raw, meta: list, accepted: set, batch_id: int, t0: float, first: Exception, F) -> None:
+        """After the whole batch failed with `first`: applies every message that applies and sets
+        aside those that fail on their own (server/poison.py `isolate`), holding their partitions.
+        Raises `first` (the stream retries the batch from the applied offsets) when the stream is
+        stopping, or when nothing applied and either several messages failed (a failure of
+        everything, not of messages) or the one that failed did not fail so in the isolation
+        before (or in an operator's retry)."""
+        groups: dict = defaultdict(list)
+        for m in sorted(meta, key=lambda m: (m["topic"], m["kp"], m["offset"])):
+            groups[(m["topic"], m["kp"])].append(m)
+        applied_any = False
+
+        def attempt(msgs: list):
+            nonlocal applied_any
+            if self.quiescing.is_set():
+                raise first
+            try:
+                self._apply(raw.filter(_ranges_condition(msgs, F)), msgs, accepted, batch_id, t0, F)
+            except Exception as e:
+                log.info("micro-batch %s: %d message(s) of %s fail together (%s: %s)", batch_id, len(msgs),
+                         sorted({(m["topic"], m["kp"]) for m in msgs}), type(e).__name__, e)
+                return e
+            applied_any = True
+            return None
+
+        found = isolate([groups[k] for k in sorted(groups)], attempt, first)
+        keys = [(m["topic"], m["kp"], m["offset"]) for m, _e in found]
+        with self.catalog.lock:  # a message an operator retried failed before: no second isolation needed
+            retried = {(db.topic, r.partition, r.offset) for db in self.catalog.databases()
+                       for r in select(db, states=(RETRYING,))}
+        suspects = {k: max(self._suspects.get(k, 0) + 1, 2 if k in retried else 0) for k in keys}
+        self._suspects = suspects
+        if found and not applied_any and (len(found) > 1 or all(n < 2 for n in suspects.values())):
+            # nothing applied: a failure of everything (Spark, the store) looks the same as one bad
+            # message at the head of the only partition read; several such heads are taken for the
+            # former (retried, never set aside), one is set aside when it fails so twice in a row
+            log.error("micro-batch %s: nothing of it applies and %d message(s) fail on their own%s; retrying the "
+                      "batch", batch_id, len(found), " for the first time" if len(found) == 1 else "")
+            raise first
+        now = time.time()
+        for m, e in found:
+            self._suspects.pop((m["topic"], m["kp"], m["offset"]), None)
+            db = self.catalog.ensure_database(database_of_topic(m["topic"]), m["topic"], self.kafka_partitions)
+            error = f"{type(e).__name__}: {e}"
+            with self.catalog.lock:
+                r = set_aside(db, m["kp"], m["offset"], m["tbl"], m["kind"], error, now)
+                self.catalog.forget_unapplied(db, m["kp"], m["offset"])
+            log.error("database %s: write-buffer message %s[%d]@%d (%s%s) fails to apply (attempt %d): %s; it is "
+                      "set aside and Kafka partition %d of the database applies nothing after it until it is retried "
+                      "(iox poison retry --db %s) or accepted as skipped (iox poison accept --db %s)", db.name,
+                      m["topic"], m["kp"], m["offset"], m["kind"] or "?", f" of table {m['tbl']}" if m["tbl"] else "",
+                      r.attempts, error, m["kp"], db.name, db.name)
+            if self.metrics is not None:
+                self.metrics.poisoned(db.name)
+            self.poison_changed(db)
+
+    def poison_changed(self, db: Database) -> None:
+        """The database's poisoned records changed: the holds file (for the streaming source) and
+        the held gauge follow."""
+        with self.catalog.lock:
+            held = len(select(db))
+            holds = holds_of(self.catalog.databases())
+        if self.metrics is not None:
+            self.metrics.poisoned_held(db.name, held)
+        if self.holds_file:
+            try:
+                write_holds(self.holds_file, holds)
+            except OSError:
+                log.exception("writing the holds file %s (the consumer still drops held messages)", self.holds_file)
+
+    def forget_topic(self, topic: str) -> None:
+        """The topic's write-buffer epoch ended (its lost writes were accepted): drops the
+        transaction parts stashed from it. Called while no micro-batch runs."""
+        for key in [k for k in self._stash if k[0] == topic]:
+            del self._stash[key]
+        self._suspects = {k: n for k, n in self._suspects.items() if k[0] != topic}
 
     def _refresh_after_batch(self, db: Database, table: str) -> None:
         """`refresh_table_view` once the batch's chunks are in the catalog; a failure is retried
@@ -667,6 +822,28 @@ def _txn_record(m) -> TxnRecord:
     parts = tuple((int(kp), int(off)) for kp, off in info.get("parts", [])) if m["kind"] == DECISION else ()
     return TxnRecord(kp=m["kp"], offset=m["offset"], kind=m["kind"], txn=m["txn"], ts_ms=m["ts_ms"] or 0,
                      decision=info["decision"], parts=parts)
+
+
+def _held_condition(holds: dict, F):
+    """A Spark condition true for the messages at or after a held offset ({(topic, kp): offset})."""
+    cond = F.lit(False)
+    for (topic, kp), off in holds.items():
+        cond = cond | ((F.col("topic") == topic) & (F.col("kp") == kp) & (F.col("offset") >= off))
+    return cond
+
+
+def _ranges_condition(msgs: list, F):
+    """A Spark condition true for the messages of `msgs` (metadata rows), given that they are,
+    per (topic, kp), every message of the batch between their first and last offset."""
+    bounds: dict = {}
+    for m in msgs:
+        key = (m["topic"], m["kp"])
+        lo, hi = bounds.get(key, (m["offset"], m["offset"]))
+        bounds[key] = (min(lo, m["offset"]), max(hi, m["offset"]))
+    cond = F.lit(False)
+    for (topic, kp), (lo, hi) in sorted(bounds.items()):
+        cond = cond | ((F.col("topic") == topic) & (F.col("kp") == kp) & F.col("offset").between(lo, hi))
+    return cond
 
 
 def _message_in(keys: list, F):

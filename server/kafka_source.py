@@ -41,6 +41,9 @@ Invariants:
   acknowledged a write of this server to it.
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
+- A partition held at a poisoned message (option `holds_file`, written by the
+  consumer: server/poison.py) is not read past it (`poison.held_end`); the
+  consumer reads it again from there once the message is retried or accepted.
 - New database topics (prefix `iox.`) are discovered on every trigger and read
   from their start offset (option `start_offsets`, else the low watermark).
 - Every write (and transaction part holding one) is checked where it is read:
@@ -57,6 +60,7 @@ import time
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from .end_polls import AckMarks, EndPolls
+from .poison import held_end, read_holds
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer",
            "consumer_positions", "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S"]
@@ -227,6 +231,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self.start_offsets = json.loads(options.get("start_offsets", "{}"))
         self.max_per_partition = int(options.get("max_messages_per_partition", "2000"))
         self.pause_file = options.get("pause_file", "")
+        self.holds_file = options.get("holds_file", "")
         self._probe = None
         self._admin = None
         self._true_end: dict[tuple[str, int], int] = {}
@@ -326,9 +331,11 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             return start  # backpressure: the server is over its hard memory limit
         # ReadAllAvailable (e.g. Trigger.AvailableNow) reads every partition to its end
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        holds = read_holds(self.holds_file)
         out: dict = {}
         for topic, n in self._topics().items():
             prev = start.get(topic, {})
+            held = holds.get(topic, {})
             parts = {}
             ends = self._ends_of(topic, n)
             for p in range(n):
@@ -336,7 +343,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                 e = max(s, ends[p])
                 if cap is not None:
                     e = min(e, s + cap)
-                parts[str(p)] = e
+                parts[str(p)] = held_end(s, e, held.get(str(p)))
             out[topic] = parts
         for topic, parts in start.items():  # never drop a topic once seen
             out.setdefault(topic, parts)
@@ -467,7 +474,8 @@ def _batch(pa, cols: dict):
 
 
 class IoxKafkaDataSource(DataSource):
-    """Options: bootstrap (required), topic_prefix, start_offsets (JSON), max_messages_per_partition, pause_file."""
+    """Options: bootstrap (required), topic_prefix, start_offsets (JSON), max_messages_per_partition, pause_file,
+    acked_marks_dir, holds_file."""
 
     @classmethod
     def name(cls) -> str:

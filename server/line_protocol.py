@@ -24,7 +24,8 @@ and ``mutable_batch_lp``) wherever InfluxDB 2.x (Go) differs:
   ``t T true True TRUE f F false False FALSE``.
 * The timestamp is an optional signed integer after one or more spaces
   (trailing spaces are allowed only after a timestamp, like IOx); it is scaled
-  by the precision and must fit int64 nanoseconds.  A missing timestamp takes
+  by the precision (ns, us, ms, s; m and h for InfluxDB 1.x's /write) and must
+  fit int64 nanoseconds.  A missing timestamp takes
   ``default_time_ns``.
 * Write-step checks (``mutable_batch_lp``): a tag key repeated in a line, a
   name used as both tag and field in a line, a tag or field named ``time``, and
@@ -72,7 +73,9 @@ except ImportError:  # not built: the Python path does everything
 
 __all__ = [
     "PRECISIONS",
+    "ALL_PRECISIONS",
     "MAX_NAME_BYTES",
+    "line_protocol_pieces",
     "ColumnRole",
     "ColumnType",
     "ColumnSpec",
@@ -85,11 +88,15 @@ __all__ = [
 ColumnRole = Literal["tag", "field", "time"]
 ColumnType = Literal["string", "float", "integer", "uinteger", "boolean", "time"]
 
+#: Timestamp precisions of the gRPC Write and the InfluxDB v2 HTTP API.
 PRECISIONS = ("ns", "us", "ms", "s")
+#: Every precision the parser takes: also minutes and hours (InfluxDB 1.x's /write only).
+ALL_PRECISIONS = PRECISIONS + ("m", "h")
 #: Longest measurement, tag key, tag value, field key or string value, in UTF-8 bytes.
 MAX_NAME_BYTES = 65536
 
-_MULTIPLIER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_MULTIPLIER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
+               "h": 3_600_000_000_000}
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
 _U64_MAX = (1 << 64) - 1
@@ -982,6 +989,64 @@ def _join_continuations(line: str, it):
     return "\n".join(buf), len(buf) - 1
 
 
+def line_protocol_pieces(body, max_bytes: int):
+    """Cuts a line protocol body into consecutive pieces ``(start, stop)`` (byte offsets) of at most
+    ``max_bytes`` each, every one ending where a line ends by the splitting rules above (a newline
+    inside a quoted string field value, or right after a backslash, does not end a line): each
+    piece parses as the same lines as they are in the whole body.  A single line longer than
+    ``max_bytes`` is a piece of its own (over the limit).  ``body``: bytes, or a buffer with
+    ``find``, ``rfind`` and slicing (an ``mmap``).  For writing a large body in several requests.
+    """
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
+    n = len(body)
+    start = 0
+    while start < n:
+        stop = _piece_stop(body, start, n, max_bytes)
+        yield start, stop
+        start = stop
+
+
+def _piece_stop(body, start: int, n: int, max_bytes: int) -> int:
+    limit = start + max_bytes
+    if limit >= n:
+        return n
+    nl = body.rfind(b"\n", start, limit)
+    if nl >= 0 and body.find(b'"', start, nl) < 0 and body.find(b"\\", start, nl) < 0:
+        return nl + 1  # no quote, no backslash: every newline ends a line
+    stop = None
+    for end in _line_ends(body, start, n):
+        if stop is not None and end > limit:
+            break
+        stop = end
+        if end >= limit:
+            break
+    return n if stop is None else stop
+
+
+def _line_ends(body, start: int, n: int):
+    """Offsets just past each newline of ``body[start:n]`` that ends a line (``start`` starts one),
+    then ``n`` when the body does not end in such a newline."""
+    pos = start
+    state = None  # the split state inside a line continued past a newline, else None
+    while pos < n:
+        nl = body.find(b"\n", pos, n)
+        if nl < 0:
+            break
+        seg = body[pos:nl]
+        pos = nl + 1
+        if state is not None or b'"' in seg or b"\\" in seg:
+            quoted, fields, equals, commas, escaped = _split_state(seg.decode("latin-1"),
+                                                                   *(state or (False, False, 0, 0)))
+            if quoted or escaped:
+                state = (quoted, fields, equals, commas)
+                continue
+        state = None
+        yield pos
+    if pos < n or state is not None:
+        yield n
+
+
 def parse_lines(body: bytes | str, precision: str = "ns", default_time_ns: int | None = None) -> ParseResult:
     """Parse a line protocol request body into per-table Arrow batches.
 
@@ -995,7 +1060,7 @@ def parse_lines(body: bytes | str, precision: str = "ns", default_time_ns: int |
 
 def _parse(body, precision, default_time_ns, fast: bool) -> ParseResult:
     if precision not in _MULTIPLIER:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ValueError(f"precision must be one of {', '.join(ALL_PRECISIONS)}, got {precision!r}")
     if default_time_ns is None:
         default_time_ns = _time.time_ns()
     if fast and _lpfast is not None:

@@ -10,7 +10,11 @@ Kafka until every one is acknowledged); and what was acknowledged
 before Kafka acknowledged it counts in the stages it passed, never in the
 acknowledged totals. `iox_gc_pause_seconds{generation=...}`: Python's garbage
 collections in the server process, each of which stops every thread
-(server/gc_pauses.py; recorded by `iox serve`).
+(server/gc_pauses.py; recorded by `iox serve`). `iox_poisoned_messages_total{database}`:
+write-buffer messages the consumer set aside because applying them failed (each
+time one is found failing; server/poison.py), `iox_poisoned_messages_held{database}`:
+those held now (their Kafka partition applies nothing after them until retried or
+accepted; `iox status` lists them).
 
 Invariant: every figure counts what this server process did since it started
 (a restart starts again from zero, as Prometheus counters do). Each server has
@@ -23,7 +27,7 @@ Driver side only; nothing here is pickled.
 """
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["ServerMetrics", "WRITE_STAGES", "WRITE_STAGE_BUCKETS_S", "GC_PAUSE_BUCKETS_S", "CONTENT_TYPE_LATEST"]
 
@@ -53,6 +57,12 @@ class ServerMetrics:
         self._lost = Counter("iox_lost_write_ranges", "Ranges of offsets (one per Kafka partition and loss) of "
                              "acknowledged writes the write buffer lost before they were persisted",
                              ["database"], registry=self.registry)
+        self._poisoned = Counter("iox_poisoned_messages", "Write-buffer messages set aside because applying them "
+                                 "failed on their own (each time one is found failing)", ["database"],
+                                 registry=self.registry)
+        self._poisoned_held = Gauge("iox_poisoned_messages_held", "Write-buffer messages set aside and held: their "
+                                    "Kafka partition applies nothing after them until they are retried or accepted",
+                                    ["database"], registry=self.registry)
         for s in WRITE_STAGES:  # every stage is listed from the start, with zero observations
             self._stage.labels(stage=s)
         self._gc = Histogram("iox_gc_pause_seconds", "Seconds of each garbage collection of the server process "
@@ -62,6 +72,14 @@ class ServerMetrics:
     def lost_writes(self, database: str, ranges: int) -> None:
         """Counts `ranges` ranges of acknowledged writes the write buffer lost (per Kafka partition)."""
         self._lost.labels(database=database).inc(ranges)
+
+    def poisoned(self, database: str) -> None:
+        """Counts one message of `database` found failing on its own and set aside."""
+        self._poisoned.labels(database=database).inc()
+
+    def poisoned_held(self, database: str, held: int) -> None:
+        """Sets how many messages of `database` are held now."""
+        self._poisoned_held.labels(database=database).set(held)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         """Records `seconds` spent in `stage` (one of WRITE_STAGES) by one request."""

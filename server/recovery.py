@@ -9,6 +9,11 @@ start, per Kafka partition, at the first offset that may hold unpersisted rows;
 `row_filters` drop the replayed rows that are already in Parquet (IOx's
 ReplayPlanner: offset above the checkpoint's max -> keep; within [min, max] ->
 keep only time > flush timestamp; below min -> skip).
+
+The preserved catalog's records come back too: every loss of acknowledged writes
+(accepted or not; one found again at this start is the same record), and the
+messages accepted to be skipped (server/poison.py). With --skip-lost-writes every
+loss is accepted and the records are committed again.
 """
 from __future__ import annotations
 
@@ -16,10 +21,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from catalog.catalog import Catalog, LostWriteRange
+from catalog.catalog import Catalog, LostWriteRange, PoisonedMessage
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from catalog.chunk import Chunk
-from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
+from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
 from catalog.schema import Column
 from catalog.seq_layout import current_seq_origin, next_seq_origin
 from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
@@ -27,7 +32,7 @@ from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 from .write_buffer import topic_for
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
-           "lost_offsets"]
+           "lost_offsets", "replay_progress", "merge_lost_writes"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,25 @@ class RecoveryResult:
     row_filters: dict = field(default_factory=dict)
     #: topic -> {kafka partition: offset replay must reach before it counts as caught up}
     replay_until: dict = field(default_factory=dict)
+    #: topic -> {kafka partition: first offset replay reads}, for the partitions of `replay_until`
+    replay_from: dict = field(default_factory=dict)
+
+
+def replay_progress(replay_from: dict, replay_until: dict, applied: dict) -> tuple[int, int]:
+    """(offsets done, offsets to do) of one database's replay, summed over its Kafka partitions.
+
+    Pure. ``replay_from``: {kafka partition: first offset replay reads}; ``replay_until``:
+    {kafka partition: last offset (inclusive) replay must apply}; ``applied``: {kafka partition:
+    applied_hi_inclusive}. A partition has ``until - from + 1`` offsets to do (none when the range
+    is empty), done as far as ``applied`` reached into them: done == to do once every partition
+    reached its target (writes applied past it do not count)."""
+    done = todo = 0
+    for kp, until in replay_until.items():
+        first = replay_from.get(kp, 0)
+        n = max(0, until - first + 1)
+        todo += n
+        done += min(n, max(0, applied.get(kp, -1) - first + 1))
+    return done, todo
 
 
 def lost_offsets(start: int, replay_hi_inclusive: int | None, low_watermark: int, end_exclusive: int,
@@ -104,6 +128,20 @@ def lost_offsets(start: int, replay_hi_inclusive: int | None, low_watermark: int
     if low_watermark > start:  # retention dropped offsets replay needs
         return False, (start, low_watermark)
     return False, None
+
+
+def merge_lost_writes(records: list, found: LostWriteRange, now: float) -> list:
+    """`records` with the loss `found` at start (accepted): a record of the same Kafka partition,
+    first offset and epoch (found while a server ran, before it persisted what it had applied)
+    describes the same loss and is kept, accepted now if it was not; else `found` is added. Pure."""
+    out, same = [], False
+    for r in records:
+        if (r.partition, r.from_offset, r.epoch) == (found.partition, found.from_offset, found.epoch):
+            same = True
+            if not r.accepted:
+                r = dataclasses.replace(r, accepted=True, accepted_at_s=now)
+        out.append(r)
+    return out if same else out + [found]
 
 
 def list_catalog_databases(store) -> list[str]:
@@ -147,6 +185,11 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                                 f"topic {topic} with {kafka_partitions} partitions")
         db = catalog.ensure_database(name, topic, kafka_partitions)
         db.topic_id = write_buffer.topic_id(topic)
+        # the records of earlier runs: losses of acknowledged writes (accepted or not), and messages
+        # accepted to be skipped (server/poison.py: the consumer passes those of the current epoch)
+        db.lost_writes = [LostWriteRange.from_entry(e) for e in state.lost_writes]
+        db.poisoned = [PoisonedMessage.from_entry(e) for e in state.accepted_poison]
+        lost_before = list(db.lost_writes)
         # the topic the checkpoint was written for is gone (deleted, or deleted and created
         # again: Kafka gives every incarnation a new id); none of its offsets carry over
         gone = dbck is not None and dbck.topic_id is not None and db.topic_id != dbck.topic_id
@@ -219,14 +262,21 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                 log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s "
                           "(--skip-lost-writes)", name, kp, _offset_range(*lost),
                           f" ({gone_reason})" if gone_reason else "")
-                db.lost_writes.append(LostWriteRange(kp, lost[0], lost[1], now, gone_reason or (
-                    "Kafka no longer holds offsets the replay needed"), accepted=True))
+                db.lost_writes = merge_lost_writes(db.lost_writes, LostWriteRange(
+                    kp, lost[0], lost[1], now, gone_reason or "Kafka no longer holds offsets the replay needed",
+                    accepted=True, accepted_at_s=now, epoch=epoch), now)
                 s = lo
             starts[kp] = s
             if needs_replay and s <= rng.max_seen_offset:
                 until[kp] = rng.max_seen_offset
             db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
         reset = reset or gone
+        if skip_lost_writes:  # a loss recorded while a server ran, not accepted then, is accepted now
+            db.lost_writes = [r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
+                              for r in db.lost_writes]
+        # recorded with the epoch's checkpoint below, or on its own
+        lost_actions = [RecordLostWrites(ranges=tuple(r.entry() for r in db.lost_writes))] \
+            if db.lost_writes != lost_before else []
         if reset:
             # offsets start over: a new epoch keeps write-buffer order (its seq origin is above every
             # seq the catalog knows) and ignores old checkpoints
@@ -236,9 +286,12 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             until = {}
             filters = {}
             db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
-            pc.commit([db.checkpoint_action({})], now)
+            pc.commit([db.checkpoint_action({})] + lost_actions, now)
+            lost_actions = []
             log.warning("database %s: the write buffer topic was reset; everything was persisted, "
                         "continuing in write-buffer epoch %d (seq origin %d)", name, db.epoch, db.seq_origin)
+        if lost_actions:
+            pc.commit(lost_actions, now)
         # replay counts as caught up once everything Kafka held at start is applied
         if not bounds:
             bounds = write_buffer.partition_bounds(topic, kafka_partitions)
@@ -250,6 +303,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             out.row_filters[(name, table)] = f
         out.start_offsets[topic] = starts
         out.replay_until[topic] = until
+        out.replay_from[topic] = {kp: starts.get(kp, bounds.get(kp, (0, 0))[0]) for kp in until}
         log.info("recovered database %s at catalog revision %d: %d file(s), replay from %s", name,
                  state.revision, len(state.files), starts)
     return out

@@ -97,13 +97,14 @@ class Router:
 
     # -- line protocol -----------------------------------------------------------------
     def write_line_protocol(self, database: str, body: bytes, precision: str = "ns",
-                            now_ns: int | None = None) -> WriteResult:
+                            now_ns: int | None = None, precisions: tuple = PRECISIONS) -> WriteResult:
+        """`precisions`: the precisions the caller's API takes (InfluxDB 1.x's /write adds m and h)."""
         validate_database_name(database)
         if len(body) > self.max_request_bytes:
             raise RequestTooLarge(len(body), self.max_request_bytes)
         precision = precision or "ns"
-        if precision not in PRECISIONS:
-            raise InvalidArgument(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if precision not in precisions:
+            raise InvalidArgument(f"precision must be one of {', '.join(precisions)}, got {precision!r}")
         t0 = time.perf_counter()
         result = parse_lines(body, precision, now_ns if now_ns is not None else time.time_ns())
         parse_s = time.perf_counter() - t0

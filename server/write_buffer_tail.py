@@ -42,6 +42,8 @@ Invariants:
   has applied the message (so it also skips ahead whenever the consumer is
   ahead of it); after a block for `max_bytes`, only once what it dropped is
   small (RESUME_BACKLOG_SHARE).
+- A Kafka partition held at a poisoned message (server/poison.py) is not followed
+  (and shows its applied watermark only) until the message is retried or accepted.
 - Held messages are dropped once applied; `cut`, called under the catalog lock,
   returns the messages past the applied watermarks read under that same lock,
   so the chunks, the deletes and the applied watermark read with it never miss
@@ -235,6 +237,9 @@ class PartitionTail:
                 self.items.append((offset, decode_delete(value, self.seq_origin, offset, kp)))
             except (ValueError, KeyError, TypeError):
                 pass  # the consumer skips a delete whose value is not one
+            except Exception:  # the consumer fails on it too (server/poison.py): not held as if applied
+                self._block(offset)
+                return
         self.visible_hi = offset
 
     def _decide(self, offset: int, kind: str, txn: str, info: dict, kp: int) -> None:
@@ -259,6 +264,11 @@ class PartitionTail:
                     self.items.append((offset, decode_delete(item, self.seq_origin, offset, kp)))
                 except (ValueError, KeyError, TypeError):
                     pass  # the consumer skips it
+                except Exception:  # the consumer fails on it too: nothing at this offset is held
+                    self.nbytes -= sum(_size(it) for o, it in self.items if o == offset)
+                    self.items = [(o, it) for o, it in self.items if o != offset]
+                    self._block(offset)
+                    return
         self.visible_hi = offset
 
     def _block(self, offset: int, full: bool = False) -> None:
@@ -365,12 +375,14 @@ class WriteBufferTail:
         tables = None if tables is None else set(tables)
         visible, writes, deletes = {}, {}, []
         with self._lock:
+            held = db.held_offsets() if db.poisoned else {}
             for kp in range(db.kafka_partitions):
                 applied = applied_hi_inclusive.get(kp, -1)
                 pt = self._parts.get((db.topic, kp))
                 # a topic replaced under the server: what the tail holds past the applied watermark
-                # is gone from Kafka (recorded as lost), never applied: not shown as if it were kept
-                if pt is None or pt.visible_hi <= applied or db.topic_replaced:
+                # is gone from Kafka (recorded as lost), never applied: not shown as if it were kept;
+                # a partition held at a poisoned message (server/poison.py) shows what is applied only
+                if pt is None or pt.visible_hi <= applied or db.topic_replaced or kp in held:
                     visible[kp] = applied
                     continue
                 visible[kp] = pt.visible_hi
@@ -388,12 +400,21 @@ class WriteBufferTail:
         """{kp: visible_hi_inclusive} of a database now (at least its applied watermark)."""
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
+            held = db.held_offsets() if db.poisoned else {}
         with self._lock:
             out = {}
             for kp, a in applied.items():
                 pt = self._parts.get((db.topic, kp))
-                out[kp] = max(a, pt.visible_hi) if pt is not None and not db.topic_replaced else a
+                out[kp] = max(a, pt.visible_hi) if pt is not None and not db.topic_replaced and kp not in held else a
             return out
+
+    def forget_topic(self, topic: str) -> None:
+        """Drops what the tail holds of `topic` (its write-buffer epoch ended: a new one starts at
+        other offsets); `_sync` follows it again from its applied watermarks."""
+        with self._lock:
+            for key in [k for k in self._parts if k[0] == topic]:
+                del self._parts[key]
+            self._reassign = True
 
     # -- this server's acknowledged messages ---------------------------------------------
     def feed(self, topic: str, messages: list) -> None:
@@ -486,13 +507,19 @@ class WriteBufferTail:
         """Follows new databases and trims at the applied watermarks; True when the consumer's
         assignment must change (a partition to read from a new position)."""
         with self.catalog.lock:
-            dbs = [(db.topic, db.seq_origin, dict(db.applied_hi_inclusive)) for db in self.catalog.databases()]
+            dbs = [(db.topic, db.seq_origin, dict(db.applied_hi_inclusive), db.held_offsets() if db.poisoned else {})
+                   for db in self.catalog.databases()]
         changed = False
         with self._lock:
             room = self.max_bytes - sum(p.nbytes for p in self._parts.values())
-            for topic, seq_origin, applied in dbs:
+            for topic, seq_origin, applied, held in dbs:
                 for kp, a in applied.items():
                     pt = self._parts.get((topic, kp))
+                    if kp in held:  # held at a poisoned message: nothing after it is held here either
+                        if pt is not None:
+                            del self._parts[(topic, kp)]
+                            changed = True
+                        continue
                     if pt is None:
                         self._parts[(topic, kp)] = PartitionTail.starting_after(a, seq_origin)
                         self._restarted.add((topic, kp))

@@ -68,3 +68,95 @@ def test_errors_exit_non_zero_with_the_servers_message(iox_server, db):
     assert r.returncode != 0 and "NOT_FOUND" in r.stderr
     r = _iox("delete", "--db", db, "--start", "x", "--stop", "y", addr=addr)
     assert r.returncode != 0
+
+
+def test_sql_json_writes_numbers_as_numbers(iox_server, db):
+    addr = f"127.0.0.1:{iox_server.grpc_port}"
+    lp = f"mem,host=a free=10u,big=18446744073709551615u,i=-5i,f=1.5,s=\"x\",ok=true {T0}\n"
+    r = _iox("write", "--db", db, "-", stdin=lp, addr=addr)
+    assert r.returncode == 0, r.stderr
+    from server.client import IoxClient
+
+    with IoxClient(addr) as c:
+        c.wait_applied(db, {int(k): v for k, v in json.loads(r.stdout)["token"].items()}, timeout_s=90)
+    r = _iox("sql", "--db", db, "--format", "json",
+             "SELECT host, free, big, i, f, s, ok, CAST('NaN' AS DOUBLE) AS nan, CAST('Infinity' AS DOUBLE) AS inf, "
+             "CAST('-Infinity' AS DOUBLE) AS ninf, time_ns FROM mem", addr=addr)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and '"free": 10,' in r.stdout
+    assert json.loads(r.stdout) == {"host": "a", "free": 10, "big": (1 << 64) - 1, "i": -5, "f": 1.5, "s": "x",
+                                    "ok": True, "nan": None, "inf": None, "ninf": None, "time_ns": T0}
+
+
+def test_write_a_file_in_several_requests(iox_server, db, tmp_path):
+    addr = f"127.0.0.1:{iox_server.grpc_port}"
+    f = tmp_path / "big.lp"
+    f.write_text("".join(f"cpu,host=h{i % 7} v={i},s=\"two\nlines\" {T0 + i}\n" for i in range(200)))
+    r = _iox("write", "--db", db, "--batch-bytes", "1k", str(f), addr=addr)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # not a terminal: no progress bar
+    token = {int(k): v for k, v in json.loads(r.stdout)["token"].items()}
+    (last,) = token.values()  # one table: one message per request, on one Kafka partition
+    assert last + 1 >= f.stat().st_size // 1024
+    from server.client import IoxClient
+
+    with IoxClient(addr) as c:
+        c.wait_applied(db, token, timeout_s=90)
+        rows = c.query(db, "SELECT count(*) AS n, sum(v) AS v, min(s) AS s FROM cpu").to_pylist()
+    assert rows == [{"n": 200, "v": float(sum(range(200))), "s": "two\nlines"}]
+    # a bad line in a later request: exit 1; the requests before it are written and said so
+    f.write_text("".join(f"bad,host=h{i} v={i} {T0 + i}\n" for i in range(100)) + "bad v=oops\n")
+    r = _iox("write", "--db", db, "--batch-bytes", "1k", str(f), addr=addr)
+    assert r.returncode == 1 and "INVALID_ARGUMENT" in r.stderr and "bytes before it were written" in r.stderr
+
+
+def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, monkeypatch, caplog):
+    """A server on a broker of its own replays what it applied before its restart (nothing persisted);
+    status reports offsets done / to do, equal once replay caught up, and the server logs them."""
+    import logging
+    import uuid
+
+    from server import app
+    from server.broker import free_port, start_broker
+    from server.client import IoxClient
+    from tests.conftest import make_config
+
+    monkeypatch.setattr(app, "REPLAY_LOG_INTERVAL_S", 0.2)
+    broker = start_broker(free_port())
+    cfg = make_config(os.path.join(session_tmp, f"replay-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+                      partitions=2, lifecycle={"worker_backoff_ms": 3_600_000})
+    db = f"p_{uuid.uuid4().hex[:6]}"
+    try:
+        srv = app.IoxServer(cfg)
+        srv.start()
+        try:
+            with IoxClient(f"127.0.0.1:{srv.grpc_port}") as c:
+                for i in range(20):
+                    token = c.write(db, f"cpu,host=h{i} v={i} {T0 + i}\n")
+                c.wait_applied(db, token, timeout_s=90)
+                st = c.status(db)["databases"][0]
+                assert (st["replay_offsets_done"], st["replay_offsets_todo"]) == ("0", "0")  # nothing replayed
+        finally:
+            srv.stop()  # an external broker: nothing is persisted on stop
+        caplog.set_level(logging.INFO, logger="server.app")
+        srv = app.IoxServer(cfg)
+        srv.start()
+        try:
+            addr = f"127.0.0.1:{srv.grpc_port}"
+            first = json.loads(_iox("status", "--db", db, addr=addr).stdout)["databases"][0]
+            assert int(first["replay_offsets_todo"]) == 20 and 0 <= int(first["replay_offsets_done"]) <= 20
+            r = _iox("status", "--db", db, "--wait-replay", addr=addr)
+            assert r.returncode == 0 and "replay caught up" in r.stderr, r.stderr
+            st = json.loads(r.stdout)["databases"][0]
+            assert st["replaying"] is False
+            assert st["replay_offsets_done"] == st["replay_offsets_todo"] == "20"
+            with IoxClient(addr) as c:
+                assert c.query(db, "SELECT count(*) AS n FROM cpu").to_pylist() == [{"n": 20}]
+            from tests.waiting import wait_for
+
+            wait_for(lambda: any(f"replay of database {db}: done, 20 offsets" in m.getMessage()
+                                 for m in caplog.records), 30, "the replay's log line")
+        finally:
+            srv.stop()
+    finally:
+        broker.stop()

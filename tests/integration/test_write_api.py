@@ -486,6 +486,99 @@ def test_influxdb_client_sync_and_batching(client, iox_server):
         {"k": str(i % 3), "i": i, "x": i / 8, "time_ns": T0 + i} for i in range(100)]
 
 
+# -- HTTP (InfluxDB 1.x) -----------------------------------------------------------------
+
+def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_server):
+    """The `influxdb` package (InfluxDB 1.x's Python client): write_points (its JSON points made into
+    line protocol with each precision), write(protocol='line'), a retention policy, gzip; its default
+    credentials (root/root as Basic authorization) are ignored."""
+    from influxdb import InfluxDBClient
+    from influxdb.exceptions import InfluxDBClientError
+
+    from server.http_api import SERVER_VERSION
+
+    port = iox_server.config.http_port
+    parts = iox_server.config.partitions
+    db = f"v1{uuid.uuid4().hex[:10]}"
+    hour = T0 // 3_600_000_000_000  # 2023-11-14T22:00:00Z in hours
+    h_ns, min_ns = 3_600_000_000_000, 60_000_000_000
+
+    def cpu(host, time, **fields):
+        return {"measurement": "cpu", "tags": {"host": host}, "time": time, "fields": fields}
+
+    with InfluxDBClient("127.0.0.1", port, database=db) as ic:
+        assert ic.ping() == SERVER_VERSION
+        assert ic.write_points([cpu("s", dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC), usage=0.5, n=3, ok=True,
+                                    msg='say "hi", ok')], time_precision="s")
+        assert ic.write_points([cpu("m", hour * 60 + 1, usage=1.0)], time_precision="m")
+        assert ic.write_points([cpu("h", hour, usage=2.0)], time_precision="h")
+        assert ic.write([f"cpu,host=n usage=3,free=10u {T0 + 7}"], params={"db": db}, protocol="line")
+        assert ic.write([f"cpu,host=u usage=4 {T0 // 1000 + 8}"], params={"db": db, "precision": "u", "u": "x",
+                                                                          "p": "y"}, protocol="line")
+        assert ic.write_points([{"measurement": "mem", "fields": {"free": 1}, "time": T0}], retention_policy="autogen")
+        # errors: 1.x's {"error": ...} with the v2 endpoint's statuses; nothing of a bad request is written
+        with pytest.raises(InfluxDBClientError) as ei:
+            ic.write([f"cpu,host=x usage=1 {T0}", f"cpu usage= {T0}"], params={"db": db}, protocol="line")
+        assert ei.value.code == 400 and "line 2" in json.loads(ei.value.content)["error"]
+        with pytest.raises(InfluxDBClientError) as ei:
+            ic.write_points([cpu("x", T0, usage="text")])
+        assert ei.value.code == 400 and "'usage'" in json.loads(ei.value.content)["error"]
+        with pytest.raises(InfluxDBClientError) as ei:
+            ic.write_points([cpu("x", T0, usage=1.0)], database="no.dots")
+        assert ei.value.code == 400 and "invalid database name 'no.dots'" in json.loads(ei.value.content)["error"]
+        with pytest.raises(InfluxDBClientError) as ei:
+            ic.write_points([cpu("x", T0, usage=1.0)], retention_policy="a" * 64)
+        assert ei.value.code == 400 and "longer than 64" in json.loads(ei.value.content)["error"]
+    with InfluxDBClient("127.0.0.1", port, database=db, gzip=True) as gz:
+        assert gz.write_points([cpu("z", T0 + 9, usage=5.0)])
+    client.wait_applied(db, _lp_token(parts, [["cpu"]] * 6), timeout_s=60)
+    assert _rows(client, db, "SELECT host, usage, n, ok, msg, free, time_ns FROM cpu ORDER BY time_ns") == [
+        {"host": "h", "usage": 2.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": hour * h_ns},
+        {"host": "m", "usage": 1.0, "n": None, "ok": None, "msg": None, "free": None,
+         "time_ns": hour * h_ns + min_ns},
+        {"host": "s", "usage": 0.5, "n": 3, "ok": True, "msg": 'say "hi", ok', "free": None, "time_ns": T0},
+        {"host": "n", "usage": 3.0, "n": None, "ok": None, "msg": None, "free": Decimal(10), "time_ns": T0 + 7},
+        {"host": "z", "usage": 5.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": T0 + 9},
+        {"host": "u", "usage": 4.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": T0 + 8_000},
+    ]
+    client.wait_applied(f"{db}_autogen", _lp_token(parts, [["mem"]]), timeout_s=60)
+    assert _rows(client, f"{db}_autogen", "SELECT free, time_ns FROM mem") == [{"free": 1, "time_ns": T0}]
+    assert _tables(client, db) == {"cpu"}
+
+
+def test_http_1x_write_ping_and_limits(client, iox_server):
+    """What Telegraf's outputs.influxdb sends, over raw HTTP: /write?db=&rp=&precision= with credentials
+    in the query and Basic authorization, gzip, 413 over the limit, and /ping as 1.x answers it."""
+    port = iox_server.config.http_port
+    parts = iox_server.config.partitions
+    db = f"tg{uuid.uuid4().hex[:10]}"
+    basic = {"Authorization": "Basic dGVsZWdyYWY6c2VjcmV0", "Content-Encoding": "gzip",
+             "User-Agent": "Telegraf/1.30.0 Go/1.22.0"}
+    body = gzip.compress(f"disk,host=a free=10u,used=3i 1700000000\ndisk,host=b free=20u,used=4i 1700000001\n".encode())
+    st, headers, raw = _http(port, "POST", f"/write?db={db}&rp=week&precision=s&u=telegraf&p=secret", body, basic)
+    assert (st, raw) == (204, b"") and "x-influxdb-version" in headers
+    st, headers, raw = _http(port, "POST", f"/write?db={db}&rp=week&precision=d", b"disk free=1u 1")
+    assert st == 400 and headers["content-type"].startswith("application/json")
+    assert "precision" in json.loads(raw)["error"]
+    st, _, raw = _http(port, "POST", "/write?precision=s", b"disk free=1u 1")
+    assert st == 400 and "db" in json.loads(raw)["error"]
+    limit = iox_server.config.max_request_bytes
+    line = f"big v=1 {T0}\n".encode()
+    st, _, raw = _http(port, "POST", f"/write?db={db}", line * (limit // len(line) + 1))
+    assert st == 413 and str(limit) in json.loads(raw)["error"]
+    client.wait_applied(f"{db}_week", _lp_token(parts, [["disk"]]), timeout_s=60)
+    assert _rows(client, f"{db}_week", "SELECT host, free, used, time_ns FROM disk ORDER BY host") == [
+        {"host": "a", "free": Decimal(10), "used": 3, "time_ns": T0},
+        {"host": "b", "free": Decimal(20), "used": 4, "time_ns": T0 + 1_000_000_000}]
+    assert _topic_absent(iox_server, db)  # only <db>_<rp> was written
+    for method in ("GET", "HEAD"):
+        st, headers, raw = _http(port, method, "/ping")
+        assert (st, raw) == (204, b"") and "content-type" not in headers
+        assert headers["x-influxdb-version"] and headers["x-influxdb-build"] == "OSS"
+    st, headers, raw = _http(port, "GET", "/ping?verbose=true")
+    assert st == 200 and json.loads(raw) == {"version": headers["x-influxdb-version"]}
+
+
 def test_http_503_with_retry_after_while_broker_down(session_tmp):
     """A server of its own on a broker of its own (same Spark application), as in test_broker_outage."""
     from server.app import IoxServer

@@ -75,3 +75,29 @@ def test_a_database_checkpoint_records_the_seq_origin():
     db.epoch, db.seq_origin = 300, 77 << 20
     ck = db.checkpoint_action({0: (None, 5)}, complete=True)
     assert (ck.epoch, ck.seq_origin, ck.complete, ck.sequencer_numbers) == (300, 77 << 20, True, {0: (None, 5)})
+
+
+def test_a_held_message_forgets_what_failed_attempts_recorded_after_it_and_ends_their_hold_on_persists():
+    """A micro-batch attempt recorded offsets 5..9 of Kafka partition 0 and was withdrawn; the
+    message at 7 is held (server/poison.py): the windows keep 5..6 only (no persist may claim 7..9),
+    persists are no longer held for partition 0, and 7..9 are recorded again once applied."""
+    cat = Catalog()
+    db = cat.ensure_database("d", "t", 2)
+    cat.add_chunk(db, _chunk(1, {0: (0, 4), 1: (0, 2)}), now=100.0)
+    cat.advance_applied(db, {0: 4, 1: 2})
+    failed = _chunk(2, {0: (5, 9)})
+    cat.add_chunk(db, failed, now=101.0, seen_before_ok=True)
+    cat.withdraw_chunks(db, [failed])
+    assert db.failed_batch_hi == {0: 9}
+    ok = _chunk(3, {0: (5, 6)})
+    cat.add_chunk(db, ok, now=102.0, seen_before_ok=True)  # the prefix before the held message
+    cat.advance_applied(db, {0: 6})
+    assert db.failed_batch_hi == {0: 9}
+    cat.forget_unapplied(db, 0, 7)
+    assert db.failed_batch_hi == {}
+    ranges = _windows(cat, db).offset_ranges()
+    assert (ranges[0].min_unpersisted_offset, ranges[0].max_seen_offset) == (0, 6)
+    assert (ranges[1].min_unpersisted_offset, ranges[1].max_seen_offset) == (0, 2)
+    # resolved: 7..9 are applied and recorded again
+    cat.add_chunk(db, _chunk(4, {0: (7, 9)}), now=103.0, seen_before_ok=True)
+    assert _windows(cat, db).offset_ranges()[0].max_seen_offset == 9

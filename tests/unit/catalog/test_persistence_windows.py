@@ -764,3 +764,25 @@ def test_offset_ranges_after_flush_include_writes_added_during_the_flush():
     assert handle.checkpoint().offsets_for(0).max_seen_offset == 4  # frozen at handle time
     w.flush(handle)
     assert w.offset_ranges_after_flush()[0].min_unpersisted_offset == 5
+
+
+def test_forget_from_cuts_every_window_the_seen_offsets_and_an_outstanding_handle():
+    """Offsets at and after a held message are forgotten everywhere a persist reads them: the
+    windows, the offsets seen, and the checkpoint of a flush handle taken before."""
+    w = PersistenceWindows("cpu", "2024-01-01", late_arrive_window_s=1.0, now=0.0)
+    w.add_range({0: (0, 3), 1: (0, 1)}, 4, 10, 20, 0.0)
+    w.add_range({0: (4, 9)}, 6, 30, 40, 0.5)  # one window: 0..9 of partition 0
+    handle = w.flush_all_handle()
+    w.add_range({0: (10, 12)}, 3, 50, 60, 5.0)  # after the handle: not flushed by it
+    w.forget_from(0, 6)
+    ranges = w.offset_ranges()
+    assert (ranges[0].min_unpersisted_offset, ranges[0].max_seen_offset) == (0, 5)
+    assert (ranges[1].min_unpersisted_offset, ranges[1].max_seen_offset) == (0, 1)
+    frozen = handle.checkpoint().offsets
+    assert frozen[0] == UnpersistedOffsets(None, 5) and frozen[1] == UnpersistedOffsets(None, 1)
+    w.flush(handle)
+    assert w.offset_ranges()[0] == UnpersistedOffsets(None, 5)  # the window after the handle held 10..12 only
+    w.add_range({0: (6, 8)}, 3, 70, 80, 6.0)  # applied again once resolved: recorded again
+    assert w.offset_ranges()[0] == UnpersistedOffsets(6, 8)
+    w.forget_from(1, 0)
+    assert 1 not in w.offset_ranges()

@@ -20,7 +20,13 @@ from catalog.errors import (
 )
 from catalog.object_store import LocalObjectStore, catalog_prefix, data_prefix, parquet_key
 from catalog.preserved_catalog import (
+    BASE_FORMAT_VERSION,
     FORMAT_VERSION,
+    READABLE_FORMAT_VERSIONS,
+    AcceptedPoisonEntry,
+    LostWritesEntry,
+    RecordAcceptedPoison,
+    RecordLostWrites,
     AddDeletePredicate,
     AddParquet,
     CatalogState,
@@ -100,7 +106,8 @@ def test_create_writes_revision_zero_once(store) -> None:
     assert (state.revision, state.timestamp_s, state.files) == (0, NOW_S, {})
     assert store.exists(transaction_key(DB, 0))
     raw = json.loads(store.get(transaction_key(DB, 0)))
-    assert raw["format_version"] == FORMAT_VERSION and raw["previous_uuid"] is None and raw["actions"] == []
+    # a file holding only what version 1 knows is written as version 1 (see test_version_2_records...)
+    assert raw["format_version"] == BASE_FORMAT_VERSION and raw["previous_uuid"] is None and raw["actions"] == []
     cat2, state2 = _load(store)
     assert state2 == state  # loaded, not re-created: same uuid and timestamp
     assert [m.key for m in store.list(catalog_prefix(DB))] == [transaction_key(DB, 0)]
@@ -364,6 +371,70 @@ def test_format_version_mismatch(store, which) -> None:
     with pytest.raises(FormatVersionMismatch) as info:
         _load(store)
     assert (info.value.expected, info.value.actual, info.value.key) == (FORMAT_VERSION, 999, key)
+    assert info.value.readable == READABLE_FORMAT_VERSIONS and "reads format versions 1, 2" in str(info.value)
+
+
+_LOST = LostWritesEntry(partition=1, from_offset=5, to_exclusive=7, detected_at_s=NOW_S, reason="topic replaced",
+                        epoch=2)
+_POISON = AcceptedPoisonEntry(epoch=2, partition=0, offset=9, table="cpu", kind="write", error="boom",
+                              detected_at_s=NOW_S, accepted_at_s=NOW_S + 5)
+
+
+def test_version_2_records_round_trip_and_only_their_files_are_version_2(store) -> None:
+    """Lost writes and accepted poisoned messages are recorded (each action replacing the list
+    before); only the files that hold them are format version 2, through transactions and
+    checkpoints alike, so a catalog without them stays readable by a version-1 server."""
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S,
+                                             config=PreservedCatalogConfig(transactions_until_checkpoint=3))
+    assert cat.commit([_add(1)], NOW_S + 1) == 1
+    assert cat.commit([RecordLostWrites(ranges=[_LOST])], NOW_S + 2) == 2
+    accepted = LostWritesEntry(**{**_LOST.to_json(), "accepted_at_s": NOW_S + 3})
+    assert cat.commit([RecordLostWrites(ranges=[accepted.to_json()]), RecordAcceptedPoison(messages=[_POISON])],
+                      NOW_S + 3) == 3  # checkpoint 3 holds them
+    assert cat.commit([_add(4)], NOW_S + 4) == 4
+    versions = {rev: json.loads(store.get(transaction_key(DB, rev)))["format_version"] for rev in range(5)}
+    assert versions == {0: 1, 1: 1, 2: 2, 3: 2, 4: 1}
+    assert json.loads(store.get(checkpoint_key(DB, 3)))["format_version"] == 2
+    _, loaded = _load(store)
+    assert loaded == cat.state
+    assert loaded.lost_writes == (accepted,) and loaded.accepted_poison == (_POISON,)
+    for action in (RecordLostWrites(ranges=[_LOST, accepted]), RecordAcceptedPoison(messages=[_POISON])):
+        assert action_from_json(json.loads(json.dumps(action.to_json()))) == action
+    # an empty list clears them, and the next checkpoint is version 1 again
+    cat.commit([RecordLostWrites(), RecordAcceptedPoison()], NOW_S + 5)
+    cat.commit([_add(6)], NOW_S + 6)  # checkpoint 6
+    assert json.loads(store.get(checkpoint_key(DB, 6)))["format_version"] == 1
+    assert _load(store)[1].lost_writes == ()
+
+
+@pytest.mark.parametrize("which", ["txn", "ckpt"])
+def test_a_version_1_file_holding_a_version_2_record_is_corrupt(store, which) -> None:
+    cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S,
+                                             config=PreservedCatalogConfig(transactions_until_checkpoint=2))
+    cat.commit([_add(1)], NOW_S + 1)
+    cat.commit([RecordLostWrites(ranges=[_LOST])], NOW_S + 2)  # checkpoint 2
+    cat.commit([_add(3)], NOW_S + 3)
+    key = transaction_key(DB, 2) if which == "txn" else checkpoint_key(DB, 2)
+    if which == "txn":
+        store.delete(checkpoint_key(DB, 2))  # load from the transactions
+    _rewrite(store, key, format_version=1)
+    with pytest.raises(CorruptCatalogFile) as info:
+        _load(store)
+    assert info.value.key == key and "format version" in info.value.reason
+
+
+def test_version_2_record_validation() -> None:
+    with pytest.raises(InvalidAction):
+        LostWritesEntry(partition=0, from_offset=5, to_exclusive=4, detected_at_s=NOW_S, reason="")
+    with pytest.raises(InvalidAction):
+        LostWritesEntry(partition=0, from_offset=5, to_exclusive=None, detected_at_s=float("nan"), reason="")
+    with pytest.raises(InvalidAction):
+        action_from_json({"kind": "lost_writes", "ranges": [{"partition": 0}]})
+    with pytest.raises(InvalidAction):
+        action_from_json({"kind": "accepted_poisoned_messages", "messages": "x"})
+    with pytest.raises(InvalidAction):
+        AcceptedPoisonEntry(epoch=0, partition=0, offset=-1, table="", kind="write", error="", detected_at_s=1.0,
+                            accepted_at_s=2.0)
 
 
 def test_missing_transaction_is_a_revision_gap(store) -> None:

@@ -14,7 +14,9 @@ import pytest
 from server.broker import free_port
 from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
                            InvalidDatabaseName, RequestTooLarge, SchemaConflict, WriteBufferUnavailable)
-from server.http_api import HttpWriteServer, compressed_cap, database_for, error_response, gunzip_limited
+from server.http_api import (HttpWriteServer, compressed_cap, database_for, database_for_v1, error_response,
+                             error_response_v1, gunzip_limited, precision_for_v1)
+from server.line_protocol import ALL_PRECISIONS, PRECISIONS
 
 
 # -- gunzip_limited --------------------------------------------------------------------
@@ -96,12 +98,14 @@ class FakeRouter:
         self.calls = []
         self.raise_next = None
 
-    def write_line_protocol(self, database, body, precision="ns"):
+    def write_line_protocol(self, database, body, precision="ns", precisions=PRECISIONS):
         if len(body) > self.max_request_bytes:  # as the real router does
             raise RequestTooLarge(len(body), self.max_request_bytes)
         if self.raise_next is not None:
             e, self.raise_next = self.raise_next, None
             raise e
+        if precision not in precisions:
+            raise InvalidArgument(f"precision {precision!r}")
         self.calls.append((database, body, precision))
 
 
@@ -203,4 +207,103 @@ def test_health_and_ping(served):
     assert st == 204 and body == b"" and "x-influxdb-version" in h
     assert _req(conn, "HEAD", "/ping")[0] == 204
     assert _req(conn, "GET", "/ready")[0] == 200
+    conn.close()
+
+
+# -- InfluxDB 1.x ----------------------------------------------------------------------
+
+def test_database_and_precision_for_v1():
+    assert database_for_v1("telegraf") == "telegraf"
+    assert database_for_v1("telegraf", "autogen") == "telegraf_autogen"
+    with pytest.raises(InvalidArgument):
+        database_for_v1("", "autogen")
+    assert [precision_for_v1(p) for p in ("", "n", "ns", "u", "us", "ms", "s", "m", "h")] == [
+        "ns", "ns", "ns", "us", "us", "ms", "s", "m", "h"]
+    assert set(map(precision_for_v1, ("n", "u", "ms", "s", "m", "h"))) == set(ALL_PRECISIONS)
+    for bad in ("x", "d", "rfc3339", "NS"):
+        with pytest.raises(InvalidArgument):
+            precision_for_v1(bad)
+
+
+def test_error_response_v1_is_the_same_status_with_an_error_body():
+    for err in (BadLines([(2, "bad field")], 1), InvalidDatabaseName("a.b", "bad"), RequestTooLarge(11, 10),
+                DatabaseNotFound("d"), DatabaseFenced("d", 3), WriteBufferUnavailable("down", retry_after_s=2),
+                RuntimeError("boom")):
+        st, headers, body = error_response(err)
+        assert error_response_v1(err) == (st, headers, {"error": body["message"]})
+
+
+def test_v1_write_maps_db_rp_precision_and_ignores_credentials(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    basic = {"Authorization": "Basic cm9vdDpyb290"}
+    assert _req(conn, "POST", "/write?db=telegraf", b"m v=1 1")[0] == 204
+    assert _req(conn, "POST", "/write?db=telegraf&rp=autogen&precision=s&u=root&p=secret", b"m v=2 2", basic)[0] == 204
+    assert _req(conn, "POST", "/write?db=d&precision=n&consistency=one", b"m v=3 3",
+                {"Authorization": "Token abc"})[0] == 204
+    for p, want in (("u", "us"), ("us", "us"), ("ms", "ms"), ("m", "m"), ("h", "h"), ("", "ns")):
+        assert _req(conn, "POST", f"/write/?db=d&precision={p}", b"m v=4 4")[0] == 204
+        assert router.calls[-1] == ("d", b"m v=4 4", want)
+    gz = gzip.compress(b"m v=5 5")
+    assert _req(conn, "POST", "/write?db=d", gz, {"Content-Encoding": "gzip"})[0] == 204
+    assert router.calls[:3] == [("telegraf", b"m v=1 1", "ns"), ("telegraf_autogen", b"m v=2 2", "s"),
+                                ("d", b"m v=3 3", "ns")]
+    assert router.calls[-1] == ("d", b"m v=5 5", "ns")
+    conn.close()
+
+
+def test_v1_errors_are_json_error_bodies_with_the_v2_statuses(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def err(path, body=b"m v=1", headers=None, status=400):
+        st, h, raw = _req(conn, "POST", path, body, headers)
+        assert st == status and h["content-type"].startswith("application/json"), (st, raw)
+        out = json.loads(raw)
+        assert list(out) == ["error"] and out["error"], out
+        return out["error"], h
+
+    assert "db" in err("/write")[0]
+    assert "precision" in err("/write?db=d&precision=x")[0]
+    router.raise_next = BadLines([(1, "nope")], 1)
+    assert "line 1: nope" in err("/write?db=d")[0]
+    router.raise_next = WriteBufferUnavailable("broker down")
+    msg, h = err("/write?db=d", status=503)
+    assert "broker down" in msg and h["retry-after"] == "1"
+    router.raise_next = DatabaseNotFound("d")
+    err("/write?db=d", status=404)
+    router.raise_next = DatabaseFenced("d", 2)
+    err("/write?db=d", status=409)
+    router.raise_next = RuntimeError("boom")
+    assert "internal error" in err("/write?db=d", status=500)[0]
+    # over the limit, before and after decompression: 413, the connection still works
+    assert "1000" in err("/write?db=d", b"m v=1\n" * 200, status=413)[0]
+    assert "after decompression" in err("/write?db=d", gzip.compress(b"m v=1\n" * 2000), {"Content-Encoding": "gzip"},
+                                        status=413)[0]
+    assert "Content-Encoding" in err("/write?db=d", headers={"Content-Encoding": "br"})[0]
+    assert _req(conn, "POST", "/write?db=d", b"m v=1")[0] == 204
+    st, h, raw = _req(conn, "GET", "/write?db=d")
+    assert st == 405 and h["allow"] == "POST" and "POST /write" in json.loads(raw)["error"]
+    conn.close()
+    head = b"POST /write?db=d HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head % 10 ** 9)
+        resp = b""
+        while chunk := s.recv(65536):  # the server closes the connection after its answer
+            resp += chunk
+    assert resp.startswith(b"HTTP/1.1 413") and b'{"error": ' in resp
+
+
+def test_v1_ping_204_or_verbose_200(served):
+    _, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for method in ("GET", "HEAD"):
+        st, h, body = _req(conn, method, "/ping")
+        assert st == 204 and body == b"" and "content-type" not in h
+        assert h["x-influxdb-version"] and h["x-influxdb-build"] == "OSS"
+        for quiet in ("false", "0", ""):
+            assert _req(conn, method, f"/ping?verbose={quiet}")[0] == 204
+    st, h, body = _req(conn, "GET", "/ping?verbose=true")
+    assert st == 200 and json.loads(body) == {"version": h["x-influxdb-version"]}
+    assert _req(conn, "HEAD", "/ping?verbose=1")[:3:2] == (200, b"")
     conn.close()

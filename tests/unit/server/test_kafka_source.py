@@ -336,3 +336,22 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     assert r._ends_of(TOPIC, 1) == {0: 3}
     clock[0] += kafka_source.STALE_PROBE_INTERVAL_S
     assert r._ends_of(TOPIC, 1) == {0: 4}
+
+
+def test_latest_offset_never_reads_a_held_partition_past_its_poisoned_message(tmp_path, monkeypatch):
+    """The consumer's holds file (server/poison.py): a held partition's range ends at the held
+    message (or where it already is, when a batch read past it), the others read on."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from server.poison import write_holds
+
+    holds = str(tmp_path / "holds.json")
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "holds_file": holds})
+    monkeypatch.setattr(r, "_topics", lambda: {TOPIC: 3})
+    monkeypatch.setattr(r, "_ends_of", lambda topic, n: {0: 50, 1: 50, 2: 50})
+    start = {TOPIC: {"0": 10, "1": 10, "2": 10}}
+    assert r.latestOffset(start, ReadMaxRows(100)) == {TOPIC: {"0": 50, "1": 50, "2": 50}}
+    write_holds(holds, {TOPIC: {"1": 20, "2": 5}})
+    assert r.latestOffset(start, ReadMaxRows(100)) == {TOPIC: {"0": 50, "1": 20, "2": 10}}
+    write_holds(holds, {})
+    assert r.latestOffset(start, ReadMaxRows(100)) == {TOPIC: {"0": 50, "1": 50, "2": 50}}

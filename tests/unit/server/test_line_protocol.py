@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from server import line_protocol as lp
 from server.line_protocol import (
     PRECISIONS,
+    ALL_PRECISIONS,
     ColumnSpec,
     LineError,
     ParseResult,
@@ -154,8 +155,9 @@ def test_public_interface():
     assert PRECISIONS == ("ns", "us", "ms", "s")
     for name in ("PRECISIONS", "ColumnSpec", "LineError", "TableBatch", "ParseResult", "parse_lines"):
         assert name in lp.__all__
+    assert ALL_PRECISIONS == ("ns", "us", "ms", "s", "m", "h")  # InfluxDB 1.x adds minutes and hours
     with pytest.raises(ValueError):
-        parse_lines(b"m f=1", "h")
+        parse_lines(b"m f=1", "d")
     with pytest.raises(ValueError):
         parse_lines(b"m f=1", "")
 
@@ -434,10 +436,25 @@ def test_timestamp_ranges_bad(precision, ts):
 
 
 def test_precision_does_not_scale_default_time():
-    for p in PRECISIONS:
+    for p in ALL_PRECISIONS:
         res = parse_both("m f=1\nm f=2 3", p)
-        mult = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}[p]
+        mult = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
+                "h": 3_600_000_000_000}[p]
         assert res.tables["m"].data.column("time").to_pylist() == [DEFAULT_TIME, 3 * mult]
+
+
+@pytest.mark.parametrize("precision, ok, bad", [
+    ("m", 153_722_867, 153_722_868),  # int64 nanoseconds end in 2262: minute 153,722,867 is the last
+    ("h", 2_562_047, 2_562_048),
+])
+def test_minutes_and_hours_scale_and_must_fit_int64_nanoseconds(precision, ok, bad):
+    mult = {"m": 60_000_000_000, "h": 3_600_000_000_000}[precision]
+    for ts in (ok, -ok):
+        res = parse_both(f"m f=1 {ts}\nm f=2 {ts}", precision)  # two lines: the shape path too
+        assert res.errors == [] and res.tables["m"].data.column("time").to_pylist() == [ts * mult] * 2
+    for ts in (bad, -bad):
+        err = one_error(f"m f=1 {ts}", precision)
+        assert f"precision '{precision}'" in err
 
 
 def test_whitespace_rules():
@@ -1079,3 +1096,59 @@ def test_bulk_match_takes_lines_without_timestamps(monkeypatch):
     t = parse_lines(body, default_time_ns=DEFAULT_TIME).tables["m"].data
     assert t.column("v").to_pylist() == [0, 1, 2, 3, 4]
     assert t.column("time").to_pylist() == [DEFAULT_TIME] * 5
+
+
+# --------------------------------------------------------------------------
+# line_protocol_pieces: one body in several requests
+# --------------------------------------------------------------------------
+
+def _pieces(body: bytes, max_bytes: int) -> list[bytes]:
+    out = [body[a:b] for a, b in lp.line_protocol_pieces(body, max_bytes)]
+    assert b"".join(out) == body
+    return out
+
+
+def test_pieces_cut_at_line_ends_within_the_limit():
+    body = b"m v=1 1\nm v=2 2\nm v=3 3\n"  # 8 bytes a line
+    assert _pieces(body, 8) == [b"m v=1 1\n", b"m v=2 2\n", b"m v=3 3\n"]
+    assert _pieces(body, 17) == [b"m v=1 1\nm v=2 2\n", b"m v=3 3\n"]
+    assert _pieces(body, 24) == [body]
+    assert _pieces(b"", 5) == []
+    assert _pieces(b"m v=1 1\nm v=2", 9) == [b"m v=1 1\n", b"m v=2"]
+    # a line longer than the limit is a piece of its own
+    assert _pieces(b"m v=1 1\nlong v=123456789 1\nm v=3 3\n", 10) == [
+        b"m v=1 1\n", b"long v=123456789 1\n", b"m v=3 3\n"]
+    with pytest.raises(ValueError):
+        list(lp.line_protocol_pieces(body, 0))
+
+
+def test_pieces_keep_newlines_in_quoted_strings_and_after_backslashes():
+    assert _pieces(b'm s="a\nb" 1\nm s="c" 2\n', 8) == [b'm s="a\nb" 1\n', b'm s="c" 2\n']
+    assert _pieces(b'm s="a\nb" 1\nm s="c" 2\n', 20) == [b'm s="a\nb" 1\n', b'm s="c" 2\n']
+    assert _pieces(b"m,t=a\\\nb v=1 1\nm v=2 2\n", 6) == [b"m,t=a\\\nb v=1 1\n", b"m v=2 2\n"]
+    # a quote in a measurement or a tag opens no string: the newline after it ends the line
+    assert _pieces(b'm"x,t=a" v=1 1\nm v=2 2\n', 16) == [b'm"x,t=a" v=1 1\n', b"m v=2 2\n"]
+    # an escaped quote inside a string does not close it
+    assert _pieces(b'm s="a\\"\nb" 1\nm v=2 2\n', 5) == [b'm s="a\\"\nb" 1\n', b"m v=2 2\n"]
+    # a string never closed runs to the end of the body
+    assert _pieces(b'm v=1 1\nm s="a\nb 2\nc 3\n', 8) == [b"m v=1 1\n", b'm s="a\nb 2\nc 3\n']
+
+
+def test_pieces_parse_as_the_whole_body():
+    import random
+
+    rnd = random.Random(7)
+    templates = ['m,t=a v={i}i {i}', 'q s="line\nbreak {i}",v={i} {i}', 'n,t=x\\ y u={i}u {i}', '# comment {i}', '',
+                 'm s="q\\"uote\n{i}" {i}', 'm,t=b v={i}i {i}\r', 'p,k=a\\\nb f={i} {i}', '  m,t=c v={i}i {i}']
+    for _ in range(30):
+        body = "\n".join(rnd.choice(templates).format(i=i) for i in range(rnd.randint(1, 60))).encode()
+        whole = parse_lines(body, default_time_ns=DEFAULT_TIME)
+        assert whole.errors == []
+        max_bytes = rnd.randint(1, 200)
+        parts = [parse_lines(p, default_time_ns=DEFAULT_TIME) for p in _pieces(body, max_bytes)]
+        assert all(r.errors == [] for r in parts)
+        assert sum(r.lines for r in parts) == whole.lines
+        key = lambda p: json.dumps(p, sort_keys=True)  # noqa: E731
+        assert sorted(map(key, points_of(whole))) == sorted(key(p) for r in parts for p in points_of(r))
+        for p in _pieces(body, max_bytes):
+            assert len(p) <= max_bytes or parse_lines(p, default_time_ns=DEFAULT_TIME).lines <= 1

@@ -218,9 +218,10 @@ def test_body_types():
 
 def test_default_time_and_precision():
     with pytest.raises(ValueError):
-        parse_lines(b"m f=1", "h")
-    assert lp._parse_c(b"m f=1", "h") is None
-    for p, mult in (("ns", 1), ("us", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000)):
+        parse_lines(b"m f=1", "d")
+    assert lp._parse_c(b"m f=1", "d") is None
+    for p, mult in (("ns", 1), ("us", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000), ("m", 60_000_000_000),
+                    ("h", 3_600_000_000_000)):
         res = handled(f"m f=1\nm f=2 3\nm f=3 -{I64_MAX // mult}", p, 42)
         assert res.tables["m"].data.column("time").to_pylist() == [42, 3 * mult, -(I64_MAX // mult) * mult]
     assert lp._parse_c(b"m f=1", "ns", 1 << 63) is None  # out of int64: the Python path decides

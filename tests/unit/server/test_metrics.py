@@ -53,3 +53,15 @@ def test_gc_pauses_are_counted_per_generation():
     assert s[("iox_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.02")))] == 0
     assert s[("iox_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.05")))] == 1
     assert s[("iox_gc_pause_seconds_bucket", (("generation", "0"), ("le", "0.0005")))] == 1
+
+
+def test_poisoned_messages_are_counted_and_the_held_ones_gauged_per_database():
+    m = ServerMetrics()
+    m.poisoned("a")
+    m.poisoned("a")
+    m.poisoned_held("a", 1)
+    m.poisoned_held("b", 0)
+    s = _samples(m)
+    assert s[("iox_poisoned_messages_total", (("database", "a"),))] == 2
+    assert s[("iox_poisoned_messages_held", (("database", "a"),))] == 1
+    assert s[("iox_poisoned_messages_held", (("database", "b"),))] == 0

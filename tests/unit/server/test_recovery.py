@@ -151,3 +151,64 @@ def test_a_legacy_checkpoint_past_epoch_255_gets_an_origin_above_every_seq_and_r
     assert state.database_checkpoint.seq_origin == db.seq_origin
     assert state.database_checkpoint.sequencer_numbers == {0: (None, 3)} and state.database_checkpoint.complete
     assert _recover(store, end=4)[0].seq_origin == db.seq_origin  # recorded: the next start keeps it
+
+
+def test_replay_reads_from_past_the_checkpoint_to_the_end_and_reports_its_progress(store):
+    origin = legacy_seq_origin(255) + 42 * SEQ_ROWS_PER_OFFSET
+    _persisted(store, 256, origin, origin, seen=5, n=0, delete_at=3)  # offsets 0..5 persisted
+    catalog = Catalog()
+    out = recovery.recover(None, catalog, store, 1, NOW, 100, [DB], _WriteBuffer(9))  # Kafka holds 0..8
+    topic = topic_for(DB)
+    assert out.start_offsets[topic] == {0: 6} and out.replay_from[topic] == {0: 6}
+    assert out.replay_until[topic] == {0: 8}
+    applied = catalog.database(DB).applied_hi_inclusive
+    assert recovery.replay_progress(out.replay_from[topic], out.replay_until[topic], applied) == (0, 3)
+    assert recovery.replay_progress(out.replay_from[topic], out.replay_until[topic], {0: 7}) == (2, 3)
+    # nothing past the checkpoint: nothing to replay
+    out = recovery.recover(None, Catalog(), store, 1, NOW, 100, [DB], _WriteBuffer(6))
+    assert out.replay_until[topic] == {} and out.replay_from[topic] == {}
+
+
+def test_a_loss_found_again_at_start_is_the_record_found_while_running_accepted_now():
+    from catalog.catalog import LostWriteRange
+    from server.recovery import merge_lost_writes
+
+    running = LostWriteRange(0, 5, 7, 100.0, "topic replaced", epoch=2)
+    other = LostWriteRange(1, 3, None, 100.0, "topic replaced", accepted=True, accepted_at_s=101.0, epoch=2)
+    found = LostWriteRange(0, 5, None, 200.0, "topic gone", accepted=True, accepted_at_s=200.0, epoch=2)
+    merged = merge_lost_writes([running, other], found, 200.0)
+    assert merged == [LostWriteRange(0, 5, 7, 100.0, "topic replaced", accepted=True, accepted_at_s=200.0, epoch=2),
+                      other]
+    elsewhere = LostWriteRange(1, 8, None, 200.0, "topic gone", accepted=True, accepted_at_s=200.0, epoch=2)
+    assert merge_lost_writes([running], elsewhere, 200.0) == [running, elsewhere]
+    older_epoch = LostWriteRange(0, 5, None, 200.0, "gone", accepted=True, accepted_at_s=200.0, epoch=3)
+    assert merge_lost_writes([running], older_epoch, 200.0) == [running, older_epoch]
+
+
+def test_recorded_losses_and_accepted_messages_come_back_and_skip_lost_writes_accepts_the_open_ones(store):
+    """A loss found while a server ran (not accepted) and a message accepted as skipped are in the
+    preserved catalog: a start without --skip-lost-writes that finds no loss keeps the loss open
+    (writes stay refused) and the accepted message (skipped by the consumer in its epoch); a start
+    with the flag accepts the loss and records that."""
+    from catalog.catalog import ACCEPTED
+    from catalog.preserved_catalog import (AcceptedPoisonEntry, LostWritesEntry, RecordAcceptedPoison,
+                                           RecordLostWrites)
+
+    pc, _state = PreservedCatalog.create_or_load(store, DB, NOW)
+    pc.commit([RecordDatabaseCheckpoint(topic=topic_for(DB), kafka_partitions=1, sequencer_numbers={0: (None, 9)},
+                                        topic_id=TOPIC_ID, seq_origin=0, complete=True),
+               RecordLostWrites(ranges=[LostWritesEntry(partition=0, from_offset=10, to_exclusive=12,
+                                                        detected_at_s=NOW - 5, reason="topic replaced")]),
+               RecordAcceptedPoison(messages=[AcceptedPoisonEntry(epoch=0, partition=0, offset=11, table="cpu",
+                                                                  kind="write", error="boom", detected_at_s=NOW - 9,
+                                                                  accepted_at_s=NOW - 8)])], NOW)
+    db, _state = _recover(store, 12)
+    assert [(r.partition, r.from_offset, r.to_exclusive, r.accepted) for r in db.lost_writes] == [(0, 10, 12, False)]
+    assert [(r.offset, r.state) for r in db.poisoned] == [(11, ACCEPTED)] and db.accepted_offsets() == {(0, 11)}
+    catalog = Catalog()
+    recovery.recover(None, catalog, store, 1, NOW + 1, 100, [DB], _WriteBuffer(12), skip_lost_writes=True)
+    db = catalog.database(DB)
+    assert [(r.accepted, r.accepted_at_s) for r in db.lost_writes] == [(True, NOW + 1)]
+    state = PreservedCatalog.create_or_load(store, DB, NOW)[1]
+    assert [e.accepted_at_s for e in state.lost_writes] == [NOW + 1]
+    assert [e.offset for e in state.accepted_poison] == [11]

@@ -296,3 +296,22 @@ def test_a_block_for_what_a_message_is_restarts_as_soon_as_it_is_applied():
     pt2.take(0, unknown, w.value, KP, ROOM)
     assert pt2.blocked_at == 0 and pt2.full is False
     assert pt2.trim(0, room_bytes=0) is True and pt2.next_offset == 1
+
+
+def test_a_delete_the_consumer_fails_to_apply_blocks_instead_of_stopping_the_tail():
+    """A delete whose value parses but cannot be applied (an infinite start time: the consumer
+    fails on it and sets it aside, server/poison.py) is not held as if it were applied: the
+    partition blocks at it, alone or as a committed part (with the part's write beside it)."""
+    import dataclasses
+
+    bad = b'{"table":"cpu","start_ns":1e999,"stop_ns_exclusive":10,"predicate":[]}'
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
+    _take(pt, 0, _write())
+    _take(pt, 1, dataclasses.replace(encode_delete("cpu", 0, 10, []), value=bad))
+    assert pt.blocked_at == 1 and pt.visible_hi == 0 and [o for o, _it in pt.items] == [0]
+    pt = PartitionTail.starting_after(-1, seq_origin=0)
+    w = _write()
+    _take(pt, 0, as_part(w, "t1", coordinator_kp=3))
+    _take(pt, 1, as_part(dataclasses.replace(encode_delete("cpu", 0, 10, []), value=bad), "t1", coordinator_kp=3))
+    _take(pt, 2, encode_marker("t1", "commit", KP))
+    assert pt.blocked_at == 2 and pt.visible_hi == 1 and pt.items == [] and pt.nbytes == 0  # parts: invisible
