@@ -29,8 +29,8 @@ import tempfile
 import time
 import traceback
 
-from . import harness
-from .harness import Row
+from bench import harness
+from bench.harness import Row
 
 SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload"]
 #: scenarios whose baseline runs in the separate baseline Spark application
@@ -104,9 +104,9 @@ def _start_server_and_worker(ctx: Context, args: list, selected: list) -> None:
         secs = ctx.server.start()
     else:
         if "e2e" in selected:
-            from server.broker import start_or_reuse
+            from server.runtime.broker import start_or_reuse
 
-            from .scenarios.end_to_end import BaselineWarmup
+            from bench.scenarios.end_to_end import BaselineWarmup
 
             tb = time.monotonic()
             broker = start_or_reuse(ctx.server.data_dir, storage=_broker_storage(args))
@@ -148,7 +148,7 @@ def _release_baseline(ctx: Context, selected: list) -> None:
     if ctx.worker is None or ctx.worker.proc.poll() is not None:
         return
     if "query" in selected:
-        from .scenarios import query_latency
+        from bench.scenarios import query_latency
 
         try:
             query_latency.prepare_baseline(ctx)
@@ -160,7 +160,7 @@ def _release_baseline(ctx: Context, selected: list) -> None:
 
 def _broker_storage(args: list) -> str:
     """The embedded broker storage our servers' arguments ask for (`--broker-storage[=]X`), else the default."""
-    from server.broker import DEFAULT_BROKER_STORAGE
+    from server.runtime.broker import DEFAULT_BROKER_STORAGE
 
     for i, a in enumerate(args):
         if a.startswith("--broker-storage="):
@@ -189,7 +189,7 @@ def _watched_processes(ctx: Context) -> dict:
 
 
 def _run_scenario(name: str, ctx: Context) -> list[Row]:
-    from .scenarios import end_to_end, latency, overload, parse_throughput, query_latency, restart, write_throughput
+    from bench.scenarios import end_to_end, latency, overload, parse_throughput, query_latency, restart, write_throughput
 
     mod = {"parse": parse_throughput, "e2e": end_to_end, "restart": restart, "write": write_throughput,
            "latency": latency, "query": query_latency, "overload": overload}[name]

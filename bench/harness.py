@@ -318,7 +318,7 @@ class RealtimeClients:
         self.raised = False
 
     def __enter__(self) -> "RealtimeClients":
-        from server.write_path_priority import raise_write_path_priority
+        from server.runtime.write_path_priority import raise_write_path_priority
 
         [res] = raise_write_path_priority([os.getpid()], self.priority)
         self.raised = res.not_raised is None
@@ -473,7 +473,7 @@ class ServerProcess:
         return self.wait_ready(timeout_s)
 
     def launch(self, extra_args: list | None = None) -> None:
-        from server.client import IoxClient
+        from server.api.client import IoxClient
 
         if extra_args is not None:
             self.extra_args = list(extra_args)
@@ -591,7 +591,7 @@ class ServerProcess:
         with open(rec) as f:
             r = json.load(f)
         if r.get("store_pid"):
-            from server.broker import BrokerHandle
+            from server.runtime.broker import BrokerHandle
 
             BrokerHandle(pid=int(r["pid"]), port=int(r["port"]), storage=r["storage"], owned=True,
                          record_path=rec, store_pid=int(r["store_pid"])).stop()
@@ -732,7 +732,7 @@ def recent_t0_ns(offset_s: float = 3600.0) -> int:
 
 def tables_on_distinct_partitions(prefix: str, partitions: int) -> list[str]:
     """One table name per Kafka partition (the router hashes the table name to a partition)."""
-    from server.write_buffer import partition_for
+    from catalog.sharding import partition_for
 
     names: dict = {}
     i = 0
@@ -814,7 +814,7 @@ def run_writers(addr: str, database: str, batches: list, clients: int, duration_
     """
     import grpc
 
-    from server.client import IoxClient
+    from server.api.client import IoxClient
 
     stats = stats if stats is not None else WriteStats()
     lock = stats.lock

@@ -18,12 +18,13 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-from .chunk import Chunk
-from .delete_mailbox import DeleteMailbox
-from .persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
-from .preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
-from .schema import SchemaRegistry, TableSchema
-from .transactions import TxnLog
+from catalog.chunk import Chunk
+from catalog.delete_mailbox import DeleteMailbox
+from catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
+from catalog.preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
+from catalog.schema import SchemaRegistry, TableSchema
+from catalog.transactions import TxnLog
+from catalog.errors import CatalogError
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
            "HELD", "RETRYING", "ACCEPTED"]
@@ -32,7 +33,7 @@ __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "Lo
 _CHUNK_IDS = itertools.count(1)
 
 
-class DatabaseNotFoundError(KeyError):
+class DatabaseNotFoundError(CatalogError, KeyError):
     def __init__(self, name: str):
         self.name = name
         super().__init__(name)
@@ -105,7 +106,7 @@ ACCEPTED = "accepted"
 @dataclass
 class PoisonedMessage:
     """A write-buffer message whose micro-batch failed, found by the consumer to fail on its own
-    (server/poison.py), and set aside so that every other database and Kafka partition goes on.
+    (server/write_buffer/poison.py), and set aside so that every other database and Kafka partition goes on.
 
     ``state``: HELD: its Kafka partition applies nothing at or after ``offset`` (its applied
     watermark stays at ``offset - 1``) until an operator retries or accepts it; RETRYING: the
@@ -163,7 +164,7 @@ class Database:
     lost_writes: list = field(default_factory=list)
     #: the topic was deleted and created again while this server ran (writes refused until a restart)
     topic_replaced: bool = False
-    #: messages the consumer skipped as unreadable (server/wire_format.py header_problem), since this
+    #: messages the consumer skipped as unreadable (server/write_buffer/wire_format.py header_problem), since this
     #: server started: {kp: (count, last offset, last reason)}
     skipped_messages: dict = field(default_factory=dict)
     #: Kafka's id of the topic incarnation this server reads (None until known); recorded in
@@ -181,7 +182,7 @@ class Database:
     #: again, could be lost in a crash). Under Catalog.lock; see Catalog.withdraw_chunks.
     failed_batch_hi: dict = field(default_factory=dict)
     #: messages set aside because applying them failed (PoisonedMessage: held, retrying or
-    #: accepted; see server/poison.py). Under Catalog.lock.
+    #: accepted; see server/write_buffer/poison.py). Under Catalog.lock.
     poisoned: list = field(default_factory=list)
 
     def held_offsets(self) -> dict:
@@ -372,7 +373,7 @@ class Catalog:
 
     def forget_unapplied(self, db: Database, kp: int, from_offset: int) -> None:
         """Kafka partition `kp` of `db` stops before `from_offset` (a message there is held,
-        server/poison.py): what failed micro-batch attempts recorded in the persistence windows at
+        server/write_buffer/poison.py): what failed micro-batch attempts recorded in the persistence windows at
         and after it is forgotten (their chunks were withdrawn; the offsets are recorded again once
         applied), so no persist claims those offsets, and the hold those attempts put on persists
         (`Database.failed_batch_hi`) ends for `kp`: the caller applied every offset below

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .errors import (
+from catalog.errors import (
     CheckpointDecodeError,
     InvertedOffsetRange,
     PartitionCheckpointMaximumAfterDatabase,

@@ -22,7 +22,7 @@ class Delete:
     table: str | None
     start_ns: int
     stop_ns_exclusive: int
-    #: [[column, op, value, kind], ...] (server/delete_predicate.py to_json)
+    #: [[column, op, value, kind], ...] (catalog/delete_predicate.py to_json)
     predicate: tuple
     #: write-buffer position: rows with a smaller `_iox_seq` are before it
     seq: int

@@ -35,8 +35,8 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Union
 
-from .checkpoint import PartitionCheckpoint, UnpersistedOffsets
-from .errors import (
+from catalog.checkpoint import PartitionCheckpoint, UnpersistedOffsets
+from catalog.errors import (
     EmptyWriteRange,
     FlushHandleReleased,
     ForeignFlushHandle,
@@ -332,7 +332,7 @@ class PersistenceWindows:
     def forget_from(self, kp: int, offset: int) -> None:
         """Forgets the offsets at and after ``offset`` of Kafka partition ``kp``: a micro-batch
         attempt recorded them and was withdrawn, and they are not applied before a message at
-        ``offset`` is resolved (server/poison.py); once applied they are recorded again. Each window
+        ``offset`` is resolved (server/write_buffer/poison.py); once applied they are recorded again. Each window
         keeps only its offsets below ``offset`` (the rows it counts stay counted: an
         over-estimate), the offsets seen end at ``offset - 1``, and an outstanding flush handle's
         checkpoint is cut the same way, so a persist never claims a forgotten offset is persisted."""

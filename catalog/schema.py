@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from catalog.errors import CatalogError
 
 __all__ = ["Column", "TableSchema", "SchemaRegistry", "ColumnTypeConflict", "SPARK_TYPES",
            "TIME_NS_COLUMN", "SEQ_COLUMN", "RESERVED_COLUMNS"]
@@ -23,13 +24,13 @@ SPARK_TYPES = {
 }
 #: Chunks store the point time as exact nanoseconds in this column.
 TIME_NS_COLUMN = "time_ns"
-#: Write-buffer order of a row within its table (see server/ingest.py seq_base).
+#: Write-buffer order of a row within its table (see server/consume/ingest.py seq_base).
 SEQ_COLUMN = "_iox_seq"
 #: Names a user cannot use for a tag or field.
 RESERVED_COLUMNS = frozenset({TIME_NS_COLUMN, SEQ_COLUMN})
 
 
-class ColumnTypeConflict(Exception):
+class ColumnTypeConflict(CatalogError):
     def __init__(self, table: str, column: str, existing: str, new: str):
         self.table = table
         self.column = column

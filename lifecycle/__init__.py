@@ -1,0 +1,9 @@
+"""The lifecycle: what becomes of a chunk after ingest, decided by a pure policy.
+
+Chunk forms and how Spark reads them (`chunk_data.py`, `ipc_segments.py`,
+`local_rows.py`, `views.py`, `parquet_source.py`), the policy (`policy.py`,
+`rules.py`: state in, actions out) and the actions the worker executes
+(`compact.py`, `compact_persisted.py`, `persist.py`, `unload.py`, `worker.py`).
+
+May import: `catalog` and third-party libraries; never `server`.
+"""

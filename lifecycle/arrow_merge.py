@@ -1,7 +1,7 @@
 """Merging chunk rows in Arrow: deletes and deduplication, exactly as the table views do them in SQL.
 
 Invariant: for rows in the chunk layout (value columns, `time_ns`, `_iox_seq`),
-`apply_deletes` removes exactly the rows `server/views.py deletes_sql` removes
+`apply_deletes` removes exactly the rows `lifecycle/views.py deletes_sql` removes
 (a delete takes rows written before it, `_iox_seq < seq`, with start <= time <
 stop, matching every term NULL-safely: a NULL never matches), and
 `deduplicate` gives exactly `views._merge_sql`'s rows: one per (tags, time_ns),
@@ -23,7 +23,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 __all__ = ["ArrowDelete", "as_arrow_delete", "deletes_supported", "apply_deletes", "deduplicate", "sort_by_seq"]
 
-#: (column type, literal kind) pairs a delete term may compare (server/delete_predicate.py
+#: (column type, literal kind) pairs a delete term may compare (catalog/delete_predicate.py
 #: validate_against_schema); others are not evaluated here
 _SUPPORTED = {("string", "string"), ("float", "float"), ("float", "integer"), ("integer", "integer"),
               ("uinteger", "integer"), ("boolean", "boolean")}
@@ -36,7 +36,7 @@ class ArrowDelete(NamedTuple):
     stop_ns_exclusive: int
     #: rows with a smaller `_iox_seq` were written before it
     seq: int
-    #: ((column, op, value, kind), ...) as server/delete_predicate.py to_json
+    #: ((column, op, value, kind), ...) as catalog/delete_predicate.py to_json
     terms: tuple
 
 

@@ -16,7 +16,7 @@ import pickle
 from catalog import time_spans
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
-from server.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
+from lifecycle.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
 __all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
@@ -92,7 +92,7 @@ def arrow_plan(chunks: list, schema, deletes: list):
 def arrow_deletes_meeting(chunks: list, schema, deletes: list) -> list | None:
     """The `deletes` (of the mailbox) whose time range meets `chunks`' (non-empty) as ArrowDelete,
     or None when Arrow cannot evaluate a term of one of them. Pure (driver)."""
-    from .arrow_merge import as_arrow_delete, deletes_supported
+    from lifecycle.arrow_merge import as_arrow_delete, deletes_supported
 
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
@@ -106,7 +106,7 @@ def indexed_segments_df(chunks: list, segment_lists: list | None = None):
     read now). Driver side; no job runs."""
     from pyspark.sql import functions as F
 
-    from .ipc_segments import SEGMENT_COLUMNS
+    from lifecycle.ipc_segments import SEGMENT_COLUMNS
 
     inputs = None
     for i, segs in enumerate(segment_lists if segment_lists is not None else [c.segments for c in chunks]):
@@ -140,8 +140,8 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     the whole merge, since deduplication only merges rows of one time."""
     import pyarrow as pa
 
-    from .arrow_merge import apply_deletes, deduplicate
-    from .ipc_segments import chunk_arrow_schema, read_segment_rows
+    from lifecycle.arrow_merge import apply_deletes, deduplicate
+    from lifecycle.ipc_segments import chunk_arrow_schema, read_segment_rows
 
     columns = [(t, "string") for t in tags] + list(fields)
     target = chunk_arrow_schema(columns)
@@ -220,7 +220,7 @@ def arrow_merge_parts(chunks: list) -> int:
 
 
 def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: list):
-    """The `merged_relation` of `server.views.table_view_sql` for a table view over `chunks`: a
+    """The `merged_relation` of `lifecycle.views.table_view_sql` for a table view over `chunks`: a
     group of overlapping chunks that all hold the write-buffer form, of at least
     ARROW_MERGE_MIN_ROWS rows, whose deletes are evaluable in Arrow, reads a global temp view of
     its `arrow_merged_df` (computed by `arrow_merge_parts` tasks each time a query reads it: for
@@ -259,7 +259,7 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
 
 def table_deletes(db, table: str) -> list:
     """The deletes that apply to `table` (its own, and database-wide ones via its Kafka partition)."""
-    from server.write_buffer import partition_for
+    from catalog.sharding import partition_for
 
     return db.deletes.for_table(table, partition_for(table, db.kafka_partitions))
 

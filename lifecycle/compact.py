@@ -36,12 +36,12 @@ from catalog.catalog import Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN
 
-from server.crash_points import crash_point
+from catalog.crash_points import CrashPoint, crash_point
 
-from .chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
+from lifecycle.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
                          row_stats, schema_bytes, table_deletes, time_disjoint)
-from .ipc_segments import register_segments_chunk
-from .local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
+from lifecycle.ipc_segments import register_segments_chunk
+from lifecycle.local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
 
 __all__ = ["compact_chunks"]
 
@@ -113,7 +113,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     if lo is None:  # every row was deleted: the chunk keeps its inputs' time bounds (persist then flushes
         # their windows, and the policy compares bounds as numbers)
         lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
-    crash_point("compact_before_swap")
+    crash_point(CrashPoint.COMPACT_BEFORE_SWAP)
     cid = catalog.next_chunk_id()
     columns = schema.to_json()
     # a join of local chunks stays local while it is small (lifecycle/local_rows.py); a merge of

@@ -38,11 +38,11 @@ from catalog.chunk import Chunk
 from catalog.object_store import ObjectStore, parquet_key
 from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
-from server.crash_points import crash_point
+from catalog.crash_points import CrashPoint, crash_point
 
-from .chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
+from lifecycle.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
                          schema_bytes, table_deletes, time_disjoint)
-from .persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
+from lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
 __all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks"]
 
@@ -110,9 +110,9 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         added = [add_parquet_action(m, table, partition_key, schema) for m in meta]
         actions += added
         actions += [RemoveParquet(k) for k in old_keys]
-        crash_point("compact_persisted_after_parquet")
+        crash_point(CrashPoint.COMPACT_PERSISTED_AFTER_PARQUET)
         revision = preserved.commit(actions, now)
-        crash_point("compact_persisted_after_commit")
+        crash_point(CrashPoint.COMPACT_PERSISTED_AFTER_COMMIT)
     except BaseException:
         with catalog.lock:
             part.compacting = False
@@ -185,9 +185,9 @@ def _arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns:
 
         from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-        from .arrow_merge import apply_deletes, deduplicate
-        from .ipc_segments import arrow_type, chunk_arrow_schema
-        from .persist import write_files
+        from lifecycle.arrow_merge import apply_deletes, deduplicate
+        from lifecycle.ipc_segments import arrow_type, chunk_arrow_schema
+        from lifecycle.persist import write_files
 
         for _ in batches:  # the one input row only starts the task
             pass

@@ -113,7 +113,7 @@ def chunk_table(t, layout: int, seq_base: int, day_lo, day_hi, columns: list):
     names += [TIME_NS_COLUMN, SEQ_COLUMN]
     out = pa.Table.from_arrays(arrays, names=names)
     if day_lo is not None and n:
-        from server.wire_format import day_numbers
+        from catalog.partition_keys import day_numbers
 
         d = day_numbers(out.column(TIME_NS_COLUMN).combine_chunks())
         out = out.filter(pc.and_(pc.greater_equal(d, day_lo), pc.less_equal(d, day_hi)))
@@ -163,7 +163,7 @@ def register_segments_chunk(segments: list, columns, chunk_id: int) -> str:
     The view decodes the segments on the executors each time it is read.
     """
     from catalog.schema import TableSchema
-    from server.views import chunk_view_name, spark_struct_for
+    from lifecycle.views import chunk_view_name, spark_struct_for
 
     schema = TableSchema.from_json("_", columns)
     df = segments_df(segments)

@@ -7,13 +7,13 @@ small table (a status or probe table written a few points at a time) those
 round trips were most of a query's Spark time. So a micro-batch's messages of
 one table that are all small become a *local* chunk instead: their payloads
 reach the driver with the batch's metadata (which the consumer collects
-anyway; server/ingest.py), the chunk's segment is a local relation of those
+anyway; server/consume/ingest.py), the chunk's segment is a local relation of those
 payloads (no Spark job builds it: compaction and persist read it like any
 other segment), and its rows, decoded on the driver by the same
 `read_segment_rows` the executors run, are held in `Chunk.local_rows` and
 registered as a local relation: its view runs no Python worker, and the query
 engine merges a small table's local chunks with its tail rows in Arrow
-(server/query.py).
+(server/query/engine.py).
 
 Invariant: a chunk's `local_rows` are exactly the rows its segments decode to,
 in the chunk layout of its `columns` (value columns, `time_ns`, `_iox_seq`), in
@@ -27,7 +27,7 @@ engine); nothing here is pickled.
 """
 from __future__ import annotations
 
-from .ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
+from lifecycle.ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
                            value_columns_of)
 
 __all__ = ["LOCAL_PAYLOAD_MAX_BYTES", "LOCAL_BUILD_MAX_BYTES", "LOCAL_CHUNK_MAX_ROWS", "segment_table",
@@ -79,14 +79,14 @@ def conform(rows, columns: list):
 def local_df(spark, rows, columns: list):
     """A local relation of `rows` (a pyarrow Table in the chunk layout of `columns`). No job runs."""
     from catalog.schema import TableSchema
-    from server.views import spark_struct_for
+    from lifecycle.views import spark_struct_for
 
     return spark.createDataFrame(rows, schema=spark_struct_for(TableSchema.from_json("_", columns)))
 
 
 def register_local_chunk(spark, rows, columns: list, chunk_id: int) -> str:
     """Registers a local chunk's view: a local relation of its `rows`. Returns the view name."""
-    from server.views import chunk_view_name
+    from lifecycle.views import chunk_view_name
 
     view = chunk_view_name(chunk_id)
     local_df(spark, rows, columns).createOrReplaceGlobalTempView(view)
@@ -117,7 +117,7 @@ def merge_rows(t, schema, deletes: list):
     deduplicated in Arrow (lifecycle/arrow_merge.py: the rows the SQL merge of the table views
     gives), or None when a delete is not evaluable in Arrow. Pure (driver: compaction of local
     chunks, the query engine's merge of a small table)."""
-    from .arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
+    from lifecycle.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
 
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     arrow_deletes = [as_arrow_delete(d) for d in deletes]

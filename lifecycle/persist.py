@@ -44,12 +44,12 @@ from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordPar
                                        SetTableSchema)
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-from server.crash_points import crash_point
+from catalog.crash_points import CrashPoint, crash_point
 
-from .chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
+from lifecycle.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
                          register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes)
-from .ipc_segments import LAYOUT_CHUNK, register_segments_chunk
-from .policy import ChunkState, select_persistable_chunks
+from lifecycle.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
+from lifecycle.policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
            "add_parquet_action", "FILE_META_SCHEMA", "write_files"]
@@ -180,7 +180,7 @@ def mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
     files (committed ones and the ones this transaction adds). Deletes of tables
     without any file stay in the mailbox. Returns the deletes recorded.
     """
-    from server.write_buffer import partition_for
+    from catalog.sharding import partition_for
 
     files_by_table: dict = {}
     for key, f in preserved.state.files.items():
@@ -587,10 +587,10 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             epoch=db.epoch))
         actions.append(db.checkpoint_action(
             {kp: (o.min_unpersisted_offset, o.max_seen_offset) for kp, o in db_ckpt.offsets.items()}))
-        crash_point("persist_after_parquet")
+        crash_point(CrashPoint.PERSIST_AFTER_PARQUET)
         revision = preserved.commit(actions, now)
         t_commit = time.perf_counter()
-        crash_point("persist_after_commit")
+        crash_point(CrashPoint.PERSIST_AFTER_COMMIT)
     except BaseException as e:
         with catalog.lock:
             part.windows.abort(handle)

@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal, Union
 
-from .errors import InvalidLifecycleState
-from .rules import LifecycleRules
+from lifecycle.errors import InvalidLifecycleState
+from lifecycle.rules import LifecycleRules
 
 __all__ = [
     "CHUNK_STATES",

@@ -23,7 +23,7 @@ from typing import Any
 
 from catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S
 
-from .errors import InvalidLifecycleRule
+from lifecycle.errors import InvalidLifecycleRule
 
 __all__ = [
     "DEFAULT_PERSIST",

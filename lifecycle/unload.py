@@ -11,7 +11,7 @@ import logging
 
 from catalog.catalog import Catalog, Database
 
-from .chunk_data import register_parquet_chunk
+from lifecycle.chunk_data import register_parquet_chunk
 
 __all__ = ["unload_chunk"]
 

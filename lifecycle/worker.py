@@ -42,16 +42,16 @@ from catalog.cleanup import delete_unreferenced
 from catalog.errors import RevisionConflict
 from catalog.preserved_catalog import transaction_key
 
-from server.crash_points import crash_point
+from catalog.crash_points import CrashPoint, crash_point
 
-from .chunk_data import release_chunk_data
-from .compact import compact_chunks
-from .compact_persisted import compact_persisted_chunks
-from .persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
-from .policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState,
+from lifecycle.chunk_data import release_chunk_data
+from lifecycle.compact import compact_chunks
+from lifecycle.compact_persisted import compact_persisted_chunks
+from lifecycle.persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
+from lifecycle.policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState,
                      PersistChunks, UnloadChunk, decide)
-from .rules import LifecycleRules
-from .unload import unload_chunk
+from lifecycle.rules import LifecycleRules
+from lifecycle.unload import unload_chunk
 
 __all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S",
            "FENCE_PROBE_INTERVAL_S"]
@@ -335,7 +335,7 @@ class LifecycleWorker:
         """Records `db` (its topic, Kafka topic id and epoch) in its preserved catalog if the catalog
         holds no database checkpoint yet; True when it committed one. Called by the server before
         the first write to a database is produced, so that a write buffer that loses the database's
-        writes before any persist is detected at the next start (server/recovery.py), not silently
+        writes before any persist is detected at the next start (server/consume/recovery.py), not silently
         read as an empty topic. Raises what the commit raises."""
         with self._action_lock:
             pc = self.preserved_for(db.name, now)
@@ -371,7 +371,7 @@ class LifecycleWorker:
     def mark_checkpoint_complete(self, db, now: float) -> bool:
         """Commits the database's last checkpoint again, marked complete, if nothing of the database is
         unpersisted (every partition's windows empty): its topic then holds nothing that is not in
-        Parquet, so losing the topic loses nothing (server/recovery.py continues in a new epoch). True
+        Parquet, so losing the topic loses nothing (server/consume/recovery.py continues in a new epoch). True
         when committed. Called by the server after its topic was replaced while it ran."""
         with self._action_lock:
             pc = self.preserved.get(db.name)
@@ -424,7 +424,7 @@ class LifecycleWorker:
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
             # compaction of persisted files) still read stay until those chunks are released
             in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys()
-            crash_point("cleanup_before_delete")
+            crash_point(CrashPoint.CLEANUP_BEFORE_DELETE)
             try:
                 deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now,
                                                newer_revision=pc.newer_revision)

@@ -27,7 +27,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # reinstall only when what the install depends on changed
-stamp=".venv/.iox-installed-$(cat pyproject.toml setup.py proto/build_stubs.py proto/iox/*.proto server/_lpfast.c | sha1sum | cut -c1-16)"
+stamp=".venv/.iox-installed-$(cat pyproject.toml setup.py proto/build_stubs.py proto/iox/*.proto server/write/_lpfast.c | sha1sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ ! -f iox/__init__.py ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[test]"
@@ -35,7 +35,7 @@ if [ ! -f "$stamp" ] || [ ! -f iox/__init__.py ]; then
   touch "$stamp"
 fi
 
-# the durable embedded broker's store (server/broker.py): s3rver, a Node package, under .venv/node
+# the durable embedded broker's store (server/runtime/broker.py): s3rver, a Node package, under .venv/node
 S3RVER_VERSION=3.7.1
 if [ ! -x .venv/node/node_modules/.bin/s3rver ]; then
   if ! command -v npm >/dev/null 2>&1; then
@@ -47,12 +47,12 @@ if [ ! -x .venv/node/node_modules/.bin/s3rver ]; then
   npm install --prefix .venv/node --no-audit --no-fund --loglevel=error "s3rver@$S3RVER_VERSION" >&2
 fi
 
-# the Spark JVM's class-data-sharing archive (server/jvm_archive.py), built once per installation:
+# the Spark JVM's class-data-sharing archive (server/runtime/jvm_archive.py), built once per installation:
 # every server starts ~4 s faster; without it servers still start (tests/integration check it)
-.venv/bin/python -m server.jvm_archive >&2 || echo "setup: the JVM archive was not built; servers start without it" >&2
+.venv/bin/python -m server.cli.build_jvm_archive >&2 || echo "setup: the JVM archive was not built; servers start without it" >&2
 
 # the embedded in-memory broker (Tansu) keeps each message of ~128 KiB or more in a memory map of its
-# own and exits once it holds vm.max_map_count of them (65,530 by default; server/broker.py): raise it
+# own and exits once it holds vm.max_map_count of them (65,530 by default; server/runtime/broker.py): raise it
 # for this boot where we may (root, a writable /proc/sys), as Elasticsearch asks; else servers warn
 maps=$(cat /proc/sys/vm/max_map_count 2>/dev/null || echo 0)
 if [ "$maps" -gt 0 ] && [ "$maps" -lt 262144 ]; then

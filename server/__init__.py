@@ -1,0 +1,13 @@
+"""The server: the processes, APIs and paths around the catalog and its lifecycle.
+
+Subpackages by role, lowest first (each may import the ones before it, `catalog`
+and `lifecycle`, never one after it):
+`errors.py` and `metrics.py` (shared by all of them), `write_buffer/` (Kafka),
+`runtime/` (Spark, the embedded broker, process tuning), `config.py`,
+`consume/` (micro-batches into the catalog, recovery), `write/` (line protocol,
+router, deletes), `query/` (SQL, the write buffer's tail), `api/` (gRPC, HTTP,
+the client), `app.py` (the composition root) and `cli/` (the `iox` command).
+tests/unit/test_import_layers.py checks it.
+
+May import: `catalog`, `lifecycle`, the generated stubs `iox`, third-party libraries.
+"""

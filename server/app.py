@@ -18,7 +18,7 @@ used to lose their unpersisted writes with an in-memory broker) to protect one
 that the refusals above already protect. A restart loads the catalog again.
 
 A write-buffer message that fails to apply stops only its own Kafka partition
-of its database (server/poison.py): `iox poison retry` applies it again, `iox
+of its database (server/write_buffer/poison.py): `iox poison retry` applies it again, `iox
 poison accept` skips it for good (recorded); both restart the stream from the
 applied offsets while no micro-batch runs (`WriteBufferConsumer.restart`). Lost
 writes found while running (the topic replaced) are accepted with `iox
@@ -40,22 +40,23 @@ from grpc_health.v1 import health_pb2
 from catalog.catalog import ACCEPTED, RETRYING, Catalog, DatabaseNotFoundError, LostWriteRange
 from iox import management_pb2
 
-from . import broker as broker_mod
-from .config import ServerConfig
-from .consumer import WriteBufferConsumer
-from .end_polls import AckMarks
-from .errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
+from server.runtime import broker as broker_mod
+from server.config import ServerConfig
+from server.consume.consumer import WriteBufferConsumer
+from server.write_buffer.end_polls import AckMarks
+from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
                      WritesLost)
-from .grpc_services import SERVICE_NAMES, build_grpc_server
-from .errors import InvalidArgument, NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
-from .ingest import Ingestor
-from .poison import select
-from .query import QueryEngine
-from .router import Router
-from .spark import build_spark, lower_spark_priority
-from .write_buffer import WriteBuffer, topic_for
-from .write_buffer_tail import WriteBufferTail
-from .write_path_priority import raise_write_path_priority
+from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
+from server.errors import InvalidArgument, NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
+from server.consume.ingest import Ingestor
+from server.write_buffer.poison import select
+from server.query.engine import QueryEngine
+from server.write.router import Router
+from server.runtime.spark import build_spark, lower_spark_priority
+from server.write_buffer.producer import WriteBuffer
+from catalog.sharding import topic_for
+from server.query.tail import WriteBufferTail
+from server.runtime.write_path_priority import raise_write_path_priority
 
 __all__ = ["IoxServer", "DRAIN_TIMEOUT_S", "CATCH_UP_TIMEOUT_S"]
 
@@ -134,9 +135,10 @@ class IoxServer:
         from catalog.object_store import object_store_from_url
         from lifecycle.worker import LifecycleWorker
 
-        from .recovery import list_catalog_databases, recover
-        from .replay_schemas import load_replay_schemas
-        from .write_buffer import PartitionCountMismatch, database_of_topic
+        from server.consume.recovery import list_catalog_databases, recover
+        from server.consume.replay_schemas import load_replay_schemas
+        from server.write_buffer.producer import PartitionCountMismatch
+        from catalog.sharding import database_of_topic
 
         self.rules = cfg.lifecycle_rules()
         self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
@@ -161,7 +163,7 @@ class IoxServer:
         for topic, until in self._replay_until.items():  # types of Kafka-only tables, before any write
             load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
                                 rec.start_offsets.get(topic, {}), until)
-        # which Kafka partitions are held at a poisoned message (server/poison.py): none at start
+        # which Kafka partitions are held at a poisoned message (server/write_buffer/poison.py): none at start
         holds_file = os.path.join(scratch, "poison-holds.json")
         if os.path.exists(holds_file):
             os.unlink(holds_file)
@@ -208,7 +210,7 @@ class IoxServer:
         self.grpc.start()
         self.http = None
         if cfg.http_port:
-            from .http_api import HttpWriteServer
+            from server.api.http_api import HttpWriteServer
 
             self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port)
             self.http.start()
@@ -316,7 +318,7 @@ class IoxServer:
         """Backpressure on the write path: RESOURCE_EXHAUSTED / HTTP 503 while over the hard limit."""
         if self.lifecycle is None or not self.lifecycle.backpressure_engaged:
             return None
-        from .errors import WriteBufferOverloaded
+        from server.errors import WriteBufferOverloaded
 
         return WriteBufferOverloaded(self.catalog.memory_bytes(), self.rules.buffer_size_hard_bytes,
                                      self.rules.worker_backoff_s)
@@ -389,7 +391,7 @@ class IoxServer:
 
     def replay_progress(self, db) -> tuple[int, int]:
         """(offsets done, offsets to do) of the replay of `db` at start; (0, 0) when it replayed nothing."""
-        from .recovery import replay_progress
+        from server.consume.recovery import replay_progress
 
         plan = self._replay_plan.get(db.topic)
         if plan is None:
@@ -584,7 +586,7 @@ class IoxServer:
             return management_pb2.CompactResponse(compacted=False)
         return management_pb2.CompactResponse(compacted=True, chunk_id=c.id, rows=c.rows)
 
-    # -- poisoned messages (server/poison.py) ------------------------------------------
+    # -- poisoned messages (server/write_buffer/poison.py) ------------------------------------------
     def _held_poisoned(self, database: str, partition: int | None, offset: int | None):
         """(db, its HELD records of `partition` at `offset`); raises DatabaseNotFound,
         InvalidArgument, PoisonedMessageNotFound."""
@@ -643,7 +645,7 @@ class IoxServer:
             if not targets:
                 raise PoisonedMessageNotFound(database, partition, offset)
             self.lifecycle.commit_records(db, [RecordAcceptedPoison(messages=tuple(entries))], now)
-            with self.catalog.lock:  # read again from it, it is passed (server/ingest.py `accepted`)
+            with self.catalog.lock:  # read again from it, it is passed (server/consume/ingest.py `accepted`)
                 for r in targets:
                     r.state, r.accepted_at_s = ACCEPTED, now
             self.ingestor.poison_changed(db)

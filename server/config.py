@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .write_buffer import DEFAULT_REPLICATION_FACTOR
-from .broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
+from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from server.errors import ServerError
 
 __all__ = [
     "ServerConfig",
@@ -58,12 +59,12 @@ DEFAULT_SPARK_CONNECT_PORT = 15002
 #: compactions). 0 = same priority as the server. Only a Spark application the server starts.
 DEFAULT_SPARK_NICE = 10
 #: SCHED_RR priority (1-99) of the server's own threads and its embedded broker's
-#: (server/write_path_priority.py): a write's parsing, produce and acknowledgement take a core
+#: (server/runtime/write_path_priority.py): a write's parsing, produce and acknowledgement take a core
 #: as soon as they are runnable instead of waiting behind the Spark JVM's time slice, which
 #: nice values alone do not prevent. 1 is the lowest real-time priority, above every normal
 #: thread. 0 = off (the normal policy). Where the kernel refuses, the server logs it and serves.
 DEFAULT_WRITE_PATH_RT_PRIORITY = 1
-#: Payload bytes the write buffer's tail holds (server/write_buffer_tail.py): acknowledged writes
+#: Payload bytes the write buffer's tail holds (server/query/tail.py): acknowledged writes
 #: queryable before Spark applied them. 0 disables the tail (queries reflect applied writes only).
 DEFAULT_TAIL_MAX_BYTES = 256 * 1024 * 1024
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
@@ -86,7 +87,7 @@ def _int_in(value, lo: int, hi: float = float("inf")) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
-class InvalidConfig(ValueError):
+class InvalidConfig(ServerError, ValueError):
     def __init__(self, field: str, actual, reason: str):
         self.field = field
         self.actual = actual
@@ -117,7 +118,7 @@ class ServerConfig:
     replication_factor: int = DEFAULT_REPLICATION_FACTOR
     #: Embedded broker port; 0 = pick a free port.
     embedded_broker_port: int = 0
-    #: Embedded broker storage: "durable" (on disk) or "memory" (development only; see server/broker.py)
+    #: Embedded broker storage: "durable" (on disk) or "memory" (development only; see server/runtime/broker.py)
     broker_storage: str = DEFAULT_BROKER_STORAGE
     #: Address the gRPC server binds to.
     bind_host: str = "0.0.0.0"
@@ -132,7 +133,7 @@ class ServerConfig:
     lifecycle: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from .write_buffer import TXN_SLACK_S, txn_commit_deadline_s
+        from server.write_buffer.producer import TXN_SLACK_S, txn_commit_deadline_s
 
         if not _int_in(self.spark_nice, 0, 19):
             raise InvalidConfig("spark_nice", self.spark_nice, "must be an integer from 0 to 19")

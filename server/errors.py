@@ -32,7 +32,7 @@ __all__ = [
 
 
 class ServerError(Exception):
-    """Root of every error the server reports to a client."""
+    """Root of the server package's errors: those reported to a client and those that stop a start."""
 
 
 class InvalidArgument(ServerError):
@@ -172,7 +172,7 @@ class DatabaseFenced(ServerError):
 
 
 class QueryRefused(ServerError):
-    """A Query API statement the SQL sandbox (server/sql_sandbox.py) does not run: it reaches beyond the
+    """A Query API statement the SQL sandbox (server/query/sql_sandbox.py) does not run: it reaches beyond the
     tables of the request's ``database`` (PERMISSION_DENIED). Nothing of it ran."""
 
     def __init__(self, database: str, message: str):

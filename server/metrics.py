@@ -10,9 +10,9 @@ Kafka until every one is acknowledged); and what was acknowledged
 before Kafka acknowledged it counts in the stages it passed, never in the
 acknowledged totals. `iox_gc_pause_seconds{generation=...}`: Python's garbage
 collections in the server process, each of which stops every thread
-(server/gc_pauses.py; recorded by `iox serve`). `iox_poisoned_messages_total{database}`:
+(server/runtime/gc_pauses.py; recorded by `iox serve`). `iox_poisoned_messages_total{database}`:
 write-buffer messages the consumer set aside because applying them failed (each
-time one is found failing; server/poison.py), `iox_poisoned_messages_held{database}`:
+time one is found failing; server/write_buffer/poison.py), `iox_poisoned_messages_held{database}`:
 those held now (their Kafka partition applies nothing after them until retried or
 accepted; `iox status` lists them).
 
@@ -21,7 +21,7 @@ Invariant: every figure counts what this server process did since it started
 a registry of its own, so several servers in one process (tests) never share
 or collide.
 
-Who calls it: the router (server/router.py) observes each stage in the gRPC /
+Who calls it: the router (server/write/router.py) observes each stage in the gRPC /
 HTTP worker thread that serves the request; the HTTP API renders the registry.
 Driver side only; nothing here is pickled.
 """

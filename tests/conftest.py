@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from server.broker import free_port, start_broker
-from server.client import IoxClient
+from server.runtime.broker import free_port, start_broker
+from server.api.client import IoxClient
 from server.config import ServerConfig
 
 logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -45,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..harness import (POINTS_PER_BATCH, Laps, Row, WriteStats, lp_batches, recent_t0_ns, run_writers, status_partitions,
+from bench.harness import (POINTS_PER_BATCH, Laps, Row, WriteStats, lp_batches, recent_t0_ns, run_writers, status_partitions,
                        tables_on_distinct_partitions)
 
 DB = "bench_e2e"
@@ -67,9 +67,9 @@ class BaselineWarmup:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         from catalog.schema import Column
-        from server.line_protocol import parse_lines
-        from server.wire_format import encode_write
-        from server.write_buffer import _producer_conf
+        from server.write.line_protocol import parse_lines
+        from server.write_buffer.wire_format import encode_write
+        from server.write_buffer.producer import _producer_conf
 
         self.ctx = ctx
         self.bootstrap = bootstrap

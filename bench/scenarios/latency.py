@@ -10,7 +10,7 @@ server's Spark JVM as a client on this shared machine would.
 Visibility: a probe writer writes one uniquely tagged point every
 `probe_interval_s` (whether or not earlier probes are visible yet), and a
 checker polls the visible watermark (applied, plus what the write buffer's
-tail holds: server/write_buffer_tail.py) and runs a real SQL query for the
+tail holds: server/query/tail.py) and runs a real SQL query for the
 probes whose write tokens are visible until the query returns them. Visibility
 latency = acknowledgement -> the end of the first query result containing the
 point (includes one query's own latency); a probe not seen within 30 s is a
@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..harness import (Laps, RealtimeClients, Row, lp_batches, percentile, recent_t0_ns, run_writers,
+from bench.harness import (Laps, RealtimeClients, Row, lp_batches, percentile, recent_t0_ns, run_writers,
                        stage_percentiles_ms, tables_on_distinct_partitions, write_stage_buckets)
 
 DB = "bench_latency"
@@ -62,7 +62,7 @@ class _Probes:
         return self
 
     def _writer(self):
-        from server.client import IoxClient
+        from server.api.client import IoxClient
 
         pc = IoxClient(self.srv.addr)
         k = 0
@@ -81,7 +81,7 @@ class _Probes:
         self._writing_done.set()
 
     def _checker(self):
-        from server.client import IoxClient
+        from server.api.client import IoxClient
 
         pc = IoxClient(self.srv.addr)
         while True:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..harness import (POINTS_PER_BATCH, Laps, Row, RssSampler, WriteStats, distinct_cycle, lp_batches, recent_t0_ns,
+from bench.harness import (POINTS_PER_BATCH, Laps, Row, RssSampler, WriteStats, distinct_cycle, lp_batches, recent_t0_ns,
                        run_writers, tables_on_distinct_partitions)
 
 DB = "bench_overload"
@@ -35,9 +35,10 @@ def _direct_producers(bootstrap: str, partitions: int, batches: list, rate: floa
     from confluent_kafka import Producer
 
     from catalog.schema import Column
-    from server.line_protocol import parse_lines
-    from server.wire_format import encode_write
-    from server.write_buffer import _producer_conf, partition_for, topic_for
+    from server.write.line_protocol import parse_lines
+    from server.write_buffer.wire_format import encode_write
+    from server.write_buffer.producer import _producer_conf
+    from catalog.sharding import partition_for, topic_for
 
     topic = topic_for(DB)
     stats = WriteStats()

@@ -1,6 +1,6 @@
 """Scenario 10: line protocol -> Arrow, lines/s on one core.
 
-Ours: `server.line_protocol.parse_lines` (full IOx grammar with a per-shape
+Ours: `server.write.line_protocol.parse_lines` (full IOx grammar with a per-shape
 fast path) on one body. Baseline: the C package `line-protocol-parser`
 (`parse_line` per line -> dicts), flattened to rows, then
 `pyarrow.Table.from_pylist` — what a Python user would write.
@@ -13,11 +13,11 @@ import time
 
 import pyarrow as pa
 
-from ..harness import Row, lp_batches, recent_t0_ns
+from bench.harness import Row, lp_batches, recent_t0_ns
 
 
 def _ours(body: bytes) -> int:
-    from server.line_protocol import parse_lines
+    from server.write.line_protocol import parse_lines
 
     r = parse_lines(body)
     assert not r.errors, r.errors[:3]

@@ -32,7 +32,7 @@ import time
 
 import pyarrow.parquet as pq
 
-from ..harness import POINTS_PER_BATCH, Laps, Row, gen_table, recent_t0_ns, run_writers, status_partitions, to_line_protocol
+from bench.harness import POINTS_PER_BATCH, Laps, Row, gen_table, recent_t0_ns, run_writers, status_partitions, to_line_protocol
 
 DB = "bench_query"
 SQL = ("SELECT host, count(*) AS n, avg(usage_user) AS u, max(usage_system) AS s, sum(requests) AS r "

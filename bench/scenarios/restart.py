@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from ..harness import (Laps, Row, lp_batches, recent_t0_ns, run_writers, status_partitions,
+from bench.harness import (Laps, Row, lp_batches, recent_t0_ns, run_writers, status_partitions,
                        tables_on_distinct_partitions)
 
 DB = "bench_restart"

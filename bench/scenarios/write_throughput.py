@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..harness import POINTS_PER_BATCH, Laps, Row, lp_batches, recent_t0_ns, run_writers, tables_on_distinct_partitions
+from bench.harness import POINTS_PER_BATCH, Laps, Row, lp_batches, recent_t0_ns, run_writers, tables_on_distinct_partitions
 
 DB = "bench_write"
 
@@ -25,7 +25,7 @@ def _baseline(bootstrap: str, batches: list, clients: int, duration_s: float, pa
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from server.write_buffer import _producer_conf
+    from server.write_buffer.producer import _producer_conf
 
     topic = "bench.raw-write"  # not iox.*: the server's consumer ignores it
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})

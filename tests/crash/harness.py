@@ -17,8 +17,9 @@ import time
 
 import grpc
 
-from server.broker import free_port
-from server.client import IoxClient
+from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
+from server.runtime.broker import free_port
+from server.api.client import IoxClient
 
 T0 = 1_700_000_000_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,9 +31,9 @@ _SHORT_LIVED_JVM = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
 
 
 class ServerProcess:
-    def __init__(self, data_dir: str, crash_at: str = "", extra: list | None = None):
+    def __init__(self, data_dir: str, crash_at: CrashPoint | None = None, extra: list | None = None):
         self.data_dir = data_dir
-        self._crash_at = crash_at
+        self._crash_at = CrashPoint(crash_at) if crash_at else None
         self._extra = extra
         self._spawn()
 
@@ -40,12 +41,12 @@ class ServerProcess:
         data_dir, crash_at, extra = self.data_dir, self._crash_at, self._extra
         self.port = free_port()
         env = dict(os.environ)
-        env.pop("IOX_CRASH_AT", None)
+        env.pop(CRASH_ENV, None)
         # a test server lives ~30 s: its JVM compiles with C1 only (no C2 compiler threads
         # competing for the 2 cores); tests/crash took 390 s instead of 504 s in one run each
         env.setdefault("IOX_SPARK_CONF", _SHORT_LIVED_JVM)
         if crash_at:
-            env["IOX_CRASH_AT"] = crash_at
+            env[CRASH_ENV] = crash_at.value
         self.log_path = os.path.join(data_dir, f"server-{self.port}.log")
         os.makedirs(data_dir, exist_ok=True)
         args = [IOX, "serve", "--data-dir", data_dir, "--grpc-port", str(self.port), "--http-port", "0",
@@ -154,9 +155,9 @@ class Writer:
         deadline = time.monotonic() + timeout_s
         while server.proc.poll() is None:
             assert time.monotonic() < deadline, f"the crash point never fired: {server.tail()}"
-            self.write_batch(server.client, n)
+            self.write_batch(server.api.client, n)
             time.sleep(pause_s)
-        server.client.close()
+        server.api.client.close()
 
     def check(self, client: IoxClient, timeout_s: float = 180.0, wait_tokens: bool = True) -> list:
         """Waits until every acknowledged write is applied, then checks exactly-once.

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from catalog.crash_points import CrashPoint
 from tests.conftest import passed
 from tests.waiting import wait_for
 from tests.crash.harness import T0, ServerProcess, Writer, broker_record, stop_embedded_broker
@@ -33,14 +34,15 @@ def data_dir(request):
         shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.parametrize("point", ["consume_before_applied", "compact_before_swap", "persist_after_parquet",
-                                   "persist_after_commit", "compact_persisted_after_parquet",
-                                   "compact_persisted_after_commit"])
+@pytest.mark.parametrize("point", [CrashPoint.CONSUME_BEFORE_APPLIED, CrashPoint.COMPACT_BEFORE_SWAP,
+                                   CrashPoint.PERSIST_AFTER_PARQUET, CrashPoint.PERSIST_AFTER_COMMIT,
+                                   CrashPoint.COMPACT_PERSISTED_AFTER_PARQUET,
+                                   CrashPoint.COMPACT_PERSISTED_AFTER_COMMIT])
 def test_kill_at_point_then_restart_exactly_once(data_dir, point):
     w = Writer(f"c_{uuid.uuid4().hex[:8]}")
     # compaction needs persistence not to take the chunks first
-    extra = ["--worker-backoff-ms", "200"] if point == "compact_before_swap" else LIFECYCLE
-    if point.startswith("compact_persisted"):  # persists every 150 rows; the 3rd file starts a compaction
+    extra = ["--worker-backoff-ms", "200"] if point == CrashPoint.COMPACT_BEFORE_SWAP else LIFECYCLE
+    if point in (CrashPoint.COMPACT_PERSISTED_AFTER_PARQUET, CrashPoint.COMPACT_PERSISTED_AFTER_COMMIT):  # persists every 150 rows; the 3rd file starts a compaction
         extra = LIFECYCLE + ["--persisted-compaction-file-threshold", "3"]
     s1 = ServerProcess(data_dir, crash_at=point, extra=extra).wait_ready()
     broker_pid = broker_record(data_dir)["pid"]
@@ -67,7 +69,7 @@ def test_kill_during_replay_then_restart(data_dir):
     for _ in range(10):
         w.write_batch(s1.client)
     s1.kill()
-    s2 = ServerProcess(data_dir, crash_at="replay_batch", extra=LIFECYCLE)
+    s2 = ServerProcess(data_dir, crash_at=CrashPoint.REPLAY_BATCH, extra=LIFECYCLE)
     assert s2.wait_exit(240) == -9, s2.tail()  # killed while replaying
     s3 = ServerProcess(data_dir, extra=LIFECYCLE).wait_ready()
     try:
@@ -125,7 +127,7 @@ def test_kill_during_cleanup_with_interleaved_partitions_and_deletes(data_dir):
     assert s1.client.persist(db)["persisted"]
     write(s1.client)  # after the delete: src=w1 rows survive
     s1.kill()
-    s2 = ServerProcess(data_dir, crash_at="cleanup_before_delete")
+    s2 = ServerProcess(data_dir, crash_at=CrashPoint.CLEANUP_BEFORE_DELETE)
     assert s2.wait_exit(240) == -9, s2.tail()  # killed in its first cleanup, while replaying or after
     s3 = ServerProcess(data_dir).wait_ready()
     try:
@@ -149,14 +151,15 @@ def _ids(client, db, table) -> list:
     return [r["id"] for r in client.query(db, f"SELECT id FROM {table} ORDER BY id").to_pylist()]
 
 
-@pytest.mark.parametrize("point,committed", [("txn_after_parts", False), ("txn_after_decision", True)])
+@pytest.mark.parametrize("point,committed", [(CrashPoint.TXN_AFTER_PARTS, False),
+                                             (CrashPoint.TXN_AFTER_DECISION, True)])
 def test_kill_inside_a_multi_partition_request_applies_all_or_nothing(data_dir, point, committed):
     """SIGKILL between a request's parts and its commit decision (nothing of it may appear),
     or between the acknowledged decision and the markers (all of it must appear). The client
     got no success either way; acknowledged requests before it come back exactly once."""
     import grpc
 
-    from server.write_buffer import partition_for
+    from catalog.sharding import partition_for
 
     assert partition_for("cpu", 2) != partition_for("net", 2)
     db = f"x_{uuid.uuid4().hex[:8]}"

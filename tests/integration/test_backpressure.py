@@ -10,8 +10,8 @@ import uuid
 
 import grpc
 
-from server.broker import start_broker
-from server.client import IoxClient
+from server.runtime.broker import start_broker
+from server.api.client import IoxClient
 from tests.conftest import make_config
 
 T0 = 1_700_000_000_000_000_000
@@ -81,8 +81,8 @@ def test_a_micro_batch_takes_at_most_the_read_limit_of_each_kafka_partition(brok
     from confluent_kafka.admin import AdminClient, NewTopic
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from server.kafka_source import IoxKafkaStreamReader
-    from server.write_buffer import _producer_conf
+    from server.write_buffer.kafka_source import IoxKafkaStreamReader
+    from server.write_buffer.producer import _producer_conf
 
     # not an `iox.` topic: the session server's consumer would read these bare messages
     topic = f"readlimit.{uuid.uuid4().hex[:8]}"

@@ -11,8 +11,8 @@ import time
 import grpc
 import pytest
 
-from server.broker import free_port, start_broker
-from server.client import IoxClient
+from server.runtime.broker import free_port, start_broker
+from server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
 
@@ -94,7 +94,7 @@ def test_a_broker_that_comes_back_empty_is_a_loss_reported_and_refused_until_acc
     import dataclasses
 
     from server.app import IoxServer
-    from server.recovery import LostWrites
+    from server.consume.recovery import LostWrites
 
     port, b, cfg, srv, c, tok = _server_on_a_broker_of_its_own(session_tmp, f"loss-{db}", db)
     try:

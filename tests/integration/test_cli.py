@@ -20,7 +20,7 @@ def test_write_sql_status_persist_delete_commands(iox_server, db):
     r = _iox("write", "--db", db, "-", stdin=f"cpu,host=a v=1.5 {T0}\ncpu,host=b v=2 {T0 + 1}\n", addr=addr)
     assert r.returncode == 0, r.stderr
     token = {int(k): v for k, v in json.loads(r.stdout)["token"].items()}
-    from server.client import IoxClient
+    from server.api.client import IoxClient
 
     with IoxClient(addr) as c:
         c.wait_applied(db, token, timeout_s=90)
@@ -38,7 +38,7 @@ def test_write_sql_status_persist_delete_commands(iox_server, db):
     assert st["name"] == db and [t["name"] for t in st["tables"]] == ["cpu"]
     r = _iox("persist", "--db", db, addr=addr)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["persisted"][0]["rows"] == "2"
+    assert json.loads(r.stdout)["persisted"][0]["rows"] == 2
     r = _iox("delete", "--db", db, "--table", "cpu", "--start", str(T0), "--stop", str(T0 + 1),
              "--predicate", "host = 'a'", addr=addr)
     assert r.returncode == 0, r.stderr
@@ -55,7 +55,7 @@ def test_write_sql_status_persist_delete_commands(iox_server, db):
     r = _iox("compact", "--db", db, "--table", "cpu", "--partition", "2023-11-14", "--persisted", addr=addr)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["compacted"] is True and len(out["removed_files"]) == 2 and out["rows"] == "2" and out["added_file"]
+    assert out["compacted"] is True and len(out["removed_files"]) == 2 and out["rows"] == 2 and out["added_file"]
     r = _iox("sql", "--db", db, "--format", "json", "SELECT host FROM cpu ORDER BY host", addr=addr)
     assert [json.loads(line) for line in r.stdout.splitlines()] == [{"host": "b"}, {"host": "c"}]
 
@@ -75,7 +75,7 @@ def test_sql_json_writes_numbers_as_numbers(iox_server, db):
     lp = f"mem,host=a free=10u,big=18446744073709551615u,i=-5i,f=1.5,s=\"x\",ok=true {T0}\n"
     r = _iox("write", "--db", db, "-", stdin=lp, addr=addr)
     assert r.returncode == 0, r.stderr
-    from server.client import IoxClient
+    from server.api.client import IoxClient
 
     with IoxClient(addr) as c:
         c.wait_applied(db, {int(k): v for k, v in json.loads(r.stdout)["token"].items()}, timeout_s=90)
@@ -98,7 +98,7 @@ def test_write_a_file_in_several_requests(iox_server, db, tmp_path):
     token = {int(k): v for k, v in json.loads(r.stdout)["token"].items()}
     (last,) = token.values()  # one table: one message per request, on one Kafka partition
     assert last + 1 >= f.stat().st_size // 1024
-    from server.client import IoxClient
+    from server.api.client import IoxClient
 
     with IoxClient(addr) as c:
         c.wait_applied(db, token, timeout_s=90)
@@ -117,8 +117,8 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
     import uuid
 
     from server import app
-    from server.broker import free_port, start_broker
-    from server.client import IoxClient
+    from server.runtime.broker import free_port, start_broker
+    from server.api.client import IoxClient
     from tests.conftest import make_config
 
     monkeypatch.setattr(app, "REPLAY_LOG_INTERVAL_S", 0.2)
@@ -135,7 +135,7 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
                     token = c.write(db, f"cpu,host=h{i} v={i} {T0 + i}\n")
                 c.wait_applied(db, token, timeout_s=90)
                 st = c.status(db)["databases"][0]
-                assert (st["replay_offsets_done"], st["replay_offsets_todo"]) == ("0", "0")  # nothing replayed
+                assert (st["replay_offsets_done"], st["replay_offsets_todo"]) == (0, 0)  # nothing replayed
         finally:
             srv.stop()  # an external broker: nothing is persisted on stop
         caplog.set_level(logging.INFO, logger="server.app")
@@ -149,7 +149,7 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
             assert r.returncode == 0 and "replay caught up" in r.stderr, r.stderr
             st = json.loads(r.stdout)["databases"][0]
             assert st["replaying"] is False
-            assert st["replay_offsets_done"] == st["replay_offsets_todo"] == "20"
+            assert st["replay_offsets_done"] == st["replay_offsets_todo"] == 20
             with IoxClient(addr) as c:
                 assert c.query(db, "SELECT count(*) AS n FROM cpu").to_pylist() == [{"n": 20}]
             from tests.waiting import wait_for

@@ -9,8 +9,8 @@ import uuid
 import grpc
 import pytest
 
-from server.broker import start_broker
-from server.client import IoxClient
+from server.runtime.broker import start_broker
+from server.api.client import IoxClient
 from tests.conftest import make_config
 
 T0 = 1_700_000_000_000_000_000
@@ -75,7 +75,7 @@ def _stage(c, db, stage, server):
         for ch in list(db_.partitions["cpu"][part].chunks):
             from lifecycle.unload import unload_chunk
 
-            assert unload_chunk(server.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
+            assert unload_chunk(server.runtime.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
                                 server.parquet_cache_dir)
 
 

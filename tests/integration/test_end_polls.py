@@ -1,4 +1,4 @@
-"""Writes to a large partition that went idle are still applied, once (server/end_polls.py).
+"""Writes to a large partition that went idle are still applied, once (server/write_buffer/end_polls.py).
 
 The streaming source asks the broker for such a partition's end only every
 `DEFAULT_MAX_DELAY_S` once it stopped moving, unless the server marked its
@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from server.end_polls import DEFAULT_BACKOFF_FROM_OFFSETS, DEFAULT_MAX_DELAY_S
-from server.write_buffer import partition_for, topic_for
+from server.write_buffer.end_polls import DEFAULT_BACKOFF_FROM_OFFSETS, DEFAULT_MAX_DELAY_S
+from catalog.sharding import partition_for, topic_for
 from tests.integration.test_foreign_messages import _applied_rows, _ipc, _write_headers
 from tests.waiting import wait_for
 

@@ -15,8 +15,8 @@ import uuid
 import grpc
 import pytest
 
-from server.broker import start_broker
-from server.client import IoxClient
+from server.runtime.broker import start_broker
+from server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
 

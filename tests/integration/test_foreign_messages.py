@@ -3,7 +3,7 @@
 A foreign producer on an `iox.*` topic, or headers an iox server could never
 have written, must not stop ingestion (the stream would fail on every restart,
 and no later write would ever become queryable). IOx skips write-buffer entries
-it cannot decode; so does the consumer (server/wire_format.py header_problem),
+it cannot decode; so does the consumer (server/write_buffer/wire_format.py header_problem),
 advancing past them. Real broker, real server.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from server.write_buffer import partition_for, topic_for
+from catalog.sharding import partition_for, topic_for
 
 T0 = 1_700_000_000_000_000_000
 PARTITIONS = 4
@@ -73,7 +73,7 @@ def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_serv
         (b"garbage", _write_headers(1)),
         (_ipc(pa.table({"host": ["c"], "v": [3.0]})), _write_headers(1)),
     ]
-    with caplog.at_level(logging.WARNING, logger="server.ingest"):
+    with caplog.at_level(logging.WARNING, logger="server.consume.ingest"):
         offsets = _produce(iox_server.bootstrap, topic_for(db), kp, bad)
         client.delete(db, 0, 2 ** 62, predicate="host = 'nobody'", table="cpu")
         second = client.write(db, f"cpu,host=b v=2 {T0 + 1}\n")
@@ -119,7 +119,7 @@ def test_another_producers_batch_of_several_writes_is_applied_to_its_last_messag
     applied whole: the source reads the last batch for the true end once the partition stops moving."""
     from confluent_kafka import TopicPartition
 
-    from server.kafka_source import reader_consumer
+    from server.write_buffer.kafka_source import reader_consumer
     from tests.waiting import wait_for
 
     first = client.write(db, f"cpu,host=a v=1 {T0}\n")

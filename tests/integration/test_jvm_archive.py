@@ -1,4 +1,4 @@
-"""The installation's class-data-sharing archive (server/jvm_archive.py, built by scripts/setup.sh)
+"""The installation's class-data-sharing archive (server/runtime/jvm_archive.py, built by scripts/setup.sh)
 is one the server's Spark JVM can map: a JVM that must share (`-Xshare:on`, which fails instead of
 starting without it) starts the server's Spark application and runs a job."""
 from __future__ import annotations
@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from server.jvm_archive import archive_path
+from server.runtime.jvm_archive import archive_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _SCRIPT = """
 import sys
-from server.spark import build_spark
+from server.runtime.spark import build_spark
 spark = build_spark("local[1]", "1g", sys.argv[1], 0, {"spark.driver.extraJavaOptions": "-Xshare:on"})
 print("rows", spark.range(10).count(), flush=True)
 """
@@ -22,7 +22,7 @@ print("rows", spark.range(10).count(), flush=True)
 def test_the_installed_archive_maps_into_the_servers_spark_jvm(tmp_path):
     path = archive_path()
     assert path is not None and os.path.isfile(path), \
-        f"no JVM archive at {path}: scripts/setup.sh builds it (python -m server.jvm_archive)"
+        f"no JVM archive at {path}: scripts/setup.sh builds it (python -m server.cli.build_jvm_archive)"
     r = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path / "scratch")], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and "rows 10" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])

@@ -1,5 +1,5 @@
 """The streaming source reads a write-buffer message larger than its fetch sizes
-(server/kafka_source.py `reader_consumer`: at most FETCH_MAX_PARTITION_BYTES per partition and
+(server/write_buffer/kafka_source.py `reader_consumer`: at most FETCH_MAX_PARTITION_BYTES per partition and
 FETCH_MAX_BYTES per fetch, small so the broker's answer to one fetch never holds up a produce for
 long): the broker returns a first record batch whole whatever its size, so a message of a foreign
 producer up to the write buffer's `message.max.bytes` is applied, and the messages after it too.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from server.kafka_source import FETCH_MAX_BYTES, FETCH_MAX_PARTITION_BYTES
-from server.write_buffer import partition_for, topic_for
+from server.write_buffer.kafka_source import FETCH_MAX_BYTES, FETCH_MAX_PARTITION_BYTES
+from catalog.sharding import partition_for, topic_for
 from tests.integration.test_foreign_messages import PARTITIONS, T0, _applied_rows, _ipc, _write_headers
 from tests.waiting import wait_for
 

@@ -1,5 +1,5 @@
-"""The streaming source's reads (server/kafka_source.py `read`, `true_ends`) and the replay's
-schema read (server/replay_schemas.py) on a partition holding transaction control records: a
+"""The streaming source's reads (server/write_buffer/kafka_source.py `read`, `true_ends`) and the replay's
+schema read (server/consume/replay_schemas.py) on a partition holding transaction control records: a
 transactional producer leaves a commit marker after each of its transactions, an offset that
 holds no message. A range with markers in it, ending in one, or made of one only is read whole and
 ends at once, with the real broker and librdkafka's consumer (Spark not needed). The topic is not
@@ -16,9 +16,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from catalog.catalog import Database
 from catalog.schema import Column
-from server import kafka_source, replay_schemas
-from server.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange, reader_consumer, true_ends
-from server.wire_format import encode_write
+from server.write_buffer import kafka_source
+from server.consume import replay_schemas
+from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange, reader_consumer, true_ends
+from server.write_buffer.wire_format import encode_write
 
 T0 = 1_700_000_000_000_000_000
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from server import query as query_mod
+from server.query import engine as query_mod
 
 T0 = 1_700_000_000_000_000_000
 
@@ -150,7 +150,7 @@ def test_local_chunks_move_to_the_read_buffer_on_the_driver_and_queries_of_them_
 
 
 def test_to_arrow_of_a_local_relation_equals_spark_toarrow(iox_server):
-    """server/query.py `to_arrow` converts a local relation's rows on the driver: the same table
+    """server/query/engine.py `to_arrow` converts a local relation's rows on the driver: the same table
     (types, time zone, nulls, an empty result) as DataFrame.toArrow."""
     import pyarrow as pa
 

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from server.write_buffer import partition_for, topic_for
+from catalog.sharding import partition_for, topic_for
 
 CASES_PATH = Path(__file__).resolve().parents[3] / "shared" / "lp" / "cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
@@ -340,8 +340,8 @@ def test_vectors_with_names_differing_in_case(iox_server, session_tmp, db):
     if the server mishandles them, the micro-batch holding them fails again on every retry, and
     that must not stall the session server's write buffer."""
     from server.app import IoxServer
-    from server.broker import start_broker
-    from server.client import IoxClient
+    from server.runtime.broker import start_broker
+    from server.api.client import IoxClient
     from tests.conftest import make_config
 
     cases = [c for c in CASES if _case_collision(c)]

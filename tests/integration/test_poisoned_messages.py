@@ -2,7 +2,7 @@
 
 Real parts: the session's Tansu broker and Spark application, a server of each test's own
 (its own data directory and gRPC/HTTP ports). Two ways a message fails: the consumer's fault
-point (server/crash_points.py `apply_table`, armed and disarmed in this process: a fault an
+point (catalog/crash_points.py `apply_table`, armed and disarmed in this process: a fault an
 operator removes, then retries) and a message produced straight to the database's topic with
 the headers of a delete and a value that makes applying the delete raise (a bad message an
 operator accepts as skipped).
@@ -18,10 +18,10 @@ import uuid
 import grpc
 import pytest
 
-from server.client import IoxClient
-from server.crash_points import arm_fault, disarm_fault
-from server.wire_format import encode_delete
-from server.write_buffer import partition_for, topic_for
+from server.api.client import IoxClient
+from catalog.crash_points import FaultPoint, arm_fault, disarm_fault
+from server.write_buffer.wire_format import encode_delete
+from catalog.sharding import partition_for, topic_for
 from tests.conftest import make_config
 from tests.waiting import wait_for
 
@@ -81,7 +81,7 @@ def test_a_message_that_fails_is_held_while_everything_else_goes_on_then_retried
     db, other = f"p_{uuid.uuid4().hex[:8]}", f"o_{uuid.uuid4().hex[:8]}"
     c.wait_applied(db, c.write(db, f"m v=1 {T0}\n"), timeout_s=90)
     c.wait_applied(other, c.write(other, f"m v=10 {T0}\n"), timeout_s=90)
-    arm_fault("apply_table", f"{db}/m")
+    arm_fault(FaultPoint.APPLY_TABLE, f"{db}/m")
     try:
         (kp, poison), = c.write(db, f"m v=2 {T0 + 1}\n").items()
         assert kp == KP
@@ -109,7 +109,7 @@ def test_a_message_that_fails_is_held_while_everything_else_goes_on_then_retried
             c.retry_poisoned(db, partition=KP, offset=poison + 1)
         assert ei.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
-        disarm_fault("apply_table", f"{db}/m")
+        disarm_fault(FaultPoint.APPLY_TABLE, f"{db}/m")
     # the fault is gone: retried, it and everything after it is applied, each once
     (retried,) = c.retry_poisoned(db)
     assert (int(retried["offset"]), retried["state"]) == (poison, "retrying")
@@ -185,16 +185,16 @@ def test_a_bad_message_accepted_is_skipped_for_good_also_after_a_restart(server,
 
 def test_cli_poison_commands_name_what_they_did(server):
     cfg, srv, c = server
-    from server.cli import main
+    from server.cli.main import main
 
     db = f"c_{uuid.uuid4().hex[:8]}"
     c.wait_applied(db, c.write(db, f"m v=1 {T0}\n"), timeout_s=90)
-    arm_fault("apply_table", f"{db}/m")
+    arm_fault(FaultPoint.APPLY_TABLE, f"{db}/m")
     try:
         (_kp, poison), = c.write(db, f"m v=2 {T0 + 1}\n").items()
         wait_for(lambda: _held(c, db), 120, "the message to be held")
     finally:
-        disarm_fault("apply_table", f"{db}/m")
+        disarm_fault(FaultPoint.APPLY_TABLE, f"{db}/m")
     addr = f"127.0.0.1:{srv.grpc_port}"
     with pytest.raises(SystemExit):  # an offset needs its partition
         main(["poison", "accept", "--addr", addr, "--db", db, "--offset", str(poison)])

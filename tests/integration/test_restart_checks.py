@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from server.broker import free_port, start_broker
-from server.client import IoxClient
-from server.recovery import LostWrites
-from server.write_buffer import PartitionCountMismatch, WriteBuffer
+from server.runtime.broker import free_port, start_broker
+from server.api.client import IoxClient
+from server.consume.recovery import LostWrites
+from server.write_buffer.producer import PartitionCountMismatch, WriteBuffer
 from tests.conftest import make_config
 
 T0 = 1_700_000_000_000_000_000
@@ -72,8 +72,8 @@ def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_commi
             # partition 0's unpersisted write is a known range; of partition 1 the catalog knows
             # nothing, so whatever the lost topic held for it after the checkpoint is unknown
             assert st["lost_writes_skipped"] == [
-                {"partition": kp, "from_offset": str(off), "to_offset_exclusive": str(off + 1)},
-                {"partition": 1, "from_offset": "0"}]
+                {"partition": kp, "from_offset": off, "to_offset_exclusive": off + 1},
+                {"partition": 1, "from_offset": 0}]
             # what was persisted is still there; the lost write is gone; new writes work
             assert c.query(db, "SELECT v FROM cpu").to_pylist() == [{"v": 1.0}]
             assert c.query(db, "SHOW TABLES").num_rows >= 1

@@ -15,9 +15,9 @@ import pyarrow as pa
 from confluent_kafka import Producer
 
 from catalog.schema import Column
-from server.kafka_source import reader_consumer
-from server.wire_format import as_part, encode_decision, encode_write
-from server.write_buffer import partition_for, topic_for
+from server.write_buffer.kafka_source import reader_consumer
+from server.write_buffer.wire_format import as_part, encode_decision, encode_write
+from catalog.sharding import partition_for, topic_for
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000

@@ -23,7 +23,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from iox import write_pb2
-from server.write_buffer import partition_for, topic_for
+from catalog.sharding import partition_for, topic_for
 
 T0 = 1_700_000_000_000_000_000
 I64_MIN, I64_MAX, U64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
@@ -495,7 +495,7 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
     from influxdb import InfluxDBClient
     from influxdb.exceptions import InfluxDBClientError
 
-    from server.http_api import SERVER_VERSION
+    from server.api.http_api import SERVER_VERSION
 
     port = iox_server.config.http_port
     parts = iox_server.config.partitions
@@ -515,7 +515,9 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
         assert ic.write([f"cpu,host=n usage=3,free=10u {T0 + 7}"], params={"db": db}, protocol="line")
         assert ic.write([f"cpu,host=u usage=4 {T0 // 1000 + 8}"], params={"db": db, "precision": "u", "u": "x",
                                                                           "p": "y"}, protocol="line")
-        assert ic.write_points([{"measurement": "mem", "fields": {"free": 1}, "time": T0}], retention_policy="autogen")
+        assert ic.write_points([{"measurement": "mem", "fields": {"free": 1}, "time": T0}], retention_policy="weekly")
+        # 1.x's default policy is the database itself
+        assert ic.write_points([cpu("g", T0 + 10, usage=6.0)], retention_policy="autogen")
         # errors: 1.x's {"error": ...} with the v2 endpoint's statuses; nothing of a bad request is written
         with pytest.raises(InfluxDBClientError) as ei:
             ic.write([f"cpu,host=x usage=1 {T0}", f"cpu usage= {T0}"], params={"db": db}, protocol="line")
@@ -531,7 +533,7 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
         assert ei.value.code == 400 and "longer than 64" in json.loads(ei.value.content)["error"]
     with InfluxDBClient("127.0.0.1", port, database=db, gzip=True) as gz:
         assert gz.write_points([cpu("z", T0 + 9, usage=5.0)])
-    client.wait_applied(db, _lp_token(parts, [["cpu"]] * 6), timeout_s=60)
+    client.wait_applied(db, _lp_token(parts, [["cpu"]] * 7), timeout_s=60)
     assert _rows(client, db, "SELECT host, usage, n, ok, msg, free, time_ns FROM cpu ORDER BY time_ns") == [
         {"host": "h", "usage": 2.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": hour * h_ns},
         {"host": "m", "usage": 1.0, "n": None, "ok": None, "msg": None, "free": None,
@@ -539,10 +541,11 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
         {"host": "s", "usage": 0.5, "n": 3, "ok": True, "msg": 'say "hi", ok', "free": None, "time_ns": T0},
         {"host": "n", "usage": 3.0, "n": None, "ok": None, "msg": None, "free": Decimal(10), "time_ns": T0 + 7},
         {"host": "z", "usage": 5.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": T0 + 9},
+        {"host": "g", "usage": 6.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": T0 + 10},
         {"host": "u", "usage": 4.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": T0 + 8_000},
     ]
-    client.wait_applied(f"{db}_autogen", _lp_token(parts, [["mem"]]), timeout_s=60)
-    assert _rows(client, f"{db}_autogen", "SELECT free, time_ns FROM mem") == [{"free": 1, "time_ns": T0}]
+    client.wait_applied(f"{db}_weekly", _lp_token(parts, [["mem"]]), timeout_s=60)
+    assert _rows(client, f"{db}_weekly", "SELECT free, time_ns FROM mem") == [{"free": 1, "time_ns": T0}]
     assert _tables(client, db) == {"cpu"}
 
 
@@ -582,8 +585,8 @@ def test_http_1x_write_ping_and_limits(client, iox_server):
 def test_http_503_with_retry_after_while_broker_down(session_tmp):
     """A server of its own on a broker of its own (same Spark application), as in test_broker_outage."""
     from server.app import IoxServer
-    from server.broker import free_port, start_broker
-    from server.client import IoxClient
+    from server.runtime.broker import free_port, start_broker
+    from server.api.client import IoxClient
     from tests.conftest import make_config
 
     port = free_port()

@@ -14,8 +14,8 @@ import pyarrow as pa
 from confluent_kafka import Producer
 
 from catalog.schema import Column
-from server.wire_format import encode_write
-from server.write_buffer import partition_for
+from server.write_buffer.wire_format import encode_write
+from catalog.sharding import partition_for
 
 T0 = 1_700_000_000_000_000_000
 

@@ -1,6 +1,6 @@
 """`iox serve` on its defaults runs its write path at real-time priority: the server's threads and
 its embedded broker's under SCHED_RR, the Spark JVM and its Python workers under the normal
-policy (server/write_path_priority.py). A real server process, a real write applied and queried."""
+policy (server/runtime/write_path_priority.py). A real server process, a real write applied and queried."""
 import os
 import tempfile
 

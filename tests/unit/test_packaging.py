@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 
-from server.cli import build_parser
+from server.cli.main import build_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -79,7 +79,7 @@ def test_a_database_checkpoint_records_the_seq_origin():
 
 def test_a_held_message_forgets_what_failed_attempts_recorded_after_it_and_ends_their_hold_on_persists():
     """A micro-batch attempt recorded offsets 5..9 of Kafka partition 0 and was withdrawn; the
-    message at 7 is held (server/poison.py): the windows keep 5..6 only (no persist may claim 7..9),
+    message at 7 is held (server/write_buffer/poison.py): the windows keep 5..6 only (no persist may claim 7..9),
     persists are no longer held for partition 0, and 7..9 are recorded again once applied."""
     cat = Catalog()
     db = cat.ensure_database("d", "t", 2)

@@ -1,5 +1,5 @@
 """lifecycle/arrow_merge.py against a plain-Python reference of the SQL views' semantics
-(server/views.py: deletes per row before the merge, then one row per (tags, time) with each
+(lifecycle/views.py: deletes per row before the merge, then one row per (tags, time) with each
 field's last non-null value by `_iox_seq`)."""
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from catalog.object_store import LocalObjectStore, parquet_key
 from catalog.preserved_catalog import AddParquet, PreservedCatalog
 from lifecycle.rules import LifecycleRules
 from lifecycle.worker import LifecycleWorker
-from server.write_buffer import topic_for
+from catalog.sharding import topic_for
 from tests.waiting import wait_for
 
 DB = "fenced_db"

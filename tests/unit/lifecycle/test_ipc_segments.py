@@ -6,8 +6,8 @@ from decimal import Decimal
 import pyarrow as pa
 
 from lifecycle.ipc_segments import LAYOUT_CHUNK, LAYOUT_WIRE, chunk_table, decode_fn, encode_ipc, value_columns_of
-from server.ingest import seq_base
-from server.wire_format import NS_PER_DAY
+from catalog.seq_layout import seq_base
+from catalog.partition_keys import NS_PER_DAY
 
 COLUMNS = [("host", "string"), ("u", "uinteger"), ("v", "float"), ("extra", "boolean")]
 

@@ -1,5 +1,5 @@
 """lifecycle/local_rows.py: a local chunk's segment and rows on the driver (pure pyarrow parts), and
-which of a micro-batch's messages make a local chunk (server/ingest.py `_local_payloads`)."""
+which of a micro-batch's messages make a local chunk (server/consume/ingest.py `_local_payloads`)."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -12,8 +12,9 @@ from catalog.delete_mailbox import Delete
 from catalog.schema import TableSchema
 from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
                                   joined_local_rows, merged_local_rows, segment_table)
-from server.ingest import _local_payloads, seq_base
-from server.wire_format import NS_PER_DAY
+from server.consume.ingest import _local_payloads
+from catalog.seq_layout import seq_base
+from catalog.partition_keys import NS_PER_DAY
 
 COLUMNS = [["host", "tag", "string"], ["v", "field", "float"], ["u", "field", "uinteger"], ["time", "time", "integer"]]
 

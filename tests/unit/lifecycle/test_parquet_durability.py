@@ -20,7 +20,7 @@ from catalog.schema import TableSchema
 from lifecycle.compact_persisted import _arrow_compaction_fn
 from lifecycle.ipc_segments import LAYOUT_WIRE
 from lifecycle.persist import _segments_persist_fn, _writer_fn, add_parquet_action
-from server.ingest import seq_base
+from catalog.seq_layout import seq_base
 
 DB, TABLE, PARTITION = "mydb", "cpu", "2024-01-01"
 NOW_S = 1_700_000_000.0

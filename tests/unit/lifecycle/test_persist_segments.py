@@ -9,7 +9,7 @@ import pytest
 from catalog.object_store import LocalObjectStore
 from lifecycle.ipc_segments import LAYOUT_WIRE
 from lifecycle.persist import _segments_persist_fn
-from server.ingest import seq_base
+from catalog.seq_layout import seq_base
 
 _SEG = pa.schema([("ci", pa.int32()), ("layout", pa.int32()), ("seq_base", pa.int64()), ("day_lo", pa.int32()),
                   ("day_hi", pa.int32()), ("payload", pa.binary())])

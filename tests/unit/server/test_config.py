@@ -1,7 +1,7 @@
 """ServerConfig validation and how `iox serve` reports a bad value."""
 import pytest
 
-from server.cli import main
+from server.cli.main import main
 from server.config import InvalidConfig, ServerConfig
 
 
@@ -35,7 +35,7 @@ def test_lower_spark_priority_sets_every_thread_of_the_jvm_process():
     import sys
     import types
 
-    from server.spark import lower_spark_priority
+    from server.runtime.spark import lower_spark_priority
 
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
                               "for _ in range(3): threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
@@ -57,7 +57,7 @@ def test_lower_spark_priority_sets_every_thread_of_the_jvm_process():
 
 
 def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usage_error(capsys, monkeypatch):
-    from server.cli import _config_from_args, build_parser
+    from server.cli.main import _config_from_args, build_parser
 
     monkeypatch.setenv("IOX_SPARK_CONF", "spark.a=1;spark.b=x=y")
     a = build_parser().parse_args(["serve", "--spark-conf", "spark.c= 2", "--read-buffer-delay-s", "5",
@@ -74,7 +74,7 @@ def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usag
 
 
 def test_the_query_engine_notes_every_table_a_query_names():
-    from server.query import _tables_named
+    from server.query.engine import _tables_named
 
     tables = ["cpu", "cpu_total", "My-Table", "mem"]
     assert _tables_named("SELECT * FROM cpu JOIN `my-table` USING (host)", tables) == ["cpu", "My-Table"]
@@ -83,24 +83,24 @@ def test_the_query_engine_notes_every_table_a_query_names():
 
 
 def test_log_levels_root_then_loggers():
-    from server.cli import parse_log_levels
+    from server.cli.main import parse_log_levels
 
-    assert parse_log_levels("WARNING,server.ingest=debug, lifecycle = INFO") == (
-        "WARNING", {"server.ingest": "DEBUG", "lifecycle": "INFO"})
+    assert parse_log_levels("WARNING,server.consume.ingest=debug, lifecycle = INFO") == (
+        "WARNING", {"server.consume.ingest": "DEBUG", "lifecycle": "INFO"})
     assert parse_log_levels("info") == ("INFO", {})
-    assert parse_log_levels("server.ingest=DEBUG") == ("INFO", {"server.ingest": "DEBUG"})
+    assert parse_log_levels("server.consume.ingest=DEBUG") == ("INFO", {"server.consume.ingest": "DEBUG"})
 
 
 @pytest.mark.parametrize("bad", ["LOUD", "INFO,DEBUG", "=DEBUG", "INFO,x=LOUD"])
 def test_log_levels_reject_bad_parts(bad):
-    from server.cli import parse_log_levels
+    from server.cli.main import parse_log_levels
 
     with pytest.raises(ValueError):
         parse_log_levels(bad)
 
 
 def test_tail_max_bytes_takes_sizes_and_zero_disables_it():
-    from server.cli import _config_from_args, build_parser
+    from server.cli.main import _config_from_args, build_parser
 
     assert _config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "64m"])).tail_max_bytes == 64 << 20
     assert _config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "0"])).tail_max_bytes == 0
@@ -117,7 +117,7 @@ def test_the_session_weight_of_a_jvm_in_a_session_of_its_own_is_lowered():
     import subprocess
     import sys
 
-    from server.spark import _lower_session_weight
+    from server.runtime.spark import _lower_session_weight
 
     if not os.path.exists("/proc/self/autogroup"):
         pytest.fail("this test needs Linux autogroup scheduling (/proc/<pid>/autogroup)")
@@ -145,7 +145,7 @@ def test_write_path_rt_priority_must_be_0_to_99(prio):
 
 
 def test_write_path_rt_priority_defaults_to_1_and_0_turns_it_off():
-    from server.cli import _config_from_args, build_parser
+    from server.cli.main import _config_from_args, build_parser
 
     assert ServerConfig().write_path_rt_priority == 1
     assert _config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 1

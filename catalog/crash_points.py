@@ -1,0 +1,121 @@
+"""Fail points for crash tests: SIGKILL this process at a named moment.
+
+`IOX_CRASH_AT=<point>[,<point>...]` (read once at import) makes `crash_point(point)`
+kill the process with SIGKILL, exactly like an operator's `kill -9` at that
+moment. Unset (production), `crash_point` is a no-op set lookup.
+
+Invariant: `CrashPoint` is the one registry of points. The code names its points
+by member, the crash tests arm them by member, and a name outside the registry
+in `IOX_CRASH_AT` fails at import with `UnknownCrashPoint` (a typo never turns a
+crash test into one that silently does not crash). tests/unit/catalog/
+test_crash_points.py checks that every member is placed in the code exactly once.
+Lives in `catalog`, the lowest package, because every layer places points.
+
+Fault points, for tests of what the server does when applying a message fails:
+`arm_fault(point, key)` (in the server's process) makes `fault_point(point, key)`
+raise InjectedFault until `disarm_fault(point, key)`. Unarmed (production), it is one
+dictionary truth test. `FaultPoint` is their registry, as `CrashPoint` is of crash points.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import signal
+
+from .errors import CatalogError
+
+__all__ = ["CrashPoint", "crash_point", "armed_points", "UnknownCrashPoint", "ENV", "FaultPoint", "fault_point",
+           "arm_fault", "disarm_fault", "InjectedFault"]
+
+#: the environment variable that arms points (comma-separated names)
+ENV = "IOX_CRASH_AT"
+
+
+class CrashPoint(enum.StrEnum):
+    """Every point, with the moment it stands for."""
+
+    #: a micro-batch's chunks are built and added; its offsets are not yet applied
+    CONSUME_BEFORE_APPLIED = "consume_before_applied"
+    #: a micro-batch during replay after a restart
+    REPLAY_BATCH = "replay_batch"
+    #: a chunk compaction built its result; the catalog still holds the inputs
+    COMPACT_BEFORE_SWAP = "compact_before_swap"
+    #: a persist wrote its Parquet files; the catalog transaction is not committed
+    PERSIST_AFTER_PARQUET = "persist_after_parquet"
+    #: a persist committed; the flush handle and the chunks are not yet swapped
+    PERSIST_AFTER_COMMIT = "persist_after_commit"
+    #: a compaction of Parquet files wrote its output; the transaction is not committed
+    COMPACT_PERSISTED_AFTER_PARQUET = "compact_persisted_after_parquet"
+    #: a compaction of Parquet files committed; the in-memory catalog is not yet swapped
+    COMPACT_PERSISTED_AFTER_COMMIT = "compact_persisted_after_commit"
+    #: cleanup chose files to delete and deleted none yet
+    CLEANUP_BEFORE_DELETE = "cleanup_before_delete"
+    #: a multi-message request's parts are acknowledged; its commit decision is not produced
+    TXN_AFTER_PARTS = "txn_after_parts"
+    #: the commit decision is acknowledged; the markers are not produced
+    TXN_AFTER_DECISION = "txn_after_decision"
+
+
+class UnknownCrashPoint(CatalogError):
+    """`IOX_CRASH_AT` names a point the registry does not have."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"{ENV} names {name!r}, which is not a crash point; known: "
+                         f"{', '.join(p.value for p in CrashPoint)}")
+
+
+def armed_points(text: str) -> frozenset[CrashPoint]:
+    """The points a value of `IOX_CRASH_AT` arms; UnknownCrashPoint on a name outside the registry."""
+    out = set()
+    for name in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            out.add(CrashPoint(name))
+        except ValueError:
+            raise UnknownCrashPoint(name) from None
+    return frozenset(out)
+
+
+_ARMED = armed_points(os.environ.get(ENV, ""))
+
+
+def crash_point(point: CrashPoint) -> None:
+    """SIGKILLs this process when `point` is armed; otherwise nothing (any thread, driver side)."""
+    if point in _ARMED:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultPoint(enum.StrEnum):
+    """Every fault point, with where it raises."""
+
+    #: the consumer plans a chunk of a table's writes in a micro-batch (key "<database>/<table>")
+    APPLY_TABLE = "apply_table"
+
+
+class InjectedFault(CatalogError):
+    """Raised by an armed fault point."""
+
+    def __init__(self, point: FaultPoint, key: str):
+        self.point = point
+        self.key = key
+        super().__init__(f"injected fault at {point} for {key}")
+
+
+#: point -> keys armed (see the module docstring)
+_FAULTS: dict = {}
+
+
+def arm_fault(point: FaultPoint, key: str) -> None:
+    _FAULTS.setdefault(FaultPoint(point), set()).add(key)
+
+
+def disarm_fault(point: FaultPoint, key: str) -> None:
+    keys = _FAULTS.get(point, set())
+    keys.discard(key)
+    if not keys:
+        _FAULTS.pop(point, None)
+
+
+def fault_point(point: FaultPoint, key: str) -> None:
+    if _FAULTS and key in _FAULTS.get(point, ()):
+        raise InjectedFault(point, key)

@@ -1,0 +1,10 @@
+"""The surfaces users reach: gRPC services, the InfluxDB-compatible HTTP API, the client.
+
+`grpc_services.py` (write, query, delete, management, health, reflection),
+`http_api.py` (InfluxDB v2 and 1.x writes, /health, /ping, /metrics) and
+`client.py` (the Python client the CLI, the demo, tests and the benchmark use).
+
+May import: every layer below it (`catalog`, `lifecycle`, `server.errors`,
+`server.metrics`, `server.write_buffer`, `server.runtime`, `server.config`,
+`server.consume`, `server.write`, `server.query`); never `server.app` or `server.cli`.
+"""

@@ -1,0 +1,222 @@
+"""A small Python client for the iox gRPC API (used by the CLI, the demo, tests and benchmarks)."""
+from __future__ import annotations
+
+import time
+
+import grpc
+import pyarrow as pa
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
+
+__all__ = ["IoxClient", "DEFAULT_ADDR"]
+
+DEFAULT_ADDR = "localhost:8082"
+_MAX = 256 * 1024 * 1024
+_ROLES = {"tag": write_pb2.ColumnRole.TAG, "field": write_pb2.ColumnRole.FIELD, "time": write_pb2.ColumnRole.TIME}
+
+
+class IoxClient:
+    def __init__(self, addr: str = DEFAULT_ADDR):
+        self.addr = addr
+        self.channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", _MAX),
+                                                            ("grpc.max_send_message_length", _MAX)])
+        self.write_stub = write_pb2_grpc.WriteServiceStub(self.channel)
+        self.query_stub = query_pb2_grpc.QueryServiceStub(self.channel)
+        self.mgmt_stub = management_pb2_grpc.ManagementServiceStub(self.channel)
+        self.delete_stub = delete_pb2_grpc.DeleteServiceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                r = self.health_stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server at {self.addr} not ready within {timeout_s}s")
+            time.sleep(0.2)
+
+    def write(self, database: str, lines: bytes | str, precision: str = "ns", timeout_s: float = 60.0) -> dict:
+        """Returns the write token {kafka partition: offset}."""
+        if isinstance(lines, str):
+            lines = lines.encode()
+        r = self.write_stub.Write(write_pb2.WriteRequest(database=database, line_protocol=lines,
+                                                         precision=precision), timeout=timeout_s)
+        return dict(r.token.offsets)
+
+    def write_arrow(self, database: str, tables: dict, timeout_s: float = 60.0) -> dict:
+        """Columnar write. `tables`: {table name: (pa.Table | pa.RecordBatch, roles)} where roles is
+        {column: "tag" | "field" | "time"} (or a list of (column, role) pairs), one per column.
+
+        Returns the write token {kafka partition: offset}.
+        """
+        req = write_pb2.WriteArrowRequest(database=database)
+        for name, (data, roles) in tables.items():
+            if isinstance(data, pa.RecordBatch):
+                data = pa.Table.from_batches([data])
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, data.schema) as w:
+                w.write_table(data)
+            t = req.tables.add(table=name, arrow_ipc=sink.getvalue().to_pybytes())
+            for col, role in (roles.items() if isinstance(roles, dict) else roles):
+                if isinstance(role, str):
+                    if role.lower() not in _ROLES:
+                        raise ValueError(f"column {col!r}: role must be tag, field or time, got {role!r}")
+                    role = _ROLES[role.lower()]
+                t.columns.add(name=col, role=role)
+        r = self.write_stub.WriteArrow(req, timeout=timeout_s)
+        return dict(r.token.offsets)
+
+    def query(self, database: str, sql: str, timeout_s: float = 120.0) -> pa.Table:
+        tables = []
+        for resp in self.query_stub.Query(query_pb2.QueryRequest(database=database, sql=sql), timeout=timeout_s):
+            tables.append(pa.ipc.open_stream(pa.py_buffer(resp.arrow_ipc)).read_all())
+        return pa.concat_tables(tables) if tables else pa.table({})
+
+    def status_proto(self, database: str = "") -> management_pb2.GetStatusResponse:
+        return self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database), timeout=30)
+
+    def status(self, database: str = "") -> dict:
+        """GetStatus as a dict; every field present (zeros included), int64 as int."""
+        return _as_dict(self.status_proto(database))
+
+    def delete(self, database: str, start: str | int, stop: str | int, predicate: str = "", table: str = "",
+               timeout_s: float = 60.0) -> dict:
+        """Returns the delete's write token {kafka partition: offset}."""
+        r = self.delete_stub.Delete(delete_pb2.DeleteRequest(database=database, table=table, start=str(start),
+                                                             stop=str(stop), predicate=predicate), timeout=timeout_s)
+        return dict(r.offsets)
+
+    def persist(self, database: str, table: str = "", partition_key: str = "", timeout_s: float = 300.0) -> dict:
+        r = self.mgmt_stub.Persist(management_pb2.PersistRequest(database=database, table=table,
+                                                                  partition_key=partition_key), timeout=timeout_s)
+        return _as_dict(r)
+
+    def compact(self, database: str, table: str, partition_key: str, timeout_s: float = 300.0,
+                persisted: bool = False) -> dict:
+        r = self.mgmt_stub.Compact(management_pb2.CompactRequest(database=database, table=table,
+                                                                  partition_key=partition_key, persisted=persisted),
+                                   timeout=timeout_s)
+        return _as_dict(r)
+
+    def retry_poisoned(self, database: str, partition: int | None = None, offset: int | None = None,
+                       timeout_s: float = 300.0) -> list:
+        """Applies the database's held poisoned messages again (of `partition`, at `offset`, when
+        given); returns them (dicts, as in status) as they are now."""
+        r = self.mgmt_stub.RetryPoisoned(_poisoned_request(database, partition, offset), timeout=timeout_s)
+        return _as_dict(r)["messages"]
+
+    def accept_poisoned(self, database: str, partition: int | None = None, offset: int | None = None,
+                        timeout_s: float = 300.0) -> list:
+        """Skips the database's held poisoned messages for good (recorded, marked accepted);
+        returns them (dicts, as in status)."""
+        r = self.mgmt_stub.AcceptPoisoned(_poisoned_request(database, partition, offset), timeout=timeout_s)
+        return _as_dict(r)["messages"]
+
+    def accept_lost_writes(self, database: str, timeout_s: float = 300.0) -> dict:
+        """Accepts the database's lost writes while the server runs; returns {accepted: [...], epoch, new_topic}."""
+        r = self.mgmt_stub.AcceptLostWrites(management_pb2.AcceptLostWritesRequest(database=database),
+                                            timeout=timeout_s)
+        return _as_dict(r)
+
+    def applied(self, database: str) -> dict:
+        """{kafka partition: applied_hi_inclusive}."""
+        out = {}
+        for db in self.status_proto(database).databases:
+            for wb in db.write_buffer:
+                out[wb.partition] = wb.applied_hi_inclusive
+        return out
+
+    def visible(self, database: str) -> dict:
+        """{kafka partition: visible_hi_inclusive}: every offset up to it is queryable (applied, or
+        read from the write buffer's tail)."""
+        out = {}
+        for db in self.status_proto(database).databases:
+            for wb in db.write_buffer:
+                out[wb.partition] = max(wb.visible_hi_inclusive, wb.applied_hi_inclusive)
+        return out
+
+    def wait_visible(self, database: str, token: dict, timeout_s: float = 30.0) -> None:
+        """Waits until every offset of a write token is visible to queries (see `visible`)."""
+        self._wait_watermark(database, token, timeout_s, self.visible, "visible")
+
+    def wait_caught_up(self, database: str, timeout_s: float = 120.0) -> None:
+        """Waits until a restarted server replayed everything the write buffer held at its start."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            dbs = self.status_proto(database).databases
+            if dbs and not dbs[0].replaying:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{database}: replay not caught up within {timeout_s}s")
+            time.sleep(0.1)
+
+    def wait_applied(self, database: str, token: dict, timeout_s: float = 30.0) -> None:
+        """Waits until every offset of a write token is applied to the catalog (queryable, also
+        through Spark Connect's views, and seen by the lifecycle)."""
+        self._wait_watermark(database, token, timeout_s, self.applied, "applied")
+
+    @staticmethod
+    def _wait_watermark(database: str, token: dict, timeout_s: float, read, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            have = read(database)
+            if all(have.get(int(p), -1) >= off for p, off in token.items()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"write token {token} not {what} within {timeout_s}s ({what}: {have})")
+            time.sleep(0.05)
+
+
+def _poisoned_request(database: str, partition: int | None, offset: int | None):
+    req = management_pb2.PoisonedRequest(database=database)
+    if partition is not None:
+        req.partition = partition
+    if offset is not None:
+        req.offset = offset
+    return req
+
+
+_INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+
+
+def _as_dict(msg) -> dict:
+    """A response as a dict: every field present (zeros included), field names as in the .proto,
+    and 64-bit integers as ints (protobuf's JSON mapping writes them as strings)."""
+    return _ints_as_ints(msg.DESCRIPTOR, MessageToDict(msg, preserving_proto_field_name=True,
+                                                       always_print_fields_with_no_presence=True))
+
+
+def _ints_as_ints(descriptor, d: dict) -> dict:
+    for f in descriptor.fields:
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            value_field = f.message_type.fields_by_name["value"]
+            if value_field.type in _INT64_TYPES:
+                d[f.name] = {k: int(x) for k, x in v.items()}
+            elif value_field.message_type is not None:
+                d[f.name] = {k: _ints_as_ints(value_field.message_type, x) for k, x in v.items()}
+        elif f.message_type is not None:
+            d[f.name] = ([_ints_as_ints(f.message_type, x) for x in v] if isinstance(v, list)
+                         else _ints_as_ints(f.message_type, v))
+        elif f.type in _INT64_TYPES:
+            d[f.name] = [int(x) for x in v] if isinstance(v, list) else int(v)
+    return d

@@ -1,0 +1,227 @@
+"""gRPC services: Write, Query, Management; plus health and reflection.
+
+Invariant: every ServerError maps to one gRPC status a user can act on
+(INVALID_ARGUMENT with a google.rpc.BadRequest for bad lines, NOT_FOUND,
+RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION); anything else is INTERNAL and logged.
+A query the SQL sandbox refuses (server/query/sql_sandbox.py) is PERMISSION_DENIED, or INVALID_ARGUMENT when it is
+no query at all (NotAQuery).
+A fenced database (DatabaseFenced, or the catalog's RevisionConflict of an `iox persist` / `iox compact`
+that found it fenced) is FAILED_PRECONDITION naming the other server's revision.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+import pyarrow as pa
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
+
+from catalog.errors import RevisionConflict
+
+from server.errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
+                     WriteBufferUnavailable, NotAQuery, QueryRefused)
+from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
+from server.write.router import ArrowTableWrite
+
+__all__ = ["build_grpc_server", "SERVICE_NAMES"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    write_pb2.DESCRIPTOR.services_by_name["WriteService"].full_name,
+    query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name,
+    management_pb2.DESCRIPTOR.services_by_name["ManagementService"].full_name,
+    delete_pb2.DESCRIPTOR.services_by_name["DeleteService"].full_name,
+)
+#: Rows per Arrow record batch streamed back by Query.
+QUERY_BATCH_ROWS = 64_000
+#: gRPC message size limit (requests and responses).
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: WriteArrow column roles -> the router's role names ("unspecified" is rejected there).
+_ROLE_NAMES = {write_pb2.ColumnRole.TAG: "tag", write_pb2.ColumnRole.FIELD: "field",
+               write_pb2.ColumnRole.TIME: "time", write_pb2.ColumnRole.ROLE_UNSPECIFIED: "unspecified"}
+
+
+def _abort(context, err: Exception):
+    """Aborts the RPC with the status that belongs to `err`."""
+    if isinstance(err, RevisionConflict):
+        err = DatabaseFenced(err.db, err.revision)
+    if isinstance(err, PoisonedMessageNotFound):
+        context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+    if isinstance(err, NothingToAccept):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+    if isinstance(err, NotReadyToAccept):
+        context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+    if isinstance(err, BadLines):
+        br = error_details_pb2.BadRequest()
+        for line, reason in err.errors:
+            v = br.field_violations.add()
+            v.field = f"line {line}"
+            v.description = reason
+        detail = any_pb2.Any()
+        detail.Pack(br)
+        st = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(err), details=[detail])
+        context.abort_with_status(rpc_status.to_status(st))
+    if isinstance(err, (InvalidArgument, NotAQuery)):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    if isinstance(err, QueryRefused):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
+    if isinstance(err, DatabaseNotFound):
+        context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+    if isinstance(err, CatchUpTimedOut):
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+    if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
+        if isinstance(err, WriteBufferOverloaded):
+            context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+    if isinstance(err, WriteBufferUnavailable):
+        context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+    log.exception("internal error", exc_info=err)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err}")
+
+
+class _WriteService(write_pb2_grpc.WriteServiceServicer):
+    def __init__(self, server):
+        self.server = server
+
+    def Write(self, request, context):
+        try:
+            res = self.server.router.write_line_protocol(request.database, request.line_protocol,
+                                                         request.precision or "ns")
+        except ServerError as e:
+            _abort(context, e)
+        except Exception as e:
+            _abort(context, e)
+        return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token), points=res.points,
+                                       topic=res.topic)
+
+    def WriteArrow(self, request, context):
+        try:
+            tables = [ArrowTableWrite(t.table, t.arrow_ipc, [(c.name, _ROLE_NAMES.get(c.role, str(c.role)))
+                                                             for c in t.columns])
+                      for t in request.tables]
+            res = self.server.router.write_arrow(request.database, tables)
+        except Exception as e:
+            _abort(context, e)
+        return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token), points=res.points,
+                                       topic=res.topic)
+
+
+class _QueryService(query_pb2_grpc.QueryServiceServicer):
+    def __init__(self, server):
+        self.server = server
+
+    def Query(self, request, context):
+        try:
+            res = self.server.query_engine.run(request.database, request.sql)
+        except Exception as e:
+            _abort(context, e)
+        table = res.table
+        batches = table.to_batches(max_chunksize=QUERY_BATCH_ROWS) or [None]
+        for b in batches:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as w:
+                if b is not None:
+                    w.write_batch(b)
+            yield query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),
+                                          applied_hi_inclusive=res.applied_hi_inclusive,
+                                          visible_hi_inclusive=res.visible_hi_inclusive)
+
+
+class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):
+    def __init__(self, server):
+        self.server = server
+
+    def Delete(self, request, context):
+        from server.write.deletes import submit_delete
+
+        try:
+            token = submit_delete(self.server.catalog, self.server.write_buffer, request.database, request.table,
+                                  request.start, request.stop, request.predicate)
+        except Exception as e:
+            _abort(context, e)
+        return delete_pb2.DeleteResponse(offsets=token)
+
+
+class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
+    def __init__(self, server):
+        self.server = server
+
+    def GetStatus(self, request, context):
+        try:
+            return self.server.status(request.database)
+        except Exception as e:
+            _abort(context, e)
+
+    def Persist(self, request, context):
+        try:
+            return self.server.persist_now(request.database, request.table, request.partition_key,
+                                           deadline_s=context.time_remaining())
+        except Exception as e:
+            _abort(context, e)
+
+    def Compact(self, request, context):
+        try:
+            return self.server.compact_now(request.database, request.table, request.partition_key,
+                                           request.persisted, deadline_s=context.time_remaining())
+        except Exception as e:
+            _abort(context, e)
+
+    def RetryPoisoned(self, request, context):
+        try:
+            return self.server.retry_poisoned(request.database, _optional(request, "partition"),
+                                              _optional(request, "offset"))
+        except Exception as e:
+            _abort(context, e)
+
+    def AcceptPoisoned(self, request, context):
+        try:
+            return self.server.accept_poisoned(request.database, _optional(request, "partition"),
+                                               _optional(request, "offset"))
+        except Exception as e:
+            _abort(context, e)
+
+    def AcceptLostWrites(self, request, context):
+        try:
+            return self.server.accept_lost_writes(request.database)
+        except Exception as e:
+            _abort(context, e)
+
+    def ListDatabases(self, request, context):
+        return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()])
+
+
+def _optional(request, name: str):
+    """The value of an `optional` proto3 field, or None when it is not set."""
+    return getattr(request, name) if request.HasField(name) else None
+
+
+def build_grpc_server(server, bind: str, port: int, max_workers: int = 16):
+    """Creates (does not start) the gRPC server with our services, health and reflection."""
+    opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0)]
+    g = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"), options=opts)
+    write_pb2_grpc.add_WriteServiceServicer_to_server(_WriteService(server), g)
+    query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(server), g)
+    management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(server), g)
+    delete_pb2_grpc.add_DeleteServiceServicer_to_server(_DeleteService(server), g)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, g)
+    names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, g)
+    bound = g.add_insecure_port(f"{bind}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {bind}:{port}")
+    return g, health_servicer, bound

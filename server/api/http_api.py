@@ -1,0 +1,445 @@
+"""InfluxDB v2 and 1.x compatible HTTP write API: `POST /api/v2/write`, `POST /write` (1.x, as
+Telegraf's outputs.influxdb sends), `GET /health`, `GET|HEAD /ping`, and the server's Prometheus
+metrics at `GET /metrics` (server/metrics.py).
+
+Invariant: same all-or-nothing semantics as the gRPC Write: it calls the same
+Router, and every error maps to the HTTP status of its gRPC status
+(INVALID_ARGUMENT -> 400 `{"code": "invalid", ...}` naming the bad lines,
+RESOURCE_EXHAUSTED -> 413, UNAVAILABLE -> 503 with Retry-After, NOT_FOUND -> 404,
+FAILED_PRECONDITION (lost writes not accepted, a topic replaced, a database fenced: another server
+committed a newer revision of its preserved catalog) -> 409, anything else -> 500). 204 is answered only after Kafka acknowledged the write.
+A gzip body is decompressed with a limit: no body can grow past
+`max_request_bytes` in memory, however well it compresses.
+
+Mapping: database = `<org>_<bucket>` (`orgID` is used when `org` is absent);
+`precision` is ns (default), us, ms or s.
+
+InfluxDB 1.x: `POST /write?db=DB[&rp=RP][&precision=P]` writes to database `DB`, or `DB_RP` when
+`rp` is given and is not 1.x's default policy `autogen` (a valid database name either way: letters, digits, '_' and '-', at most 64
+characters); `precision` is n or ns (default), u or us, ms, s, m (minutes) or h (hours). Same body
+limits, gzip and all-or-nothing semantics as /api/v2/write, the same statuses, but error bodies
+are 1.x's `{"error": "..."}`. Credentials (`u`/`p` query parameters, Basic or Token
+authorization) are accepted and ignored: the server has no authentication. `/ping` answers 204
+with `X-Influxdb-Version` and `X-Influxdb-Build`, or 200 `{"version": ...}` with `verbose=true`
+(as 1.x: any value but empty, 0 and false).
+
+When it runs: started by the server (`--http-port`, 0 disables) after gRPC, in a
+daemon thread; one thread per connection (stdlib ThreadingHTTPServer); stopped
+by `IoxServer.stop()`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
+                     WriteBufferOverloaded, WriteBufferUnavailable)
+from server.write.line_protocol import ALL_PRECISIONS
+from server.metrics import CONTENT_TYPE_LATEST
+
+__all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
+           "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
+           "SERVER_VERSION"]
+
+log = logging.getLogger(__name__)
+
+WRITE_PATH = "/api/v2/write"
+#: InfluxDB 1.x's write endpoint
+V1_WRITE_PATH = "/write"
+#: InfluxDB 1.x precision names -> the parser's
+V1_PRECISIONS = {"n": "ns", "ns": "ns", "u": "us", "us": "us", "ms": "ms", "s": "s", "m": "m", "h": "h"}
+#: the server's metrics in the Prometheus text format
+METRICS_PATH = "/metrics"
+#: A body over the limit is still read (and dropped) up to this size so the client sees the 413;
+#: past it the connection is closed without reading on.
+MAX_DRAIN_BYTES = 64 * 1024 * 1024
+#: Reported in /health and the X-Influxdb-Version header.
+SERVER_VERSION = "iox-spark"
+#: Idle / slow connection timeout, seconds.
+SOCKET_TIMEOUT_S = 60
+_READ_CHUNK = 1 << 20
+
+
+def database_for(org: str, bucket: str) -> str:
+    """The database an InfluxDB v2 (org, bucket) writes to."""
+    return f"{org}_{bucket}"
+
+
+#: InfluxDB 1.x's default retention policy: writes naming it go where writes naming none go
+DEFAULT_RETENTION_POLICY = "autogen"
+
+
+def database_for_v1(db: str, rp: str = "") -> str:
+    """The database an InfluxDB 1.x write (`db`, optional `rp`) goes to: `db` (also for 1.x's
+    default retention policy `autogen`), or `<db>_<rp>`.
+    Raises InvalidArgument without `db`; the router checks the name."""
+    if not db:
+        raise InvalidArgument("database is required (the db query parameter)")
+    return f"{db}_{rp}" if rp and rp != DEFAULT_RETENTION_POLICY else db
+
+
+def precision_for_v1(precision: str) -> str:
+    """An InfluxDB 1.x precision (n, ns, u, us, ms, s, m, h; empty = ns) as the parser names it."""
+    try:
+        return V1_PRECISIONS[precision or "ns"]
+    except KeyError:
+        raise InvalidArgument(f"precision must be one of {', '.join(V1_PRECISIONS)}, got {precision!r}") from None
+
+
+def compressed_cap(limit: int) -> int:
+    """Largest gzip body worth decompressing: deflate never grows data by more than this."""
+    return limit + limit // 100 + 1024
+
+
+def gunzip_limited(data: bytes, limit: int) -> bytes:
+    """Decompresses a (possibly multi-member) gzip body; never holds more than `limit` + 1 bytes of output.
+
+    Raises DecompressedRequestTooLarge past the limit, InvalidArgument for a corrupt or truncated body.
+    """
+    out = bytearray()
+    rest = data
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            # max_length >= 1 here (len(out) <= limit); 0 would mean "unlimited"
+            out += d.decompress(rest, limit + 1 - len(out))
+        except zlib.error as e:
+            raise InvalidArgument(f"invalid gzip body: {e}") from None
+        if len(out) > limit:
+            raise DecompressedRequestTooLarge(limit)
+        if d.unconsumed_tail:  # stopped at max_length with input left: the output is over the limit
+            raise DecompressedRequestTooLarge(limit)
+        if not d.eof:
+            raise InvalidArgument("invalid gzip body: truncated")
+        rest = d.unused_data
+        if not rest:
+            return bytes(out)
+
+
+def error_response(err: Exception) -> tuple[int, list, dict]:
+    """(HTTP status, extra headers, JSON body) for an error, mirroring the gRPC mapping."""
+    if isinstance(err, BadLines):
+        lines = "; ".join(f"line {n}: {r}" for n, r in err.errors)
+        more = len(err.errors) < err.total_bad
+        msg = f"{err.total_bad} bad line(s), nothing written: {lines}" + (
+            f" (and {err.total_bad - len(err.errors)} more)" if more else "")
+        body = {"code": "invalid", "message": msg, "line": err.errors[0][0] if err.errors else None,
+                "errors": [{"line": n, "message": r} for n, r in err.errors]}
+        return 400, [], body
+    if isinstance(err, InvalidArgument):
+        return 400, [], {"code": "invalid", "message": str(err)}
+    if isinstance(err, DatabaseNotFound):
+        return 404, [], {"code": "not found", "message": str(err)}
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
+        return 409, [], {"code": "conflict", "message": str(err)}
+    if isinstance(err, RequestTooLarge):
+        return 413, [], {"code": "request too large", "message": str(err)}
+    if isinstance(err, (WriteBufferUnavailable, WriteBufferOverloaded)):
+        retry = max(1, math.ceil(err.retry_after_s))
+        return 503, [("Retry-After", str(retry))], {"code": "unavailable", "message": str(err)}
+    return 500, [], {"code": "internal error", "message": f"internal error: {err}"}
+
+
+def error_response_v1(err: Exception) -> tuple[int, list, dict]:
+    """As `error_response`, with InfluxDB 1.x's body: `{"error": "..."}`."""
+    status, headers, body = error_response(err)
+    return status, headers, {"error": body["message"]}
+
+
+class _BodyTooLarge(Exception):
+    """The declared or streamed body is over the cap; `drained` says whether the connection is reusable."""
+
+    def __init__(self, size: int, drained: bool):
+        self.size = size
+        self.drained = drained
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "iox"
+    timeout = SOCKET_TIMEOUT_S
+
+    # -- plumbing ---------------------------------------------------------------------
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, fmt, *args):  # route the stdlib's access log to debug logging
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    @property
+    def router(self):
+        return self.server.router
+
+    def _send(self, status: int, body: dict | bytes | None = None, headers: list = (), close: bool = False,
+              content_type: str = "application/json; charset=utf-8") -> None:
+        """`body`: a dict sent as JSON, or bytes sent as they are (as `content_type`)."""
+        payload = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        if status != 204:  # a 204 has no body and no Content-Length
+            if payload:
+                self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.send_header("X-Influxdb-Version", SERVER_VERSION)
+        self.send_header("X-Influxdb-Build", "OSS")
+        self.end_headers()
+        if payload and self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _send_error(self, err: Exception, close: bool = False) -> None:
+        status, headers, body = (error_response_v1 if self._v1() else error_response)(err)
+        if status == 500:
+            log.exception("internal error in the HTTP write API", exc_info=err)
+        self._send(status, body, headers, close)
+
+    def _encoding(self) -> str:
+        enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        if enc in ("", "identity"):
+            return "identity"
+        if enc in ("gzip", "x-gzip"):
+            return "gzip"
+        raise InvalidArgument(f"unsupported Content-Encoding {enc!r}: use gzip or identity")
+
+    def _raw_cap(self) -> int:
+        limit = self.router.max_request_bytes
+        return compressed_cap(limit) if self._encoding() == "gzip" else limit
+
+    def _declared_length(self) -> int | None:
+        cl = self.headers.get("Content-Length")
+        if cl is None:
+            return None
+        try:
+            n = int(cl)
+        except ValueError:
+            raise InvalidArgument(f"invalid Content-Length {cl!r}") from None
+        if n < 0:
+            raise InvalidArgument(f"invalid Content-Length {cl!r}")
+        return n
+
+    def _chunked(self) -> bool:
+        return "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+
+    def handle_expect_100(self):
+        """Answers 413 before the client sends a body that is declared too large."""
+        try:
+            if self.command == "POST" and not self._chunked():
+                n = self._declared_length()
+                if n is not None and n > self._raw_cap():
+                    self._send_error(RequestTooLarge(n, self.router.max_request_bytes), close=True)
+                    return False
+        except InvalidArgument as e:
+            self._send_error(e, close=True)
+            return False
+        return super().handle_expect_100()
+
+    def _read_body(self, cap: int) -> bytes:
+        if self._chunked():
+            return self._read_chunked(cap)
+        n = self._declared_length()
+        if n is None:
+            return b""
+        if n > cap:
+            drained = n <= MAX_DRAIN_BYTES and self._discard(n)
+            raise _BodyTooLarge(n, drained)
+        data = self.rfile.read(n)
+        if len(data) != n:
+            raise ConnectionError(f"body ended after {len(data)} of {n} bytes")
+        return data
+
+    def _discard(self, n: int) -> bool:
+        while n > 0:
+            got = self.rfile.read(min(n, _READ_CHUNK))
+            if not got:
+                return False
+            n -= len(got)
+        return True
+
+    def _read_chunked(self, cap: int) -> bytes:
+        out = bytearray()
+        total = 0
+        while True:
+            line = self.rfile.readline(65537)
+            if not line.endswith(b"\n"):
+                raise InvalidArgument("malformed chunked body")
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise InvalidArgument("malformed chunk size in chunked body") from None
+            if size == 0:
+                while True:  # trailers
+                    t = self.rfile.readline(65537)
+                    if t in (b"\r\n", b"\n", b""):
+                        return bytes(out)
+            total += size
+            if total > cap:
+                drained = total <= MAX_DRAIN_BYTES and self._discard(size + 2) and self._drain_chunks(total)
+                raise _BodyTooLarge(total, drained)
+            chunk = self.rfile.read(size)
+            if len(chunk) != size:
+                raise ConnectionError("chunked body ended early")
+            out += chunk
+            self.rfile.readline(3)  # CRLF after the chunk
+
+    def _drain_chunks(self, total: int) -> bool:
+        while True:
+            line = self.rfile.readline(65537)
+            if not line.endswith(b"\n"):
+                return False
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                return False
+            if size == 0:
+                while True:
+                    t = self.rfile.readline(65537)
+                    if t in (b"\r\n", b"\n"):
+                        return True
+                    if t == b"":
+                        return False
+            total += size
+            if total > MAX_DRAIN_BYTES or not self._discard(size + 2):
+                return False
+
+    # -- routes -----------------------------------------------------------------------
+    def _route(self) -> str:
+        path = urlsplit(self.path).path
+        return path.rstrip("/") or "/"
+
+    def _v1(self) -> bool:
+        """An InfluxDB 1.x request: errors in 1.x's form."""
+        return self._route() == V1_WRITE_PATH
+
+    def _ping(self) -> None:
+        qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        verbose = (qs.get("verbose") or [""])[0]
+        if verbose not in ("", "0", "false"):  # as InfluxDB 1.x
+            self._send(200, {"version": SERVER_VERSION})
+        else:
+            self._send(204)
+
+    def do_GET(self):
+        route = self._route()
+        if route == "/health":
+            self._send(200, {"name": "iox", "message": "ready for queries and writes", "status": "pass",
+                             "checks": [], "version": SERVER_VERSION, "commit": ""})
+        elif route == "/ready":
+            self._send(200, {"status": "ready"})
+        elif route == "/ping":
+            self._ping()
+        elif route == METRICS_PATH:
+            self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
+        elif route == WRITE_PATH:
+            self._send(405, {"code": "method not allowed", "message": f"use POST {WRITE_PATH}"},
+                       [("Allow", "POST")])
+        elif route == V1_WRITE_PATH:
+            self._send(405, {"error": f"use POST {V1_WRITE_PATH}"}, [("Allow", "POST")])
+        else:
+            self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"})
+
+    def do_HEAD(self):
+        if self._route() == "/ping":
+            self._ping()
+        else:
+            self._send(404)
+
+    def do_POST(self):
+        route = self._route()
+        if route not in (WRITE_PATH, V1_WRITE_PATH):
+            drained = self._drain_any()
+            if route in ("/health", "/ping", "/ready", METRICS_PATH):
+                self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
+                           [("Allow", "GET")], close=not drained)
+            else:
+                self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"}, close=not drained)
+            return
+        try:
+            self._write()
+        except _BodyTooLarge as e:
+            self._send_error(RequestTooLarge(e.size, self.router.max_request_bytes), close=not e.drained)
+        except InvalidArgument as e:  # unreadable framing (Content-Length, chunks): the body state is unknown
+            self._send_error(e, close=True)
+        except (ConnectionError, TimeoutError, OSError) as e:
+            log.debug("HTTP write connection failed: %s", e)
+            self.close_connection = True
+
+    def _drain_any(self) -> bool:
+        try:
+            self._read_body(MAX_DRAIN_BYTES)
+            return True
+        except Exception:
+            return False
+
+    def _write(self) -> None:
+        limit = self.router.max_request_bytes
+        try:
+            encoding = self._encoding()
+            qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+            org = (qs.get("org") or qs.get("orgID") or [""])[0]
+            bucket = (qs.get("bucket") or [""])[0]
+            precision = (qs.get("precision") or ["ns"])[0] or "ns"
+            db, rp = (qs.get("db") or [""])[0], (qs.get("rp") or [""])[0]
+        except InvalidArgument as e:
+            self._send_error(e, close=not self._drain_any())
+            return
+        raw = self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
+        try:
+            if self._v1():  # u, p, consistency and any credentials: ignored
+                database, kw = database_for_v1(db, rp), {"precisions": ALL_PRECISIONS}
+                precision = precision_for_v1(precision)
+            else:
+                if not bucket:
+                    raise InvalidArgument("the bucket query parameter is required")
+                if not org:
+                    raise InvalidArgument("the org (or orgID) query parameter is required")
+                database, kw = database_for(org, bucket), {}
+            body = gunzip_limited(raw, limit) if encoding == "gzip" else raw
+            self.router.write_line_protocol(database, body, precision, **kw)
+        except Exception as e:
+            self._send_error(e)
+            return
+        self._send(204)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, addr, handler, router):
+        self.router = router
+        super().__init__(addr, handler)
+
+
+class HttpWriteServer:
+    def __init__(self, router, host: str, port: int):
+        self.router = router
+        self.host = host
+        self.port = port
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._httpd = _Server((self.host, self.port), _Handler, self.router)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="http-write-api", daemon=True)
+        self._thread.start()
+        log.info("InfluxDB v2 and 1.x HTTP write API on %s:%s", self.host, self.port)
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)

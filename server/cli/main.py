@@ -1,0 +1,436 @@
+"""The `iox` command line: serve, broker, write, sql, status, persist, compact, delete, poison,
+accept-lost-writes, demo.
+
+Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
+(e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
+Client commands take `--addr host:port` (IOX_ADDR, default localhost:8082) and
+exit non-zero with the server's message on any error.
+
+`iox write` sends an input larger than `--batch-bytes` in several requests, each cut at the end of
+a line; on a terminal it draws a progress bar (bytes acknowledged) on stderr.
+`iox sql --format json` writes one JSON object per row, every number a JSON number (see `json_value`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from server.cli.output import print_table
+from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
+from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from server.config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
+                     DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
+                     DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
+                     DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, InvalidConfig, ServerConfig, parse_memory_bytes)
+
+__all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
+           "DEFAULT_WRITE_BATCH_BYTES"]
+
+#: `iox write`: the largest request it sends (below the server's default --max-request-bytes, 10 MiB)
+DEFAULT_WRITE_BATCH_BYTES = 8 << 20
+
+
+def _broker_storage(text: str) -> str:
+    if text not in (STORAGE_DURABLE, STORAGE_MEMORY):
+        raise argparse.ArgumentTypeError(f"{text!r}: durable or memory")
+    return text
+
+
+#: (flag, type, default, help) of `iox serve`; each also read from IOX_<FLAG>.
+SERVE_OPTIONS = [
+    ("--grpc-port", int, DEFAULT_GRPC_PORT, "gRPC port"),
+    ("--http-port", int, DEFAULT_HTTP_PORT, "InfluxDB v2 and 1.x compatible HTTP write API port (0 disables)"),
+    ("--data-dir", str, DEFAULT_DATA_DIR, "data directory (embedded broker record, scratch, objects)"),
+    ("--kafka-bootstrap", str, None, "Kafka bootstrap servers; absent = embedded Tansu broker"),
+    ("--partitions", int, DEFAULT_PARTITIONS, "Kafka partitions per database topic"),
+    ("--replication-factor", int, DEFAULT_REPLICATION_FACTOR,
+     "replicas of each Kafka partition of the topics the server creates (fewer when the cluster has fewer "
+     "brokers, with a warning)"),
+    ("--spark-master", str, DEFAULT_SPARK_MASTER, "Spark master URL"),
+    ("--driver-memory", str, DEFAULT_DRIVER_MEMORY, "Spark driver memory (e.g. 4g)"),
+    ("--produce-timeout-ms", int, DEFAULT_PRODUCE_TIMEOUT_MS, "max wait for Kafka's ack before UNAVAILABLE"),
+    ("--txn-timeout-s", float, DEFAULT_TXN_TIMEOUT_S,
+     "abort a multi-message request whose commit has not appeared this long after its parts"),
+    ("--trigger-interval-ms", int, DEFAULT_TRIGGER_INTERVAL_MS, "micro-batch trigger interval"),
+    ("--spark-nice", int, DEFAULT_SPARK_NICE,
+     "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
+    ("--write-path-rt-priority", int, DEFAULT_WRITE_PATH_RT_PRIORITY,
+     "SCHED_RR priority (1-99) of the server's threads and its embedded broker, so a write never waits "
+     "for a core behind Spark (0 = off; where the kernel refuses, logged and ignored)"),
+    ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
+    ("--tail-max-bytes", parse_memory_bytes, DEFAULT_TAIL_MAX_BYTES,
+     "payload bytes of acknowledged writes not yet applied by Spark that queries read from the write "
+     "buffer's tail (e.g. 256m; 0 = queries see applied writes only)"),
+    ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
+    ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
+    ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
+     "storage of the embedded broker: memory (a broker crash or host restart loses unpersisted writes: "
+     f"--persist-age-threshold-s is then at most {MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s) or durable (acknowledged "
+     "writes on disk under <data-dir>/broker-store, through its local S3 server; far slower under load)"),
+    ("--object-store", str, None, "directory or s3://bucket/prefix for Parquet + catalog (default <data-dir>/objects)"),
+    ("--s3-endpoint", str, None, "S3 endpoint URL (MinIO, moto); credentials from the usual AWS variables"),
+]
+#: lifecycle rule options of `iox serve` -> LifecycleRules field (default: IOx's, see lifecycle/rules.py)
+LIFECYCLE_OPTIONS = [
+    ("--persist-row-threshold", int, "persist_row_threshold"),
+    ("--persist-age-threshold-s", float, "persist_age_threshold_s"),
+    ("--late-arrive-window-s", float, "late_arrive_window_s"),
+    ("--mub-row-threshold", int, "mub_row_threshold"),
+    ("--read-buffer-delay-s", float, "read_buffer_delay_s"),
+    ("--queried-read-buffer-delay-s", float, "queried_read_buffer_delay_s"),
+    ("--buffer-size-soft-bytes", int, "buffer_size_soft_bytes"),
+    ("--buffer-size-hard-bytes", int, "buffer_size_hard_bytes"),
+    ("--worker-backoff-ms", int, "worker_backoff_ms"),
+    ("--catalog-transactions-until-checkpoint", int, "catalog_transactions_until_checkpoint"),
+    ("--max-active-compactions", int, "max_active_compactions"),
+    ("--persisted-compaction-file-threshold", int, "persisted_compaction_file_threshold"),
+    ("--persisted-compaction-cold-s", float, "persisted_compaction_cold_s"),
+]
+
+
+def _env_name(flag: str) -> str:
+    return "IOX_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _add_addr(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--addr", default=os.environ.get("IOX_ADDR", "localhost:8082"), help="server host:port")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="iox", description="write-buffered time-series ingest server on Kafka and Spark")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the server")
+    for flag, typ, default, help_ in SERVE_OPTIONS:
+        env = os.environ.get(_env_name(flag))
+        s.add_argument(flag, type=typ, default=typ(env) if env is not None else default,
+                       help=f"{help_} (env {_env_name(flag)}; default {default})")
+    for flag, typ, fld in LIFECYCLE_OPTIONS:
+        env = os.environ.get(_env_name(flag))
+        s.add_argument(flag, type=typ, default=typ(env) if env is not None else None, dest=fld,
+                       help=f"lifecycle rule {fld} (env {_env_name(flag)}; default: IOx's)")
+    s.add_argument("--skip-lost-writes", action="store_true",
+                   default=os.environ.get("IOX_SKIP_LOST_WRITES", "") not in ("", "0", "false"),
+                   help="start even when Kafka no longer holds offsets that are not persisted (they are lost; "
+                        "logged and counted in status) (env IOX_SKIP_LOST_WRITES)")
+    s.add_argument("--spark-conf", action="append", metavar="KEY=VALUE",
+                   default=[kv for kv in os.environ.get("IOX_SPARK_CONF", "").split(";") if kv],
+                   help="a Spark configuration property of the server's Spark application, repeatable "
+                        "(env IOX_SPARK_CONF: KEY=VALUE;KEY=VALUE); spark.driver.extraJavaOptions is added to "
+                        "the server's own JVM options")
+    s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"),
+                   help="LEVEL[,LOGGER=LEVEL...]: the root level, then levels of single loggers, e.g. "
+                        "WARNING,server.consume.ingest=DEBUG (each micro-batch's timings) (env IOX_LOG_LEVEL)")
+
+    pe = sub.add_parser("persist", help="persist now (all partitions of the scope) and wait for the commit")
+    _add_addr(pe)
+    pe.add_argument("--db", required=True)
+    pe.add_argument("--table", default="")
+    pe.add_argument("--partition", default="")
+
+    de = sub.add_parser("delete", help="delete rows (sequenced with the writes)")
+    _add_addr(de)
+    de.add_argument("--db", required=True)
+    de.add_argument("--table", default="", help="empty: every table")
+    de.add_argument("--start", required=True, help="RFC3339 or integer nanoseconds (inclusive)")
+    de.add_argument("--stop", required=True, help="RFC3339 or integer nanoseconds (exclusive)")
+    de.add_argument("--predicate", default="", help="e.g. host = 'a' AND region != 'eu'")
+
+    co = sub.add_parser("compact", help="compact the in-memory chunks of one partition (or its Parquet files)")
+    _add_addr(co)
+    co.add_argument("--db", required=True)
+    co.add_argument("--table", required=True)
+    co.add_argument("--partition", required=True)
+    co.add_argument("--persisted", action="store_true",
+                    help="merge the partition's Parquet files into one file (one catalog transaction)")
+
+    po = sub.add_parser("poison", help="retry or accept (skip) write-buffer messages set aside because applying "
+                                       "them failed (listed as `poisoned` in `iox status`)")
+    po_sub = po.add_subparsers(dest="poison_cmd", required=True)
+    for name, help_ in (("retry", "apply held messages again (after the cause of the failure was removed); one "
+                                  "that fails again is held again"),
+                        ("accept", "skip held messages for good (recorded, kept in status marked accepted); their "
+                                   "Kafka partitions continue after them")):
+        pp = po_sub.add_parser(name, help=help_)
+        _add_addr(pp)
+        pp.add_argument("--db", required=True)
+        pp.add_argument("--partition", type=int, default=None, help="only the message held on this Kafka partition")
+        pp.add_argument("--offset", type=int, default=None,
+                        help="only if the held message is at this offset (with --partition)")
+
+    al = sub.add_parser("accept-lost-writes", help="accept the database's lost writes while the server runs (as "
+                                                   "a restart with --skip-lost-writes does); writes are taken again")
+    _add_addr(al)
+    al.add_argument("--db", required=True)
+
+    b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
+    b.add_argument("--port", type=int, default=9092)
+    b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", "memory"),
+                   help="memory (lost when the broker stops; the default), durable (messages on disk under "
+                        "--data-dir) or s3://bucket/ (env IOX_BROKER_STORAGE)")
+    b.add_argument("--data-dir", default=os.environ.get("IOX_BROKER_DATA_DIR", "./broker-data"),
+                   help="where a durable broker keeps its messages (env IOX_BROKER_DATA_DIR)")
+
+    w = sub.add_parser("write", help="write line protocol from FILE (or - for stdin)")
+    _add_addr(w)
+    w.add_argument("--db", required=True)
+    w.add_argument("--precision", default="ns", choices=["ns", "us", "ms", "s"])
+    w.add_argument("--batch-bytes", type=parse_memory_bytes, default=DEFAULT_WRITE_BATCH_BYTES,
+                   help="largest request (e.g. 8m): a larger input is sent in several requests, each cut at "
+                        "the end of a line and each all-or-nothing: when one fails, the ones before it stay "
+                        f"written (default {DEFAULT_WRITE_BATCH_BYTES >> 20}m; at most the server's "
+                        "--max-request-bytes)")
+    w.add_argument("file")
+
+    q = sub.add_parser("sql", help="run Spark SQL against a database")
+    _add_addr(q)
+    q.add_argument("--db", required=True)
+    q.add_argument("--format", default="table", choices=["table", "csv", "json"])
+    q.add_argument("query")
+
+    st = sub.add_parser("status", help="print the catalog status as JSON")
+    _add_addr(st)
+    st.add_argument("--db", default="")
+    st.add_argument("--wait-replay", action="store_true",
+                    help="while a restarted server replays the write buffer, show a progress bar until it caught up")
+
+    d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
+    d.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    d.add_argument("--grpc-port", type=int, default=0)
+    d.add_argument("--keep-running", action="store_true", help="keep serving after the demo (Ctrl-C stops)")
+    return ap
+
+
+def _spark_conf(pairs: list) -> dict:
+    out = {}
+    for kv in pairs:
+        key, sep, value = kv.partition("=")
+        if not sep or not key.strip():
+            raise InvalidConfig("spark_conf", kv, "must be KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def _config_from_args(a) -> ServerConfig:
+    return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
+                        partitions=a.partitions, replication_factor=a.replication_factor, spark_master=a.spark_master, driver_memory=a.driver_memory,
+                        produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
+                        trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
+                        write_path_rt_priority=a.write_path_rt_priority,
+                        max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
+                        tail_max_bytes=a.tail_max_bytes,
+                        embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
+                        object_store=a.object_store,
+                        s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
+                        extra_spark_conf=_spark_conf(a.spark_conf),
+                        lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
+                                   if getattr(a, fld) is not None})
+
+
+def _replay_progress(client, database: str, out=sys.stderr, interval_s: float = 0.5) -> None:
+    """Draws a progress bar (offsets replayed / to replay, as status reports them) until no database
+    replays."""
+    import time
+
+    while True:
+        dbs = [d for d in client.status_proto(database).databases if d.replaying]
+        if not dbs:
+            out.write("\rreplay caught up" + " " * 50 + "\n")
+            return
+        done = sum(d.replay_offsets_done for d in dbs)
+        total = sum(d.replay_offsets_todo for d in dbs)
+        frac = min(1.0, done / total) if total else 1.0
+        bar = "#" * int(frac * 40)
+        out.write(f"\rreplaying [{bar:<40}] {frac * 100:5.1f}% ({done}/{total} offsets)")
+        out.flush()
+        time.sleep(interval_s)
+
+
+class _WriteFailed(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def write_input(client, database: str, data, precision: str, batch_bytes: int, err=sys.stderr) -> dict:
+    """Writes line protocol `data` (bytes, or a read-only mmap of a file) in requests of at most
+    `batch_bytes`, each cut at the end of a line; returns the merged write token {partition: offset}.
+
+    When stderr (`err`) is a terminal, draws a progress bar of the bytes acknowledged. Raises
+    `_WriteFailed` with the server's message and, for a later request, what was written before it.
+    """
+    import grpc
+    from tqdm import tqdm
+
+    from server.write.line_protocol import line_protocol_pieces
+
+    token: dict = {}
+    total = len(data)
+    pieces = line_protocol_pieces(data, batch_bytes) if total else iter([(0, 0)])
+    lines_before = 0
+    tty = hasattr(err, "isatty") and err.isatty()
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="writing", file=err,
+              disable=not tty, delay=0.5, dynamic_ncols=True) as bar:
+        for i, (start, stop) in enumerate(pieces):
+            body = data[start:stop]
+            try:
+                got = client.write(database, body, precision)
+            except grpc.RpcError as e:
+                msg = f"{e.code().name}: {e.details()}"
+                if i:
+                    done = {str(k): v for k, v in sorted(token.items())}
+                    msg += (f"\n(request {i + 1}, input bytes [{start}, {stop}): its line numbers count from line "
+                            f"{lines_before + 1} of the input, blank lines and comments not counted; the {start} "
+                            f"bytes before it were written, write token {json.dumps(done)})")
+                raise _WriteFailed(msg) from None
+            for p, off in got.items():
+                token[p] = max(off, token.get(p, off))
+            lines_before += body.count(b"\n")
+            bar.update(stop - start)
+    return token
+
+
+def _read_input(path: str):
+    """(data, close): stdin's bytes, or a read-only mmap of a regular file (its bytes for others)."""
+    import mmap
+
+    if path == "-":
+        return sys.stdin.buffer.read(), lambda: None
+    f = open(path, "rb")
+    try:
+        if os.fstat(f.fileno()).st_size:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return m, lambda: (m.close(), f.close())
+    except (OSError, ValueError):  # not mappable (a pipe, a device): read it
+        pass
+    try:
+        return f.read(), lambda: None
+    finally:
+        f.close()
+
+
+def _client_call(fn):
+    import grpc
+
+    try:
+        return fn()
+    except grpc.RpcError as e:
+        sys.stderr.write(f"error: {e.code().name}: {e.details()}\n")
+        sys.exit(1)
+
+
+def parse_log_levels(text: str) -> tuple[str, dict]:
+    """'WARNING,server.consume.ingest=DEBUG' -> ('WARNING', {'server.consume.ingest': 'DEBUG'}). The root level comes
+    first and may be left out ('server.consume.ingest=DEBUG' keeps INFO). Raises ValueError naming a bad part."""
+    known = {"CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"}
+    root, levels = "INFO", {}
+    for i, part in enumerate(p.strip() for p in text.split(",")):
+        name, eq, level = part.rpartition("=")
+        level = level.strip().upper()
+        if level not in known:
+            raise ValueError(f"{part!r}: the level must be one of {', '.join(sorted(known))}")
+        if not eq:
+            if i:
+                raise ValueError(f"{part!r}: only the first part may be a level alone (the root logger's)")
+            root = level
+        elif not name.strip():
+            raise ValueError(f"{part!r}: a logger name is missing before '='")
+        else:
+            levels[name.strip()] = level
+    return root, levels
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.cmd == "serve":
+        try:
+            root_level, levels = parse_log_levels(a.log_level)
+        except ValueError as e:
+            build_parser().error(f"--log-level: {e}")
+        logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        from server.app import IoxServer
+
+        try:
+            cfg = _config_from_args(a)
+        except InvalidConfig as e:
+            build_parser().error(f"--{e.field.replace('_', '-')}: {e}")
+        srv = IoxServer(cfg)
+        try:
+            srv.start()
+        except BaseException:
+            srv.stop()
+            raise
+        from server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
+
+        GcPauseRecorder(srv.router.metrics.observe_gc_pause).install()
+        frozen = freeze_startup_heap()
+        logging.getLogger("server").info("%d objects of the start frozen out of garbage collection", frozen)
+        print(f"iox serving gRPC on port {srv.grpc_port}", flush=True)
+        srv.wait()
+        return 0
+    if a.cmd == "broker":
+        from server.runtime.broker import run_foreground
+
+        return run_foreground(a.port, a.storage, a.data_dir)
+    if a.cmd == "demo":
+        from server.cli.demo import run_demo
+
+        return run_demo(a.data_dir, a.grpc_port, a.keep_running)
+
+    from server.api.client import IoxClient
+
+    client = IoxClient(a.addr)
+    if a.cmd == "write":
+        if a.batch_bytes < 1:
+            build_parser().error("--batch-bytes: must be at least 1")
+        data, close = _read_input(a.file)
+        try:
+            token = write_input(client, a.db, data, a.precision, a.batch_bytes)
+        except _WriteFailed as e:
+            sys.stderr.write(f"error: {e.message}\n")
+            return 1
+        finally:
+            close()
+        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
+        return 0
+    if a.cmd == "sql":
+        table = _client_call(lambda: client.query(a.db, a.query))
+        print_table(table, a.format)
+        return 0
+    if a.cmd == "persist":
+        r = _client_call(lambda: client.persist(a.db, a.table, a.partition))
+        print(json.dumps(r, indent=2))
+        return 0
+    if a.cmd == "delete":
+        token = _client_call(lambda: client.delete(a.db, a.start, a.stop, a.predicate, a.table))
+        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
+        return 0
+    if a.cmd == "compact":
+        r = _client_call(lambda: client.compact(a.db, a.table, a.partition, persisted=a.persisted))
+        print(json.dumps(r, indent=2))
+        return 0
+    if a.cmd == "poison":
+        if a.offset is not None and a.partition is None:
+            build_parser().error("poison: --offset needs --partition")
+        act = client.retry_poisoned if a.poison_cmd == "retry" else client.accept_poisoned
+        r = _client_call(lambda: act(a.db, a.partition, a.offset))
+        print(json.dumps({"messages": r}, indent=2))
+        return 0
+    if a.cmd == "accept-lost-writes":
+        print(json.dumps(_client_call(lambda: client.accept_lost_writes(a.db)), indent=2))
+        return 0
+    if a.cmd == "status":
+        if a.wait_replay:
+            _client_call(lambda: _replay_progress(client, a.db))
+        print(json.dumps(_client_call(lambda: client.status(a.db)), indent=2))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Recovery at start: preserved catalog -> in-memory catalog + replay plan.
+
+When it runs: once, in `IoxServer.start`, before the consumer starts.
+
+Invariant: after `recover`, every row the preserved catalog says is persisted is
+queryable from its Parquet file (registered as an unloaded chunk), every table
+keeps its persisted column types, and the returned plan makes the consumer
+start, per Kafka partition, at the first offset that may hold unpersisted rows;
+`row_filters` drop the replayed rows that are already in Parquet (IOx's
+ReplayPlanner: offset above the checkpoint's max -> keep; within [min, max] ->
+keep only time > flush timestamp; below min -> skip).
+
+The preserved catalog's records come back too: every loss of acknowledged writes
+(accepted or not; one found again at this start is the same record), and the
+messages accepted to be skipped (server/write_buffer/poison.py). With --skip-lost-writes every
+loss is accepted and the records are committed again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+from catalog.catalog import Catalog, LostWriteRange, PoisonedMessage
+from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
+from catalog.chunk import Chunk
+from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
+from catalog.schema import Column
+from catalog.seq_layout import current_seq_origin, next_seq_origin
+from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
+
+from catalog.sharding import topic_for
+from server.errors import ServerError
+
+__all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
+           "lost_offsets", "replay_progress", "merge_lost_writes"]
+
+log = logging.getLogger(__name__)
+
+
+class LostWrites(ServerError):
+    """Kafka no longer holds offsets the replay plan needs (retention, or a deleted topic).
+
+    ``to_exclusive`` is None when the end is unknown: the topic is gone, and writes
+    acknowledged after the last checkpoint would have been at ``from_offset`` and above.
+    """
+
+    def __init__(self, database: str, partition: int, from_offset: int, to_exclusive: int | None,
+                 reason: str = ""):
+        self.database = database
+        self.partition = partition
+        self.from_offset = from_offset
+        self.to_exclusive = to_exclusive
+        self.reason = reason
+        super().__init__(
+            f"database {database!r}: Kafka partition {partition} no longer holds offsets "
+            f"{_offset_range(from_offset, to_exclusive)} that are not persisted yet"
+            f"{f' ({reason})' if reason else ''}; refusing to start. "
+            f"Start with --skip-lost-writes to accept losing them and read from the oldest available offset.")
+
+
+def _offset_range(from_offset: int, to_exclusive: int | None) -> str:
+    return f"[{from_offset}, {to_exclusive})" if to_exclusive is not None else f"from {from_offset} on"
+
+
+class TopicMismatch(ServerError):
+    """The preserved catalog was written for another topic or number of Kafka partitions."""
+
+    def __init__(self, database: str, expected: str, actual: str):
+        self.database = database
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"database {database!r}: the preserved catalog was written for {expected}, "
+                         f"the server now has {actual}; refusing to mix them")
+
+
+@dataclass
+class RecoveryResult:
+    #: database -> PreservedCatalog
+    preserved: dict = field(default_factory=dict)
+    #: topic -> {kafka partition: first offset to read}
+    start_offsets: dict = field(default_factory=dict)
+    #: (database, table) -> {day number: (flush_timestamp_ns, {kp: (min_unpersisted or None, max_seen)})}
+    row_filters: dict = field(default_factory=dict)
+    #: topic -> {kafka partition: offset replay must reach before it counts as caught up}
+    replay_until: dict = field(default_factory=dict)
+    #: topic -> {kafka partition: first offset replay reads}, for the partitions of `replay_until`
+    replay_from: dict = field(default_factory=dict)
+
+
+def replay_progress(replay_from: dict, replay_until: dict, applied: dict) -> tuple[int, int]:
+    """(offsets done, offsets to do) of one database's replay, summed over its Kafka partitions.
+
+    Pure. ``replay_from``: {kafka partition: first offset replay reads}; ``replay_until``:
+    {kafka partition: last offset (inclusive) replay must apply}; ``applied``: {kafka partition:
+    applied_hi_inclusive}. A partition has ``until - from + 1`` offsets to do (none when the range
+    is empty), done as far as ``applied`` reached into them: done == to do once every partition
+    reached its target (writes applied past it do not count)."""
+    done = todo = 0
+    for kp, until in replay_until.items():
+        first = replay_from.get(kp, 0)
+        n = max(0, until - first + 1)
+        todo += n
+        done += min(n, max(0, applied.get(kp, -1) - first + 1))
+    return done, todo
+
+
+def lost_offsets(start: int, replay_hi_inclusive: int | None, low_watermark: int, end_exclusive: int,
+                 topic_gone: bool, checkpoint_complete: bool) -> tuple[bool, tuple[int, int | None] | None]:
+    """Decides, for one Kafka partition, whether the write buffer lost offsets replay needs.
+
+    Pure (driver, at start).  ``start``: the replay plan's first offset to read;
+    ``replay_hi_inclusive``: the last offset replay must reach, None when nothing
+    unpersisted is known; ``low_watermark`` / ``end_exclusive``: what Kafka holds now;
+    ``topic_gone``: the checkpoint's topic incarnation no longer exists;
+    ``checkpoint_complete``: the checkpoint was written by a drained clean stop.
+
+    Returns ``(reset, lost)``: ``reset`` when the topic's offsets started over (a new
+    write-buffer epoch begins), ``lost`` = ``(from, to_exclusive)`` of offsets that are
+    neither persisted nor in Kafka any more (``to_exclusive`` None: unknown end), or None.
+    """
+    if topic_gone or end_exclusive < start:  # the topic was reset (or the broker lost data)
+        if replay_hi_inclusive is not None:
+            return True, (start, replay_hi_inclusive + 1)
+        if not checkpoint_complete:
+            # writes acknowledged after the last checkpoint were at `start` and above: unknown how many
+            return True, (start, None)
+        return True, None
+    if low_watermark > start:  # retention dropped offsets replay needs
+        return False, (start, low_watermark)
+    return False, None
+
+
+def merge_lost_writes(records: list, found: LostWriteRange, now: float) -> list:
+    """`records` with the loss `found` at start (accepted): a record of the same Kafka partition,
+    first offset and epoch (found while a server ran, before it persisted what it had applied)
+    describes the same loss and is kept, accepted now if it was not; else `found` is added. Pure."""
+    out, same = [], False
+    for r in records:
+        if (r.partition, r.from_offset, r.epoch) == (found.partition, found.from_offset, found.epoch):
+            same = True
+            if not r.accepted:
+                r = dataclasses.replace(r, accepted=True, accepted_at_s=now)
+        out.append(r)
+    return out if same else out + [found]
+
+
+def list_catalog_databases(store) -> list[str]:
+    """Databases that have a preserved catalog in the store."""
+    names = set()
+    for meta in store.list(""):
+        parts = meta.key.split("/")
+        if len(parts) >= 3 and parts[1] == "catalog":
+            names.add(parts[0])
+    return sorted(names)
+
+
+def _literal_kind(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "float"
+    return "string"
+
+
+def _day_number(partition_key: str) -> int:
+    import datetime
+
+    return (datetime.date.fromisoformat(partition_key) - datetime.date(1970, 1, 1)).days
+
+
+def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
+            transactions_until_checkpoint: int, databases: list[str], write_buffer,
+            skip_lost_writes: bool = False, cache_dir: str | None = None) -> RecoveryResult:
+    out = RecoveryResult()
+    cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
+    for name in databases:
+        pc, state = PreservedCatalog.create_or_load(store, name, now, cfg)
+        out.preserved[name] = pc
+        topic = topic_for(name)
+        dbck = state.database_checkpoint
+        if dbck is not None and (dbck.topic != topic or dbck.kafka_partitions != kafka_partitions):
+            raise TopicMismatch(name, f"topic {dbck.topic} with {dbck.kafka_partitions} partitions",
+                                f"topic {topic} with {kafka_partitions} partitions")
+        db = catalog.ensure_database(name, topic, kafka_partitions)
+        db.topic_id = write_buffer.topic_id(topic)
+        # the records of earlier runs: losses of acknowledged writes (accepted or not), and messages
+        # accepted to be skipped (server/write_buffer/poison.py: the consumer passes those of the current epoch)
+        db.lost_writes = [LostWriteRange.from_entry(e) for e in state.lost_writes]
+        db.poisoned = [PoisonedMessage.from_entry(e) for e in state.accepted_poison]
+        lost_before = list(db.lost_writes)
+        # the topic the checkpoint was written for is gone (deleted, or deleted and created
+        # again: Kafka gives every incarnation a new id); none of its offsets carry over
+        gone = dbck is not None and dbck.topic_id is not None and db.topic_id != dbck.topic_id
+        gone_reason = ""
+        if gone:
+            gone_reason = (f"topic {topic} no longer exists" if db.topic_id is None else
+                           f"topic {topic} was deleted and created again: its id is {db.topic_id}")
+            gone_reason += f", the catalog's checkpoint was written for id {dbck.topic_id}"
+        for table, cols in state.table_schemas.items():
+            db.schemas.merge(table, [Column(*c) for c in cols])
+        for key, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq)):
+            cid = catalog.next_chunk_id()
+            view = register_parquet_chunk(spark, store, [key], [list(c) for c in f.schema], cid, cache_dir)
+            chunk = Chunk(id=cid, table=f.table, partition_key=f.partition_key, order=catalog.next_order(),
+                          state="unloaded", rows=f.row_count,
+                          size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,
+                          max_time_ns=f.max_time_ns, columns=[list(c) for c in f.schema], view=view,
+                          parquet_keys=[key], created_at=now, deduplicated=True)
+            part = catalog.partition(db, f.table, f.partition_key)
+            part.chunks.append(chunk)
+            part.files.append(f)
+        from catalog.delete_mailbox import Delete
+
+        from catalog.sharding import partition_for
+
+        for dp in state.delete_predicates:
+            db.deletes.add(Delete(table=dp.table, start_ns=dp.start_ns, stop_ns_exclusive=dp.stop_ns_exclusive,
+                                  predicate=tuple((c, op, v, _literal_kind(v)) for c, op, v in dp.predicate),
+                                  seq=dp.seq, kafka_partition=partition_for(dp.table, kafka_partitions)),
+                           recorded=True)
+        epoch = dbck.epoch if dbck is not None else 0
+        db.epoch = epoch
+        db.seq_origin, record_origin = current_seq_origin(state)
+        if record_origin:  # a legacy epoch whose seqs wrapped: continue above every known seq, from now on
+            pc.commit([dataclasses.replace(dbck, seq_origin=db.seq_origin)], now)
+            log.warning("database %s: write-buffer epoch %d is past the legacy seq layout; its seqs "
+                        "continue from origin %d", name, epoch, db.seq_origin)
+        planner = ReplayPlanner()
+        filters = {}
+        for (table, pkey), ck in state.partition_checkpoints.items():
+            catalog.partition(db, table, pkey).checkpoint = ck
+            if ck.epoch != epoch:
+                continue  # an older epoch of the write buffer: wholly persisted, nothing to replay
+            planner.register_partition_checkpoint(PartitionCheckpoint(
+                table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
+                offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()}))
+            filters.setdefault(table, {})[_day_number(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
+        if dbck is not None:
+            planner.register_database_checkpoint(DatabaseCheckpoint(
+                {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items()}))
+        plan = planner.build()
+        bounds = write_buffer.partition_bounds(topic, kafka_partitions) if dbck is not None else {}
+        starts, until, reset = {}, {}, False
+        planned = set(plan.kafka_partitions())
+        for kp in sorted(planned | (set(range(kafka_partitions)) if gone else set())):
+            s = plan.start_offset(kp) if kp in planned else None
+            rng = plan.replay_range(kp) if kp in planned else None
+            if s is None:
+                if not gone:
+                    continue
+                s = 0  # no checkpointed offset: whatever the lost topic held for it
+            needs_replay = rng is not None and rng.min_unpersisted_offset is not None
+            lo, end = bounds.get(kp, (0, 0))
+            kp_reset, lost = lost_offsets(s, rng.max_seen_offset if needs_replay else None, lo, end, gone,
+                                          dbck is not None and dbck.complete)
+            reset = reset or kp_reset
+            if lost is not None:
+                if not skip_lost_writes:
+                    raise LostWrites(name, kp, *lost, reason=gone_reason)
+                log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s "
+                          "(--skip-lost-writes)", name, kp, _offset_range(*lost),
+                          f" ({gone_reason})" if gone_reason else "")
+                db.lost_writes = merge_lost_writes(db.lost_writes, LostWriteRange(
+                    kp, lost[0], lost[1], now, gone_reason or "Kafka no longer holds offsets the replay needed",
+                    accepted=True, accepted_at_s=now, epoch=epoch), now)
+                s = lo
+            starts[kp] = s
+            if needs_replay and s <= rng.max_seen_offset:
+                until[kp] = rng.max_seen_offset
+            db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+        reset = reset or gone
+        if skip_lost_writes:  # a loss recorded while a server ran, not accepted then, is accepted now
+            db.lost_writes = [r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
+                              for r in db.lost_writes]
+        # recorded with the epoch's checkpoint below, or on its own
+        lost_actions = [RecordLostWrites(ranges=tuple(r.entry() for r in db.lost_writes))] \
+            if db.lost_writes != lost_before else []
+        if reset:
+            # offsets start over: a new epoch keeps write-buffer order (its seq origin is above every
+            # seq the catalog knows) and ignores old checkpoints
+            db.seq_origin = next_seq_origin(state, db.seq_origin)
+            db.epoch = epoch + 1
+            starts = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions)}
+            until = {}
+            filters = {}
+            db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
+            pc.commit([db.checkpoint_action({})] + lost_actions, now)
+            lost_actions = []
+            log.warning("database %s: the write buffer topic was reset; everything was persisted, "
+                        "continuing in write-buffer epoch %d (seq origin %d)", name, db.epoch, db.seq_origin)
+        if lost_actions:
+            pc.commit(lost_actions, now)
+        # replay counts as caught up once everything Kafka held at start is applied
+        if not bounds:
+            bounds = write_buffer.partition_bounds(topic, kafka_partitions)
+        for kp, (lo, end) in bounds.items():
+            first = starts.get(kp, lo)
+            if end - 1 >= first:
+                until[kp] = max(until.get(kp, -1), end - 1)
+        for table, f in filters.items():
+            out.row_filters[(name, table)] = f
+        out.start_offsets[topic] = starts
+        out.replay_until[topic] = until
+        out.replay_from[topic] = {kp: starts.get(kp, bounds.get(kp, (0, 0))[0]) for kp in until}
+        log.info("recovered database %s at catalog revision %d: %d file(s), replay from %s", name,
+                 state.revision, len(state.files), starts)
+    return out
+
+
+def keep_mask_fn(filters: dict):
+    """Executor-side helper: (kafka partition, offset, day numbers, times) -> boolean keep mask.
+
+    `filters`: {day number: (flush_timestamp_ns, {kp: (min_unpersisted or None, max_seen)})}. Picklable.
+    """
+
+    def keep(kp: int, offset: int, days, times):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(times)
+        mask = pa.array([True] * n)
+        for day, (flush_ts, ranges) in filters.items():
+            r = ranges.get(kp)
+            if r is None:
+                continue  # this Kafka partition never fed the checkpoint: replay all of it
+            lo, hi = r
+            if offset > hi:
+                continue  # after the checkpoint: keep
+            in_day = pc.equal(days, day)
+            if lo is None or offset < lo:
+                drop = in_day  # fully persisted
+            else:
+                drop = pc.and_(in_day, pc.less_equal(times, flush_ts))
+            mask = pc.and_(mask, pc.invert(drop))
+        return mask
+
+    return keep
+

@@ -1,0 +1,11 @@
+"""The query path: a user's Spark SQL over one database.
+
+The engine (`engine.py`: views of the database's tables, Arrow results), the SQL
+sandbox (`sql_sandbox.py`: only read-only queries over the database's tables run)
+and the write buffer's tail (`tail.py`: acknowledged writes Spark has not applied
+yet, visible at once).
+
+May import: every layer below it: `catalog`, `lifecycle`, `server.errors`,
+`server.metrics`, `server.write_buffer`, `server.runtime`, `server.config`,
+`server.consume`, `server.write`.
+"""

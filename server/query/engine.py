@@ -1,0 +1,336 @@
+"""Runs a user's Spark SQL against one database.
+
+Invariant: a query sees each table of its database as the table view at the
+moment the query was planned (views are swapped atomically, never edited), in a
+session of its own, so concurrent queries on different databases never see
+each other's table names. A table the write buffer's tail holds writes or
+deletes for (server/query/tail.py) is read as its chunks plus those
+writes, deduplicated and with every delete applied exactly as the consumer will
+apply them, from one cut taken under the catalog lock: the result reflects
+`visible_hi_inclusive` (>= `applied_hi_inclusive`) of every Kafka partition.
+A table of at most SMALL_TABLE_ROWS rows whose chunks are all local
+(lifecycle/local_rows.py) is merged with its tail rows (if any) in Arrow on the
+driver and read as one local relation: the same rows, with no Python worker;
+a query that only filters and projects such tables is answered on the driver
+without a Spark job (`to_arrow`), so it never waits for a task slot.
+A statement runs only once the SQL sandbox (server/query/sql_sandbox.py) found it a read-only query whose
+relations are the database's tables, each then a view of the query's session; SHOW TABLES lists
+only those views.
+
+Runs on the driver (the gRPC handler's thread); Spark runs the query.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog import time_spans
+from catalog.catalog import Catalog, DatabaseNotFoundError
+from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
+
+from server.errors import DatabaseNotFound, InvalidArgument
+from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
+from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
+
+__all__ = ["QueryEngine", "QueryResult", "tail_rows", "to_arrow"]
+
+_TAIL_VIEWS = itertools.count(1)
+
+log = logging.getLogger(__name__)
+
+
+class QueryResult:
+    def __init__(self, table: pa.Table, applied_hi_inclusive: dict, visible_hi_inclusive: dict | None = None):
+        self.table = table
+        #: per Kafka partition, the offset the catalog had applied when the query was planned
+        self.applied_hi_inclusive = applied_hi_inclusive
+        #: per Kafka partition, the offset the result reflects (applied, plus the tail's writes)
+        self.visible_hi_inclusive = visible_hi_inclusive if visible_hi_inclusive is not None \
+            else dict(applied_hi_inclusive)
+
+
+class QueryEngine:
+    def __init__(self, spark, catalog: Catalog, tail=None, has_table_view=None):
+        self.spark = spark
+        self.catalog = catalog
+        #: the write buffer's tail (server/query/tail.py), or None: queries reflect the applied watermark
+        self.tail = tail
+        #: (database, table) -> whether its global temp view exists (the ingestor's registry); None: ask Spark
+        self.has_table_view = has_table_view
+
+    def run(self, database: str, sql: str) -> QueryResult:
+        from lifecycle.chunk_data import chunk_source, table_deletes
+
+        from server.runtime.spark import use_query_pool
+        from catalog.sharding import partition_for
+
+        t0 = time.perf_counter()
+        try:
+            db = self.catalog.database(database)
+        except DatabaseNotFoundError:
+            raise DatabaseNotFound(database) from None
+        session = self.spark.newSession()
+        checked = _checked(session, database, sql)
+        known = set(db.table_names()) | set(db.schemas.tables())
+        reads: dict = {}  # table -> _TableRead, all read in one cut
+        with self.catalog.lock:
+            applied = dict(db.applied_hi_inclusive)
+            cut = self.tail.cut(db, applied) if self.tail is not None else None
+            visible = cut.visible_hi_inclusive if cut is not None else dict(applied)
+            candidates = sorted(known | set(cut.writes if cut is not None else ()))
+            named = sorted(set(_tables_named(sql, candidates)) | (checked.tables & set(candidates)))
+            # a statement that lists tables sees them all; any other reads only the tables it names
+            for table in (candidates if _lists_tables(sql) or not named else named):
+                chunks = self.catalog.table_chunks(db, table)
+                r = _TableRead(rows=sum(c.rows for c in chunks))
+                if cut is not None:
+                    kp = partition_for(table, db.kafka_partitions)
+                    r.tail_writes = cut.writes.get(table, [])
+                    r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
+                all_local = all(c.local_rows is not None and c.view is not None for c in chunks)
+                if r.from_tail or (chunks and all_local):
+                    r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
+                    if all_local:
+                        r.local = [c.local_rows for c in chunks]
+                    r.deletes = table_deletes(db, table)
+                    r.schema = db.schemas.get(table)
+                reads[table] = r
+        now = time.time()
+        for table in _tables_named(sql, db.table_names()):
+            db.queried_at[table] = now
+        t_cut = time.perf_counter()
+        use_query_pool(self.spark)
+        if self.has_table_view is not None:
+            has_view = lambda t: self.has_table_view(database, t)  # noqa: E731
+        else:
+            existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
+                        self.spark.sql("SHOW VIEWS IN global_temp").collect()}
+            has_view = lambda t: table_view_name(database, t) in existing  # noqa: E731
+        try:
+            n_tail = 0
+            made = set()  # the tables with a view in the session
+            for table, r in sorted(reads.items()):
+                if r.from_tail or r.local:
+                    n_tail += r.from_tail
+                    _tail_view(session, table, db.seq_origin, r).createOrReplaceTempView(quote(table))
+                    made.add(table)
+                    continue
+                if has_view(table):
+                    view_sql = f"SELECT * FROM global_temp.{quote(table_view_name(database, table))}"
+                elif db.schemas.get(table) is not None:  # columns known, no row yet: an empty table
+                    view_sql = empty_table_view_sql(db.schemas.get(table))
+                else:
+                    continue
+                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(view_sql, r.rows)}")
+                made.add(table)
+            # a name without a view of ours would be looked up among the catalog's tables
+            require_tables(database, checked.tables, made)
+            t_views = time.perf_counter()
+            df = checked_dataframe(session, checked)
+            t_sql = time.perf_counter()
+            result = to_arrow(df)
+            if checked.lists_tables and "isTemporary" in result.column_names:
+                # SHOW TABLES: the session's temp views are the database's tables; catalog tables are not
+                result = result.filter(pc.equal(result.column("isTemporary"), True))
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("query on %s: %d rows; cut %.3f s, views %.3f s (%d table(s), %d from the tail), run %.3f s "
+                          "(analysis %.3f s)", database, result.num_rows, t_cut - t0, t_views - t_cut, len(reads),
+                          n_tail, time.perf_counter() - t_views, t_sql - t_views)
+        except Exception as e:  # Spark analysis/parse errors are the user's to fix
+            from pyspark.errors import PySparkException
+
+            if isinstance(e, PySparkException):
+                raise InvalidArgument(f"query failed: {_first_line(str(e))}") from e
+            raise
+        return QueryResult(result, applied, visible)
+
+
+#: A table of at most this many rows (chunks and tail) is read by one Spark task: a query of a small
+#: table then waits for one free task slot instead of one per chunk while micro-batches hold the slots.
+SMALL_TABLE_ROWS = 100_000
+
+
+@dataclass
+class _TableRead:
+    """What a query reads of one table, taken in the query's cut."""
+
+    rows: int = 0  # rows of its chunks (without the tail)
+    tail_writes: list = field(default_factory=list)
+    tail_deletes: list = field(default_factory=list)
+    #: set when the tail holds writes or deletes of it: the view is built from these, not the global view
+    chunks: list = field(default_factory=list)
+    deletes: list = field(default_factory=list)
+    schema: TableSchema | None = None
+    #: its chunks' rows when every one is local (lifecycle/local_rows.py), else None
+    local: list | None = None
+
+    @property
+    def from_tail(self) -> bool:
+        return bool(self.tail_writes or self.tail_deletes)
+
+
+def _small(view_sql: str, rows: int) -> str:
+    """`view_sql`, read by one task when the table is small (SMALL_TABLE_ROWS)."""
+    return f"SELECT /*+ COALESCE(1) */ * FROM ({view_sql})" if rows <= SMALL_TABLE_ROWS else view_sql
+
+
+def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
+    """The table view, as a DataFrame of `session`, over its chunks and its tail writes, with the
+    catalog's and the tail's deletes. The tail's rows are a local relation from Arrow, named only
+    while the view is analysed (a DataFrame's temp view keeps its analysed plan), so no name of
+    ours shows up among the session's tables."""
+    from server.consume.ingest import disjoint_unique
+
+    writes = r.tail_writes
+    schema = TableSchema(table, r.schema.columns if r.schema is not None else [])
+    for w in writes:
+        cols = [Column(*c) for c in w.columns]
+        try:
+            schema.merge(cols)
+        except ColumnTypeConflict:  # as the consumer does: new columns kept, conflicting values read as NULL
+            schema.merge([c for c in cols if schema.get(c.name) is None])
+    rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], seq_origin)
+    if r.local is not None:
+        local = _local_merge(session, schema, r, rows)
+        if local is not None:
+            return local
+    sources = list(r.chunks)
+    name = None
+    if rows is not None and rows.num_rows:
+        r.rows += rows.num_rows
+        name = f"iox_tail_{next(_TAIL_VIEWS)}"
+        session.createDataFrame(rows, schema=spark_struct_for(schema)).createOrReplaceTempView(name)
+        mm = pc.min_max(rows.column(TIME_NS_COLUMN))
+        # each write's span from its headers, as the consumer's chunks take them (None: the hull)
+        per_write = [(min(lo for lo, _hi in w.spans), max(hi for _lo, hi in w.spans), w.unique)
+                     for w in writes if w.spans]
+        complete = len(per_write) == len(writes)
+        sources.append(ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"},
+                                   mm["min"].as_py(), mm["max"].as_py(),
+                                   deduplicated=complete and disjoint_unique(per_write),
+                                   time_spans=time_spans.normalize([s for w in writes for s in w.spans])
+                                   if complete else ()))
+    sql = table_view_sql(schema, sources, deletes=list(r.deletes) + list(r.tail_deletes)) if sources \
+        else empty_table_view_sql(schema)
+    df = session.sql(_small(sql, r.rows))
+    if name is not None:
+        session.catalog.dropTempView(name)
+    return df
+
+
+def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | None):
+    """The table view of a small table whose chunks are all local (lifecycle/local_rows.py), as a
+    DataFrame of `session`: its chunks' rows and the tail's rows `tail` (in `schema`'s layout), the
+    deletes applied and the rows deduplicated in Arrow on the driver (lifecycle/arrow_merge.py: the
+    rows the SQL view gives), read as one local relation: no Python worker and no GROUP BY in Spark.
+    None when it does not apply (more than SMALL_TABLE_ROWS rows, or a delete Arrow does not
+    evaluate): the caller builds the view from the chunks' views."""
+    from lifecycle.local_rows import conform, merge_rows
+
+    if sum(t.num_rows for t in r.local) + (tail.num_rows if tail is not None else 0) > SMALL_TABLE_ROWS:
+        return None
+    columns = schema.to_json()
+    parts = [conform(t, columns) for t in r.local] + ([tail] if tail is not None else [])
+    if not parts:
+        return session.sql(empty_table_view_sql(schema))
+    t = merge_rows(pa.concat_tables(parts, promote_options="permissive"), schema,
+                   list(r.deletes) + list(r.tail_deletes))
+    if t is None:  # a delete Arrow does not evaluate
+        return None
+    if not t.num_rows:
+        return session.sql(empty_table_view_sql(schema))
+    name = f"iox_tail_{next(_TAIL_VIEWS)}"
+    session.createDataFrame(t, schema=spark_struct_for(schema)).createOrReplaceTempView(name)
+    mm = pc.min_max(t.column(TIME_NS_COLUMN))
+    src = ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"}, mm["min"].as_py(),
+                      mm["max"].as_py(), deduplicated=True)
+    # no COALESCE hint: a projection or filter of a local relation is folded into one, which
+    # `to_arrow` reads without a Spark job
+    df = session.sql(table_view_sql(schema, [src]))
+    session.catalog.dropTempView(name)
+    return df
+
+
+def to_arrow(df) -> pa.Table:
+    """`df.toArrow()`, the same table, without a Spark job when the physical plan is a local
+    relation (a small table merged on the driver by `_local_merge`, filtered and projected; Spark
+    folds those into the relation): its rows are converted to Arrow on the driver by Spark's own
+    ArrowConverters, as Spark Connect serves such a plan. `toArrow` runs a job for any plan, and a
+    job waits for a free task slot, behind the micro-batches' tasks under load. Driver side."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    plan = df._jdf.queryExecution().executedPlan()
+    if plan.nodeName() != "LocalTableScan":
+        return df.toArrow()
+    spark = df.sparkSession
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                             prefers_large_types=large)
+    conv = getattr(getattr(spark._jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
+    it = conv.toBatchWithSchemaIterator(plan.rows().iterator(), plan.schema(), _ARROW_BATCH_ROWS, _ARROW_BATCH_BYTES,
+                                        spark.conf.get("spark.sql.session.timeZone"), True, large)
+    batches = []
+    while it.hasNext():
+        batches.extend(pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches())
+    return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+
+
+#: the Arrow batches `to_arrow` converts a local relation's rows in (rows, estimated bytes)
+_ARROW_BATCH_ROWS = 10_000
+_ARROW_BATCH_BYTES = 64 * 1024 * 1024
+
+
+def tail_rows(writes: list, columns: list, seq_origin: int) -> pa.Table | None:
+    """The rows of tail writes in the chunk layout of `columns` [(name, type)] (+ time_ns, _iox_seq
+    from the database's `seq_origin`, as the consumer computes it), in write-buffer order; a payload
+    that does not decode yields no rows, as the consumer skips it. None when there are no rows. Pure."""
+    from lifecycle.ipc_segments import LAYOUT_WIRE, chunk_table
+
+    from catalog.seq_layout import seq_base
+    from server.write_buffer.wire_format import decode_payload, decoded_problem
+
+    out = []
+    for w in writes:
+        try:
+            t = decode_payload(w.payload)
+        except Exception:  # noqa: BLE001 - untrusted bytes: the consumer skips this write
+            continue
+        if decoded_problem(t) is None:
+            out.append(chunk_table(t, LAYOUT_WIRE, seq_base(seq_origin, w.offset), None, None, columns))
+    return pa.concat_tables(out) if out else None
+
+
+def _checked(session, database: str, sql: str):
+    """`sql` checked by the SQL sandbox (server/query/sql_sandbox.py) for `database`, about to run in
+    `session`: a QueryRefused when it may not run, InvalidArgument when Spark cannot parse it."""
+    from pyspark.errors import PySparkException
+
+    try:
+        return check_query(session, database, sql)
+    except PySparkException as e:
+        raise InvalidArgument(f"query failed: {_first_line(str(e))}") from e
+
+
+def _first_line(msg: str) -> str:
+    lines = [l for l in msg.strip().splitlines() if l.strip()]
+    return " ".join(lines[:3])[:2000] if lines else msg
+
+
+def _lists_tables(sql: str) -> bool:
+    """A statement that lists or describes tables (SHOW ..., DESCRIBE ...): it may read any of them."""
+    return re.match(r"\s*(show|describe|desc)\b", sql, re.IGNORECASE) is not None
+
+
+def _tables_named(sql: str, tables: list) -> list:
+    """The tables whose names occur in `sql` as a whole word, ignoring case (Spark's identifiers
+    do): every table the query may read, and maybe a few it does not (a name inside a string
+    literal), which only moves their chunks to the read buffer sooner."""
+    low = sql.lower()
+    return [t for t in tables if t.lower() in low
+            and re.search(r"(?<![\w$])" + re.escape(t.lower()) + r"(?![\w$])", low)]

@@ -1,0 +1,11 @@
+"""The processes the server runs on: Spark, the embedded broker, and their tuning.
+
+The SparkSession (`spark.py`), its JVM's class-data-sharing archive
+(`jvm_archive.py`), the Python worker daemon (`spark_worker_daemon.py`), the
+embedded Tansu broker and its supervisor (`broker.py`), CPU priorities of the
+write path (`write_path_priority.py`) and the garbage collector's settings
+(`gc_pauses.py`).
+
+May import: `catalog`, `lifecycle`, `server.errors`, `server.metrics`,
+`server.write_buffer` (the streaming source Spark registers).
+"""

@@ -1,0 +1,177 @@
+"""Builds the server's one SparkSession (driver side).
+
+Invariant: exactly one Spark application per server process; Python workers run
+this interpreter (PYSPARK_PYTHON), forked by server/runtime/spark_worker_daemon.py; times
+are UTC, and the `iox_kafka` source is registered before the stream starts. Spark
+Connect, when enabled, is served from this same application so remote clients see
+the same global temp views.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["build_spark", "lower_spark_priority", "use_query_pool", "QUERY_POOL"]
+
+#: Most bytes of one Arrow batch Spark sends to a Python worker. It bounds the batches of
+#: write-buffer payloads (rows of ~275 KB in the bench) that persist, the read-buffer move and
+#: the chunk views read; rows of the read form are cut by maxRecordsPerBatch long before. In
+#: isolation (10M bench rows as 2,000 payloads, one task, 4 runs each) the task read and merged
+#: them in 0.41-0.57 s with 2 MiB batches, 0.40-0.47 s (once 0.77 s) with 4 MiB, 0.50-0.55 s with
+#: 8 MiB, 0.86-1.19 s with 32 MiB and 1.06-1.23 s with 128 MiB.
+_ARROW_BATCH_BYTES = 4 << 20
+#: JVM options of the driver (added before `--spark-conf spark.driver.extraJavaOptions`). G1 regions
+#: of 16 MiB (the JVM picks 1-2 MiB for a 2-6 GiB heap): an object of half a region or more is
+#: "humongous", and in one run of the bench's 10M-point query scenario 13 such allocations started
+#: concurrent marks of the whole heap (1-2 s of a core each), several beside timed queries; with
+#: 16 MiB regions none was humongous.
+_DRIVER_JAVA_OPTIONS = "-XX:G1HeapRegionSize=16m"
+#: The fair-scheduler pool users' queries run in (`use_query_pool`); micro-batches and the
+#: lifecycle run in the default pool. With the weight and min share below a query's tasks take
+#: the next free task slot instead of queueing behind every task of a running micro-batch (FIFO).
+QUERY_POOL = "queries"
+_POOLS_XML = """<?xml version="1.0"?>
+<allocations>
+  <pool name="{pool}"><schedulingMode>FIFO</schedulingMode><weight>8</weight><minShare>2</minShare></pool>
+</allocations>
+"""
+
+
+def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect_port: int = 0,
+                extra_conf: dict | None = None):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Python workers must import this project's packages
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pp = os.environ.get("PYTHONPATH", "")
+    if root not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
+    from pyspark.sql import SparkSession
+
+    from server.runtime import jvm_archive, spark_worker_daemon
+    from server.write_buffer.kafka_source import IoxKafkaDataSource
+
+    os.makedirs(scratch_dir, exist_ok=True)
+    user_java_opts = (extra_conf or {}).get("spark.driver.extraJavaOptions", "")
+    # the installation's class-data-sharing archive, when built (server/runtime/jvm_archive.py)
+    java_opts = " ".join(x for x in (f"-Dderby.system.home={scratch_dir}", _DRIVER_JAVA_OPTIONS,
+                                     jvm_archive.java_options(user_java_opts)) if x)
+    pools = os.path.join(scratch_dir, "fair-scheduler.xml")
+    with open(pools, "w") as f:
+        f.write(_POOLS_XML.format(pool=QUERY_POOL))
+    b = (SparkSession.builder.master(master).appName("iox")
+         # queries are not queued behind micro-batches and lifecycle jobs (see QUERY_POOL)
+         .config("spark.scheduler.mode", "FAIR")
+         .config("spark.scheduler.allocation.file", pools)
+         .config("spark.driver.memory", driver_memory)
+         .config("spark.sql.session.timeZone", "UTC")
+         # line protocol names are case sensitive: fields `t` and `T` are two columns
+         .config("spark.sql.caseSensitive", "true")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
+         .config("spark.sql.adaptive.enabled", "true")
+         # a union of one-partition inputs (chunk checkpoints, the parts of an Arrow merge) runs
+         # as many tasks as it has inputs, not one task reading them in turn (Spark 4's default)
+         .config("spark.sql.unionOutputPartitioning", "false")
+         # generated classes are named without their stage id, so identical stages (a union's
+         # scans of a chunk's segments, one per micro-batch) compile once: reading 80 segments of
+         # 4M points took 1.8-6 s against 0.7 s for one, 0.8-1.5 s with this
+         .config("spark.sql.codegen.useIdInClassName", "false")
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         # Arrow batches sent to Python workers are cut by bytes too: chunks in the write-buffer
+         # form are rows of large IPC streams, and large batches move slower (_ARROW_BATCH_BYTES)
+         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(_ARROW_BATCH_BYTES))
+         .config("spark.local.dir", os.path.join(scratch_dir, "local"))
+         .config("spark.sql.warehouse.dir", os.path.join(scratch_dir, "warehouse"))
+         .config("spark.driver.extraJavaOptions", java_opts)
+         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+         .config("spark.python.worker.reuse", "true")
+         # Python workers' sockets ACK at once: 40 ms less per mapInArrow (server/runtime/spark_worker_daemon.py)
+         .config("spark.python.daemon.module", spark_worker_daemon.MODULE)
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
+    if spark_connect_port:
+        b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+             .config("spark.connect.grpc.binding.port", str(spark_connect_port)))
+    for k, v in (extra_conf or {}).items():
+        if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
+            v = f"{java_opts} {v}"
+        b = b.config(k, v)
+    _launch_jvm_in_own_session(b)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(IoxKafkaDataSource)
+    from lifecycle.parquet_source import IoxParquetDataSource
+
+    spark.dataSource.register(IoxParquetDataSource)
+    return spark
+
+
+def _launch_jvm_in_own_session(builder) -> None:
+    """Starts the Spark JVM (PySpark's gateway) in a session of its own, unless this process
+    already has one. On Linux with autogroup scheduling a session is a scheduling group: the
+    nice value of threads only weighs against threads of the same session, so a JVM in the
+    server's session competes with the server's own threads as a whole group. In its own
+    session, `lower_spark_priority` gives the whole JVM (and the Python workers it starts) a
+    lower weight against the server AND the broker. The JVM still exits with the server: it
+    stops on end of file on its stdin, a pipe from this process."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or os.name != "posix":
+        return
+    conf = SparkConf()
+    for k, v in builder._options.items():
+        conf.set(k, str(v))
+    SparkContext._gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    SparkContext._jvm = SparkContext._gateway.jvm
+
+
+def use_query_pool(spark) -> None:
+    """Runs the calling thread's Spark jobs in the QUERY_POOL fair-scheduler pool. Called by the
+    query engine on the thread of each query (PySpark pins a Python thread to its own JVM thread,
+    so the property stays with that thread's jobs)."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", QUERY_POOL)
+
+
+def _lower_session_weight(pid: int, nice: int) -> bool:
+    """Sets the autogroup nice value of `pid`'s session when it is not this process's session
+    (the JVM launched by `_launch_jvm_in_own_session`). False where autogroups are off or absent."""
+    try:
+        if os.getsid(pid) == os.getsid(0):
+            return False  # the server's own session: never lower the server itself
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+        return True
+    except OSError:
+        return False
+
+
+def lower_spark_priority(spark, nice: int) -> int:
+    """Sets the nice value of every thread of the Spark application's JVM; returns how many.
+
+    Called by the server right after it started its Spark application (driver). Threads and
+    processes the JVM creates later (executor threads, Python workers) inherit the value, so
+    the whole consume path, lifecycle and query execution run below the server's own threads
+    (gRPC handlers, the Kafka producer). When the JVM runs in a session of its own (Linux
+    autogroup scheduling), that session's nice value is set too, so the JVM as a whole also
+    yields to other sessions (the embedded broker, clients on the machine). Linux only;
+    elsewhere, or without a JVM process of our own, nothing changes (returns 0).
+    """
+    gw = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gw, "proc", None)
+    pid = getattr(proc, "pid", None)
+    tasks = f"/proc/{pid}/task"
+    if not nice or pid is None or not os.path.isdir(tasks):
+        return 0
+    _lower_session_weight(pid, nice)
+    done: set = set()
+    for _ in range(2):  # a thread started during the first pass by a thread not yet lowered
+        for tid in os.listdir(tasks):
+            if tid in done:
+                continue
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                done.add(tid)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return len(done)

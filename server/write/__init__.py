@@ -1,0 +1,9 @@
+"""The write path: a request in, validated, encoded and produced to the write buffer.
+
+Line protocol parsing (`line_protocol.py` with its C extension `_lpfast.c`),
+the router (`router.py`: database checks, schema checks, one path for line
+protocol and Arrow writes) and deletes (`deletes.py`).
+
+May import: `catalog`, `lifecycle`, `server.errors`, `server.metrics`,
+`server.write_buffer`, `server.runtime`, `server.config`, `server.consume`.
+"""

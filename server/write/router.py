@@ -1,0 +1,360 @@
+"""The router: validates a write request and produces it to the write buffer.
+
+Invariant: a request is all-or-nothing. Every check (size, database name, each
+line or Arrow column, each column type against the table schema) runs before
+anything is produced; the caller gets a write token only after Kafka
+acknowledged every message of the request.
+
+Line protocol (`write_line_protocol`) and Arrow (`write_arrow`) only differ in
+how a request becomes per-table batches (`{table: ([Column], pa.Table)}`, tags
+as strings, fields float64/int64/uint64/string/bool, `time` int64 nanoseconds);
+from there both take the one path `_produce`: the database check (a database
+another server owns now is refused before anything of the request is done:
+FAILED_PRECONDITION, see lifecycle/worker.py on fencing), reserved names, the
+table schema check, encoding and producing.
+
+Runs on the driver, in gRPC / HTTP worker threads.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog.catalog import Catalog
+from catalog.schema import RESERVED_COLUMNS, Column, ColumnTypeConflict
+
+from server.errors import BadLines, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict
+from catalog.seq_layout import SEQ_ROW_BITS
+from server.write.line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
+from server.metrics import ServerMetrics
+from server.write_buffer.wire_format import encode_write
+from server.write_buffer.producer import WriteBuffer
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Router", "WriteResult", "ArrowTableWrite", "validate_database_name", "unique_keys", "MAX_REPORTED_BAD_LINES",
+           "MAX_DATABASE_NAME_CHARS", "MAX_ROWS_PER_TABLE", "ARROW_ROLES"]
+
+#: At most this many bad lines are listed in an error.
+MAX_REPORTED_BAD_LINES = 100
+MAX_DATABASE_NAME_CHARS = 64
+#: Rows of one table in one request (one write-buffer message): the row index must fit `_iox_seq`.
+MAX_ROWS_PER_TABLE = 1 << SEQ_ROW_BITS
+#: Column roles of an Arrow write.
+ARROW_ROLES = ("tag", "field", "time")
+_DB_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_TIME = "time"
+_TIME_COLUMN = Column(_TIME, "time", "time")
+#: Nanoseconds per unit of an Arrow timestamp.
+_NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+def validate_database_name(name: str) -> None:
+    if not name:
+        raise InvalidDatabaseName(name, "must not be empty")
+    if len(name) > MAX_DATABASE_NAME_CHARS:
+        raise InvalidDatabaseName(name, f"longer than {MAX_DATABASE_NAME_CHARS} characters")
+    if not _DB_NAME.match(name):
+        raise InvalidDatabaseName(name, "only letters, digits, '_' and '-' are allowed")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    token: dict  # {kafka partition: offset}
+    points: int
+    topic: str
+
+
+@dataclass(frozen=True)
+class ArrowTableWrite:
+    """One table of an Arrow write: an Arrow IPC stream and the role of each column."""
+
+    table: str
+    arrow_ipc: bytes
+    #: [(column name, "tag" | "field" | "time")], one entry per column of the stream
+    roles: list = field(default_factory=list)
+
+
+class Router:
+    def __init__(self, catalog: Catalog, write_buffer: WriteBuffer, kafka_partitions: int, max_request_bytes: int,
+                 metrics: ServerMetrics | None = None):
+        self.catalog = catalog
+        #: where each request's stage seconds and acknowledged points are counted (GET /metrics)
+        self.metrics = metrics if metrics is not None else ServerMetrics()
+        self.write_buffer = write_buffer
+        self.kafka_partitions = kafka_partitions
+        self.max_request_bytes = max_request_bytes
+        #: returns a WriteBufferOverloaded to raise while backpressure is engaged, else None
+        self.overload_check = lambda: None
+        #: called with the database first in `_produce`; raises to refuse every write to it
+        #: (DatabaseFenced: another server committed a newer revision of its preserved catalog)
+        self.database_check = lambda database: None
+
+    # -- line protocol -----------------------------------------------------------------
+    def write_line_protocol(self, database: str, body: bytes, precision: str = "ns",
+                            now_ns: int | None = None, precisions: tuple = PRECISIONS) -> WriteResult:
+        """`precisions`: the precisions the caller's API takes (InfluxDB 1.x's /write adds m and h)."""
+        validate_database_name(database)
+        if len(body) > self.max_request_bytes:
+            raise RequestTooLarge(len(body), self.max_request_bytes)
+        precision = precision or "ns"
+        if precision not in precisions:
+            raise InvalidArgument(f"precision must be one of {', '.join(precisions)}, got {precision!r}")
+        t0 = time.perf_counter()
+        result = parse_lines(body, precision, now_ns if now_ns is not None else time.time_ns())
+        parse_s = time.perf_counter() - t0
+        self.metrics.observe_stage("parse", parse_s)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("parsed %d lines in %.2f ms", result.lines, parse_s * 1e3)
+        if result.errors:
+            errs = [(e.line_number, e.reason) for e in result.errors[:MAX_REPORTED_BAD_LINES]]
+            raise BadLines(errs, len(result.errors))
+        batches = {name: ([Column(c.name, c.role, c.type) for c in tb.columns], tb.data, tb.unique_keys)
+                   for name, tb in result.tables.items()}
+        return self._produce(database, batches, result.lines)
+
+    # -- Arrow -------------------------------------------------------------------------
+    def write_arrow(self, database: str, tables: list[ArrowTableWrite]) -> WriteResult:
+        """Validates Arrow IPC streams per table (see proto/iox/write.proto) and produces them."""
+        validate_database_name(database)
+        size = sum(len(t.arrow_ipc) for t in tables)
+        if size > self.max_request_bytes:
+            raise RequestTooLarge(size, self.max_request_bytes)
+        seen = set()
+        for t in tables:
+            _check_name(t.table, "table name", t.table)
+            if t.table in seen:
+                raise InvalidArgument(f"table {t.table!r} appears more than once in the request")
+            seen.add(t.table)
+        batches = {}
+        decoded_bytes = 0
+        t0 = time.perf_counter()
+        for t in tables:
+            data = self._decode_ipc(t, self.max_request_bytes - decoded_bytes)
+            decoded_bytes += data.nbytes
+            cols, out = _validate_arrow_table(t.table, data, t.roles)
+            if out.num_rows:
+                batches[t.table] = (cols, out, unique_keys(out, [c.name for c in cols if c.role == "tag"]))
+        self.metrics.observe_stage("decode", time.perf_counter() - t0)
+        return self._produce(database, batches, sum(b[1].num_rows for b in batches.values()))
+
+    def _decode_ipc(self, t: ArrowTableWrite, budget: int) -> pa.Table:
+        """The IPC stream as a table; stops as soon as the decoded size passes the request limit."""
+        try:
+            reader = pa.ipc.open_stream(pa.py_buffer(t.arrow_ipc))
+            batches = []
+            used = 0
+            for b in reader:
+                used += b.nbytes
+                if used > budget:
+                    raise RequestTooLarge(self.max_request_bytes - budget + used, self.max_request_bytes)
+                batches.append(b)
+            return pa.Table.from_batches(batches, schema=reader.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError,
+                pa.ArrowKeyError, OSError) as e:
+            raise InvalidArgument(f"table {t.table!r}: arrow_ipc is not a readable Arrow IPC stream: {e}") from None
+
+    # -- the one path to the write buffer ----------------------------------------------
+    def _produce(self, database: str, batches: dict, points: int) -> WriteResult:
+        """batches: {table: ([Column], pa.Table, unique_keys)} already validated row by row;
+        unique_keys: True when no two rows share a tag set and a time (None: unknown)."""
+        t_start = time.perf_counter()
+        self.database_check(database)
+        overloaded = self.overload_check()
+        if overloaded is not None:
+            raise overloaded
+        if not batches:
+            raise InvalidArgument("the request holds no points")
+        for name, (cols, data, _unique) in batches.items():
+            for c in cols:
+                if c.role != "time" and c.name in RESERVED_COLUMNS:
+                    raise InvalidArgument(f"table {name!r}: column name {c.name!r} is reserved")
+            if data.num_rows > MAX_ROWS_PER_TABLE:
+                raise InvalidArgument(f"table {name!r}: {data.num_rows} rows in one request, "
+                                      f"at most {MAX_ROWS_PER_TABLE} per table")
+        topic = self.write_buffer.ensure_topic(database)
+        db = self.catalog.ensure_database(database, topic, self.kafka_partitions)
+        if db.topic_id is None:
+            db.topic_id = self.write_buffer.topic_id(topic)
+        try:
+            db.schemas.check_and_reserve({name: cols for name, (cols, _data, _u) in batches.items()})
+        except ColumnTypeConflict as e:
+            raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
+        t_encode = time.perf_counter()
+        self.metrics.observe_stage("checks", t_encode - t_start)
+        writes = [encode_write(name, cols, data, unique) for name, (cols, data, unique) in batches.items()]
+        t_produce = time.perf_counter()
+        self.metrics.observe_stage("encode", t_produce - t_encode)
+        token = self.write_buffer.produce(database, writes)
+        t_end = time.perf_counter()
+        self.metrics.observe_stage("produce", t_end - t_produce)
+        self.metrics.acknowledged(points)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("write to %s: %d points, %d message(s); checks %.2f ms, encode %.2f ms, produce %.2f ms",
+                      database, points, len(writes), (t_encode - t_start) * 1e3, (t_produce - t_encode) * 1e3,
+                      (t_end - t_produce) * 1e3)
+        return WriteResult(token=token, points=points, topic=topic)
+
+
+# -- Arrow validation (pure) -----------------------------------------------------------
+
+def unique_keys(data: pa.Table, tags: list) -> bool:
+    """Whether no two rows of `data` (write-buffer layout) share their tag values and `time`."""
+    if data.num_rows < 2:
+        return True
+    t = data.column(_TIME)
+    if pc.all(pc.greater(t.slice(1), t.slice(0, len(t) - 1))).as_py():
+        return True  # strictly increasing times: no key can repeat
+    groups = data.group_by(list(tags) + [_TIME], use_threads=False).aggregate([])
+    return groups.num_rows == data.num_rows
+
+
+def _check_name(name: str, what: str, table: str) -> None:
+    where = "" if what == "table name" else f"table {table!r}: "
+    if not name:
+        raise InvalidArgument(f"{where}{what} must not be empty")
+    if "\x00" in name:
+        raise InvalidArgument(f"{where}{what} {name!r} contains a NUL character")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise InvalidArgument(f"{where}{what} {name[:40]!r}... is longer than {MAX_NAME_BYTES} bytes")
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _as_text(table: str, col: str, a: pa.ChunkedArray, what: str) -> pa.ChunkedArray | None:
+    """A string-like column as pa.string(); None when it is not string-like."""
+    t = a.type
+    if pa.types.is_dictionary(t) and _is_text(t.value_type):
+        a = a.cast(t.value_type)
+        t = a.type
+    if not _is_text(t):
+        return None
+    if t != pa.string():
+        try:
+            a = a.cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidArgument(f"table {table!r} {what} {col!r}: {e}") from None
+    return a
+
+
+def _first_true(mask) -> int:
+    return pc.index(mask, pa.scalar(True)).as_py()
+
+
+def _check_text_values(table: str, col: str, a: pa.ChunkedArray, what: str) -> None:
+    if len(a) and a.null_count < len(a):
+        longest = pc.max(pc.binary_length(a)).as_py()
+        if longest is not None and longest > MAX_NAME_BYTES:
+            raise InvalidArgument(f"table {table!r} {what} {col!r}: a value is longer than {MAX_NAME_BYTES} bytes")
+
+
+_FIELD_TYPES = {pa.float64(): "float", pa.int64(): "integer", pa.uint64(): "uinteger", pa.bool_(): "boolean"}
+
+
+def _time_ns(table: str, col: str, a: pa.ChunkedArray) -> pa.ChunkedArray:
+    t = a.type
+    if t == pa.int64():
+        ns = a
+    elif pa.types.is_timestamp(t):
+        raw = a.cast(pa.int64())
+        factor = _NS_PER_UNIT[t.unit]
+        if factor == 1:
+            ns = raw
+        else:
+            try:
+                ns = pc.multiply_checked(raw, pa.scalar(factor, pa.int64()))
+            except pa.ArrowInvalid:
+                raise InvalidArgument(f"table {table!r} time column {col!r}: a timestamp[{t.unit}] value does "
+                                      f"not fit int64 nanoseconds") from None
+    else:
+        raise InvalidArgument(f"table {table!r} time column {col!r} has Arrow type {t}; expected int64 "
+                              f"nanoseconds or a timestamp")
+    if ns.null_count:
+        raise InvalidArgument(f"table {table!r} time column {col!r}: row {_first_true(pc.is_null(ns))} is null; "
+                              f"every row needs a time")
+    return ns
+
+
+def _validate_arrow_table(table: str, data: pa.Table, roles: list) -> tuple[list[Column], pa.Table]:
+    """Checks one table of an Arrow write; returns (columns, rows in the write-buffer layout)."""
+    names = data.column_names
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidArgument(f"table {table!r}: duplicate column name(s) {dup}")
+    role_of: dict = {}
+    for name, role in roles:
+        if name in role_of:
+            raise InvalidArgument(f"table {table!r}: column {name!r} has more than one role")
+        if role not in ARROW_ROLES:
+            raise InvalidArgument(f"table {table!r} column {name!r}: role must be one of tag, field, time, "
+                                  f"got {role!r}")
+        if name not in names:
+            raise InvalidArgument(f"table {table!r}: a role is given for column {name!r}, "
+                                  f"which the Arrow data does not have")
+        role_of[name] = role
+    missing = [n for n in names if n not in role_of]
+    if missing:
+        raise InvalidArgument(f"table {table!r}: column(s) {missing} have no role (tag, field or time)")
+    time_cols = [n for n in names if role_of[n] == "time"]
+    if len(time_cols) != 1:
+        raise InvalidArgument(f"table {table!r}: exactly one time column is required, got {len(time_cols)}"
+                              + (f" ({time_cols})" if time_cols else ""))
+    cols: list[Column] = []
+    arrays: list = []
+    out_names: list = []
+    field_arrays: list = []
+    for name in names:
+        role = role_of[name]
+        if role == "time":
+            continue
+        _check_name(name, f"{role} name", table)
+        if name == _TIME:
+            raise InvalidArgument(f"table {table!r}: a {role} must not be called 'time' "
+                                  f"(the time column is given by its role)")
+        if name in RESERVED_COLUMNS:
+            raise InvalidArgument(f"table {table!r}: column name {name!r} is reserved")
+        a = data.column(name)
+        if role == "tag":
+            s = _as_text(table, name, a, "tag")
+            if s is None:
+                raise InvalidArgument(f"table {table!r} tag {name!r} has Arrow type {a.type}; tags must be strings")
+            if len(s) and pc.any(pc.equal(s, "")).as_py():
+                raise InvalidArgument(f"table {table!r} tag {name!r}: row {_first_true(pc.equal(s, ''))} is an "
+                                      f"empty string (a missing tag is null)")
+            _check_text_values(table, name, s, "tag")
+            cols.append(Column(name, "tag", "string"))
+            arrays.append(s)
+        else:
+            typ = _FIELD_TYPES.get(a.type)
+            if typ is None:
+                s = _as_text(table, name, a, "field")
+                if s is None:
+                    raise InvalidArgument(f"table {table!r} field {name!r} has Arrow type {a.type}; fields must "
+                                          f"be float64, int64, uint64, string or bool")
+                _check_text_values(table, name, s, "field")
+                a, typ = s, "string"
+            elif typ == "float" and len(a) and pc.any(pc.is_nan(a)).as_py():
+                raise InvalidArgument(f"table {table!r} field {name!r}: row {_first_true(pc.is_nan(a))} is NaN")
+            cols.append(Column(name, "field", typ))
+            arrays.append(a)
+            field_arrays.append(a)
+        out_names.append(name)
+    if not field_arrays:
+        raise InvalidArgument(f"table {table!r}: at least one field column is required")
+    if data.num_rows and any(a.null_count for a in field_arrays):
+        no_fields = pc.is_null(field_arrays[0])
+        for a in field_arrays[1:]:
+            no_fields = pc.and_(no_fields, pc.is_null(a))
+        if pc.any(no_fields).as_py():
+            raise InvalidArgument(f"table {table!r}: row {_first_true(no_fields)} has no field values")
+    arrays.append(_time_ns(table, time_cols[0], data.column(time_cols[0])))
+    out_names.append(_TIME)
+    cols.append(_TIME_COLUMN)
+    return cols, pa.Table.from_arrays(arrays, names=out_names)

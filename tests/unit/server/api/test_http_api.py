@@ -1,0 +1,310 @@
+"""Unit tests for server.api.http_api: gzip with a limit, the error mapping, and the HTTP
+handler against a fake router (no broker, no Spark)."""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import random
+import socket
+import zlib
+
+import pytest
+
+from server.runtime.broker import free_port
+from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
+                           InvalidDatabaseName, RequestTooLarge, SchemaConflict, WriteBufferUnavailable)
+from server.api.http_api import (HttpWriteServer, compressed_cap, database_for, database_for_v1, error_response,
+                             error_response_v1, gunzip_limited, precision_for_v1)
+from server.write.line_protocol import ALL_PRECISIONS, PRECISIONS
+
+
+# -- gunzip_limited --------------------------------------------------------------------
+
+def test_gunzip_round_trip_and_multi_member():
+    assert gunzip_limited(gzip.compress(b"abc"), 10) == b"abc"
+    assert gunzip_limited(gzip.compress(b"ab") + gzip.compress(b"cd"), 10) == b"abcd"
+    assert gunzip_limited(gzip.compress(b""), 10) == b""
+
+
+def test_gunzip_exactly_at_the_limit_is_fine_one_more_byte_is_not():
+    assert gunzip_limited(gzip.compress(b"x" * 100), 100) == b"x" * 100
+    with pytest.raises(DecompressedRequestTooLarge) as ei:
+        gunzip_limited(gzip.compress(b"x" * 101), 100)
+    assert ei.value.limit_bytes == 100 and "100 bytes" in str(ei.value)
+    # over the limit only across members
+    with pytest.raises(DecompressedRequestTooLarge):
+        gunzip_limited(gzip.compress(b"x" * 60) + gzip.compress(b"y" * 60), 100)
+
+
+def test_gunzip_bomb_stops_at_the_limit():
+    bomb = gzip.compress(b"\0" * (64 << 20), compresslevel=9)  # 64 MiB in ~64 KiB
+    assert len(bomb) < 100_000
+    with pytest.raises(DecompressedRequestTooLarge) as ei:
+        gunzip_limited(bomb, 1 << 20)
+    assert isinstance(ei.value, RequestTooLarge)
+
+
+@pytest.mark.parametrize("body", [b"plain text", gzip.compress(b"abcdef")[:-4], gzip.compress(b"abc") + b"junk",
+                                  b""])
+def test_gunzip_corrupt_or_truncated_is_invalid_argument(body):
+    with pytest.raises(InvalidArgument) as ei:
+        gunzip_limited(body, 1000)
+    assert "gzip" in str(ei.value)
+
+
+def test_compressed_cap_covers_incompressible_data():
+    data = random.Random(0).randbytes(1 << 20)  # 1 MiB that deflate cannot shrink
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    gz = z.compress(data) + z.flush()
+    assert len(gz) > len(data) and len(gz) <= compressed_cap(len(data))
+
+
+# -- error mapping ---------------------------------------------------------------------
+
+def test_error_response_mapping():
+    st, headers, body = error_response(BadLines([(2, "bad field"), (7, "no fields")], 150))
+    assert st == 400 and body["code"] == "invalid" and body["line"] == 2
+    assert "line 2: bad field" in body["message"] and "line 7: no fields" in body["message"]
+    assert "148 more" in body["message"]
+    assert body["errors"] == [{"line": 2, "message": "bad field"}, {"line": 7, "message": "no fields"}]
+    for err in (InvalidArgument("x"), InvalidDatabaseName("a b", "bad"), SchemaConflict("t", "c", "tag", "float field")):
+        assert error_response(err)[0] == 400 and error_response(err)[2]["code"] == "invalid"
+    assert error_response(SchemaConflict("t", "c", "tag", "float field"))[2]["message"].count("'c'") == 1
+    assert error_response(RequestTooLarge(11, 10))[0] == 413
+    assert error_response(DecompressedRequestTooLarge(10))[0] == 413
+    assert error_response(DatabaseNotFound("d"))[0] == 404
+    st, headers, body = error_response(WriteBufferUnavailable("down", retry_after_s=2.5))
+    assert st == 503 and ("Retry-After", "3") in headers and body["code"] == "unavailable"
+    assert ("Retry-After", "1") in error_response(WriteBufferUnavailable("down", retry_after_s=0.1))[1]
+    assert error_response(RuntimeError("boom"))[0] == 500
+
+
+def test_a_fenced_database_is_a_conflict_naming_the_revision():
+    st, headers, body = error_response(DatabaseFenced("mydb", 7))
+    assert st == 409 and headers == [] and body["code"] == "conflict"
+    assert "'mydb'" in body["message"] and "revision 7" in body["message"]
+
+
+def test_database_for():
+    assert database_for("my-org", "my_bucket") == "my-org_my_bucket"
+
+
+# -- the handler, against a fake router ------------------------------------------------
+
+class FakeRouter:
+    def __init__(self, limit=1000):
+        self.max_request_bytes = limit
+        self.calls = []
+        self.raise_next = None
+
+    def write_line_protocol(self, database, body, precision="ns", precisions=PRECISIONS):
+        if len(body) > self.max_request_bytes:  # as the real router does
+            raise RequestTooLarge(len(body), self.max_request_bytes)
+        if self.raise_next is not None:
+            e, self.raise_next = self.raise_next, None
+            raise e
+        if precision not in precisions:
+            raise InvalidArgument(f"precision {precision!r}")
+        self.calls.append((database, body, precision))
+
+
+@pytest.fixture
+def served():
+    router = FakeRouter()
+    srv = HttpWriteServer(router, "127.0.0.1", free_port())
+    srv.start()
+    yield router, srv.port
+    srv.stop()
+
+
+def _req(conn, method, path, body=b"", headers=None):
+    conn.request(method, path, body=body, headers=headers or {})
+    r = conn.getresponse()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+
+
+def test_write_maps_org_bucket_precision_and_keeps_the_connection(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b&precision=ms", b"m v=1 1")[0] == 204
+    assert _req(conn, "POST", "/api/v2/write?orgID=abc&bucket=b", b"m v=2 2")[0] == 204
+    gz = gzip.compress(b"m v=3 3")
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", gz, {"Content-Encoding": "gzip"})[0] == 204
+    assert router.calls == [("o_b", b"m v=1 1", "ms"), ("abc_b", b"m v=2 2", "ns"), ("o_b", b"m v=3 3", "ns")]
+    conn.close()
+
+
+def test_errors_over_http(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    router.raise_next = BadLines([(1, "nope")], 1)
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"x")
+    assert st == 400 and json.loads(body)["errors"] == [{"line": 1, "message": "nope"}]
+    router.raise_next = WriteBufferUnavailable("broker down")
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1")
+    assert st == 503 and h["retry-after"] == "1" and "broker down" in json.loads(body)["message"]
+    router.raise_next = RuntimeError("boom")
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1")
+    assert st == 500 and json.loads(body)["code"] == "internal error"
+    # over the limit: the body is drained, the answer is 413, the connection still works
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1\n" * 200)
+    assert st == 413 and "1000" in json.loads(body)["message"]
+    st, h, body = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", gzip.compress(b"m v=1\n" * 2000),
+                       {"Content-Encoding": "gzip"})
+    assert st == 413 and "after decompression" in json.loads(body)["message"]
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1")[0] == 204
+    assert _req(conn, "POST", "/api/v2/write?bucket=b", b"m v=1")[0] == 400
+    assert _req(conn, "POST", "/api/v2/write?org=o", b"m v=1")[0] == 400
+    assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1", {"Content-Encoding": "br"})[0] == 400
+    assert _req(conn, "POST", "/nope", b"x")[0] == 404
+    assert _req(conn, "POST", "/ping", b"")[0] == 405
+    assert _req(conn, "GET", "/api/v2/write")[0] == 405
+    conn.close()
+
+
+def _raw(port, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        while b"\r\n\r\n" not in out:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_chunked_bodies(served):
+    router, port = served
+    head = b"POST /api/v2/write?org=o&bucket=b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    resp = _raw(port, head + b"4\r\nm v=\r\n3\r\n1 5\r\n0\r\n\r\n")
+    assert resp.startswith(b"HTTP/1.1 204"), resp
+    assert router.calls[-1] == ("o_b", b"m v=1 5", "ns")
+    big = b"".join(b"64\r\n" + b"x" * 100 + b"\r\n" for _ in range(11)) + b"0\r\n\r\n"  # 1100 > 1000 bytes
+    assert _raw(port, head + big).startswith(b"HTTP/1.1 413")
+    assert _raw(port, head + b"zz\r\n").startswith(b"HTTP/1.1 400")
+
+
+def test_expect_100_continue(served):
+    router, port = served
+    head = "POST /api/v2/write?org=o&bucket=b HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n"
+    assert _raw(port, head.format(10 ** 9).encode()).startswith(b"HTTP/1.1 413")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head.format(7).encode())
+        assert s.recv(1024).startswith(b"HTTP/1.1 100")
+        s.sendall(b"m v=1 9")
+        assert s.recv(1024).startswith(b"HTTP/1.1 204")
+    assert router.calls[-1] == ("o_b", b"m v=1 9", "ns")
+
+
+def test_health_and_ping(served):
+    _, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    st, h, body = _req(conn, "GET", "/health")
+    assert st == 200 and json.loads(body)["status"] == "pass"
+    st, h, body = _req(conn, "GET", "/ping")
+    assert st == 204 and body == b"" and "x-influxdb-version" in h
+    assert _req(conn, "HEAD", "/ping")[0] == 204
+    assert _req(conn, "GET", "/ready")[0] == 200
+    conn.close()
+
+
+# -- InfluxDB 1.x ----------------------------------------------------------------------
+
+def test_database_and_precision_for_v1():
+    assert database_for_v1("telegraf") == "telegraf"
+    assert database_for_v1("telegraf", "autogen") == "telegraf"
+    assert database_for_v1("telegraf", "weekly") == "telegraf_weekly"
+    with pytest.raises(InvalidArgument):
+        database_for_v1("", "autogen")
+    assert [precision_for_v1(p) for p in ("", "n", "ns", "u", "us", "ms", "s", "m", "h")] == [
+        "ns", "ns", "ns", "us", "us", "ms", "s", "m", "h"]
+    assert set(map(precision_for_v1, ("n", "u", "ms", "s", "m", "h"))) == set(ALL_PRECISIONS)
+    for bad in ("x", "d", "rfc3339", "NS"):
+        with pytest.raises(InvalidArgument):
+            precision_for_v1(bad)
+
+
+def test_error_response_v1_is_the_same_status_with_an_error_body():
+    for err in (BadLines([(2, "bad field")], 1), InvalidDatabaseName("a.b", "bad"), RequestTooLarge(11, 10),
+                DatabaseNotFound("d"), DatabaseFenced("d", 3), WriteBufferUnavailable("down", retry_after_s=2),
+                RuntimeError("boom")):
+        st, headers, body = error_response(err)
+        assert error_response_v1(err) == (st, headers, {"error": body["message"]})
+
+
+def test_v1_write_maps_db_rp_precision_and_ignores_credentials(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    basic = {"Authorization": "Basic cm9vdDpyb290"}
+    assert _req(conn, "POST", "/write?db=telegraf", b"m v=1 1")[0] == 204
+    assert _req(conn, "POST", "/write?db=telegraf&rp=weekly&precision=s&u=root&p=secret", b"m v=2 2", basic)[0] == 204
+    assert _req(conn, "POST", "/write?db=d&precision=n&consistency=one", b"m v=3 3",
+                {"Authorization": "Token abc"})[0] == 204
+    for p, want in (("u", "us"), ("us", "us"), ("ms", "ms"), ("m", "m"), ("h", "h"), ("", "ns")):
+        assert _req(conn, "POST", f"/write/?db=d&precision={p}", b"m v=4 4")[0] == 204
+        assert router.calls[-1] == ("d", b"m v=4 4", want)
+    gz = gzip.compress(b"m v=5 5")
+    assert _req(conn, "POST", "/write?db=d", gz, {"Content-Encoding": "gzip"})[0] == 204
+    assert router.calls[:3] == [("telegraf", b"m v=1 1", "ns"), ("telegraf_weekly", b"m v=2 2", "s"),
+                                ("d", b"m v=3 3", "ns")]
+    assert router.calls[-1] == ("d", b"m v=5 5", "ns")
+    conn.close()
+
+
+def test_v1_errors_are_json_error_bodies_with_the_v2_statuses(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def err(path, body=b"m v=1", headers=None, status=400):
+        st, h, raw = _req(conn, "POST", path, body, headers)
+        assert st == status and h["content-type"].startswith("application/json"), (st, raw)
+        out = json.loads(raw)
+        assert list(out) == ["error"] and out["error"], out
+        return out["error"], h
+
+    assert "db" in err("/write")[0]
+    assert "precision" in err("/write?db=d&precision=x")[0]
+    router.raise_next = BadLines([(1, "nope")], 1)
+    assert "line 1: nope" in err("/write?db=d")[0]
+    router.raise_next = WriteBufferUnavailable("broker down")
+    msg, h = err("/write?db=d", status=503)
+    assert "broker down" in msg and h["retry-after"] == "1"
+    router.raise_next = DatabaseNotFound("d")
+    err("/write?db=d", status=404)
+    router.raise_next = DatabaseFenced("d", 2)
+    err("/write?db=d", status=409)
+    router.raise_next = RuntimeError("boom")
+    assert "internal error" in err("/write?db=d", status=500)[0]
+    # over the limit, before and after decompression: 413, the connection still works
+    assert "1000" in err("/write?db=d", b"m v=1\n" * 200, status=413)[0]
+    assert "after decompression" in err("/write?db=d", gzip.compress(b"m v=1\n" * 2000), {"Content-Encoding": "gzip"},
+                                        status=413)[0]
+    assert "Content-Encoding" in err("/write?db=d", headers={"Content-Encoding": "br"})[0]
+    assert _req(conn, "POST", "/write?db=d", b"m v=1")[0] == 204
+    st, h, raw = _req(conn, "GET", "/write?db=d")
+    assert st == 405 and h["allow"] == "POST" and "POST /write" in json.loads(raw)["error"]
+    conn.close()
+    head = b"POST /write?db=d HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head % 10 ** 9)
+        resp = b""
+        while chunk := s.recv(65536):  # the server closes the connection after its answer
+            resp += chunk
+    assert resp.startswith(b"HTTP/1.1 413") and b'{"error": ' in resp
+
+
+def test_v1_ping_204_or_verbose_200(served):
+    _, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for method in ("GET", "HEAD"):
+        st, h, body = _req(conn, method, "/ping")
+        assert st == 204 and body == b"" and "content-type" not in h
+        assert h["x-influxdb-version"] and h["x-influxdb-build"] == "OSS"
+        for quiet in ("false", "0", ""):
+            assert _req(conn, method, f"/ping?verbose={quiet}")[0] == 204
+    st, h, body = _req(conn, "GET", "/ping?verbose=true")
+    assert st == 200 and json.loads(body) == {"version": h["x-influxdb-version"]}
+    assert _req(conn, "HEAD", "/ping?verbose=1")[:3:2] == (200, b"")
+    conn.close()

@@ -1,0 +1,79 @@
+"""The embedded broker (server/runtime/broker.py): the start-time warning about the kernel's memory-map limit, and how stop() signals it."""
+from server.runtime.broker import MAP_COUNT_FOR_MEMORY_STORAGE, map_count_warning
+
+
+def test_the_default_map_count_is_warned_of_with_the_command_that_raises_it():
+    w = map_count_warning(65_530)
+    assert w == ("vm.max_map_count is 65,530: the embedded in-memory broker keeps each message of ~128 KiB or "
+                 "more in a memory map of its own and exits once it holds about 65,530 of them; raise the limit "
+                 "(sysctl -w vm.max_map_count=262144) or use a Kafka cluster or s3:// storage for long runs")
+
+
+def test_no_warning_from_the_recommended_count_or_when_it_cannot_be_read():
+    assert map_count_warning(MAP_COUNT_FOR_MEMORY_STORAGE) is None
+    assert map_count_warning(MAP_COUNT_FOR_MEMORY_STORAGE - 1) is not None
+    assert map_count_warning(None) is None
+
+
+def test_an_in_memory_broker_is_killed_at_once_a_durable_one_asked_to_stop(monkeypatch):
+    """Tansu's graceful stop waits ~5 s for connected clients; an in-memory broker has nothing
+    to flush, so stop() does not ask it. A broker on durable storage gets SIGTERM first."""
+    import signal
+
+    from server.runtime import broker
+
+    sent = []
+    monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "_reap", lambda pid: None)
+    broker.BrokerHandle(pid=11, port=1, storage=broker._storage_url("memory"), owned=True).stop()
+    broker.BrokerHandle(pid=12, port=1, storage="sqlite://tansu.db", owned=True).stop()
+    assert sent == [(11, signal.SIGKILL), (12, signal.SIGTERM)]
+
+
+def test_a_durable_broker_is_asked_to_stop_before_its_store(monkeypatch):
+    import signal
+
+    from server.runtime import broker
+
+    sent = []
+    monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "_reap", lambda pid: None)
+    broker.BrokerHandle(pid=21, port=1, storage="s3://tansu/", owned=True, store_pid=22, store_port=2,
+                        store_dir="/x").stop()
+    assert sent == [(21, signal.SIGTERM), (22, signal.SIGTERM)]
+
+
+def test_a_missing_store_names_the_fix(monkeypatch, tmp_path):
+    import sys
+
+    import pytest
+
+    from server.runtime import broker
+
+    monkeypatch.setenv("IOX_S3RVER", str(tmp_path / "nope"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(broker.BrokerStoreMissing, match="setup.sh installs it.*--broker-storage memory"):
+        broker.object_server_binary()
+
+
+def test_the_memory_broker_bounds_the_persist_age_and_a_durable_one_does_not():
+    from server.runtime.broker import MEMORY_BROKER_MAX_PERSIST_AGE_S
+    from server.config import InvalidConfig, ServerConfig
+
+    import pytest
+
+    assert ServerConfig(broker_storage="memory").lifecycle_rules().persist_age_threshold_s == \
+        MEMORY_BROKER_MAX_PERSIST_AGE_S
+    assert ServerConfig(broker_storage="memory", lifecycle={"persist_age_threshold_s": 5.0}) \
+        .lifecycle_rules().persist_age_threshold_s == 5.0
+    assert ServerConfig().lifecycle_rules().persist_age_threshold_s == MEMORY_BROKER_MAX_PERSIST_AGE_S  # the default
+    assert ServerConfig(broker_storage="durable").lifecycle_rules().persist_age_threshold_s > \
+        MEMORY_BROKER_MAX_PERSIST_AGE_S
+    # an external Kafka cluster is not the embedded broker, whatever the option says
+    assert ServerConfig(broker_storage="memory", kafka_bootstrap="k:9092").lifecycle_rules() \
+        .persist_age_threshold_s > MEMORY_BROKER_MAX_PERSIST_AGE_S
+    with pytest.raises(InvalidConfig, match="durable or memory"):
+        ServerConfig(broker_storage="disk")

@@ -1,0 +1,357 @@
+"""The streaming source's Kafka reads (server/write_buffer/kafka_source.py) against a recording consumer with
+librdkafka's contracts. `consume(num_messages, timeout)` returns once it has `num_messages` messages
+or when its timeout ends; a transaction control record is not one (it is passed, never returned).
+A call asking for more messages than will come waits out its whole timeout, so the source must
+never wait for more than will come: a range holds fewer messages than offsets when it has gaps
+(control records, records removed by compaction), so it waits for one message at most. `position()`
+is the offset after the last record (message or control record) `consume` went past in the
+assignment, OFFSET_INVALID before any. The real consumer is exercised by the integration tests."""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import OFFSET_INVALID, TopicPartition
+
+from catalog.schema import Column
+from server.write_buffer import kafka_source
+from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange, true_ends
+from server.write_buffer.wire_format import encode_write
+
+TOPIC = "iox.db"
+T0 = 1_700_000_000_000_000_000
+
+
+class _Msg:
+    def __init__(self, partition: int, offset: int, value: bytes = b"", headers=None):
+        self._p, self._o, self._v, self._h = partition, offset, value, headers or []
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return TOPIC
+
+    def partition(self):
+        return self._p
+
+    def offset(self):
+        return self._o
+
+    def value(self):
+        return self._v
+
+    def headers(self):
+        return self._h
+
+    def timestamp(self):
+        return (1, 1_700_000_000_000)
+
+
+class _Control:
+    """A transaction control record (commit or abort marker) at `offset`: in the log, fetched like a
+    message, but `consume` never returns it; it moves the partition's position past it."""
+
+    def __init__(self, partition: int, offset: int):
+        self._p, self._o = partition, offset
+
+    def partition(self):
+        return self._p
+
+    def offset(self):
+        return self._o
+
+
+class _Consumer:
+    """Holds {partition: [records]} (messages and control records in offset order; an offset with
+    neither is a gap, as compaction leaves). `consume` hands out the assigned partitions' messages in
+    order, passing control records, and records (num_messages, timeout, how many it returned):
+    fewer returned than asked with a timeout > 0 is a call that would have waited out its timeout.
+
+    Arrival: the first `slow` consume calls of an assignment receive nothing (messages slow to
+    come); from then on each call first receives one fetch: the next `fetch` records of each
+    assigned partition (all of them when None). `stale_position`: the position `assign` leaves
+    (an earlier assignment's, not reset yet) instead of OFFSET_INVALID."""
+
+    def __init__(self, log: dict[int, list], fetch: int | None = None, slow: int = 0,
+                 stale_position: int | None = None):
+        self.log = log
+        self.fetch, self.slow, self.stale_position = fetch, slow, stale_position
+        self.pending: dict[int, list] = {}  # partition -> records not fetched yet
+        self.queue: list = []  # fetched records, not passed yet
+        self.positions: dict[int, int] = {}
+        self._slow_left = 0
+        self.calls: list[tuple[int, float, int]] = []
+        self.closed = False
+
+    def assign(self, tps):
+        self.pending = {tp.partition: [r for r in self.log[tp.partition] if r.offset() >= tp.offset] for tp in tps}
+        self.queue = []
+        start = OFFSET_INVALID if self.stale_position is None else self.stale_position
+        self.positions = {tp.partition: start for tp in tps}
+        self._slow_left = self.slow
+
+    def unassign(self):
+        self.pending, self.queue, self.positions = {}, [], {}
+
+    def close(self):
+        self.closed = True
+
+    def consume(self, num_messages=1, timeout=-1):
+        if self._slow_left > 0:
+            self._slow_left -= 1
+        else:
+            for p, records in self.pending.items():
+                n = len(records) if self.fetch is None else self.fetch
+                self.queue += records[:n]
+                self.pending[p] = records[n:]
+        out = []
+        while self.queue and len(out) < num_messages:
+            r = self.queue.pop(0)
+            # librdkafka moves a position only forward: a leftover higher one stays
+            self.positions[r.partition()] = max(self.positions[r.partition()], r.offset() + 1)
+            if isinstance(r, _Msg):
+                out.append(r)
+        self.calls.append((num_messages, timeout, len(out)))
+        return out
+
+    def position(self, tps):
+        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, OFFSET_INVALID))
+                for tp in tps]
+
+    def waited_out(self):
+        return [c for c in self.calls if c[1] > 0 and c[2] < c[0]]
+
+
+def _write(table: str, n: int, field: str = "v", typ: str = "float"):
+    """A write-buffer message of `n` rows of `table`: one field column of `typ` (float or integer)."""
+    arrow = {"float": pa.float64(), "integer": pa.int64()}[typ]
+    data = pa.table({field: pa.array(range(n), arrow), "time": pa.array([T0 + i for i in range(n)], pa.int64())})
+    return encode_write(table, [Column(field, "field", typ), Column("time", "time", "time")], data)
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
+    monkeypatch.setattr(kafka_source, "_idle_consumers", {})
+    return r
+
+
+@pytest.mark.parametrize("end_exclusive", [1, 3, 7])
+def test_read_asks_for_no_more_messages_than_its_range_holds(reader, end_exclusive):
+    w = _write("cpu", 4)
+    c = _Consumer({2: [_Msg(2, off, w.value, w.headers) for off in range(10)]})
+    kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
+    batches = list(reader.read(_TopicPartitionRange(TOPIC, 2, 0, end_exclusive)))
+    t = pa.Table.from_batches(batches)
+    assert t.column("offset").to_pylist() == list(range(end_exclusive))
+    assert t.column("nrows").to_pylist() == [4] * end_exclusive
+    assert t.column("problem").to_pylist() == [None] * end_exclusive
+    assert c.waited_out() == []
+    assert [n for n, _t, _got in c.calls] == [end_exclusive]
+    assert kafka_source._idle_consumers["fake:9092"][0] is c  # kept for the worker's next task
+
+
+def test_read_of_a_range_larger_than_one_consume_call_asks_for_what_is_left(reader):
+    w = _write("cpu", 1)
+    c = _Consumer({0: [_Msg(0, off, w.value, w.headers) for off in range(1_200)]})
+    kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
+    rows = sum(b.num_rows for b in reader.read(_TopicPartitionRange(TOPIC, 0, 100, 1_150)))
+    assert rows == 1_050
+    assert [n for n, _t, _got in c.calls] == [500, 500, 50]
+    assert c.waited_out() == []
+
+
+def test_a_consumer_idle_for_too_long_is_closed_by_the_next_task_whatever_broker_it_reads(reader, monkeypatch):
+    # a worker once read a broker that is gone: its idle consumer must not reconnect to it forever
+    w = _write("cpu", 1)
+    gone, recent, stale = _Consumer({}), _Consumer({}), _Consumer({})
+    created: list[tuple[str, _Consumer]] = []
+
+    def new_consumer(bootstrap):
+        created.append((bootstrap, _Consumer({0: [_Msg(0, 0, w.value, w.headers)]})))
+        return created[-1][1]
+
+    monkeypatch.setattr(kafka_source, "reader_consumer", new_consumer)
+    now = time.monotonic()
+    kafka_source._idle_consumers.update({
+        "gone:9092": (gone, now - kafka_source.IDLE_CONSUMER_MAX_S - 1),
+        "recent:9092": (recent, now - kafka_source.IDLE_CONSUMER_MAX_S + 30),
+        "fake:9092": (stale, now - kafka_source.IDLE_CONSUMER_MAX_S - 1)})
+    assert sum(b.num_rows for b in reader.read(_TopicPartitionRange(TOPIC, 0, 0, 1))) == 1
+    assert gone.closed and "gone:9092" not in kafka_source._idle_consumers
+    assert not recent.closed and kafka_source._idle_consumers["recent:9092"][0] is recent
+    # the task's own broker's idle consumer was as old: closed too, and the task read with a new one,
+    # now the idle one of its broker
+    assert stale.closed and stale.calls == []
+    assert [b for b, _c in created] == ["fake:9092"]
+    assert kafka_source._idle_consumers["fake:9092"][0] is created[0][1] and not created[0][1].closed
+
+
+def test_true_ends_reads_each_last_batch_without_waiting_out_a_timeout():
+    # Tansu's watermark is the last batch's base offset + 1: partition 0's last batch holds 5-7,
+    # partition 1's is one message at 3, partition 2 is empty
+    c = _Consumer({0: [_Msg(0, off) for off in range(8)], 1: [_Msg(1, off) for off in range(4)], 2: []})
+    assert true_ends(c, TOPIC, {0: 6, 1: 4, 2: 0}) == {0: 8, 1: 4, 2: 0}
+    assert c.waited_out() == []
+    assert c.queue == []  # unassigned
+
+
+# -- offsets with no message: transaction control records, compaction -----------------------------
+
+def _records(partition: int, messages, controls=(), w=None) -> list:
+    """A partition's log: a message at each offset of `messages`, a control record at each of
+    `controls`; any other offset is a gap."""
+    w = w or _write("cpu", 1)
+    out = [_Msg(partition, o, w.value, w.headers) for o in messages] + [_Control(partition, o) for o in controls]
+    return sorted(out, key=lambda r: r.offset())
+
+
+def _read(reader, c: _Consumer, partition: int, start: int, end_exclusive: int) -> pa.Table:
+    kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
+    batches = list(reader.read(_TopicPartitionRange(TOPIC, partition, start, end_exclusive)))
+    return pa.Table.from_batches(batches) if batches else pa.table({"offset": pa.array([], pa.int64())})
+
+
+@pytest.fixture
+def short_stall(monkeypatch):
+    """A read that waits for an offset the broker never returns fails within a second, not a minute."""
+    monkeypatch.setattr(kafka_source, "READ_STALL_TIMEOUT_S", 1.0)
+
+
+@pytest.mark.parametrize("fetch", [None, 2])
+@pytest.mark.parametrize("gap", ["control record", "compacted"])
+def test_a_range_with_a_gap_in_the_middle_is_read_whole_and_ends(reader, short_stall, gap, fetch):
+    controls = [3] if gap == "control record" else []
+    c = _Consumer({1: _records(1, [0, 1, 2, 4, 5, 6], controls)}, fetch=fetch)
+    t = _read(reader, c, 1, 0, 7)
+    assert t.column("offset").to_pylist() == [0, 1, 2, 4, 5, 6]
+    assert t.column("nrows").to_pylist() == [1] * 6
+    assert c.waited_out() == []
+    assert kafka_source._idle_consumers["fake:9092"][0] is c
+
+
+@pytest.mark.parametrize("start, end_exclusive, fetch, expected", [
+    (0, 7, None, [0, 1, 2, 3, 4]),  # a commit marker and an abort marker end the range
+    (0, 7, 5, [0, 1, 2, 3, 4]),  # ... fetched after the messages, on their own
+    (0, 6, None, [0, 1, 2, 3, 4]),  # the range ends at the first of them
+    (5, 7, None, []),  # a range of markers only (a transaction decided after the last batch)
+    (5, 6, 1, []),
+])
+def test_a_range_whose_last_offsets_are_control_records_ends_without_waiting(reader, short_stall, start,
+                                                                             end_exclusive, fetch, expected):
+    # nothing follows the markers: the range ends on the consumer's position alone
+    c = _Consumer({0: _records(0, range(5), [5, 6])}, fetch=fetch)
+    t = _read(reader, c, 0, start, end_exclusive)
+    assert t.column("offset").to_pylist() == expected
+    assert c.waited_out() == []
+    assert [t for _n, t, _got in c.calls] == [0] * len(c.calls)
+    assert kafka_source._idle_consumers["fake:9092"][0] is c
+
+
+def test_a_compacted_range_is_read_whole_once(reader, short_stall):
+    # a compacted topic: most offsets gone, a control record here and there, the range starting at a
+    # gap and larger than one consume call, the partition going on after it
+    kept = [o for o in range(1, 1_300) if o % 7 == 0 or o % 11 == 0]
+    controls = [o for o in range(1, 1_300) if o % 13 == 0 and o not in kept]
+    c = _Consumer({3: _records(3, kept, controls)}, fetch=64)
+    t = _read(reader, c, 3, 1, 1_200)
+    expected = [o for o in kept if o < 1_200]
+    assert t.column("offset").to_pylist() == expected  # each once, in order, none beyond the range
+    assert c.waited_out() == []
+
+
+def test_a_range_ending_in_gaps_ends_once_a_later_message_arrives(reader, short_stall):
+    # offsets 6-9 compacted away (no record at all: the position does not pass them); the message
+    # at 12, beyond the range, proves the broker holds nothing at 6-9, and is not the range's
+    c = _Consumer({0: _records(0, [0, 1, 2, 3, 4, 5, 12, 13])}, fetch=3)
+    t = _read(reader, c, 0, 2, 10)
+    assert t.column("offset").to_pylist() == [2, 3, 4, 5]
+    assert c.waited_out() == []
+
+
+@pytest.mark.parametrize("fetch", [None, 1])
+def test_a_range_is_not_ended_early_while_its_messages_are_slow_to_arrive(reader, short_stall, fetch):
+    # Tansu: the range's end is real, but the messages take several calls to come; nothing before
+    # them (no message, no position) may end the read
+    c = _Consumer({0: _records(0, [0, 1, 3, 4], [2, 5])}, fetch=fetch, slow=6)
+    t = _read(reader, c, 0, 0, 6)
+    assert t.column("offset").to_pylist() == [0, 1, 3, 4]
+    # the calls that brought nothing waited for one message each, never for more
+    assert [(n, got) for n, _t, got in c.calls[:6]] == [(6, 0)] + [(1, 0)] * 5
+    assert all(n == 1 for n, _t, _got in c.waited_out())
+
+
+def test_a_reused_consumer_with_an_earlier_assignments_position_is_replaced(reader, short_stall, monkeypatch):
+    # librdkafka resets a partition's position when its earlier assignment stops; one not reset yet
+    # (100, beyond this range) would end the range before a single message was read
+    w = _write("cpu", 1)
+    stale = _Consumer({0: _records(0, range(10), w=w)}, stale_position=100)
+    fresh = _Consumer({0: _records(0, range(10), w=w)})
+    monkeypatch.setattr(kafka_source, "reader_consumer", lambda bootstrap: fresh)
+    t = _read(reader, stale, 0, 0, 10)
+    assert t.column("offset").to_pylist() == list(range(10))
+    assert stale.closed and stale.calls == []
+    assert kafka_source._idle_consumers["fake:9092"][0] is fresh and not fresh.closed
+
+
+@pytest.mark.parametrize("fetch", [None, 1])
+def test_true_ends_does_not_wait_for_a_last_offset_that_is_a_control_record(fetch):
+    # partition 0 ends with a commit marker at 4 (its watermark 5, as on Apache Kafka and on Tansu,
+    # whose last batch is the marker); partition 1 holds a marker only; partition 2's last batch is
+    # messages 5-7 followed by a marker at 8 that Tansu's watermark (6) does not show
+    c = _Consumer({0: _records(0, range(4), [4]), 1: _records(1, [], [0]), 2: _records(2, range(8), [8])},
+                  fetch=fetch)
+    t0 = time.monotonic()
+    assert true_ends(c, TOPIC, {0: 5, 1: 1, 2: 6}) == {0: 5, 1: 1, 2: 9}
+    assert c.waited_out() == []
+    assert time.monotonic() - t0 < 1.0  # not the 2 s the probe gives a partition it never hears from
+    assert c.queue == [] and c.positions == {}  # unassigned
+
+
+def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(monkeypatch):
+    """Tansu on s3:// storage can report a high watermark one short of its last message until the
+    next produce: once the end is asked again (writes were acknowledged on the topic, or the poll is
+    due), it is read past what is known, at most every STALE_PROBE_INTERVAL_S."""
+    log = {0: [_Msg(0, i) for i in range(3)]}
+    probe = _Consumer(log)
+    marks = {"hw": 2}
+    probe.get_watermark_offsets = lambda tp, timeout=None: (0, marks["hw"])
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
+    r._probe, r._admin = probe, object()
+    clock = [100.0]
+
+    def monotonic():  # advances a little on every look, so no wait in the code under test is endless
+        clock[0] += 1e-4
+        return clock[0]
+
+    monkeypatch.setattr(kafka_source.time, "monotonic", monotonic)
+    r._true_end[(TOPIC, 0)] = 2  # offsets 0 and 1 were known; the watermark stays at 2 though 2 exists
+    assert r._ends_of(TOPIC, 1) == {0: 3}
+    # not read past again before the interval: nothing new anyway
+    log[0].append(_Msg(0, 3))
+    clock[0] += kafka_source.STALE_PROBE_INTERVAL_S / 2
+    r._polls = kafka_source.EndPolls()  # due again
+    assert r._ends_of(TOPIC, 1) == {0: 3}
+    clock[0] += kafka_source.STALE_PROBE_INTERVAL_S
+    assert r._ends_of(TOPIC, 1) == {0: 4}
+
+
+def test_latest_offset_never_reads_a_held_partition_past_its_poisoned_message(tmp_path, monkeypatch):
+    """The consumer's holds file (server/write_buffer/poison.py): a held partition's range ends at the held
+    message (or where it already is, when a batch read past it), the others read on."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from server.write_buffer.poison import write_holds
+
+    holds = str(tmp_path / "holds.json")
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "holds_file": holds})
+    monkeypatch.setattr(r, "_topics", lambda: {TOPIC: 3})
+    monkeypatch.setattr(r, "_ends_of", lambda topic, n: {0: 50, 1: 50, 2: 50})
+    start = {TOPIC: {"0": 10, "1": 10, "2": 10}}
+    assert r.latestOffset(start, ReadMaxRows(100)) == {TOPIC: {"0": 50, "1": 50, "2": 50}}
+    write_holds(holds, {TOPIC: {"1": 20, "2": 5}})
+    assert r.latestOffset(start, ReadMaxRows(100)) == {TOPIC: {"0": 50, "1": 20, "2": 10}}
+    write_holds(holds, {})
+    assert r.latestOffset(start, ReadMaxRows(100)) == {TOPIC: {"0": 50, "1": 50, "2": 50}}

@@ -1,0 +1,149 @@
+"""Imports point downward: catalog <- lifecycle <- server, and inside server by role.
+
+Walks every module of the project's packages (AST, imports inside functions
+included) and fails on an import of a higher layer or on an import cycle. The
+layers, lowest first, are `LAYERS`; a module belongs to the longest prefix that
+names it. Each package's `__init__.py` states the same rule in words.
+"""
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGES = ("catalog", "lifecycle", "server")
+
+#: lowest first; a module may import its own layer and the ones before it
+LAYERS = [
+    "iox",                  # generated gRPC stubs
+    "catalog",              # shared vocabulary and the catalog itself
+    "lifecycle",            # chunk forms, views, persist and compaction
+    "server.errors",        # the server's error vocabulary
+    "server.metrics",
+    "server.write_buffer",  # Kafka: producer, wire format, streaming source
+    "server.runtime",       # processes: Spark, the embedded broker, JVM archive, priorities
+    "server.config",
+    "server.consume",       # micro-batches into the catalog, recovery
+    "server.write",         # line protocol, router, deletes
+    "server.query",         # SQL over a database, the write buffer's tail
+    "server.api",           # gRPC and HTTP surfaces, the client
+    "server.app",           # the composition root
+    "server.cli",           # the command line
+]
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    for pkg in PACKAGES:
+        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    mod = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    out[mod[:-len(".__init__")] if mod.endswith(".__init__") else mod] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> int | None:
+    best = None
+    for i, prefix in enumerate(LAYERS):
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(LAYERS[best]):
+                best = i
+    if best is None and module == "server":
+        return LAYERS.index("server.errors")
+    return best
+
+
+def _resolve(name: str) -> str | None:
+    """The project module `name` refers to (a module, or the package holding a name)."""
+    while name:
+        if name in MODULES or name.split(".")[0] == "iox":
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str, path: str) -> set[str]:
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    is_pkg = path.endswith("__init__.py")
+    pkg = module if is_pkg else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = [f"{mod}.{a.name}" for a in node.names] + [mod]
+        for n in names:
+            target = _resolve(n)
+            if target is not None and target != module and target.split(".")[0] in PACKAGES + ("iox",):
+                out.add(target)
+    return out
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if _layer(m) is None] == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_downward(module):
+    own = _layer(module)
+    upward = sorted(t for t in GRAPH[module] if not t.startswith("iox") and _layer(t) > own)
+    assert upward == [], f"{module} ({LAYERS[own]}) imports higher layers: {upward}"
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over the module graph; packages' own
+    `__init__` imports of their submodules excluded (a package re-exporting is not a cycle)."""
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+    counter = [0]
+
+    def edges(m):
+        return [t for t in GRAPH.get(m, ()) if t in MODULES and not t.startswith(m + ".")]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for m in sorted(MODULES):
+        if m not in index:
+            visit(m)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("package", sorted(m for m, p in MODULES.items() if p.endswith("__init__.py")))
+def test_each_package_says_its_job_and_what_it_may_import(package):
+    doc = ast.get_docstring(ast.parse(open(MODULES[package], encoding="utf-8").read()))
+    assert doc and "may import" in doc.lower(), f"{package}/__init__.py: a docstring with its job and what it may import"
