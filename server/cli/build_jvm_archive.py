@@ -45,7 +45,7 @@ def build(path: str) -> bool:
     jvm = None
     try:
         server.start()
-        jvm = getattr(getattr(server.runtime.spark.sparkContext, "_gateway", None), "proc", None)
+        jvm = getattr(getattr(server.spark.sparkContext, "_gateway", None), "proc", None)
         with IoxClient(f"127.0.0.1:{port}") as client:
             client.wait_ready()
             client.wait_applied(_BUILD_DATABASE, client.write(_BUILD_DATABASE, SAMPLE_LINE_PROTOCOL), timeout_s=120)

@@ -155,9 +155,9 @@ class Writer:
         deadline = time.monotonic() + timeout_s
         while server.proc.poll() is None:
             assert time.monotonic() < deadline, f"the crash point never fired: {server.tail()}"
-            self.write_batch(server.api.client, n)
+            self.write_batch(server.client, n)
             time.sleep(pause_s)
-        server.api.client.close()
+        server.client.close()
 
     def check(self, client: IoxClient, timeout_s: float = 180.0, wait_tokens: bool = True) -> list:
         """Waits until every acknowledged write is applied, then checks exactly-once.

@@ -75,7 +75,7 @@ def _stage(c, db, stage, server):
         for ch in list(db_.partitions["cpu"][part].chunks):
             from lifecycle.unload import unload_chunk
 
-            assert unload_chunk(server.runtime.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
+            assert unload_chunk(server.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
                                 server.parquet_cache_dir)
 
 
