@@ -26,9 +26,9 @@ from tests.conftest import make_config
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
-PARTITIONS = 2
-KP = partition_for("m", PARTITIONS)  # "m" and "cpu" share it; "q" is on the other one
-assert partition_for("cpu", PARTITIONS) == KP and partition_for("q", PARTITIONS) != KP
+PARTITIONS = 4  # as every server on the session broker (a topic keeps its partition count)
+KP = partition_for("m", PARTITIONS)  # "m" and "io" share it; "q" is on another one
+assert partition_for("io", PARTITIONS) == KP and partition_for("q", PARTITIONS) != KP
 
 
 def _start(cfg):
@@ -85,13 +85,13 @@ def test_a_message_that_fails_is_held_while_everything_else_goes_on_then_retried
     try:
         (kp, poison), = c.write(db, f"m v=2 {T0 + 1}\n").items()
         assert kp == KP
-        later = c.write(db, f"m v=3 {T0 + 2}\ncpu v=4 {T0 + 3}\n")  # after it on its partition
-        elsewhere = c.write(db, f"q v=5 {T0 + 4}\n")  # the database's other partition
+        later = c.write(db, f"m v=3 {T0 + 2}\nio v=4 {T0 + 3}\n")  # after it on its partition
+        elsewhere = c.write(db, f"q v=5 {T0 + 4}\n")  # another partition of the database
         held = wait_for(lambda: _held(c, db), 120, "the message to be held")
         assert [(r["topic"], r["partition"], int(r["offset"]), r["table"], r["kind"], r["attempts"]) for r in held] \
             == [(topic_for(db), KP, poison, "m", "write", 1)]
         assert "injected fault" in held[0]["error"] and held[0]["detected_at_s"] > 0
-        # everything else goes on: the other database (exact rows), the database's other partition
+        # everything else goes on: the other database (exact rows), another partition of the database
         c.wait_applied(other, c.write(other, f"m v=11 {T0 + 1}\n"), timeout_s=90)
         assert _values(c, other) == [10.0, 11.0]
         c.wait_applied(db, elsewhere, timeout_s=90)
@@ -115,7 +115,7 @@ def test_a_message_that_fails_is_held_while_everything_else_goes_on_then_retried
     assert (int(retried["offset"]), retried["state"]) == (poison, "retrying")
     c.wait_applied(db, later, timeout_s=120)
     assert _values(c, db) == [1.0, 2.0, 3.0]
-    assert _values(c, db, "cpu") == [4.0]
+    assert _values(c, db, "io") == [4.0]
     assert _values(c, db, "q") == [5.0]
     wait_for(lambda: _poisoned(c, db) == [], 30, "the applied message's record to go")
     assert f'iox_poisoned_messages_held{{database="{db}"}} 0.0' in _metrics(cfg)
