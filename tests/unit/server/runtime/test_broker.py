@@ -52,7 +52,7 @@ def test_a_missing_store_names_the_fix(monkeypatch, tmp_path):
 
     from server.runtime import broker
 
-    monkeypatch.setenv("IOX_S3RVER", str(tmp_path / "nope"))
+    monkeypatch.setenv("IOX_WEED", str(tmp_path / "nope"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(broker.BrokerStoreMissing, match="setup.sh installs it.*--broker-storage memory"):

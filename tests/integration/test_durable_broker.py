@@ -1,0 +1,136 @@
+"""The durable embedded broker (Tansu on its SeaweedFS store, server/runtime/broker.py): a SIGKILL of
+the broker (and of its store) between produces loses and overwrites no acknowledged message, and
+concurrent idempotent producers on one partition each get offsets of their own."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from server.runtime import broker
+
+TOPIC = "durable"
+
+
+def _producer(bootstrap: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 1,
+                     "allow.auto.create.topics": False, "message.timeout.ms": 60000})
+
+
+def _produce(bootstrap: str, values: list[bytes]) -> dict[int, bytes]:
+    """Produces `values` to partition 0, one at a time; returns offset -> value of the acknowledged ones."""
+    p = _producer(bootstrap)
+    acked, errors = {}, []
+
+    def done(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            acked[msg.offset()] = msg.value()
+
+    for v in values:
+        p.produce(TOPIC, v, partition=0, on_delivery=done)
+        p.flush(60)
+    assert not errors, errors
+    assert len(acked) == len(values)
+    return acked
+
+
+def _read_all(bootstrap: str, expect: int) -> list[tuple[int, bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 50})
+    c.assign([TopicPartition(TOPIC, 0, 0)])
+    got, deadline = [], time.monotonic() + 60
+    try:
+        while len(got) < expect and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                if m.error() is None:
+                    got.append((m.offset(), m.value()))
+        end = time.monotonic() + 1.5  # nothing more than expected
+        while time.monotonic() < end:
+            got += [(m.offset(), m.value()) for m in c.consume(500, 0.3) if m.error() is None]
+    finally:
+        c.close()
+    return got
+
+
+def _create_topic(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(TOPIC, 1, 1)]).values():
+        f.result(30)
+
+
+@pytest.fixture
+def durable(tmp_path):
+    handles = []
+
+    def start():
+        h = broker.start_or_reuse(str(tmp_path), storage=broker.STORAGE_DURABLE)
+        handles.append(h)
+        return h
+
+    yield start
+    for h in handles:
+        for pid in (h.pid, h.store_pid):
+            if pid and broker._alive(pid):
+                broker._stop_process(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kill_store", [False, True], ids=["broker", "broker-and-store"])
+def test_a_killed_durable_broker_keeps_every_acknowledged_offset_and_continues_them(durable, kill_store):
+    h = durable()
+    _create_topic(h.bootstrap)
+    acked = _produce(h.bootstrap, [b"a%d" % i for i in range(10)])
+    for round_ in range(2):
+        os.kill(h.pid, signal.SIGKILL)
+        if kill_store:
+            os.kill(h.store_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while broker._alive(h.pid) and time.monotonic() < deadline:
+            broker._reap(h.pid)
+            time.sleep(0.05)
+        h = durable()
+        assert h.owned  # started again on the same store
+        new = _produce(h.bootstrap, [b"r%d-%d" % (round_, i) for i in range(5)])
+        assert min(new) == max(acked) + 1, (sorted(acked), sorted(new))  # the offsets continue
+        acked.update(new)
+    got = _read_all(h.bootstrap, len(acked))
+    assert dict(got) == acked  # every acknowledged message, with its value, at its offset
+    assert len(got) == len(acked)  # and once
+
+
+def test_concurrent_idempotent_producers_on_one_partition_each_keep_their_offsets(durable):
+    h = durable()
+    _create_topic(h.bootstrap)
+    results, n = [None] * 3, 40
+
+    def run(k):
+        p = _producer(h.bootstrap)
+        acked = []
+
+        def done(err, msg):
+            if err is None:
+                acked.append((msg.offset(), msg.value()))
+
+        for i in range(n):
+            p.produce(TOPIC, b"p%d-%d" % (k, i), partition=0, on_delivery=done)
+            p.poll(0)
+            if i % 8 == 7:
+                p.flush(60)
+        p.flush(60)
+        results[k] = acked
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    acked = [a for r in results for a in r]
+    assert len(acked) == 3 * n
+    assert len({o for o, _ in acked}) == len(acked), "two acknowledged messages share an offset"
+    got = _read_all(h.bootstrap, len(acked))
+    assert sorted(got) == sorted(acked)  # each present exactly once, at its acknowledged offset
+    assert sorted(v for _, v in got) == sorted(b"p%d-%d" % (k, i) for k in range(3) for i in range(n))
