@@ -41,7 +41,8 @@ from catalog.catalog import ACCEPTED, RETRYING, Catalog, DatabaseNotFoundError, 
 from iox import management_pb2
 
 from server.runtime import broker as broker_mod
-from server.config import ServerConfig
+from server.config import ServerConfig, is_loopback
+from server.api.auth import Authenticator
 from server.consume.consumer import WriteBufferConsumer
 from server.write_buffer.end_polls import AckMarks
 from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
@@ -88,6 +89,7 @@ class IoxServer:
         self.grpc = None
         self.grpc_port = None
         self._health = None
+        self.authenticator = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.started_at = None
@@ -103,6 +105,10 @@ class IoxServer:
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.config
+        # first: a tokens file that does not load stops the start before anything runs
+        self.authenticator = Authenticator(cfg.auth_token, cfg.auth_tokens_file)
+        if not self.authenticator.enabled and not is_loopback(cfg.bind_host):
+            log.warning("serving on %s WITHOUT authentication (--insecure)", cfg.bind_host)
         data_dir = cfg.abs_data_dir
         os.makedirs(data_dir, exist_ok=True)
         t0 = time.monotonic()
@@ -128,7 +134,7 @@ class IoxServer:
         # a server stops only the Spark application it created (tests run several servers on one)
         self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, cfg.spark_connect_port,
-                                 cfg.extra_spark_conf)
+                                 cfg.extra_spark_conf, cfg.bind_host, cfg.auth_token)
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
@@ -177,7 +183,8 @@ class IoxServer:
             self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
         self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
         self.write_buffer.on_acked = self._on_acked
-        self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view)
+        self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view,
+                                        cfg.max_query_rows, cfg.max_query_bytes)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         for name, n in self._lost_at_start.items():
             self.router.metrics.lost_writes(name, n)
@@ -206,13 +213,18 @@ class IoxServer:
         self._txn_repair.start()
         self.router.overload_check = self._overloaded
         self.router.database_check = self._refuse_writes_when_fenced
-        self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port)
+        self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port,
+                                                                    authenticator=self.authenticator,
+                                                                    max_workers=cfg.grpc_workers,
+                                                                    max_request_bytes=cfg.max_request_bytes,
+                                                                    max_concurrent_rpcs=cfg.max_concurrent_rpcs)
         self.grpc.start()
         self.http = None
         if cfg.http_port:
             from server.api.http_api import HttpWriteServer
 
-            self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port)
+            self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port, authenticator=self.authenticator,
+                                        workers=cfg.http_workers)
             self.http.start()
         if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
             self._raise_write_path(cfg.write_path_rt_priority)
@@ -239,14 +251,22 @@ class IoxServer:
                 log.info("write path: %d thread(s) of the %s (pid %d) at SCHED_RR priority %d", r.threads_raised,
                          what, r.pid, priority)
 
+    def reload_tokens(self) -> bool:
+        """Re-reads `--auth-tokens-file` (SIGHUP); an invalid file is logged and the tokens in use stay."""
+        return self.authenticator.reload() if self.authenticator is not None else False
+
     def wait(self) -> None:
-        """Blocks until SIGTERM/SIGINT (main thread only), then stops."""
+        """Blocks until SIGTERM/SIGINT (main thread only), then stops; SIGHUP re-reads the tokens file."""
         def _on_signal(signum, _frame):
             log.info("signal %s: shutting down", signum)
             threading.Thread(target=self.stop, name="shutdown").start()
 
+        def _on_hup(_signum, _frame):
+            threading.Thread(target=self.reload_tokens, name="reload-tokens").start()
+
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGHUP, _on_hup)
         while not self._stopped.wait(0.5):
             pass
 

@@ -28,6 +28,11 @@ __all__ = [
     "DEFAULT_SPARK_NICE",
     "DEFAULT_WRITE_PATH_RT_PRIORITY",
     "DEFAULT_TAIL_MAX_BYTES",
+    "DEFAULT_GRPC_WORKERS",
+    "DEFAULT_MAX_CONCURRENT_RPCS",
+    "DEFAULT_HTTP_WORKERS",
+    "DEFAULT_MAX_QUERY_ROWS",
+    "DEFAULT_MAX_QUERY_BYTES",
     "InvalidConfig",
     "parse_memory_bytes",
 ]
@@ -61,12 +66,29 @@ DEFAULT_SPARK_NICE = 10
 #: SCHED_RR priority (1-99) of the server's own threads and its embedded broker's
 #: (server/runtime/write_path_priority.py): a write's parsing, produce and acknowledgement take a core
 #: as soon as they are runnable instead of waiting behind the Spark JVM's time slice, which
-#: nice values alone do not prevent. 1 is the lowest real-time priority, above every normal
-#: thread. 0 = off (the normal policy). Where the kernel refuses, the server logs it and serves.
-DEFAULT_WRITE_PATH_RT_PRIORITY = 1
+#: nice values alone do not prevent. 0 = off (the normal policy), the default: real-time threads
+#: are not throttled by container CPU quotas (cgroup cpu.max) and a busy one can starve every
+#: normal thread of its core, the host's included. Opt in only on a host the server owns.
+#: Where the kernel refuses, the server logs it and serves.
+DEFAULT_WRITE_PATH_RT_PRIORITY = 0
 #: Payload bytes the write buffer's tail holds (server/query/tail.py): acknowledged writes
 #: queryable before Spark applied them. 0 disables the tail (queries reflect applied writes only).
 DEFAULT_TAIL_MAX_BYTES = 256 * 1024 * 1024
+#: Threads serving gRPC requests.
+DEFAULT_GRPC_WORKERS = 16
+#: gRPC requests in progress at once (running or waiting for a worker thread); one more is
+#: answered RESOURCE_EXHAUSTED by grpc itself. Four per worker thread.
+DEFAULT_MAX_CONCURRENT_RPCS = 4 * DEFAULT_GRPC_WORKERS
+#: Threads serving HTTP connections (a keep-alive connection holds one until it is idle for the
+#: socket timeout); as many connections again wait for one, any further connection is answered
+#: 503 with Retry-After and closed.
+DEFAULT_HTTP_WORKERS = 32
+#: Rows of one query result; 0 = no limit (the byte limit still applies).
+DEFAULT_MAX_QUERY_ROWS = 0
+#: Arrow bytes of one query result; a larger result is answered RESOURCE_EXHAUSTED. 0 = no limit.
+DEFAULT_MAX_QUERY_BYTES = 1024 * 1024 * 1024
+#: Address gRPC, HTTP and Spark Connect bind to: loopback only unless `--bind-host` widens it.
+DEFAULT_BIND_HOST = "127.0.0.1"
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
 DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH = 2_000
 
@@ -85,6 +107,19 @@ def parse_memory_bytes(text: str) -> int:
 def _int_in(value, lo: int, hi: float = float("inf")) -> bool:
     """An int (a bool is not one here) with lo <= value <= hi (both inclusive)."""
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or name to bind) reaches this machine only."""
+    import ipaddress
+
+    h = host.strip().strip("[]")
+    if h.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
 
 
 class InvalidConfig(ServerError, ValueError):
@@ -110,6 +145,11 @@ class ServerConfig:
     write_path_rt_priority: int = DEFAULT_WRITE_PATH_RT_PRIORITY
     tail_max_bytes: int = DEFAULT_TAIL_MAX_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    grpc_workers: int = DEFAULT_GRPC_WORKERS
+    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
+    http_workers: int = DEFAULT_HTTP_WORKERS
+    max_query_rows: int = DEFAULT_MAX_QUERY_ROWS
+    max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
@@ -120,8 +160,14 @@ class ServerConfig:
     embedded_broker_port: int = 0
     #: Embedded broker storage: "durable" (on disk) or "memory" (development only; see server/runtime/broker.py)
     broker_storage: str = DEFAULT_BROKER_STORAGE
-    #: Address the gRPC server binds to.
-    bind_host: str = "0.0.0.0"
+    #: Address gRPC, HTTP and Spark Connect bind to (a non-loopback one needs a token or `insecure`).
+    bind_host: str = DEFAULT_BIND_HOST
+    #: token every API requires (all databases, all permissions; also Spark Connect's); None = none
+    auth_token: str | None = field(default=None, repr=False)
+    #: scoped tokens (server/api/auth.py), re-read on SIGHUP; None = none
+    auth_tokens_file: str | None = None
+    #: serve beyond loopback without any token
+    insecure: bool = False
     extra_spark_conf: dict = field(default_factory=dict)
     #: object store: a directory, or s3://bucket/prefix; None = <data_dir>/objects
     object_store: str | None = None
@@ -146,6 +192,21 @@ class ServerConfig:
             raise InvalidConfig("broker_storage", self.broker_storage, "must be durable or memory")
         if not _int_in(self.tail_max_bytes, 0):
             raise InvalidConfig("tail_max_bytes", self.tail_max_bytes, "must be a number of bytes >= 0 (0 disables)")
+
+        for name in ("grpc_workers", "max_concurrent_rpcs", "http_workers", "max_request_bytes"):
+            if not _int_in(getattr(self, name), 1):
+                raise InvalidConfig(name, getattr(self, name), "must be an integer >= 1")
+        for name in ("max_query_rows", "max_query_bytes"):
+            if not _int_in(getattr(self, name), 0):
+                raise InvalidConfig(name, getattr(self, name), "must be an integer >= 0 (0 = no limit)")
+
+        if not (self.auth_token or self.auth_tokens_file or self.insecure or is_loopback(self.bind_host)):
+            raise InvalidConfig("bind_host", self.bind_host,
+                                "binding beyond loopback needs --auth-token or --auth-tokens-file (or --insecure "
+                                "to serve without authentication)")
+        if self.auth_tokens_file and not self.auth_token and self.spark_connect_port:
+            raise InvalidConfig("auth_tokens_file", self.auth_tokens_file,
+                                "Spark Connect takes one token: set --auth-token too (or --spark-connect-port 0)")
 
         if txn_commit_deadline_s(self.txn_timeout_s, self.produce_timeout_ms) <= 0:
             raise InvalidConfig("txn_timeout_s", self.txn_timeout_s,

@@ -11,6 +11,7 @@ __all__ = [
     "BadLines",
     "RequestTooLarge",
     "DecompressedRequestTooLarge",
+    "QueryResultTooLarge",
     "WriteBufferUnavailable",
     "WriteBufferOverloaded",
     "SchemaConflict",
@@ -79,6 +80,16 @@ class RequestTooLarge(ServerError):
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
         super().__init__(f"request of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")
+
+
+class QueryResultTooLarge(RequestTooLarge):
+    """A query result past --max-query-rows or --max-query-bytes (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, what: str, limit: int, flag: str):
+        ServerError.__init__(self, f"query result exceeds the limit of {limit} {what} ({flag}); "
+                                   f"narrow the query (WHERE, LIMIT, aggregates)")
+        self.size_bytes = limit + 1
+        self.limit_bytes = limit
 
 
 class DecompressedRequestTooLarge(RequestTooLarge):

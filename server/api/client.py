@@ -18,11 +18,41 @@ _MAX = 256 * 1024 * 1024
 _ROLES = {"tag": write_pb2.ColumnRole.TAG, "field": write_pb2.ColumnRole.FIELD, "time": write_pb2.ColumnRole.TIME}
 
 
+class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Token <token>` to every call."""
+
+    def __init__(self, token: str):
+        self._md = ("authorization", f"Token {token}")
+
+    def _details(self, d):
+        md = list(d.metadata or ()) + [self._md]
+        return d._replace(metadata=md) if hasattr(d, "_replace") else _CallDetails(
+            d.method, d.timeout, md, d.credentials, getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
 class IoxClient:
-    def __init__(self, addr: str = DEFAULT_ADDR):
+    """`token`: sent as `authorization: Token <token>` metadata on every call (a server started
+    with --auth-token or --auth-tokens-file requires one); None sends none."""
+
+    def __init__(self, addr: str = DEFAULT_ADDR, token: str | None = None):
         self.addr = addr
-        self.channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", _MAX),
-                                                            ("grpc.max_send_message_length", _MAX)])
+        self._raw_channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", _MAX),
+                                                                 ("grpc.max_send_message_length", _MAX)])
+        self.channel = (grpc.intercept_channel(self._raw_channel, _TokenMetadata(token)) if token
+                        else self._raw_channel)
         self.write_stub = write_pb2_grpc.WriteServiceStub(self.channel)
         self.query_stub = query_pb2_grpc.QueryServiceStub(self.channel)
         self.mgmt_stub = management_pb2_grpc.ManagementServiceStub(self.channel)
@@ -31,6 +61,8 @@ class IoxClient:
 
     def close(self) -> None:
         self.channel.close()
+        if self._raw_channel is not self.channel:
+            self._raw_channel.close()
 
     def __enter__(self):
         return self

@@ -7,6 +7,8 @@ A query the SQL sandbox refuses (server/query/sql_sandbox.py) is PERMISSION_DENI
 no query at all (NotAQuery).
 A fenced database (DatabaseFenced, or the catalog's RevisionConflict of an `iox persist` / `iox compact`
 that found it fenced) is FAILED_PRECONDITION naming the other server's revision.
+With tokens (server/api/auth.py), an RPC without a valid `authorization` token is UNAUTHENTICATED and one
+its token may not make (database, permission) PERMISSION_DENIED; health and reflection stay open.
 """
 from __future__ import annotations
 
@@ -42,8 +44,12 @@ SERVICE_NAMES = (
 )
 #: Rows per Arrow record batch streamed back by Query.
 QUERY_BATCH_ROWS = 64_000
-#: gRPC message size limit (requests and responses).
+#: gRPC message size limit of responses (a query answer is one message per Arrow batch).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: A request message may be this much larger than --max-request-bytes: its protobuf framing
+#: (database and table names, column roles). grpc refuses a larger message with RESOURCE_EXHAUSTED
+#: before it is read into memory.
+REQUEST_FRAMING_BYTES = 1024 * 1024
 #: WriteArrow column roles -> the router's role names ("unspecified" is rejected there).
 _ROLE_NAMES = {write_pb2.ColumnRole.TAG: "tag", write_pb2.ColumnRole.FIELD: "field",
                write_pb2.ColumnRole.TIME: "time", write_pb2.ColumnRole.ROLE_UNSPECIFIED: "unspecified"}
@@ -128,12 +134,18 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
         except Exception as e:
             _abort(context, e)
         table = res.table
+        res.table = None  # each batch is freed once sent
         batches = table.to_batches(max_chunksize=QUERY_BATCH_ROWS) or [None]
-        for b in batches:
+        schema = table.schema
+        del table
+        batches.reverse()
+        while batches:
+            b = batches.pop()
             sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as w:
+            with pa.ipc.new_stream(sink, schema) as w:
                 if b is not None:
                     w.write_batch(b)
+            del b
             yield query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),
                                           applied_hi_inclusive=res.applied_hi_inclusive,
                                           visible_hi_inclusive=res.visible_hi_inclusive)
@@ -207,12 +219,22 @@ def _optional(request, name: str):
     return getattr(request, name) if request.HasField(name) else None
 
 
-def build_grpc_server(server, bind: str, port: int, max_workers: int = 16):
-    """Creates (does not start) the gRPC server with our services, health and reflection."""
-    opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authenticator=None,
+                      max_request_bytes: int = 10 << 20, max_concurrent_rpcs: int | None = None):
+    """Creates (does not start) the gRPC server with our services, health and reflection.
+    A request message over `max_request_bytes` + REQUEST_FRAMING_BYTES and an RPC beyond
+    `max_concurrent_rpcs` in progress are answered RESOURCE_EXHAUSTED by grpc itself.
+    With an `authenticator` (server/api/auth.py) every RPC but health and reflection needs a token."""
+    opts = [("grpc.max_receive_message_length", max_request_bytes + REQUEST_FRAMING_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0)]
-    g = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"), options=opts)
+    interceptors = []
+    if authenticator is not None and authenticator.enabled:
+        from server.api.auth import AuthInterceptor
+
+        interceptors.append(AuthInterceptor(authenticator))
+    g = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"), options=opts,
+                    interceptors=interceptors, maximum_concurrent_rpcs=max_concurrent_rpcs)
     write_pb2_grpc.add_WriteServiceServicer_to_server(_WriteService(server), g)
     query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(server), g)
     management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(server), g)
@@ -221,7 +243,8 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16):
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, g)
     names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, g)
-    bound = g.add_insecure_port(f"{bind}:{port}")
+    host = f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind  # an IPv6 address
+    bound = g.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind gRPC to {bind}:{port}")
     return g, health_servicer, bound

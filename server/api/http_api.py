@@ -18,13 +18,21 @@ InfluxDB 1.x: `POST /write?db=DB[&rp=RP][&precision=P]` writes to database `DB`,
 `rp` is given and is not 1.x's default policy `autogen` (a valid database name either way: letters, digits, '_' and '-', at most 64
 characters); `precision` is n or ns (default), u or us, ms, s, m (minutes) or h (hours). Same body
 limits, gzip and all-or-nothing semantics as /api/v2/write, the same statuses, but error bodies
-are 1.x's `{"error": "..."}`. Credentials (`u`/`p` query parameters, Basic or Token
-authorization) are accepted and ignored: the server has no authentication. `/ping` answers 204
+are 1.x's `{"error": "..."}`. `/ping` answers 204
 with `X-Influxdb-Version` and `X-Influxdb-Build`, or 200 `{"version": ...}` with `verbose=true`
 (as 1.x: any value but empty, 0 and false).
 
+Authentication (when the server has tokens, server/api/auth.py): writes and `/metrics` need a
+token, `/health`, `/ready` and `/ping` stay open. The token comes as `Authorization: Token T`
+(influxdb-client's `token=`) or `Bearer T`, or as InfluxDB 1.x takes credentials: the `p` query
+parameter or the password of Basic authorization (the user name is not checked). No token or an
+unknown one: 401 (`{"code": "unauthorized", ...}`, 1.x `{"error": ...}`) and the body is not
+read; a token without the `write` permission on the database (or `admin` for `/metrics`): 403
+naming the database.
+
 When it runs: started by the server (`--http-port`, 0 disables) after gRPC, in a
-daemon thread; one thread per connection (stdlib ThreadingHTTPServer); stopped
+daemon thread; a bounded pool of `--http-workers` threads serves connections, as many more
+wait, any further one is answered 503 with Retry-After and closed; stopped
 by `IoxServer.stop()`.
 """
 from __future__ import annotations
@@ -32,15 +40,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+import queue
 import threading
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
 from server.write.line_protocol import ALL_PRECISIONS
 from server.metrics import CONTENT_TYPE_LATEST
+from server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
            "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
@@ -336,7 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif route == "/ping":
             self._ping()
         elif route == METRICS_PATH:
-            self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
+            if self._authorized("admin", None):
+                self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
         elif route == WRITE_PATH:
             self._send(405, {"code": "method not allowed", "message": f"use POST {WRITE_PATH}"},
                        [("Allow", "POST")])
@@ -371,6 +382,39 @@ class _Handler(BaseHTTPRequestHandler):
             log.debug("HTTP write connection failed: %s", e)
             self.close_connection = True
 
+    def _presented_token(self) -> str | None:
+        """The request's token: `Authorization: Token|Bearer T`, Basic's password, or the `p` parameter."""
+        import base64
+        import binascii
+
+        header = self.headers.get("Authorization")
+        token = token_from_authorization(header)
+        if token is None and header and header.strip().lower().startswith("basic "):
+            try:
+                token = base64.b64decode(header.strip()[6:].strip(), validate=True).decode().partition(":")[2]
+            except (binascii.Error, UnicodeDecodeError):
+                token = None
+        if token is None:
+            token = (parse_qs(urlsplit(self.path).query).get("p") or [None])[0]
+        return token or None
+
+    def _authorized(self, permission: str | None, database: str | None, close: bool = False) -> bool:
+        """True when the request may go on; otherwise answers 401 or 403 and returns False."""
+        auth = getattr(self.server, "authenticator", None)
+        if auth is None or not auth.enabled:
+            return True
+        try:
+            auth.authorize(self._presented_token(), permission, database)
+            return True
+        except Unauthenticated as e:
+            status, code, msg = 401, "unauthorized", str(e)
+            headers = [("WWW-Authenticate", 'Token realm="iox"')]
+        except PermissionDenied as e:
+            status, code, msg, headers = 403, "forbidden", str(e), []
+        body = {"error": msg} if self._v1() else {"code": code, "message": msg}
+        self._send(status, body, headers, close=close)
+        return False
+
     def _drain_any(self) -> bool:
         try:
             self._read_body(MAX_DRAIN_BYTES)
@@ -390,9 +434,11 @@ class _Handler(BaseHTTPRequestHandler):
         except InvalidArgument as e:
             self._send_error(e, close=not self._drain_any())
             return
+        if not self._authorized(None, None, close=True):  # an unknown token: its body is not read
+            return
         raw = self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
         try:
-            if self._v1():  # u, p, consistency and any credentials: ignored
+            if self._v1():  # consistency: ignored
                 database, kw = database_for_v1(db, rp), {"precisions": ALL_PRECISIONS}
                 precision = precision_for_v1(precision)
             else:
@@ -401,6 +447,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if not org:
                     raise InvalidArgument("the org (or orgID) query parameter is required")
                 database, kw = database_for(org, bucket), {}
+            if not self._authorized("write", database):
+                return
             body = gunzip_limited(raw, limit) if encoding == "gzip" else raw
             self.router.write_line_protocol(database, body, precision, **kw)
         except Exception as e:
@@ -409,26 +457,85 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(204)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
+#: Seconds a client is told to wait (Retry-After) when every HTTP worker is busy and the queue is full.
+BUSY_RETRY_AFTER_S = 1
+_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+                  b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
 
-    def __init__(self, addr, handler, router):
+
+class _Server(HTTPServer):
+    """An HTTP server with `workers` threads: an accepted connection waits in a queue of as many
+    places for a free one; when the queue is full it is answered 503 with Retry-After and closed
+    (never a thread per connection)."""
+
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, addr, handler, router, workers: int = 32):
         self.router = router
+        self.workers = workers
+        self._queue: queue.Queue = queue.Queue(maxsize=workers)
         super().__init__(addr, handler)
+        self._threads = [threading.Thread(target=self._work, name=f"http-{i}", daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def process_request(self, request, client_address):
+        try:
+            self._queue.put_nowait((request, client_address))
+        except queue.Full:
+            self._refuse(request)
+
+    def _refuse(self, request) -> None:
+        body = json.dumps({"code": "unavailable", "message": f"server busy: all {self.workers} HTTP workers "
+                                                             f"are serving connections; retry later"}).encode()
+        try:
+            request.settimeout(1.0)
+            request.sendall(_BUSY_RESPONSE % (BUSY_RETRY_AFTER_S, len(body), body))
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 - a broken connection must not end the worker
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+
+    def handle_error(self, request, client_address):
+        log.debug("HTTP connection from %s failed", client_address, exc_info=True)
+
+    def server_close(self):
+        super().server_close()
+        for _ in self._threads:
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                break
 
 
 class HttpWriteServer:
-    def __init__(self, router, host: str, port: int):
+    def __init__(self, router, host: str, port: int, authenticator=None, workers: int = 32):
         self.router = router
+        #: server/api/auth.py's Authenticator; None (or one without tokens) = no authentication
+        self.authenticator = authenticator
         self.host = host
         self.port = port
+        #: threads serving connections (--http-workers)
+        self.workers = workers
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._httpd = _Server((self.host, self.port), _Handler, self.router)
+        self._httpd = _Server((self.host, self.port), _Handler, self.router, self.workers)
+        self._httpd.authenticator = self.authenticator
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="http-write-api", daemon=True)

@@ -21,10 +21,11 @@ import sys
 from server.cli.output import print_table
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
-from server.config import (DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
+from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
+                           DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
-                     DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, InvalidConfig, ServerConfig, parse_memory_bytes)
+                     DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, InvalidConfig, ServerConfig, parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
            "DEFAULT_WRITE_BATCH_BYTES"]
@@ -58,9 +59,21 @@ SERVE_OPTIONS = [
     ("--spark-nice", int, DEFAULT_SPARK_NICE,
      "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
     ("--write-path-rt-priority", int, DEFAULT_WRITE_PATH_RT_PRIORITY,
-     "SCHED_RR priority (1-99) of the server's threads and its embedded broker, so a write never waits "
-     "for a core behind Spark (0 = off; where the kernel refuses, logged and ignored)"),
-    ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES, "largest write request accepted"),
+     "opt-in SCHED_RR priority (1-99) of the server's threads and its embedded broker, so a write never "
+     "waits for a core behind Spark. RISK: real-time threads escape container CPU quotas and can starve "
+     "the host; use only on a host the server owns (0 = off; where the kernel refuses, logged and ignored)"),
+    ("--max-request-bytes", int, DEFAULT_MAX_REQUEST_BYTES,
+     "largest write request accepted (after decompression and Arrow dictionary expansion; also the "
+     "gRPC message size limit, plus framing)"),
+    ("--grpc-workers", int, DEFAULT_GRPC_WORKERS, "threads serving gRPC requests"),
+    ("--max-concurrent-rpcs", int, DEFAULT_MAX_CONCURRENT_RPCS,
+     "gRPC requests in progress at once; more are answered RESOURCE_EXHAUSTED"),
+    ("--http-workers", int, DEFAULT_HTTP_WORKERS,
+     "threads serving HTTP connections; as many more wait, any further one is answered 503 with Retry-After"),
+    ("--max-query-rows", int, DEFAULT_MAX_QUERY_ROWS,
+     "rows of one query result; more is answered RESOURCE_EXHAUSTED (0 = no limit)"),
+    ("--max-query-bytes", parse_memory_bytes, DEFAULT_MAX_QUERY_BYTES,
+     "Arrow bytes of one query result (e.g. 1g); more is answered RESOURCE_EXHAUSTED (0 = no limit)"),
     ("--tail-max-bytes", parse_memory_bytes, DEFAULT_TAIL_MAX_BYTES,
      "payload bytes of acknowledged writes not yet applied by Spark that queries read from the write "
      "buffer's tail (e.g. 256m; 0 = queries see applied writes only)"),
@@ -70,6 +83,15 @@ SERVE_OPTIONS = [
      "storage of the embedded broker: memory (a broker crash or host restart loses unpersisted writes: "
      f"--persist-age-threshold-s is then at most {MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s) or durable (acknowledged "
      "writes on disk under <data-dir>/broker-store, through its local S3 server; far slower under load)"),
+    ("--bind-host", str, DEFAULT_BIND_HOST,
+     "address gRPC, HTTP and Spark Connect bind to; beyond loopback only with --auth-token, --auth-tokens-file "
+     "or --insecure"),
+    ("--auth-token", str, None,
+     "token every API requires (gRPC metadata and HTTP `authorization: Token <token>`; Spark Connect's "
+     "`sc://host:port/;token=<token>`); every database, every permission"),
+    ("--auth-tokens-file", str, None,
+     "JSON or TOML file of scoped tokens (databases, permissions write/query/delete/admin), re-read on "
+     "SIGHUP; see docs/OPERATIONS.md"),
     ("--object-store", str, None, "directory or s3://bucket/prefix for Parquet + catalog (default <data-dir>/objects)"),
     ("--s3-endpoint", str, None, "S3 endpoint URL (MinIO, moto); credentials from the usual AWS variables"),
 ]
@@ -97,6 +119,8 @@ def _env_name(flag: str) -> str:
 
 def _add_addr(p: argparse.ArgumentParser) -> None:
     p.add_argument("--addr", default=os.environ.get("IOX_ADDR", "localhost:8082"), help="server host:port")
+    p.add_argument("--token", default=os.environ.get("IOX_TOKEN") or None,
+                   help="token of a server started with --auth-token or --auth-tokens-file (env IOX_TOKEN)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
         env = os.environ.get(_env_name(flag))
         s.add_argument(flag, type=typ, default=typ(env) if env is not None else None, dest=fld,
                        help=f"lifecycle rule {fld} (env {_env_name(flag)}; default: IOx's)")
+    s.add_argument("--insecure", action="store_true",
+                   default=os.environ.get("IOX_INSECURE", "") not in ("", "0", "false"),
+                   help="allow a --bind-host beyond loopback without any token: every API open to the network "
+                        "(env IOX_INSECURE)")
     s.add_argument("--skip-lost-writes", action="store_true",
                    default=os.environ.get("IOX_SKIP_LOST_WRITES", "") not in ("", "0", "false"),
                    help="start even when Kafka no longer holds offsets that are not persisted (they are lost; "
@@ -220,11 +248,16 @@ def _config_from_args(a) -> ServerConfig:
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
                         trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
                         write_path_rt_priority=a.write_path_rt_priority,
-                        max_request_bytes=a.max_request_bytes, spark_connect_port=a.spark_connect_port,
+                        max_request_bytes=a.max_request_bytes, grpc_workers=a.grpc_workers,
+                        max_concurrent_rpcs=a.max_concurrent_rpcs, http_workers=a.http_workers,
+                        max_query_rows=a.max_query_rows, max_query_bytes=a.max_query_bytes,
+                        spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
                         object_store=a.object_store,
                         s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
+                        bind_host=a.bind_host, auth_token=a.auth_token or None,
+                        auth_tokens_file=a.auth_tokens_file or None, insecure=a.insecure,
                         extra_spark_conf=_spark_conf(a.spark_conf),
                         lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
                                    if getattr(a, fld) is not None})
@@ -359,6 +392,13 @@ def main(argv=None) -> int:
             cfg = _config_from_args(a)
         except InvalidConfig as e:
             build_parser().error(f"--{e.field.replace('_', '-')}: {e}")
+        if cfg.auth_tokens_file:
+            from server.api.auth import InvalidTokensFile, load_tokens_file
+
+            try:
+                load_tokens_file(cfg.auth_tokens_file)
+            except InvalidTokensFile as e:
+                build_parser().error(f"--auth-tokens-file: {e}")
         srv = IoxServer(cfg)
         try:
             srv.start()
@@ -384,7 +424,7 @@ def main(argv=None) -> int:
 
     from server.api.client import IoxClient
 
-    client = IoxClient(a.addr)
+    client = IoxClient(a.addr, token=a.token)
     if a.cmd == "write":
         if a.batch_bytes < 1:
             build_parser().error("--batch-bytes: must be at least 1")

@@ -34,7 +34,7 @@ from catalog import time_spans
 from catalog.catalog import Catalog, DatabaseNotFoundError
 from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
-from server.errors import DatabaseNotFound, InvalidArgument
+from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
 from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
 
@@ -56,8 +56,12 @@ class QueryResult:
 
 
 class QueryEngine:
-    def __init__(self, spark, catalog: Catalog, tail=None, has_table_view=None):
+    def __init__(self, spark, catalog: Catalog, tail=None, has_table_view=None, max_rows: int = 0,
+                 max_bytes: int = 0):
         self.spark = spark
+        #: result limits (--max-query-rows, --max-query-bytes); 0 = none. Past one: QueryResultTooLarge
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self.catalog = catalog
         #: the write buffer's tail (server/query/tail.py), or None: queries reflect the applied watermark
         self.tail = tail
@@ -134,7 +138,11 @@ class QueryEngine:
             t_views = time.perf_counter()
             df = checked_dataframe(session, checked)
             t_sql = time.perf_counter()
-            result = to_arrow(df)
+            if self.max_rows:
+                df = df.limit(self.max_rows + 1)  # one more than allowed tells a result over the limit
+            result = to_arrow(df, self.max_bytes)
+            if self.max_rows and result.num_rows > self.max_rows:
+                raise QueryResultTooLarge("rows", self.max_rows, "--max-query-rows")
             if checked.lists_tables and "isTemporary" in result.column_names:
                 # SHOW TABLES: the session's temp views are the database's tables; catalog tables are not
                 result = result.filter(pc.equal(result.column("isTemporary"), True))
@@ -257,28 +265,79 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
     return df
 
 
-def to_arrow(df) -> pa.Table:
+def to_arrow(df, max_bytes: int = 0) -> pa.Table:
     """`df.toArrow()`, the same table, without a Spark job when the physical plan is a local
     relation (a small table merged on the driver by `_local_merge`, filtered and projected; Spark
     folds those into the relation): its rows are converted to Arrow on the driver by Spark's own
     ArrowConverters, as Spark Connect serves such a plan. `toArrow` runs a job for any plan, and a
-    job waits for a free task slot, behind the micro-batches' tasks under load. Driver side."""
+    job waits for a free task slot, behind the micro-batches' tasks under load. Driver side.
+
+    `max_bytes` (0 = no limit): the batches are counted as they arrive; past the limit the
+    collection stops (QueryResultTooLarge) so the driver never holds more than the limit and a batch."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     plan = df._jdf.queryExecution().executedPlan()
-    if plan.nodeName() != "LocalTableScan":
-        return df.toArrow()
     spark = df.sparkSession
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
     schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
                              prefers_large_types=large)
+    if plan.nodeName() != "LocalTableScan":
+        if not max_bytes:
+            return df.toArrow()
+        batches = _collect_bounded(df, max_bytes)
+        if not batches:
+            return schema.empty_table()
+        return pa.Table.from_batches(batches).cast(schema)
     conv = getattr(getattr(spark._jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
     it = conv.toBatchWithSchemaIterator(plan.rows().iterator(), plan.schema(), _ARROW_BATCH_ROWS, _ARROW_BATCH_BYTES,
                                         spark.conf.get("spark.sql.session.timeZone"), True, large)
     batches = []
+    used = 0
     while it.hasNext():
-        batches.extend(pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches())
+        for b in pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches():
+            used += b.nbytes
+            if max_bytes and used > max_bytes:
+                raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
+            batches.append(b)
     return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+
+
+def _collect_bounded(df, max_bytes: int) -> list:
+    """The result's Arrow batches in order, as `DataFrame._collect_as_arrow` collects them, counted
+    as they arrive from the JVM: past `max_bytes` the socket is closed (the JVM's sender fails and
+    stops) and QueryResultTooLarge raised."""
+    from pyspark.serializers import read_int
+    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
+    from pyspark.traceback_utils import SCCallSiteSync
+    from pyspark.util import _create_local_socket
+
+    with SCCallSiteSync(df._sc):
+        port, auth_secret, jserver = df._jdf.collectAsArrowToPython()
+    sockfile, sock = _create_local_socket((port, auth_secret))
+    over = False
+    try:
+        batches = []
+        used = 0
+        for b in ArrowStreamSerializer().load_stream(sockfile):
+            used += b.nbytes
+            if used > max_bytes:
+                over = True
+                raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
+            batches.append(b)
+        num = read_int(sockfile)
+        if num == -1:
+            from pyspark.serializers import UTF8Deserializer
+
+            raise InvalidArgument(f"query failed: {_first_line(UTF8Deserializer().loads(sockfile))}")
+        return [batches[read_int(sockfile)] for _ in range(num)]
+    finally:
+        sockfile.close()
+        sock.close()
+        if not over:
+            from pyspark.errors.exceptions.captured import unwrap_spark_exception
+
+            with unwrap_spark_exception():
+                jserver.getResult()
 
 
 #: the Arrow batches `to_arrow` converts a local relation's rows in (rows, estimated bytes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["build_spark", "lower_spark_priority", "use_query_pool", "QUERY_POOL"]
+__all__ = ["build_spark", "SPARK_CONNECT_TOKEN_ENV", "lower_spark_priority", "use_query_pool", "QUERY_POOL"]
 
 #: Most bytes of one Arrow batch Spark sends to a Python worker. It bounds the batches of
 #: write-buffer payloads (rows of ~275 KB in the bench) that persist, the read-buffer move and
@@ -37,8 +37,16 @@ _POOLS_XML = """<?xml version="1.0"?>
 """
 
 
+#: where Spark Connect reads its token when `spark.connect.authenticate.token` is not set: the
+#: token reaches the JVM in its environment, never on its command line (`ps`) or in its Spark conf
+SPARK_CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+
+
 def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect_port: int = 0,
-                extra_conf: dict | None = None):
+                extra_conf: dict | None = None, spark_connect_host: str = "127.0.0.1",
+                spark_connect_token: str | None = None):
+    """`spark_connect_host`: the address Spark Connect binds; `spark_connect_token`: the bearer token
+    its clients must send (`sc://host:port/;token=...`), None = none."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     # Python workers must import this project's packages
@@ -91,7 +99,10 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
     if spark_connect_port:
         b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
-             .config("spark.connect.grpc.binding.port", str(spark_connect_port)))
+             .config("spark.connect.grpc.binding.port", str(spark_connect_port))
+             .config("spark.connect.grpc.binding.address", spark_connect_host))
+        if spark_connect_token:
+            os.environ[SPARK_CONNECT_TOKEN_ENV] = spark_connect_token
     for k, v in (extra_conf or {}).items():
         if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
             v = f"{java_opts} {v}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 from catalog.catalog import Catalog
 from catalog.schema import RESERVED_COLUMNS, Column, ColumnTypeConflict
 
-from server.errors import BadLines, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict
+from server.errors import BadLines, DecompressedRequestTooLarge, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict
 from catalog.seq_layout import SEQ_ROW_BITS
 from server.write.line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
 from server.metrics import ServerMetrics
@@ -135,28 +136,35 @@ class Router:
         decoded_bytes = 0
         t0 = time.perf_counter()
         for t in tables:
-            data = self._decode_ipc(t, self.max_request_bytes - decoded_bytes)
-            decoded_bytes += data.nbytes
+            data, size = self._decode_ipc(t, self.max_request_bytes - decoded_bytes)
+            decoded_bytes += size
             cols, out = _validate_arrow_table(t.table, data, t.roles)
             if out.num_rows:
                 batches[t.table] = (cols, out, unique_keys(out, [c.name for c in cols if c.role == "tag"]))
         self.metrics.observe_stage("decode", time.perf_counter() - t0)
         return self._produce(database, batches, sum(b[1].num_rows for b in batches.values()))
 
-    def _decode_ipc(self, t: ArrowTableWrite, budget: int) -> pa.Table:
-        """The IPC stream as a table; stops as soon as the decoded size passes the request limit."""
+    def _decode_ipc(self, t: ArrowTableWrite, budget: int) -> tuple[pa.Table, int]:
+        """The IPC stream as a table, and its size (dictionaries expanded). Before any batch is decoded its messages are read one by one
+        (metadata only, no buffer built) and the stream's size after decompression counted
+        (`ipc_decoded_size`); then, batch by batch, a dictionary-encoded column counts as the size
+        of its values once expanded (the string cast that follows). Past the budget:
+        DecompressedRequestTooLarge (RESOURCE_EXHAUSTED), nothing more is built."""
+        limit = self.max_request_bytes
         try:
+            if ipc_decoded_size(t.arrow_ipc, budget) > budget:
+                raise DecompressedRequestTooLarge(limit, "Arrow IPC")
             reader = pa.ipc.open_stream(pa.py_buffer(t.arrow_ipc))
             batches = []
             used = 0
             for b in reader:
-                used += b.nbytes
+                used += expanded_nbytes(b)
                 if used > budget:
-                    raise RequestTooLarge(self.max_request_bytes - budget + used, self.max_request_bytes)
+                    raise DecompressedRequestTooLarge(limit, "Arrow IPC")
                 batches.append(b)
-            return pa.Table.from_batches(batches, schema=reader.schema)
+            return pa.Table.from_batches(batches, schema=reader.schema), used
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError,
-                pa.ArrowKeyError, OSError) as e:
+                pa.ArrowKeyError, OSError, _BadMessage) as e:
             raise InvalidArgument(f"table {t.table!r}: arrow_ipc is not a readable Arrow IPC stream: {e}") from None
 
     # -- the one path to the write buffer ----------------------------------------------
@@ -199,6 +207,111 @@ class Router:
                       database, points, len(writes), (t_encode - t_start) * 1e3, (t_produce - t_encode) * 1e3,
                       (t_end - t_produce) * 1e3)
         return WriteResult(token=token, points=points, topic=topic)
+
+
+# -- Arrow IPC sizes (pure) -------------------------------------------------------------
+
+class _BadMessage(ValueError):
+    """An IPC message whose metadata does not describe its body."""
+
+
+def _fb_table(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """A flatbuffer table at `pos`: (pos, vtable position, vtable size)."""
+    vt = pos - struct.unpack_from("<i", buf, pos)[0]
+    return pos, vt, struct.unpack_from("<H", buf, vt)[0]
+
+
+def _fb_field(buf: bytes, table: tuple, index: int) -> int | None:
+    """The position of field `index` of `table`, None when absent."""
+    pos, vt, vt_size = table
+    at = 4 + 2 * index
+    if at + 2 > vt_size:
+        return None
+    off = struct.unpack_from("<H", buf, vt + at)[0]
+    return pos + off if off else None
+
+
+def _fb_ref(buf: bytes, at: int) -> int:
+    return at + struct.unpack_from("<I", buf, at)[0]
+
+
+#: Arrow's MessageHeader union: DictionaryBatch, RecordBatch
+_DICTIONARY_BATCH, _RECORD_BATCH = 2, 3
+
+
+def _message_body_size(meta: bytes, body) -> int:
+    """Bytes the record batch or dictionary batch of an IPC message takes once its buffers are
+    decompressed, read from the message's metadata (Arrow's Message.fbs) and each compressed
+    buffer's length prefix; no buffer is built. 0 for other messages (the schema)."""
+    try:
+        msg = _fb_table(meta, _fb_ref(meta, 0))
+        kind_at = _fb_field(meta, msg, 1)
+        kind = meta[kind_at] if kind_at is not None else 0
+        header_at = _fb_field(meta, msg, 2)
+        if kind not in (_DICTIONARY_BATCH, _RECORD_BATCH) or header_at is None:
+            return 0
+        header = _fb_table(meta, _fb_ref(meta, header_at))
+        if kind == _DICTIONARY_BATCH:
+            data_at = _fb_field(meta, header, 1)
+            if data_at is None:
+                return 0
+            header = _fb_table(meta, _fb_ref(meta, data_at))
+        buffers_at = _fb_field(meta, header, 2)
+        compressed = _fb_field(meta, header, 3) is not None
+        if buffers_at is None:
+            return 0
+        vec = _fb_ref(meta, buffers_at)
+        n = struct.unpack_from("<I", meta, vec)[0]
+        if n > (len(meta) - vec) // 16:
+            raise _BadMessage(f"{n} buffers in a message of {len(meta)} bytes")
+        total = 0
+        for i in range(n):
+            offset, length = struct.unpack_from("<qq", meta, vec + 4 + 16 * i)
+            if offset < 0 or length < 0 or offset + length > body.size:
+                raise _BadMessage("a buffer lies outside the message body")
+            if compressed and length >= 8:
+                raw = struct.unpack_from("<q", body[offset:offset + 8].to_pybytes())[0]
+                total += length - 8 if raw == -1 else raw
+                if raw < -1:
+                    raise _BadMessage("a negative uncompressed buffer length")
+            else:
+                total += length
+        return total
+    except (struct.error, IndexError) as e:
+        raise _BadMessage(f"unreadable message metadata: {e}") from None
+
+
+def ipc_decoded_size(data: bytes, budget: int) -> int:
+    """The bytes an Arrow IPC stream's batches take once decompressed, counted message by message
+    from their metadata; stops counting (returns what it has) as soon as it passes `budget`."""
+    reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data))
+    total = 0
+    while total <= budget:
+        try:
+            m = reader.read_next_message()
+        except StopIteration:
+            break
+        total += _message_body_size(m.metadata.to_pybytes(), m.body) if m.body is not None else 0
+    return total
+
+
+def expanded_nbytes(batch: pa.RecordBatch) -> int:
+    """The bytes of `batch` with each dictionary-encoded column counted as its values expanded
+    (the dictionary's values taken once per index, as a cast to the value type builds them)."""
+    total = 0
+    for col in batch.columns:
+        if pa.types.is_dictionary(col.type):
+            total += col.indices.nbytes
+            if len(col) and (pa.types.is_string(col.type.value_type) or pa.types.is_binary(col.type.value_type)
+                             or pa.types.is_large_string(col.type.value_type)):
+                lengths = pc.binary_length(col.dictionary)
+                per_row = pc.take(lengths, col.indices)
+                total += (pc.sum(per_row).as_py() or 0) + 4 * len(col)
+            else:
+                total += col.dictionary.nbytes // max(1, len(col.dictionary)) * len(col)
+        else:
+            total += col.nbytes
+    return total
 
 
 # -- Arrow validation (pure) -----------------------------------------------------------

@@ -176,10 +176,16 @@ def test_request_over_the_size_limit_is_resource_exhausted(client, db, iox_serve
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert str(limit) in err.details() and str(len(body)) in err.details()
     # WriteArrow: the IPC bytes count
-    n = limit // 8 + 1
+    n = limit // 16 + 1
     big = pa.table({"v": pa.array(range(n), pa.int64()), "t": pa.array(range(n), pa.int64())})
     err = _rpc_error(client.write_arrow, db, {"big": (big, {"v": "field", "t": "time"})})
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and str(limit) in err.details()
+    # a message past the limit and its framing is refused by grpc before it is read, naming its limit
+    from server.api.grpc_services import REQUEST_FRAMING_BYTES
+
+    err = _rpc_error(client.write, db, line * ((limit + REQUEST_FRAMING_BYTES) // len(line) + 1))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(limit + REQUEST_FRAMING_BYTES) in err.details()
     # exactly at the limit is fine
     ok = line * (limit // len(line))
     assert len(ok) <= limit

@@ -28,6 +28,9 @@ def test_compose_passes_only_options_iox_serve_accepts():
     assert ns.kafka_bootstrap == "kafka:9092"
     assert ns.partitions == 4
     assert ns.spark_connect_port == 15002
+    assert ns.bind_host == "0.0.0.0"  # beyond loopback: with the token compose sets
+    text = open(os.path.join(ROOT, "docker", "compose.yml")).read()
+    assert "IOX_AUTH_TOKEN:" in text
 
 
 def test_dockerfile_installs_every_package():

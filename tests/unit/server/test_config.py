@@ -144,10 +144,29 @@ def test_write_path_rt_priority_must_be_0_to_99(prio):
     assert ei.value.field == "write_path_rt_priority"
 
 
-def test_write_path_rt_priority_defaults_to_1_and_0_turns_it_off():
+def test_write_path_rt_priority_is_off_by_default_and_an_opt_in():
     from server.cli.main import _config_from_args, build_parser
 
-    assert ServerConfig().write_path_rt_priority == 1
-    assert _config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 1
-    a = build_parser().parse_args(["serve", "--write-path-rt-priority", "0"])
-    assert _config_from_args(a).write_path_rt_priority == 0
+    assert ServerConfig().write_path_rt_priority == 0
+    assert _config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 0
+    a = build_parser().parse_args(["serve", "--write-path-rt-priority", "1"])
+    assert _config_from_args(a).write_path_rt_priority == 1
+
+
+def test_request_bounds_options():
+    from server.cli.main import _config_from_args, build_parser
+    from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
+                               DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS)
+
+    c = _config_from_args(build_parser().parse_args(["serve"]))
+    assert (c.grpc_workers, c.max_concurrent_rpcs, c.http_workers, c.max_query_rows, c.max_query_bytes) == \
+        (DEFAULT_GRPC_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_QUERY_ROWS,
+         DEFAULT_MAX_QUERY_BYTES)
+    assert DEFAULT_MAX_QUERY_BYTES == 1 << 30 and DEFAULT_MAX_QUERY_ROWS == 0
+    a = build_parser().parse_args(["serve", "--max-concurrent-rpcs", "3", "--http-workers", "2",
+                                   "--max-query-rows", "10", "--max-query-bytes", "1m"])
+    c = _config_from_args(a)
+    assert (c.max_concurrent_rpcs, c.http_workers, c.max_query_rows, c.max_query_bytes) == (3, 2, 10, 1 << 20)
+    for bad in (dict(http_workers=0), dict(max_concurrent_rpcs=0), dict(max_query_bytes=-1)):
+        with pytest.raises(InvalidConfig):
+            ServerConfig(**bad)

@@ -144,7 +144,7 @@ def test_write_reads_a_file_through_a_map(tmp_path, monkeypatch, capsys):
     f = tmp_path / "in.lp"
     f.write_bytes(BODY)
     c = FakeClient()
-    monkeypatch.setattr("server.api.client.IoxClient", lambda addr: c)
+    monkeypatch.setattr("server.api.client.IoxClient", lambda addr, token=None: c)
     assert cli.main(["write", "--db", "db", "--batch-bytes", "1k", str(f)]) == 0
     assert b"".join(b for _, b, _ in c.requests) == BODY and len(c.requests) == 3
     assert json.loads(capsys.readouterr().out) == {"token": {"0": 3, "1": 9}}
