@@ -104,6 +104,14 @@ class IoxServer:
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
+        """Starts every part; a start that fails stops what it started before raising."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         cfg = self.config
         # first: a tokens file that does not load stops the start before anything runs
         self.authenticator = Authenticator(cfg.auth_token, cfg.auth_tokens_file)

@@ -61,6 +61,18 @@ def make_config(data_dir: str, bootstrap: str | None, **kw) -> ServerConfig:
     return ServerConfig(**base)
 
 
+def start_server(cfg: ServerConfig):
+    """(server, client) of an in-process server on `cfg`, ready; a start that fails raises after
+    the server stopped what it started."""
+    from server.app import IoxServer
+
+    srv = IoxServer(cfg)
+    srv.start()
+    c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
+    c.wait_ready(60)
+    return srv, c
+
+
 @pytest.fixture(scope="session")
 def iox_server(broker, session_tmp):
     """The session's server: real Spark local[*], real gRPC, the session broker."""

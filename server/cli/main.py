@@ -400,11 +400,7 @@ def main(argv=None) -> int:
             except InvalidTokensFile as e:
                 build_parser().error(f"--auth-tokens-file: {e}")
         srv = IoxServer(cfg)
-        try:
-            srv.start()
-        except BaseException:
-            srv.stop()
-            raise
+        srv.start()
         from server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
 
         GcPauseRecorder(srv.router.metrics.observe_gc_pause).install()

@@ -48,6 +48,26 @@ def _server_on_a_broker_of_its_own(session_tmp, name: str, db: str):
     return port, b, cfg, srv, c, tok
 
 
+def _lose_an_acknowledged_write(port, b, srv, c, db: str, kp: int, first: int):
+    """(broker, refusal): a write acknowledged at `first + 1` on Kafka partition `kp` but not applied
+    (the consumer held back) is lost by restarting the in-memory broker empty on the same port;
+    returns the new broker and the FAILED_PRECONDITION a write then gets, once the server noticed."""
+    open(srv.pause_file, "w").close()  # the consumer holds back: the next write is acknowledged only
+    assert c.write(db, f"m v=2 {T0 + 1}\n") == {kp: first + 1}
+    b.stop()
+    os.unlink(srv.pause_file)
+    b = start_broker(port)  # same address, empty
+    deadline = time.monotonic() + 30
+    while True:
+        with pytest.raises(grpc.RpcError) as ei:
+            c.write(db, f"m v=3 {T0 + 2}\n", timeout_s=20)
+        if ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
+            break
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ei.value
+    return b, ei
+
+
 def test_unavailable_while_broker_stopped_then_ok(iox_server, session_tmp, db):
     port, b, _cfg, srv, c, _tok = _server_on_a_broker_of_its_own(session_tmp, "outage", db)
     try:
@@ -99,19 +119,7 @@ def test_a_broker_that_comes_back_empty_is_a_loss_reported_and_refused_until_acc
     port, b, cfg, srv, c, tok = _server_on_a_broker_of_its_own(session_tmp, f"loss-{db}", db)
     try:
         (kp, first), = tok.items()
-        open(srv.pause_file, "w").close()  # the consumer holds back: the next write is acknowledged only
-        assert c.write(db, f"m v=2 {T0 + 1}\n") == {kp: first + 1}
-        b.stop()
-        os.unlink(srv.pause_file)
-        b = start_broker(port)  # same address, empty
-        deadline = time.monotonic() + 30
-        while True:
-            with pytest.raises(grpc.RpcError) as ei:
-                c.write(db, f"m v=3 {T0 + 2}\n", timeout_s=20)
-            if ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
-                break
-            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
-        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ei.value
+        b, ei = _lose_an_acknowledged_write(port, b, srv, c, db, kp, first)
         msg = ei.value.details()
         assert f"Kafka partition {kp} offsets [{first + 1}, {first + 2})" in msg and "--skip-lost-writes" in msg
         st = c.status(db)["databases"][0]
@@ -172,19 +180,7 @@ def test_lost_writes_accepted_while_running_continue_in_a_new_epoch_and_the_reco
     port, b, cfg, srv, c, tok = _server_on_a_broker_of_its_own(session_tmp, f"accept-{db}", db)
     try:
         (kp, first), = tok.items()
-        open(srv.pause_file, "w").close()  # the consumer holds back: the next write is acknowledged only
-        assert c.write(db, f"m v=2 {T0 + 1}\n") == {kp: first + 1}
-        b.stop()
-        os.unlink(srv.pause_file)
-        b = start_broker(port)  # same address, empty
-        deadline = time.monotonic() + 30
-        while True:
-            with pytest.raises(grpc.RpcError) as ei:
-                c.write(db, f"m v=3 {T0 + 2}\n", timeout_s=20)
-            if ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
-                break
-            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
-        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ei.value
+        b, ei = _lose_an_acknowledged_write(port, b, srv, c, db, kp, first)
         assert f"iox accept-lost-writes --db {db}" in ei.value.details()
         before = time.time()
         r = c.accept_lost_writes(db)

@@ -18,11 +18,10 @@ import uuid
 import grpc
 import pytest
 
-from server.api.client import IoxClient
 from catalog.crash_points import FaultPoint, arm_fault, disarm_fault
 from server.write_buffer.wire_format import encode_delete
 from catalog.sharding import partition_for, topic_for
-from tests.conftest import make_config
+from tests.conftest import make_config, start_server
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
@@ -31,25 +30,12 @@ KP = partition_for("m", PARTITIONS)  # "m" and "io" share it; "q" is on another 
 assert partition_for("io", PARTITIONS) == KP and partition_for("q", PARTITIONS) != KP
 
 
-def _start(cfg):
-    from server.app import IoxServer
-
-    srv = IoxServer(cfg)
-    try:
-        srv.start()
-    except BaseException:
-        srv.stop()
-        raise
-    c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
-    c.wait_ready(60)
-    return srv, c
-
 
 @pytest.fixture
 def server(iox_server, broker, session_tmp):
     cfg = make_config(os.path.join(session_tmp, f"poison-{uuid.uuid4().hex[:6]}"), broker.bootstrap,
                       partitions=PARTITIONS)
-    srv, c = _start(cfg)
+    srv, c = start_server(cfg)
     yield cfg, srv, c
     c.close()
     srv.stop()
@@ -170,7 +156,7 @@ def test_a_bad_message_accepted_is_skipped_for_good_also_after_a_restart(server,
     # again (recorded in the preserved catalog), every write is applied once
     c.close()
     srv.stop()
-    srv, c = _start(dataclasses.replace(cfg, grpc_port=0, http_port=0))
+    srv, c = start_server(dataclasses.replace(cfg, grpc_port=0, http_port=0))
     try:
         c.wait_applied(db, later, timeout_s=120)
         assert _values(c, db) == [1.0, 2.0]

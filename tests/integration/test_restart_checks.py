@@ -10,26 +10,12 @@ import uuid
 import pytest
 
 from server.runtime.broker import free_port, start_broker
-from server.api.client import IoxClient
 from server.consume.recovery import LostWrites
 from server.write_buffer.producer import PartitionCountMismatch, WriteBuffer
-from tests.conftest import make_config
+from tests.conftest import make_config, start_server
 
 T0 = 1_700_000_000_000_000_000
 
-
-def _start(cfg):
-    from server.app import IoxServer
-
-    srv = IoxServer(cfg)
-    try:
-        srv.start()
-    except BaseException:
-        srv.stop()
-        raise
-    c = IoxClient(f"127.0.0.1:{srv.grpc_port}")
-    c.wait_ready(60)
-    return srv, c
 
 
 def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_committed(iox_server, session_tmp):
@@ -38,7 +24,7 @@ def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_commi
     cfg = make_config(os.path.join(session_tmp, f"lost-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
                       partitions=2, lifecycle={"worker_backoff_ms": 3_600_000})
     db = f"l_{uuid.uuid4().hex[:6]}"
-    srv, c = _start(cfg)
+    srv, c = start_server(cfg)
     try:
         # cpu and mem share Kafka partition 0 (crc32); only cpu is persisted, so the
         # database checkpoint says mem's write must be replayed from Kafka
@@ -63,10 +49,10 @@ def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_commi
     broker = start_broker(port)  # the in-memory broker lost every offset
     try:
         with pytest.raises(LostWrites) as ei:
-            _start(dataclasses.replace(cfg, grpc_port=0))
+            start_server(dataclasses.replace(cfg, grpc_port=0))
         assert ei.value.partition == kp and ei.value.from_offset == off
         assert "skip-lost-writes" in str(ei.value)
-        srv, c = _start(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
+        srv, c = start_server(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
         try:
             st = c.status(db)["databases"][0]
             # partition 0's unpersisted write is a known range; of partition 1 the catalog knows
@@ -92,14 +78,14 @@ def test_changed_partition_count_is_a_clear_error(iox_server, session_tmp):
     cfg = make_config(os.path.join(session_tmp, f"pc-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
                       partitions=2)
     try:
-        srv, c = _start(cfg)
+        srv, c = start_server(cfg)
         try:
             c.write("pcdb", f"cpu v=1 {T0}\n")
         finally:
             c.close()
             srv.stop()
         with pytest.raises(PartitionCountMismatch) as ei:
-            _start(dataclasses.replace(cfg, grpc_port=0, partitions=3))
+            start_server(dataclasses.replace(cfg, grpc_port=0, partitions=3))
         assert ei.value.expected == 3 and ei.value.actual == 2
     finally:
         broker.stop()
@@ -120,7 +106,7 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
                       partitions=1, lifecycle=lifecycle)
     db = f"r_{uuid.uuid4().hex[:6]}"
     try:
-        srv, c = _start(cfg)
+        srv, c = start_server(cfg)
         try:
             c.wait_applied(db, c.write(db, f"cpu,host=a v=1 {T0}\n"), timeout_s=90)
             assert [p["table"] for p in c.persist(db)["persisted"]] == ["cpu"]
@@ -135,7 +121,7 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
         # another server (own data dir) writes 4 points to the same database: the topic comes back
         other = make_config(os.path.join(session_tmp, f"rc2-{uuid.uuid4().hex[:6]}"), broker.bootstrap,
                             http_port=0, partitions=1, lifecycle=lifecycle)
-        srv2, c2 = _start(other)
+        srv2, c2 = start_server(other)
         try:
             for i in range(4):
                 c2.write(db, f"cpu,host=n{i} v={10 + i} {T0}\n")
@@ -143,11 +129,11 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
             c2.close()
             srv2.stop()
         with pytest.raises(LostWrites) as ei:
-            _start(dataclasses.replace(cfg, grpc_port=0))
+            start_server(dataclasses.replace(cfg, grpc_port=0))
         # the write at offset 1 came after the checkpoint: how much the old topic held is unknown
         assert (ei.value.partition, ei.value.from_offset, ei.value.to_exclusive) == (0, 1, None)
         assert "deleted and created again" in str(ei.value) and "from 1 on" in str(ei.value)
-        srv, c = _start(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
+        srv, c = start_server(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
         try:
             c.wait_caught_up(db, timeout_s=90)
             rows = c.query(db, "SELECT host, v FROM cpu ORDER BY host").to_pylist()
@@ -171,14 +157,14 @@ def test_types_known_only_to_kafka_are_enforced_from_the_first_write_after_a_res
                       partitions=2)
     db = f"y_{uuid.uuid4().hex[:6]}"
     try:
-        srv, c = _start(cfg)
+        srv, c = start_server(cfg)
         try:
             c.wait_applied(db, c.write(db, f"only_kafka,host=a v=1.5,n=3i {T0}\nother,host=b s=\"x\" {T0}\n"),
                           timeout_s=90)
         finally:
             c.close()
             srv.stop()  # an external broker: nothing is persisted on stop
-        srv, c = _start(cfg)
+        srv, c = start_server(cfg)
         try:
             schemas = srv.catalog.database(db).schemas
             assert {(x.name, x.role, x.type) for x in schemas.get("only_kafka").columns} == \
