@@ -1,4 +1,4 @@
-"""`python -m bench [--quick|--full] [--only NAME,...]`: run the benchmarks, print the table, write JSON.
+"""`python -m bench [--quick|--full] [--only NAME,...] [--spark-master URL]`: run the benchmarks, print the table, write JSON.
 
 Starts everything itself: `iox serve` (with its embedded Tansu broker) as a
 subprocess in a temporary data directory, a separate baseline Spark
@@ -40,12 +40,12 @@ SIZES = {
     "quick": dict(parse_lines=100_000, repeat=2, query_repeat=2, settle_quiet_s=3.0, clients=4, write_s=3, write_batches_per_table=8, e2e_s=4,
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
                   e2e_persist_row_threshold=100_000, e2e_cold_s=5, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
-                  probe_interval_s=0.2, query_points=200_000, overload_s=3, driver_memory="4g",
+                  probe_interval_s=0.2, query_points=200_000, overload_s=3, overload_memory_limit="", driver_memory="4g",
                   worker_memory="4g", visibility_points_per_s=0),
     "full": dict(parse_lines=1_000_000, repeat=5, query_repeat=9, settle_quiet_s=5.0, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, e2e_cold_s=30, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
-                 probe_interval_s=0.2, query_points=10_000_000, overload_s=30, driver_memory="6g",
+                 probe_interval_s=0.2, query_points=10_000_000, overload_s=30, overload_memory_limit="", driver_memory="6g",
                  worker_memory="5g", visibility_points_per_s=0),
 }
 #: visibility_points_per_s: the visibility load; 0 = half the end-to-end figure of the same run
@@ -59,6 +59,14 @@ SIZES = {
 SERVER_A_ARGS = ["--late-arrive-window-s", "2"]
 #: server B (everything else): only explicit Persist calls persist
 SERVER_B_ARGS = ["--persist-row-threshold", "1000000000"]
+
+
+def cluster_server_args(master: str, server_extra: list) -> list:
+    """`iox serve` arguments that put our servers on the Spark master `master`: the bench's own
+    object store directory is declared shared (the bench runs the cluster's workers on this host)
+    unless `server_extra` names an object store (e.g. S3 for workers on other hosts). Pure."""
+    named = any(x == "--object-store" or x.startswith("--object-store=") for x in server_extra)
+    return ["--spark-master", master] + ([] if named else ["--object-store-shared"])
 
 
 class Context:
@@ -209,6 +217,10 @@ def main(argv=None) -> int:
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="an extra `iox serve` argument for our servers, e.g. --server-arg=--spark-nice=0 "
                          "(experiments; the JSON records them; never passed to the baselines)")
+    ap.add_argument("--spark-master", default="", metavar="URL",
+                    help="run our servers on this Spark master (e.g. spark://host:7077) instead of local[*]; "
+                         "their object store is the bench's directory declared shared (a cluster on this host) "
+                         "unless a --server-arg=--object-store=... is given (the baselines stay local)")
     a = ap.parse_args(argv)
     mode = "full" if a.full else "quick"
     selected = [s.strip() for s in a.only.split(",") if s.strip()] or list(SCENARIOS)
@@ -231,6 +243,10 @@ def main(argv=None) -> int:
         ctx.server_extra = list(a.server_arg)
         ctx.server_args_after_restart = SERVER_B_ARGS + ctx.server_extra
         overrides["server_args"] = ctx.server_extra
+    if a.spark_master:
+        ctx.server_extra = ctx.server_extra + cluster_server_args(a.spark_master, ctx.server_extra)
+        ctx.server_args_after_restart = SERVER_B_ARGS + ctx.server_extra
+        overrides["spark_master"] = a.spark_master
     machine = harness.machine_info()
     started = time.time()
     t_start = time.monotonic()
@@ -285,13 +301,15 @@ def main(argv=None) -> int:
     doc = {"machine": machine, "mode": mode, "started_at": _dt.datetime.fromtimestamp(started).isoformat(
         timespec="seconds"), "duration_s": round(total, 1), "phase_seconds": {k: round(v, 1) for k, v in
                                                                               timings.items()},
-           "overrides": overrides, "memory_gib": watch.phases, "scenarios": [r.to_json() for r in rows]}
+           "overrides": overrides, "memory_gib": watch.phases, "scenarios": [r.to_json() for r in rows],
+           "spark_master": a.spark_master or "local[*]"}
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"{_dt.date.today().isoformat()}-{mode}.json")
+    path = os.path.join(a.out, f"{_dt.date.today().isoformat()}-{mode}{'-cluster' if a.spark_master else ''}.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
     print()
-    print(harness.markdown_table(doc["scenarios"], machine, mode, f"{doc['started_at']}, {total:.0f} s"))
+    print(harness.markdown_table(doc["scenarios"], machine, mode, f"{doc['started_at']}, {total:.0f} s"
+                                 + (f", our servers on Spark master {a.spark_master}" if a.spark_master else "")))
     print(f"\nwritten {path}")
     return 0
 

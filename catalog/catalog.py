@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from catalog.chunk import Chunk
 from catalog.delete_mailbox import DeleteMailbox
 from catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
+from catalog.query_pins import QueryPins
 from catalog.preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
 from catalog.schema import SchemaRegistry, TableSchema
 from catalog.transactions import TxnLog
@@ -184,6 +185,15 @@ class Database:
     #: messages set aside because applying them failed (PoisonedMessage: held, retrying or
     #: accepted; see server/write_buffer/poison.py). Under Catalog.lock.
     poisoned: list = field(default_factory=list)
+    #: retention period in seconds (catalog/retention.py), None = keep everything; recorded in the
+    #: preserved catalog (RecordRetention), loaded by recovery
+    retention_period_s: int | None = None
+    #: the oldest time (ns) guaranteed readable, set by the lifecycle worker's retention round from
+    #: the wall clock (`catalog.retention.reader_lo_ns`); None without retention. Queries hide older
+    #: rows and the router refuses older points (both also compute it from the clock themselves)
+    reader_lo_ns: int | None = None
+    #: every row older than it was pruned (RecordPruned); None before the first prune
+    pruner_hi_ns: int | None = None
 
     def held_offsets(self) -> dict:
         """{kp: offset} of the HELD messages of the current epoch: nothing at or after it is applied."""
@@ -218,6 +228,8 @@ class Catalog:
         self._dbs: dict[str, Database] = {}
         self._orders = itertools.count(1)
         self._retired: list = []
+        #: running queries and the Parquet files removed while they run (catalog/query_pins.py)
+        self.query_pins = QueryPins()
 
     @property
     def lock(self) -> threading.RLock:

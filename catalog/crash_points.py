@@ -15,17 +15,24 @@ Fault points, for tests of what the server does when applying a message fails:
 `arm_fault(point, key)` (in the server's process) makes `fault_point(point, key)`
 raise InjectedFault until `disarm_fault(point, key)`. Unarmed (production), it is one
 dictionary truth test. `FaultPoint` is their registry, as `CrashPoint` is of crash points.
+
+Delay points, to make a moment observable from outside the process (a replay that takes a while):
+`IOX_DELAY_AT=<point>=<seconds>[,...]` (read once at import) makes `delay_point(point)` sleep that
+long each time; unset, it is a no-op dictionary lookup. `DelayPoint` is their registry; a name or a
+duration it cannot read fails at import (`UnknownCrashPoint`, `InvalidDelay`).
 """
 from __future__ import annotations
 
 import enum
 import os
 import signal
+import time
 
 from .errors import CatalogError
 
 __all__ = ["CrashPoint", "crash_point", "armed_points", "UnknownCrashPoint", "ENV", "FaultPoint", "fault_point",
-           "arm_fault", "disarm_fault", "InjectedFault"]
+           "arm_fault", "disarm_fault", "InjectedFault", "DelayPoint", "delay_point", "armed_delays", "DELAY_ENV",
+           "InvalidDelay"]
 
 #: the environment variable that arms points (comma-separated names)
 ENV = "IOX_CRASH_AT"
@@ -119,3 +126,52 @@ def disarm_fault(point: FaultPoint, key: str) -> None:
 def fault_point(point: FaultPoint, key: str) -> None:
     if _FAULTS and key in _FAULTS.get(point, ()):
         raise InjectedFault(point, key)
+
+
+#: the environment variable that arms delay points (comma-separated `<point>=<seconds>`)
+DELAY_ENV = "IOX_DELAY_AT"
+
+
+class DelayPoint(enum.StrEnum):
+    """Every delay point, with the moment it delays."""
+
+    #: a micro-batch with messages is about to be applied (every one, replay or not)
+    APPLY_BATCH = "apply_batch"
+
+
+class InvalidDelay(CatalogError):
+    """`IOX_DELAY_AT` gives a delay point no non-negative number of seconds."""
+
+    def __init__(self, part: str):
+        self.part = part
+        super().__init__(f"{DELAY_ENV}: {part!r} is not <point>=<seconds> with seconds >= 0")
+
+
+def armed_delays(text: str) -> dict:
+    """{DelayPoint: seconds} of a value of `IOX_DELAY_AT`; UnknownCrashPoint / InvalidDelay on a bad part."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, seconds = part.partition("=")
+        try:
+            point = DelayPoint(name.strip())
+        except ValueError:
+            raise UnknownCrashPoint(name.strip()) from None
+        try:
+            s = float(seconds)
+        except ValueError:
+            raise InvalidDelay(part) from None
+        if not eq or not s >= 0:
+            raise InvalidDelay(part)
+        out[point] = s
+    return out
+
+
+_DELAYS = armed_delays(os.environ.get(DELAY_ENV, ""))
+
+
+def delay_point(point: DelayPoint) -> None:
+    """Sleeps as long as `IOX_DELAY_AT` arms `point` for; otherwise nothing."""
+    if _DELAYS:
+        s = _DELAYS.get(point)
+        if s:
+            time.sleep(s)

@@ -316,3 +316,15 @@ class SeqOverflow(CatalogError):
         what = f"the seqs of offset {offset}" if offset is not None else "the seqs of a write-buffer epoch"
         super().__init__(f"{what} from seq origin {origin} would exceed {limit}: the write-buffer order "
                          "of this database is exhausted")
+
+
+# --- retention (catalog/retention.py)
+
+
+class InvalidDuration(CatalogError, ValueError):
+    """A retention period (or another duration) that does not parse: ``text`` as given, ``reason`` why."""
+
+    def __init__(self, text: object, reason: str) -> None:
+        self.text = text
+        self.reason = reason
+        super().__init__(f"invalid duration {text!r}: {reason} (use e.g. 30d, 12h, 90m, 3600s, or 0 for none)")

@@ -27,14 +27,17 @@ File format (JSON, ``format_version`` in every file; a version outside
                   "revision": N, "uuid": <uuid of transaction N>,
                   "timestamp_s": ..., "state": {...}}
 
-Versions: 1 is the base format. 2 (``FORMAT_VERSION``) adds the write-buffer
-records ``lost_writes`` and ``accepted_poisoned_messages`` (actions, and the
-state keys of the same names). A file is written with the lowest version that
-holds it: version 2 only for a transaction with one of these actions or a
-checkpoint whose state holds such records, version 1 otherwise, so a catalog
-that never recorded one stays readable by a server that reads version 1 only
-(which refuses a version-2 file with its own FormatVersionMismatch). A
-version-1 file that holds a version-2 record is corrupt.
+Versions: 1 is the base format. 2 adds the write-buffer records ``lost_writes``
+and ``accepted_poisoned_messages`` (actions, and the state keys of the same
+names). 3 (``FORMAT_VERSION``) adds retention: ``retention`` (the database's
+retention period) and ``pruned`` (the pruner's watermark ``pruner_hi_ns``),
+actions and state keys of the same names. A file is written with the lowest
+version that holds it (``_KIND_VERSIONS``): a transaction with none of these
+actions, or a checkpoint whose state holds none of these records, is version 1,
+so a catalog that never recorded one stays readable by a server that reads
+version 1 only (which refuses a newer file with its own FormatVersionMismatch;
+a server reading up to 2 refuses a version-3 file the same way). A file whose
+version is lower than a record it holds needs is corrupt.
 
 A field added to an action after version 1 is optional: it is written only
 when set, and a file without it reads as the field's default (``topic_id``,
@@ -51,7 +54,10 @@ Action kinds (``"kind"`` field) and their dataclasses: ``add_parquet``
 accepted or not, replacing the list recorded before) and
 ``accepted_poisoned_messages`` (:class:`RecordAcceptedPoison`: every
 write-buffer message an operator accepted to skip because applying it failed,
-replacing the list recorded before; replay skips them).
+replacing the list recorded before; replay skips them); version 3:
+``retention`` (:class:`RecordRetention`: the retention period, replacing the one
+before; 0 removes it) and ``pruned`` (:class:`RecordPruned`: the pruner's
+watermark after a prune, never lower than the one before).
 
 Everything here runs on the driver.  :class:`PreservedCatalog` is not
 picklable (a committer must never be shipped to an executor); the action
@@ -93,6 +99,8 @@ __all__ = [
     "LostWritesEntry",
     "RecordAcceptedPoison",
     "RecordLostWrites",
+    "RecordPruned",
+    "RecordRetention",
     "AddDeletePredicate",
     "AddParquet",
     "CatalogState",
@@ -106,6 +114,7 @@ __all__ = [
     "action_from_json",
     "apply_action",
     "checkpoint_key",
+    "read_state",
     "transaction_key",
 ]
 
@@ -113,11 +122,11 @@ _log = logging.getLogger(__name__)
 
 #: The newest format version (see the module docstring): written into a file that holds a record
 #: of that version; every other file is written as BASE_FORMAT_VERSION.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The version of a file that holds only what version 1 knows.
 BASE_FORMAT_VERSION = 1
 #: Versions this code reads; a file with any other raises FormatVersionMismatch.
-READABLE_FORMAT_VERSIONS = (1, 2)
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 #: A full checkpoint file is written once this many revisions passed since the last one.
 DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT = 100
 
@@ -583,27 +592,70 @@ class RecordAcceptedPoison:
         return {"kind": self.KIND, "messages": [m.to_json() for m in self.messages]}
 
 
+@dataclass(frozen=True)
+class RecordRetention:
+    """The database's retention period in seconds (format version 3); 0 removes it. Replaces the
+    one recorded before; ``set_at_s``: when it was set (seconds since the epoch)."""
+
+    KIND: ClassVar[str] = "retention"
+    period_s: int
+    set_at_s: float
+
+    def __post_init__(self) -> None:
+        _int(self.KIND, "period_s", self.period_s, minimum=0)
+        object.__setattr__(self, "set_at_s", _float(self.KIND, "set_at_s", self.set_at_s))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "period_s": self.period_s, "set_at_s": self.set_at_s}
+
+
+@dataclass(frozen=True)
+class RecordPruned:
+    """The pruner's watermark (format version 3): every row older than ``pruner_hi_ns`` (ns since
+    the epoch) is dropped, its partitions' files removed in the same transaction. Never lowers
+    the one recorded before (the state keeps the highest)."""
+
+    KIND: ClassVar[str] = "pruned"
+    pruner_hi_ns: int
+
+    def __post_init__(self) -> None:
+        _int(self.KIND, "pruner_hi_ns", self.pruner_hi_ns)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "pruner_hi_ns": self.pruner_hi_ns}
+
+
 Action = Union[
     AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema,
-    RecordLostWrites, RecordAcceptedPoison,
+    RecordLostWrites, RecordAcceptedPoison, RecordRetention, RecordPruned,
 ]
 _ACTION_TYPES: dict[str, type] = {
     t.KIND: t
     for t in (AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate,
-              SetTableSchema, RecordLostWrites, RecordAcceptedPoison)
+              SetTableSchema, RecordLostWrites, RecordAcceptedPoison, RecordRetention, RecordPruned)
 }
+#: the format version an action kind (and the state key of the same name) needs; absent: BASE_FORMAT_VERSION
+_KIND_VERSIONS = {RecordLostWrites.KIND: 2, RecordAcceptedPoison.KIND: 2, RecordRetention.KIND: 3,
+                  RecordPruned.KIND: 3}
 #: action kinds (and state keys) a file of BASE_FORMAT_VERSION cannot hold
-_VERSION_2_KINDS = frozenset({RecordLostWrites.KIND, RecordAcceptedPoison.KIND})
+_VERSION_2_KINDS = frozenset(_KIND_VERSIONS)
 
 
 def _actions_version(actions: Sequence[Action]) -> int:
     """The lowest format version that holds ``actions``."""
-    return FORMAT_VERSION if any(a.KIND in _VERSION_2_KINDS for a in actions) else BASE_FORMAT_VERSION
+    return max((_KIND_VERSIONS.get(a.KIND, BASE_FORMAT_VERSION) for a in actions), default=BASE_FORMAT_VERSION)
+
+
+def _state_kinds(state: CatalogState) -> list[str]:
+    """The versioned record kinds ``state`` holds."""
+    held = [(RecordLostWrites.KIND, state.lost_writes), (RecordAcceptedPoison.KIND, state.accepted_poison),
+            (RecordRetention.KIND, state.retention_period_s), (RecordPruned.KIND, state.pruner_hi_ns is not None)]
+    return [k for k, v in held if v]
 
 
 def _state_version(state: CatalogState) -> int:
     """The lowest format version that holds ``state``."""
-    return FORMAT_VERSION if state.lost_writes or state.accepted_poison else BASE_FORMAT_VERSION
+    return max((_KIND_VERSIONS[k] for k in _state_kinds(state)), default=BASE_FORMAT_VERSION)
 
 
 def action_from_json(obj: Any) -> Action:
@@ -642,6 +694,8 @@ class CatalogState:
     * ``table_schemas``: table → columns (name, role, type) in first-seen order.
     * ``lost_writes``: the last :class:`RecordLostWrites`' ranges (version 2).
     * ``accepted_poison``: the last :class:`RecordAcceptedPoison`'s messages (version 2).
+    * ``retention_period_s``: the last :class:`RecordRetention`'s period (0: none; version 3).
+    * ``pruner_hi_ns``: the highest :class:`RecordPruned` watermark, None before any (version 3).
     """
 
     db: str
@@ -655,6 +709,8 @@ class CatalogState:
     table_schemas: dict[str, tuple[ColumnSpec, ...]] = field(default_factory=dict)
     lost_writes: tuple[LostWritesEntry, ...] = ()
     accepted_poison: tuple[AcceptedPoisonEntry, ...] = ()
+    retention_period_s: int = 0
+    pruner_hi_ns: int | None = None
 
     def copy(self) -> CatalogState:
         """A copy whose containers can be changed without touching this state (values are immutable)."""
@@ -670,6 +726,8 @@ class CatalogState:
             table_schemas=dict(self.table_schemas),
             lost_writes=self.lost_writes,
             accepted_poison=self.accepted_poison,
+            retention_period_s=self.retention_period_s,
+            pruner_hi_ns=self.pruner_hi_ns,
         )
 
 
@@ -731,6 +789,11 @@ def apply_action(state: CatalogState, action: Action, revision: int) -> None:
         state.lost_writes = action.ranges
     elif isinstance(action, RecordAcceptedPoison):
         state.accepted_poison = action.messages
+    elif isinstance(action, RecordRetention):
+        state.retention_period_s = action.period_s
+    elif isinstance(action, RecordPruned):
+        if state.pruner_hi_ns is None or action.pruner_hi_ns > state.pruner_hi_ns:
+            state.pruner_hi_ns = action.pruner_hi_ns
     else:
         raise InvalidAction(type(action).__name__, "not a catalog action", revision)
 
@@ -748,6 +811,9 @@ def _state_to_json(state: CatalogState) -> dict[str, Any]:
         **({RecordLostWrites.KIND: [r.to_json() for r in state.lost_writes]} if state.lost_writes else {}),
         **({RecordAcceptedPoison.KIND: [m.to_json() for m in state.accepted_poison]}
            if state.accepted_poison else {}),
+        # version 3 (written only when set)
+        **({RecordRetention.KIND: state.retention_period_s} if state.retention_period_s else {}),
+        **({RecordPruned.KIND: state.pruner_hi_ns} if state.pruner_hi_ns is not None else {}),
     }
 
 
@@ -755,12 +821,14 @@ def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_
                      version: int = FORMAT_VERSION) -> CatalogState:
     if not isinstance(obj, Mapping):
         raise CorruptCatalogFile(key, "state is not a JSON object")
-    newer = sorted(k for k in _VERSION_2_KINDS if k in obj)
-    if newer and version < FORMAT_VERSION:
+    newer = sorted(k for k in _VERSION_2_KINDS if k in obj and _KIND_VERSIONS[k] > version)
+    if newer:
         raise CorruptCatalogFile(key, f"state holds {newer}, which format version {version} does not have")
     try:
         lost = RecordLostWrites(ranges=obj.get(RecordLostWrites.KIND, ()))
         accepted = RecordAcceptedPoison(messages=obj.get(RecordAcceptedPoison.KIND, ()))
+        retention = _int(RecordRetention.KIND, "period_s", obj.get(RecordRetention.KIND, 0), minimum=0)
+        pruner_hi = _int(RecordPruned.KIND, "pruner_hi_ns", obj.get(RecordPruned.KIND), optional=True)
         files = [action_from_json(a) for a in obj["files"]]
         parts = [action_from_json(a) for a in obj["partition_checkpoints"]]
         dbc = obj["database_checkpoint"]
@@ -789,6 +857,8 @@ def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_
     state.table_schemas = {a.table: a.columns for a in schemas}  # type: ignore[union-attr]
     state.lost_writes = lost.ranges
     state.accepted_poison = accepted.messages
+    state.retention_period_s = retention
+    state.pruner_hi_ns = pruner_hi
     return state
 
 
@@ -1051,9 +1121,25 @@ class PreservedCatalog:
         self._last_checkpoint_revision = state.revision
 
 
-def _load(store: ObjectStore, db: str) -> tuple[CatalogState, int] | None:
+def read_state(store: ObjectStore, db: str, revision: int | None = None) -> CatalogState | None:
+    """The state of ``db``'s preserved catalog as of ``revision`` (None: the newest), for a
+    reader that never commits (the Spark data source, iox_spark_source/); None if there is no
+    catalog. When the catalog's newest revision is below ``revision`` the newest state is
+    returned: the caller compares ``state.revision``. Loads like :meth:`PreservedCatalog.create_or_load`
+    (newest checkpoint at or below ``revision``, then the transactions after it, chain verified)
+    and raises the same errors. Driver side; writes nothing.
+    """
+    catalog_prefix(db)  # validates the name
+    if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int) or revision < 0):
+        raise ValueError(f"revision must be an int >= 0, got {revision!r}")
+    loaded = _load(store, db, revision)
+    return None if loaded is None else loaded[0]
+
+
+def _load(store: ObjectStore, db: str, up_to_revision: int | None = None) -> tuple[CatalogState, int] | None:
     """Load ``db`` from the newest checkpoint plus later transactions; None if no catalog.
 
+    ``up_to_revision``: load the state as of that revision (files after it are ignored).
     Returns the state and the revision of the checkpoint used (0 if none).
     Verifies revisions are contiguous and every transaction links to its
     predecessor's uuid.
@@ -1065,6 +1151,8 @@ def _load(store: ObjectStore, db: str) -> tuple[CatalogState, int] | None:
         m = _FILE_RE.match(meta.key[len(prefix) :])
         if m is None:
             continue  # not a catalog file (nothing else is written under the prefix)
+        if up_to_revision is not None and int(m.group(1)) > up_to_revision:
+            continue
         (txns if m.group(2) == _TXN_SUFFIX else ckpts)[int(m.group(1))] = meta.key
     if not txns and not ckpts:
         return None
@@ -1116,8 +1204,9 @@ def _read_and_apply_transaction(
     try:
         for raw in raw_actions:
             action = action_from_json(raw)
-            if action.KIND in _VERSION_2_KINDS and obj["format_version"] < FORMAT_VERSION:
-                raise CorruptCatalogFile(key, f"action {action.KIND!r} needs format version {FORMAT_VERSION}, "
+            needs = _KIND_VERSIONS.get(action.KIND, BASE_FORMAT_VERSION)
+            if needs > obj["format_version"]:
+                raise CorruptCatalogFile(key, f"action {action.KIND!r} needs format version {needs}, "
                                               f"the file has {obj['format_version']}")
             apply_action(state, action, revision)
     except InvalidAction as exc:

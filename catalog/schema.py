@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from catalog.errors import CatalogError
 
-__all__ = ["Column", "TableSchema", "SchemaRegistry", "ColumnTypeConflict", "SPARK_TYPES",
+__all__ = ["Column", "TableSchema", "SchemaRegistry", "ColumnTypeConflict", "ColumnLimitExceeded", "SPARK_TYPES",
            "TIME_NS_COLUMN", "SEQ_COLUMN", "RESERVED_COLUMNS"]
 
 #: Spark SQL type of each column type as stored in chunks.
@@ -37,6 +37,18 @@ class ColumnTypeConflict(CatalogError):
         self.existing = existing
         self.new = new
         super().__init__(f"table {table!r} column {column!r} is {existing}, this write has {new}")
+
+
+class ColumnLimitExceeded(CatalogError):
+    """A write would give a table more columns (time included) than the per-table limit."""
+
+    def __init__(self, table: str, existing: int, would_have: int, limit: int):
+        self.table = table
+        self.existing = existing
+        self.would_have = would_have
+        self.limit = limit
+        super().__init__(f"table {table!r} has {existing} columns, this write would make it {would_have}: "
+                         f"at most {limit} columns per table")
 
 
 @dataclass(frozen=True)
@@ -104,10 +116,13 @@ class SchemaRegistry:
         self._lock = threading.Lock()
         self._tables: dict[str, TableSchema] = {}
 
-    def check_and_reserve(self, batches: dict[str, list[Column]]) -> None:
+    def check_and_reserve(self, batches: dict[str, list[Column]], max_columns_per_table: int = 0) -> None:
         """Checks every table of a request, then records its new columns, atomically.
 
-        Called by the router before producing: a conflicting request changes nothing.
+        Called by the router before producing: a conflicting request changes nothing. A request
+        that would take a table past `max_columns_per_table` columns (time included; 0 = no
+        limit) raises ColumnLimitExceeded; a table already past it (a lower limit than when
+        its columns came) still takes writes of the columns it has.
         Columns reserved by a request whose produce fails stay reserved (harmless:
         they only constrain later writes the way the failed one would have).
         """
@@ -116,6 +131,11 @@ class SchemaRegistry:
                 sch = self._tables.get(table)
                 if sch is not None:
                     sch.check(cols)
+                if max_columns_per_table:
+                    have = set() if sch is None else {c.name for c in sch.columns}
+                    would_have = len(have | {c.name for c in cols})
+                    if would_have > max(max_columns_per_table, len(have)):
+                        raise ColumnLimitExceeded(table, len(have), would_have, max_columns_per_table)
             for table, cols in batches.items():
                 self._tables.setdefault(table, TableSchema(table)).merge(cols)
 

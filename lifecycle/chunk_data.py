@@ -16,11 +16,12 @@ import pickle
 from catalog import time_spans
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
+from lifecycle.cluster import parts_for, task_slots
 from lifecycle.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
 __all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
-           "ARROW_MERGE_PARTS", "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
+           "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
            "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
            "time_disjoint", "merged_spans", "PARQUET_SOURCE_NAME"]
 
@@ -209,14 +210,11 @@ def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: lis
 #: a group of overlapping write-buffer chunks of at least this many rows is merged for queries in
 #: Arrow (`arrow_merge_relations`) instead of a Spark GROUP BY of every row
 ARROW_MERGE_MIN_ROWS = 100_000
-#: tasks of an Arrow merge queries read (a read-buffer chunk's, a query-time merge's) of at least
-#: ARROW_MERGE_MIN_ROWS rows: the cores of this machine class; fewer rows: one task
-ARROW_MERGE_PARTS = 2
-
-
-def arrow_merge_parts(chunks: list) -> int:
-    """`parts` of an `arrow_merged_df` of `chunks` that queries read. Pure."""
-    return ARROW_MERGE_PARTS if sum(c.rows for c in chunks) >= ARROW_MERGE_MIN_ROWS else 1
+def arrow_merge_parts(chunks: list, slots: int) -> int:
+    """`parts` of an `arrow_merged_df` of `chunks` that queries read: one per task slot of the
+    application (`slots`: lifecycle/cluster.py `task_slots`) from ARROW_MERGE_MIN_ROWS rows on,
+    else one. Pure."""
+    return parts_for(slots) if sum(c.rows for c in chunks) >= ARROW_MERGE_MIN_ROWS else 1
 
 
 def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: list):
@@ -247,7 +245,7 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
         # replaces the table view (a query already planned keeps what it resolved)
         name = f"iox_merge_{hashlib.sha1(json.dumps([c.id for c in cs]).encode()).hexdigest()[:20]}"
         arrow_merged_df(spark, schema, cs, plan, deletes, segment_lists,
-                        arrow_merge_parts(cs)).createOrReplaceGlobalTempView(name)
+                        arrow_merge_parts(cs, task_slots(spark))).createOrReplaceGlobalTempView(name)
         for c in cs:
             c.merge_views.add(name)
         lo, hi = min(c.min_time_ns for c in cs), max(c.max_time_ns for c in cs)
@@ -275,11 +273,12 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
                            cache_dir: str | None = None) -> str:
     """Registers a view reading the chunk's Parquet files (an unloaded or not-yet-loaded chunk).
 
-    Local store: Spark's native Parquet reader on the files themselves. S3 with a
-    `cache_dir`: the files are copied once to that local directory and read natively
-    too, so every Spark session (Spark Connect clients included) can read the view.
-    S3 without a cache: the `iox_parquet` Python source (no hadoop-aws here), which a
-    session must have registered.
+    Local store: Spark's native Parquet reader on the files themselves (on a cluster
+    only when it is a shared file system: server/config.py refuses it otherwise). S3
+    with a `cache_dir` (local mode only): the files are copied once to that local
+    directory and read natively too. S3 without a cache (a cluster: executors on
+    other hosts cannot read the driver's disk): the `iox_parquet` Python source
+    (no hadoop-aws here), its tasks reading S3 directly on the executors.
     """
     view = chunk_view_name(chunk_id)
     from catalog.object_store import LocalObjectStore
@@ -292,7 +291,8 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
     elif cache_dir is not None:
         df = spark.read.schema(struct).parquet(*[_cached_copy(store, k, cache_dir) for k in keys])
     else:
-        df = (spark.read.format(PARQUET_SOURCE_NAME).schema(struct)
+        # the columns as an option, not .schema(): the load resolves here (lifecycle/parquet_source.py)
+        df = (spark.read.format(PARQUET_SOURCE_NAME).option("schema", struct.json())
               .option("store", base64.b64encode(pickle.dumps(store)).decode())
               .option("keys", json.dumps(keys)).load())
     df.createOrReplaceGlobalTempView(view)

@@ -38,6 +38,8 @@ from catalog.schema import TIME_NS_COLUMN
 
 from catalog.crash_points import CrashPoint, crash_point
 
+from lifecycle.chunk_checkpoint import checkpoint
+from lifecycle.cluster import task_slots
 from lifecycle.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
                          row_stats, schema_bytes, table_deletes, time_disjoint)
 from lifecycle.ipc_segments import register_segments_chunk
@@ -99,9 +101,10 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             # the parts of an Arrow merge are computed side by side: the move is over sooner, and
             # queries meanwhile merge the write-buffer form themselves (seconds each for 10M rows;
             # one part at a time made the bench's 10M-point move ~18 s and its queries 7 s)
-            merged = (arrow_merged_df(spark, schema, chunks, plan, deletes, parts=arrow_merge_parts(chunks))
+            parts = arrow_merge_parts(chunks, task_slots(spark))
+            merged = (arrow_merged_df(spark, schema, chunks, plan, deletes, parts=parts)
                       if plan is not None else merged_df(spark, schema, chunks, deletes))
-            df = merged.localCheckpoint(eager=True)
+            df = checkpoint(merged)
             st = row_stats(df)
             rows, lo, hi = st["n"], st["lo"], st["hi"]
     except BaseException:

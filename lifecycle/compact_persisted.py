@@ -40,6 +40,7 @@ from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
 from catalog.crash_points import CrashPoint, crash_point
 
+from lifecycle.chunk_checkpoint import checkpoint
 from lifecycle.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
                          schema_bytes, table_deletes, time_disjoint)
 from lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
@@ -104,7 +105,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         else:
             merged = merged_df(spark, schema, stored, deletes)
             if in_memory:
-                merged = merged.localCheckpoint(eager=True)
+                merged = checkpoint(merged)
             meta = write_one_file(merged, store, key)
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         added = [add_parquet_action(m, table, partition_key, schema) for m in meta]

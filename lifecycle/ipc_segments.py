@@ -32,8 +32,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 __all__ = ["SEGMENT_SCHEMA", "SEGMENT_COLUMNS", "LAYOUT_WIRE", "LAYOUT_CHUNK", "decode_fn", "chunk_table",
            "segments_df", "register_segments_chunk", "value_columns_of", "value_arrays", "read_segment_rows",
-           "arrow_type", "chunk_arrow_schema", "encode_ipc",
-           "DECODE_PARTITIONS"]
+           "arrow_type", "chunk_arrow_schema", "encode_ipc"]
 
 SEGMENT_SCHEMA = "layout int, seq_base long, day_lo int, day_hi int, payload binary"
 SEGMENT_COLUMNS = ["layout", "seq_base", "day_lo", "day_hi", "payload"]
@@ -41,8 +40,6 @@ SEGMENT_COLUMNS = ["layout", "seq_base", "day_lo", "day_hi", "payload"]
 LAYOUT_WIRE = 0
 #: the chunk layout: value columns, time_ns, _iox_seq
 LAYOUT_CHUNK = 1
-#: a chunk's view decodes its segments in at most this many tasks (segments are one partition each)
-DECODE_PARTITIONS = 2
 
 
 def arrow_type(typ: str):
@@ -163,12 +160,15 @@ def register_segments_chunk(segments: list, columns, chunk_id: int) -> str:
     The view decodes the segments on the executors each time it is read.
     """
     from catalog.schema import TableSchema
+    from lifecycle.cluster import task_slots
     from lifecycle.views import chunk_view_name, spark_struct_for
 
     schema = TableSchema.from_json("_", columns)
     df = segments_df(segments)
-    if len(segments) > DECODE_PARTITIONS:
-        df = df.coalesce(DECODE_PARTITIONS)
+    # segments are one partition each: the view decodes them in at most one task per task slot
+    slots = task_slots(df.sparkSession)
+    if len(segments) > slots:
+        df = df.coalesce(slots)
     view = chunk_view_name(chunk_id)
     df.mapInArrow(decode_fn(value_columns_of(columns)), spark_struct_for(schema)).createOrReplaceGlobalTempView(view)
     return view

@@ -3,6 +3,12 @@
 Why: no hadoop-aws jar here, so Spark cannot read `s3a://`; this source reads
 any `ObjectStore` (local or S3) on the executors. One input partition per file.
 `read` runs on executors and must be stateless; the store travels pickled.
+
+The files' columns come as the `schema` option (a Spark StructType as JSON), not as
+a user-specified schema: a load with a user-specified schema stays unresolved
+until a session reads it, and Python data sources are registered per session, so
+a view of it would fail in any other session (the query engine runs each query in
+a session of its own). With the option the load resolves where it is made.
 """
 from __future__ import annotations
 
@@ -50,6 +56,11 @@ class IoxParquetDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "iox_parquet"
+
+    def schema(self):
+        from pyspark.sql.types import StructType
+
+        return StructType.fromJson(json.loads(self.options["schema"]))
 
     def reader(self, schema):
         return _Reader(self.options, schema)

@@ -12,7 +12,8 @@ Invariants (IOx persist + persist_sink's many writers / one committer):
   (lifecycle/arrow_merge.py), so no row passes through Spark's row format;
   otherwise the chunks' views are merged in Spark SQL. Both give the same rows.
 - Parquet files are written by Spark executors (one file, or from
-  PARALLEL_WRITE_MIN_ROWS rows merged in Arrow PARALLEL_FILES files whose time
+  PARALLEL_WRITE_MIN_ROWS rows merged in Arrow one file per core of the
+  executor (lifecycle/cluster.py `cores_per_executor`) whose time
   ranges never meet); the driver alone commits ONE preserved-catalog
   transaction naming the files, the partition checkpoint, the database
   checkpoint and the table schema.
@@ -48,6 +49,8 @@ from catalog.crash_points import CrashPoint, crash_point
 
 from lifecycle.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
                          register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes)
+from lifecycle.chunk_checkpoint import checkpoint
+from lifecycle.cluster import cores_per_executor
 from lifecycle.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
 from lifecycle.policy import ChunkState, select_persistable_chunks
 
@@ -215,12 +218,12 @@ _SEGMENTS_OUT = ("kind string, key string, rows long, size long, min_t long, max
                  "max_seq long, payload binary, recv_s double, merge_s double, write_s double")
 #: rows per IPC stream of the rows a persist keeps in memory
 REMAINDER_ROWS_PER_STREAM = 1 << 16
-#: a persist from the write-buffer form of at least this many rows writes PARALLEL_FILES files,
-#: split by time, in as many threads of its task (pyarrow encodes a file on one core): 10M bench
-#: rows in ~0.9 s instead of ~1.35 s on two cores. The files' time ranges do not meet, so queries
-#: never deduplicate across them, also when a restart reads each file as a chunk of its own.
+#: a persist from the write-buffer form of at least this many rows writes one file per core of
+#: the executor running it (`cores_per_executor`), split by time, in as many threads of its task
+#: (pyarrow encodes a file on one core): 10M bench rows in ~0.9 s instead of ~1.35 s on two
+#: cores. The files' time ranges do not meet, so queries never deduplicate across them, also
+#: when a restart reads each file as a chunk of its own.
 PARALLEL_WRITE_MIN_ROWS = 2 * ROW_GROUP_ROWS
-PARALLEL_FILES = 2
 #: rows sampled to find the time that splits a parallel write in halves
 _SPLIT_SAMPLE_ROWS = 10_001
 
@@ -440,7 +443,7 @@ def _write_from_segments(spark, store: ObjectStore, keys: list, chunks: list, sc
     inputs = indexed_segments_df(chunks)
     fn = _segments_persist_fn(store, keys, schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
                               arrow_deletes, dedup, PARALLEL_WRITE_MIN_ROWS)
-    out = inputs.coalesce(1).mapInArrow(fn, _SEGMENTS_OUT).localCheckpoint(eager=True)
+    out = checkpoint(inputs.coalesce(1).mapInArrow(fn, _SEGMENTS_OUT))
     rows = out.drop("payload").collect()
     w = _Written(meta=[r for r in rows if r["kind"] == "file"], via="arrow")
     if w.meta:  # the task's own timing (in the "t_split" slot: its Parquet writes)
@@ -468,14 +471,14 @@ def _write_from_views(spark, store: ObjectStore, key: str, chunks: list, schema,
     # partition): its rows are the merge's, so its checkpoint is reused, not copied
     reused = _reusable(chunks, schema, deletes)
     merged = reused if reused is not None else \
-        merged_df(spark, schema, chunks, deletes).localCheckpoint(eager=True)
+        checkpoint(merged_df(spark, schema, chunks, deletes))
     t_merge = time.perf_counter()
     w = _Written(meta=[], via="sql", reused=reused is not None)
     if max(c.max_time_ns for c in chunks) <= flush_ts:
         w.persisted_df = merged  # every row goes to Parquet: no split to compute
     else:
-        w.persisted_df = merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}").localCheckpoint(eager=True)
-        w.remainder_df = merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}").localCheckpoint(eager=True)
+        w.persisted_df = checkpoint(merged.filter(f"`{TIME_NS_COLUMN}` <= {flush_ts}"))
+        w.remainder_df = checkpoint(merged.filter(f"`{TIME_NS_COLUMN}` > {flush_ts}"))
         w.reused = False
         if reused is None:
             release_df(merged)
@@ -533,7 +536,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         deletes = table_deletes(db, table)
         plan = arrow_plan(chunks, schema, deletes)
         keys = [parquet_key(db.name, table, partition_key, uuid.uuid4())
-                for _ in range(PARALLEL_FILES if plan is not None else 1)]
+                for _ in range(cores_per_executor(spark) if plan is not None else 1)]
         in_flight.add(keys)
         keys_written.extend(keys)
         if plan is not None:

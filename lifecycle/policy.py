@@ -202,6 +202,9 @@ class DatabaseState:
     replaying: bool = False
     #: the executor currently applies backpressure (the last Backpressure action emitted)
     backpressure_engaged: bool = False
+    #: the server's process tree is near its memory limit (its RSS, not this buffer's estimate):
+    #: memory relief runs as if the buffer were over its soft limit, freeing all it can
+    memory_pressure: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitions", tuple(self.partitions))
@@ -516,10 +519,14 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
     3. At or above ``buffer_size_soft_bytes``: unload persisted chunks, least
        recently used first, until under; if that is not enough and no persist
        is running, force-persist the idle partition with the most unpersisted
-       rows (a forced persist writes them all).
+       rows (a forced persist writes them all). Under ``memory_pressure`` the
+       same with a soft limit of 0: every persisted chunk is unloaded and a
+       forced persist runs whenever none does.
     """
     soft, hard = rules.buffer_size_soft_bytes, rules.buffer_size_hard_bytes
     over_soft = soft is not None and state.buffer_size_bytes >= soft
+    if state.memory_pressure:
+        over_soft, soft = True, 0
     over_hard = hard is not None and state.buffer_size_bytes > hard
     # IOx suppresses persistence during replay; we also hold compaction unless memory demands it
     background_allowed = not state.replaying or over_hard

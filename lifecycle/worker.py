@@ -26,9 +26,24 @@ compacted and unloaded and backpressure still follows the buffer size, but
 what the new owner writes to a shared write buffer is still applied to memory
 here until the server restarts.
 
-Invariant: all decisions come from `policy.decide(state, rules, now)`; this
-module only observes and executes (a fenced database's committing actions are
-dropped).
+Retention (catalog/retention.py): every round, for each database with a retention period,
+`prune_policy.decide_prune` gives the new `reader_lo_ns` and the day partitions entirely
+below the prune bound (reader_lo `prune_delay_s` ago). Each is pruned in its own
+preserved-catalog transaction (its Parquet files removed, the delete mailbox flushed and,
+when it held unpersisted rows, a database checkpoint past them where no other partition's
+rows hold it back; the consumer drops rows of days below `pruner_hi_ns` that a replay brings
+again, server/consume/ingest.py), then dropped from memory; a failing prune is logged and the others go on. Its files
+are deleted from the store only once no query that was running when they left the catalog
+still runs (catalog/query_pins.py). `pruner_hi_ns` is recorded (RecordPruned) after the
+prunes of a round, never past a partition that failed or was busy.
+
+Memory pressure (`memory_pressure`, a callable the server sets from its RSS sampler): while
+true, the policy unloads every persisted chunk and force-persists first
+(lifecycle/policy.py `DatabaseState.memory_pressure`).
+
+Invariant: all decisions come from `policy.decide(state, rules, now)` and
+`prune_policy.decide_prune(state, now)`; this module only observes and executes (a fenced
+database's committing actions are dropped).
 """
 from __future__ import annotations
 
@@ -40,7 +55,7 @@ import time
 from catalog.catalog import Catalog
 from catalog.cleanup import delete_unreferenced
 from catalog.errors import RevisionConflict
-from catalog.preserved_catalog import transaction_key
+from catalog.preserved_catalog import RecordPruned, transaction_key
 
 from catalog.crash_points import CrashPoint, crash_point
 
@@ -50,6 +65,8 @@ from lifecycle.compact_persisted import compact_persisted_chunks
 from lifecycle.persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
 from lifecycle.policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState,
                      PersistChunks, UnloadChunk, decide)
+from lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
+                                    day_bounds_ns, decide_prune)
 from lifecycle.rules import LifecycleRules
 from lifecycle.unload import unload_chunk
 
@@ -76,7 +93,7 @@ _COMMITTING_ACTIONS = (PersistChunks, CompactPersistedChunks)
 
 class LifecycleWorker:
     def __init__(self, spark, catalog: Catalog, rules: LifecycleRules, store, preserved: dict, refresh_view,
-                 pause_file: str, is_replaying=lambda: False, on_fenced=None, on_persisted=None,
+                 pause_file: str, is_replaying=lambda db: False, on_fenced=None, on_persisted=None,
                  cache_dir: str | None = None):
         self.spark = spark
         self.catalog = catalog
@@ -86,6 +103,8 @@ class LifecycleWorker:
         self.preserved = preserved
         self.refresh_view = refresh_view
         self.pause_file = pause_file
+        #: is_replaying(db): whether `db`'s replay at start has not caught up yet (its persists and
+        #: compactions wait; other databases' do not)
         self.is_replaying = is_replaying
         self.on_fenced = on_fenced
         #: local copies of S3 Parquet files read by unloaded chunks
@@ -109,6 +128,12 @@ class LifecycleWorker:
         self._last_cleanup = 0.0
         self._last_mailbox_flush = 0.0
         self.last_error: str | None = None
+        #: the retention task's delay behind reader_lo (see prune_policy)
+        self.prune_delay_s = DEFAULT_PRUNE_DELAY_S
+        #: returns True while the server's memory is near its limit (server/runtime/memory_guard.py)
+        self.memory_pressure = lambda: False
+        #: server metrics (server/metrics.py), or None: persists, compactions and prunes are counted there
+        self.metrics = None
 
     # -- thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -216,30 +241,57 @@ class LifecycleWorker:
                         persisting=part.persisting, compacting=part.compacting,
                         time_of_last_query=db.queried_at.get(table)))
         return DatabaseState(buffer_size_bytes=self.catalog.memory_bytes(), partitions=tuple(parts),
-                             replaying=self.is_replaying(), backpressure_engaged=self.backpressure_engaged)
+                             replaying=self.is_replaying(db), backpressure_engaged=self.backpressure_engaged,
+                             memory_pressure=bool(self.memory_pressure()))
 
     def run_once(self, now: float) -> list:
         done = []
         for db in self.catalog.databases():
+            if db.retention_period_s:
+                try:
+                    done += self.retention_round(db, now)
+                except RevisionConflict as e:
+                    self._fence(e)
+                except Exception as e:  # the next round retries
+                    self.last_error = repr(e)
+                    log.exception("retention round of %s failed", db.name)
             try:
                 for action in decide(self.snapshot(db, now), self.rules, now):
                     if self._stop.is_set():
                         return done
                     if isinstance(action, _COMMITTING_ACTIONS) and self.fenced_revision(db.name) is not None:
                         continue  # never commits again (see the module docstring)
-                    if self.execute(db, action, now):
-                        done.append(action)
+                    try:
+                        if self.execute(db, action, now):
+                            done.append(action)
+                    except RevisionConflict:
+                        raise
+                    except Exception as e:  # this action only: the others go on, the next round retries it
+                        self.last_error = repr(e)
+                        log.exception("database %s: lifecycle action %s failed", db.name, action)
             except RevisionConflict as e:
                 self._fence(e)
         for chunk in self.catalog.take_retired(now - RETIRED_GRACE_S):
-            release_chunk_data(self.spark, chunk)
+            self._guarded("releasing a retired chunk's data", release_chunk_data, self.spark, chunk)
+        self._guarded("deleting unpinned files", self.delete_unpinned_files)
         if now - self._last_mailbox_flush >= MAILBOX_FLUSH_INTERVAL_S:
             self._last_mailbox_flush = now
-            self.flush_mailboxes(now)
+            self._guarded("flushing the delete mailboxes", self.flush_mailboxes, now)
         if now - self._last_cleanup >= CLEANUP_INTERVAL_S:
             self._last_cleanup = now
-            self.cleanup(now, CLEANUP_MIN_AGE_S)
+            self._guarded("cleanup", self.cleanup, now, CLEANUP_MIN_AGE_S)
         return done
+
+    def _guarded(self, what: str, fn, *args) -> None:
+        """Runs one step of a round; its failure is logged and recorded, the round's other steps
+        go on (the next round retries it). RevisionConflict fences as everywhere."""
+        try:
+            fn(*args)
+        except RevisionConflict:
+            raise
+        except Exception as e:
+            self.last_error = repr(e)
+            log.exception("lifecycle: %s failed", what)
 
     def execute(self, db, action, now: float) -> bool:
         """Carries out one action; True when it changed something."""
@@ -251,9 +303,13 @@ class LifecycleWorker:
                 log.info("persisting %s/%s/%s (%s)", db.name, action.table, action.partition_key, action.reason)
                 return self.persist(db, action.table, action.partition_key, now, action.force) is not None
             if isinstance(action, CompactChunks):
-                return compact_chunks(self.spark, self.catalog, db, action.table, action.partition_key,
-                                      tuple(action.chunk_ids), now, self.refresh_view,
-                                      to_read_buffer=action.to_read_buffer) is not None
+                t0 = time.perf_counter()
+                c = compact_chunks(self.spark, self.catalog, db, action.table, action.partition_key,
+                                   tuple(action.chunk_ids), now, self.refresh_view,
+                                   to_read_buffer=action.to_read_buffer)
+                if c is not None and self.metrics is not None:
+                    self.metrics.compacted(db.name, "memory", c.rows, time.perf_counter() - t0)
+                return c is not None
             if isinstance(action, CompactPersistedChunks):
                 log.info("compacting %d Parquet file(s) of %s/%s/%s (%s)", len(action.chunk_ids), db.name,
                          action.table, action.partition_key, action.reason)
@@ -269,8 +325,11 @@ class LifecycleWorker:
 
     def persist(self, db, table: str, partition_key: str, now: float, force: bool):
         preserved = self.preserved_for(db.name, now)  # raises RevisionConflict when fenced
+        t0 = time.perf_counter()
         r = persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
                               self.in_flight, now, force, self.refresh_view, self.cache_dir)
+        if r is not None and self.metrics is not None:
+            self.metrics.persisted(db.name, r.rows_persisted, time.perf_counter() - t0)
         if r is not None and self.on_persisted is not None:
             self.on_persisted(db, r.database_checkpoint)
         return r
@@ -307,8 +366,12 @@ class LifecycleWorker:
     def compact_persisted(self, db, table: str, partition_key: str, chunk_ids: tuple | None, now: float):
         """Merges the partition's Parquet files into one (see lifecycle/compact_persisted.py)."""
         preserved = self.preserved_for(db.name, now)
-        return compact_persisted_chunks(self.spark, self.catalog, db, table, partition_key, chunk_ids, self.store,
-                                        preserved, self.in_flight, now, self.refresh_view, self.cache_dir)
+        t0 = time.perf_counter()
+        r = compact_persisted_chunks(self.spark, self.catalog, db, table, partition_key, chunk_ids, self.store,
+                                     preserved, self.in_flight, now, self.refresh_view, self.cache_dir)
+        if r is not None and self.metrics is not None:
+            self.metrics.compacted(db.name, "persisted", r.rows, time.perf_counter() - t0)
+        return r
 
     def compact_persisted_now(self, db, table: str, partition_key: str, now: float):
         with self._action_lock:
@@ -423,7 +486,8 @@ class LifecycleWorker:
                 continue
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
             # compaction of persisted files) still read stay until those chunks are released
-            in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys()
+            in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys() | \
+                self.catalog.query_pins.waiting_objects()
             crash_point(CrashPoint.CLEANUP_BEFORE_DELETE)
             try:
                 deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now,
@@ -432,6 +496,105 @@ class LifecycleWorker:
                 self._fence(e)
         if deleted:
             log.info("cleanup deleted %d unreferenced file(s)", len(deleted))
+        return deleted
+
+    # -- retention ------------------------------------------------------------------------
+    def retention_state(self, db) -> RetentionState:
+        with self.catalog.lock:
+            parts = tuple(PartitionRef(t, k, busy=p.persisting or p.compacting)
+                          for t, by_key in sorted(db.partitions.items()) for k, p in sorted(by_key.items()))
+            return RetentionState(period_s=db.retention_period_s, prune_delay_s=self.prune_delay_s,
+                                  pruner_hi_ns=db.pruner_hi_ns, partitions=parts)
+
+    def retention_round(self, db, now: float) -> list:
+        """Runs `decide_prune` for `db` and carries its actions out (see the module docstring);
+        returns the actions that changed something. Raises RevisionConflict when fenced."""
+        done: list = []
+        failed_from: int | None = None  # start of the earliest partition that could not be pruned
+        for action in decide_prune(self.retention_state(db), now):
+            if isinstance(action, SetReaderLo):
+                with self.catalog.lock:
+                    if db.reader_lo_ns is None or action.reader_lo_ns > db.reader_lo_ns:
+                        db.reader_lo_ns = action.reader_lo_ns
+                continue
+            if self.fenced_revision(db.name) is not None:
+                break  # never commits again
+            if isinstance(action, PrunePartition):
+                try:
+                    pruned = self.prune_partition(db, action.table, action.partition_key, now)
+                except RevisionConflict:
+                    raise
+                except Exception:
+                    log.exception("pruning %s/%s/%s failed (retried next round)", db.name, action.table,
+                                  action.partition_key)
+                    pruned = False
+                if pruned:
+                    done.append(action)
+                else:
+                    start = day_bounds_ns(action.partition_key)[0]
+                    failed_from = start if failed_from is None else min(failed_from, start)
+            elif isinstance(action, AdvancePrunerHi):
+                target = action.pruner_hi_ns if failed_from is None else min(action.pruner_hi_ns, failed_from)
+                if db.pruner_hi_ns is not None and target <= db.pruner_hi_ns:
+                    continue
+                self.commit_records(db, [RecordPruned(pruner_hi_ns=target)], now)
+                with self.catalog.lock:
+                    db.pruner_hi_ns = target
+                done.append(AdvancePrunerHi(target))
+        return done
+
+    def prune_partition(self, db, table: str, partition_key: str, now: float) -> bool:
+        """Drops one partition below the retention: one preserved-catalog transaction removes its
+        Parquet files (with the delete mailbox flushed first, as a persist does) and, when it held
+        unpersisted rows, records a database checkpoint that no longer replays them; then its
+        chunks leave memory (retired: queries planned before still read them) and its files wait
+        for the queries running now (catalog/query_pins.py). False when it is busy or held (a failed
+        micro-batch not applied again yet); raises what the commit raises."""
+        from catalog.preserved_catalog import RemoveParquet
+
+        with self._action_lock:
+            pc = self.preserved_for(db.name, now)
+            with self.catalog.lock:
+                part = db.partitions.get(table, {}).get(partition_key)
+                if part is None:
+                    return False
+                if part.persisting or part.compacting:
+                    return False
+                unpersisted = part.windows is not None and not part.windows.is_empty()
+                if unpersisted and db.failed_batch_hi:
+                    return False
+                keys = sorted(k for k, f in pc.state.files.items()
+                              if f.table == table and f.partition_key == partition_key)
+                actions: list = []
+                flushed = mailbox_actions(db, pc, [], actions)
+                actions += [RemoveParquet(key=k) for k in keys]
+                if unpersisted:
+                    actions.append(db.checkpoint_action(_checkpoint_without(db, part)))
+                if actions:
+                    pc.commit(actions, now)
+                db.deletes.mark_recorded(flushed)
+                chunks = list(part.chunks)
+                del db.partitions[table][partition_key]
+            self.refresh_view(db, table)
+            self.catalog.retire(chunks, now)
+            self.catalog.query_pins.retire(keys)
+        log.info("retention: pruned %s/%s/%s (%d chunk(s), %d file(s)%s)", db.name, table, partition_key,
+                 len(chunks), len(keys), ", unpersisted rows dropped" if unpersisted else "")
+        if self.metrics is not None:
+            self.metrics.pruned(db.name, 1, len(keys))
+        self.delete_unpinned_files()
+        return True
+
+    def delete_unpinned_files(self) -> list:
+        """Deletes the pruned Parquet files no running query can read any more; a failed delete is
+        logged (cleanup deletes the file later: it is unreferenced)."""
+        deleted = []
+        for key in self.catalog.query_pins.take_unpinned():
+            try:
+                self.store.delete(key)
+                deleted.append(key)
+            except Exception as e:
+                log.warning("deleting the pruned file %s failed (cleanup retries): %s", key, e)
         return deleted
 
     def _set_backpressure(self, engaged: bool) -> None:
@@ -445,3 +608,25 @@ class LifecycleWorker:
         elif os.path.exists(self.pause_file):
             os.unlink(self.pause_file)
             log.info("backpressure released")
+
+
+def _checkpoint_without(db, part) -> dict:
+    """The database checkpoint's sequencer numbers ({kp: (min unpersisted or None, max seen)})
+    once `part` is dropped: the lowest unpersisted offset of every other partition, and the offsets
+    transactions pin (catalog/transactions.py), as a persist computes them (lifecycle/persist.py).
+    Under the catalog lock."""
+    applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
+    lo: dict = {}
+    for parts in db.partitions.values():
+        for other in parts.values():
+            if other is part or other.windows is None:
+                continue
+            for kp, r in other.windows.offset_ranges().items():
+                if r.min_unpersisted_offset is not None:
+                    lo[kp] = min(lo.get(kp, r.min_unpersisted_offset), r.min_unpersisted_offset)
+    pins = db.txns.pinned_offsets()
+    for kp, off in db.txns.applied_part_pins(dict(lo)).items():
+        pins[kp] = min(pins.get(kp, off), off)
+    for kp, off in pins.items():
+        lo[kp] = min(lo.get(kp, off), off)
+    return {kp: (lo.get(kp), max(hi, lo.get(kp, hi))) for kp, hi in applied.items()}

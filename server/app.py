@@ -52,12 +52,17 @@ from server.errors import InvalidArgument, NothingToAccept, NotReadyToAccept, Po
 from server.consume.ingest import Ingestor
 from server.write_buffer.poison import select
 from server.query.engine import QueryEngine
+from server.query.read_barrier import ReadBarrier, ReplayState, covered
+from server.consume.watermarks import MessageSizes, partition_watermarks, persisted_hi_inclusive
 from server.write.router import Router
 from server.runtime.spark import build_spark, lower_spark_priority
 from server.write_buffer.producer import WriteBuffer
 from catalog.sharding import topic_for
 from server.query.tail import WriteBufferTail
 from server.runtime.write_path_priority import raise_write_path_priority
+from server.runtime.memory_guard import MemoryGuard
+from server.retention_admin import fill_retention_status, operation_gauges, set_retention
+from server.api.buckets import BucketsApi
 
 __all__ = ["IoxServer", "DRAIN_TIMEOUT_S", "CATCH_UP_TIMEOUT_S"]
 
@@ -74,6 +79,15 @@ BROKER_CHECK_INTERVAL_S = 1.0
 TXN_REPAIR_INTERVAL_S = 1.0
 #: How often a start that replays the write buffer logs its progress (offsets done / to do per database)
 REPLAY_LOG_INTERVAL_S = 5.0
+#: How long a query waits at most (less when its deadline is nearer) for a replay to catch up or for its
+#: write token to become visible
+QUERY_WAIT_MAX_S = 120.0
+#: How long Kafka's end offsets read for status and /metrics (`high_watermark`, lag) are reused: each read
+#: asks the broker, and clients poll status
+KAFKA_ENDS_MAX_AGE_S = 1.0
+#: How long status and /metrics wait for the first read of a topic's Kafka ends (later reads go on in the
+#: background while they answer with the last one: an unreachable broker never holds status up for longer)
+KAFKA_ENDS_WAIT_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +115,11 @@ class IoxServer:
         #: topic -> ({kafka partition: first offset replayed}, {kafka partition: replay target}), kept
         #: after replay caught up (status reports its progress)
         self._replay_plan: dict = {}
+        #: topic -> (time.monotonic() of the read, {kafka partition: end offset}) (`_kafka_ends`)
+        self._kafka_ends_read: dict = {}
+        #: topic -> (time.monotonic() it started, threading.Event set when done) of the read in progress
+        self._kafka_ends_reading: dict = {}
+        self._kafka_ends_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -147,7 +166,13 @@ class IoxServer:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
         from catalog.object_store import object_store_from_url
+        from lifecycle.cluster import runs_local
         from lifecycle.worker import LifecycleWorker
+
+        if not runs_local(self.spark):  # executors on other hosts: they must run this code
+            from server.runtime.executor_check import check_executor_environment
+
+            check_executor_environment(self.spark, cfg.spark_master)
 
         from server.consume.recovery import list_catalog_databases, recover
         from server.consume.replay_schemas import load_replay_schemas
@@ -157,7 +182,9 @@ class IoxServer:
         self.rules = cfg.lifecycle_rules()
         self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
         self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
-        self.parquet_cache_dir = os.path.join(data_dir, "parquet-cache")
+        # local mode: Parquet read from S3 is copied once to this directory and read natively; on a
+        # cluster the executors read the object store themselves (nothing of it on the driver's disk)
+        self.parquet_cache_dir = os.path.join(data_dir, "parquet-cache") if runs_local(self.spark) else None
         topics = self.write_buffer.list_database_topics()
         for topic, n in topics.items():
             if n != cfg.partitions:
@@ -194,9 +221,14 @@ class IoxServer:
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view,
                                         cfg.max_query_rows, cfg.max_query_bytes)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
+        self.router.max_columns_per_table = cfg.max_columns_per_table
         for name, n in self._lost_at_start.items():
             self.router.metrics.lost_writes(name, n)
         self.ingestor.metrics = self.router.metrics
+        self.message_sizes = MessageSizes()
+        self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self._visible, self._replay_state)
+        self.router.metrics.watch_watermarks(self._all_watermarks)
+        self.router.metrics.operation.watch(lambda: operation_gauges(self))
         self.pause_file = os.path.join(data_dir, "backpressure")
         if os.path.exists(self.pause_file):
             os.unlink(self.pause_file)
@@ -204,6 +236,12 @@ class IoxServer:
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
             cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file,
             self.acked_marks.directory, holds_file)
+        # RSS of the process tree against --memory-limit-bytes (server/runtime/memory_guard.py)
+        self.memory_guard = MemoryGuard(cfg.memory_limit_bytes, cfg.memory_soft_fraction,
+                                        cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
+                                        cfg.max_messages_per_partition_per_batch)
+        self.consumer.throttle_file = self.memory_guard.throttle_file
+        self.memory_guard.start()
         self.consumer.start(rec.start_offsets)
         if self._replay_plan:
             threading.Thread(target=self._log_replay_progress, name="replay-progress", daemon=True).start()
@@ -211,9 +249,12 @@ class IoxServer:
             self.tail.start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
-                                         is_replaying=self.is_replaying, on_fenced=self._on_fenced,
+                                         is_replaying=self.database_replaying, on_fenced=self._on_fenced,
                                          on_persisted=self._commit_resumption_offsets,
                                          cache_dir=self.parquet_cache_dir)
+        self.lifecycle.prune_delay_s = cfg.prune_delay_s
+        self.lifecycle.memory_pressure = self.memory_guard.pressure
+        self.lifecycle.metrics = self.router.metrics.operation
         self.lifecycle.start()
         self.write_buffer.guard = self._guard_writes
         self.write_buffer.on_topic = self._on_topic
@@ -229,10 +270,12 @@ class IoxServer:
         self.grpc.start()
         self.http = None
         if cfg.http_port:
-            from server.api.http_api import HttpWriteServer
+            from server.api.http_api import HttpWriteServer, database_for
 
             self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port, authenticator=self.authenticator,
                                         workers=cfg.http_workers)
+            self.http.buckets = BucketsApi(self, database_for)  # /api/v2/buckets (server/api/buckets.py)
+            self.http.query = self.query  # /api/v3/query_sql (server/api/http_query.py)
             self.http.start()
         if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
             self._raise_write_path(cfg.write_path_rt_priority)
@@ -293,6 +336,8 @@ class IoxServer:
                 self._drain_and_persist()
             if self.lifecycle is not None:
                 self.lifecycle.stop()
+            if getattr(self, "memory_guard", None) is not None:
+                self.memory_guard.stop()
             if self.tail is not None:
                 self.tail.stop()
             if self.consumer is not None:
@@ -343,13 +388,21 @@ class IoxServer:
                 log.warning("transaction repair: %s", e)
 
     def _overloaded(self):
-        """Backpressure on the write path: RESOURCE_EXHAUSTED / HTTP 503 while over the hard limit."""
+        """Backpressure on the write path: RESOURCE_EXHAUSTED / HTTP 503 while the process tree is at
+        --memory-limit-bytes, or the buffer over its hard limit."""
+        refusal = self.memory_guard.refusal() if getattr(self, "memory_guard", None) is not None else None
+        if refusal is not None:
+            return refusal
         if self.lifecycle is None or not self.lifecycle.backpressure_engaged:
             return None
         from server.errors import WriteBufferOverloaded
 
         return WriteBufferOverloaded(self.catalog.memory_bytes(), self.rules.buffer_size_hard_bytes,
                                      self.rules.worker_backoff_s)
+
+    def set_retention(self, database: str, period_s: int):
+        """`iox retention` / the buckets API: see server/retention_admin.py."""
+        return set_retention(self, database, period_s)
 
     def _drain_and_persist(self) -> None:
         """Clean stop with the embedded in-memory broker: the write buffer dies with the broker,
@@ -404,18 +457,43 @@ class IoxServer:
                          time.time())
 
     # -- replay -------------------------------------------------------------------------
+    def database_replaying(self, db) -> bool:
+        """True until every Kafka partition of `db` caught up with where the previous run stopped.
+        The lifecycle holds `db`'s persists and compactions until then; a database that replays
+        long (a poisoned message held, a large backlog) holds no other database's."""
+        until = self._replay_until.get(db.topic)
+        return until is not None and any(db.applied_hi_inclusive.get(kp, -1) < off for kp, off in until.items())
+
     def is_replaying(self) -> bool:
         """True until every Kafka partition caught up with where the previous run stopped."""
         if not self._replay_until:
             return False
-        for topic, until in list(self._replay_until.items()):
+        for topic in list(self._replay_until):  # retires every database that caught up
             db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-            if db is None or any(db.applied_hi_inclusive.get(kp, -1) < off for kp, off in until.items()):
-                return True
-            del self._replay_until[topic]
+            if db is not None and not self.database_replaying(db):
+                self._replay_until.pop(topic, None)
+        if self._replay_until:
+            return True
         self.ingestor.row_filters = {}
         log.info("replay caught up")
         return False
+
+    def _replay_state(self, db) -> ReplayState:
+        """The replay of `db` at start (server/query/read_barrier.py): replaying until its Kafka
+        partitions applied what the write buffer held at start (a partition held at a poisoned message:
+        up to it). Any thread; no side effect."""
+        until = self._replay_until.get(db.topic)
+        if not until:
+            return ReplayState(False, {})
+        with self.catalog.lock:
+            applied = dict(db.applied_hi_inclusive)
+            held = db.held_offsets() if db.poisoned else {}
+        # a partition held at a poisoned message applies nothing from it on (as `caught_up_database`)
+        until = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in until.items()}
+        if all(applied.get(kp, -1) >= off for kp, off in until.items()):
+            return ReplayState(False, dict(until))
+        done, todo = self.replay_progress(db)
+        return ReplayState(True, dict(until), done, todo)
 
     def replay_progress(self, db) -> tuple[int, int]:
         """(offsets done, offsets to do) of the replay of `db` at start; (0, 0) when it replayed nothing."""
@@ -540,6 +618,7 @@ class IoxServer:
         """The write buffer's hook (in the acknowledging request's thread): marks the topic for the
         streaming source (end_polls.AckMarks) and hands the messages to the tail."""
         self.acked_marks.touch(topic)
+        self.message_sizes.record(topic, messages)
         if self.tail is not None:
             self.tail.feed(topic, messages)
 
@@ -558,6 +637,98 @@ class IoxServer:
         log.error("database %s: another server committed revision %d of its preserved catalog; its writes and "
                   "deletes are refused from now on, its other databases are served on (restart to load the "
                   "catalog again)", err.db, err.revision)
+
+    # -- queries and watermarks ---------------------------------------------------------
+    def query(self, database: str, sql: str, after: str = "", allow_partial: bool = False,
+              deadline_s: float | None = None):
+        """Runs `sql` once the read barrier passed (server/query/read_barrier.py: the replay caught up
+        or `allow_partial`, the write token `after` visible), waiting at most QUERY_WAIT_MAX_S or until
+        a little before the request's deadline `deadline_s`. Returns the QueryResult with `partial`,
+        `topic`, `topic_id` and `epoch` set. gRPC handler threads (driver)."""
+        timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else \
+            max(0.0, min(deadline_s - _ANSWER_MARGIN_S, QUERY_WAIT_MAX_S))
+        passage = self.read_barrier.pass_through(database, after, allow_partial, timeout_s)
+        res = self.query_engine.run(database, sql)
+        db = self.catalog.peek_database(database)
+        if passage.token is not None and not covered(passage.token.offsets, res.visible_hi_inclusive):
+            # cannot happen while watermarks only grow; never answer without the write
+            from server.errors import WriteTokenNotVisible
+
+            raise WriteTokenNotVisible(database, passage.token.offsets, res.visible_hi_inclusive, 0.0)
+        # decided before the query's cut: a replay that caught up meanwhile may make it complete anyway
+        res.partial = passage.partial
+        if db is not None:
+            with self.catalog.lock:
+                res.topic, res.topic_id, res.epoch = db.topic, db.topic_id or "", db.epoch
+        return res
+
+    def _visible(self, db) -> dict:
+        """{kp: visible_hi_inclusive} of `db` now (applied, plus the write buffer's tail)."""
+        if self.tail is not None:
+            return self.tail.visible(db)
+        with self.catalog.lock:
+            return dict(db.applied_hi_inclusive)
+
+    def watermarks(self, db) -> list:
+        """The PartitionWatermarks of `db` (server/consume/watermarks.py); Kafka's ends are read through
+        `_kafka_ends` (unknown when Kafka cannot be asked). Status and /metrics (driver threads)."""
+        ends = self._kafka_ends(db)
+        visible = self._visible(db)
+        pc = self.lifecycle.preserved.get(db.name) if self.lifecycle is not None else None
+        dbck = pc.state.database_checkpoint if pc is not None else None
+        with self.catalog.lock:
+            applied, epoch, topic = dict(db.applied_hi_inclusive), db.epoch, db.topic
+        persisted = persisted_hi_inclusive(dbck, epoch, applied)
+        return partition_watermarks(applied, visible, persisted, ends,
+                                    lambda kp: self.message_sizes.mean_bytes(topic, kp))
+
+    def _kafka_ends(self, db) -> dict | None:
+        """{kp: Kafka's end offset} of `db`'s topic as last read (a read older than KAFKA_ENDS_MAX_AGE_S
+        starts a new one in the background; the first one is awaited at most KAFKA_ENDS_WAIT_S), raised
+        to what this server saw acknowledged and applied since (both are below the end); None when
+        never read."""
+        topic = db.topic
+        with self._kafka_ends_lock:
+            now = time.monotonic()
+            read = self._kafka_ends_read.get(topic)
+            reading = None
+            if read is None or now - read[0] > KAFKA_ENDS_MAX_AGE_S:
+                reading = self._kafka_ends_reading.get(topic)
+                if reading is None:
+                    reading = self._kafka_ends_reading[topic] = (now, threading.Event())
+                    threading.Thread(target=self._read_kafka_ends, args=(db, reading[1]), daemon=True,
+                                     name=f"kafka-ends-{db.name}").start()
+        if reading is not None and read is None:
+            reading[1].wait(max(0.0, KAFKA_ENDS_WAIT_S - (time.monotonic() - reading[0])))
+            read = self._kafka_ends_read.get(topic)
+        if read is None:
+            return None
+        ends = dict(read[1])
+        acked = self.write_buffer.acked_hi_inclusive
+        with self.catalog.lock:
+            applied = dict(db.applied_hi_inclusive)
+        for kp in ends:
+            ends[kp] = max(ends[kp], acked.get((db.topic, kp), -1) + 1, applied.get(kp, -1) + 1)
+        return ends
+
+    def _read_kafka_ends(self, db, done: threading.Event) -> None:
+        """Reads Kafka's ends of `db`'s topic into `_kafka_ends_read` (a failure keeps the last read)."""
+        try:
+            t = time.monotonic()
+            ends = {kp: end for kp, (_lo, end) in
+                    self.write_buffer.partition_bounds(db.topic, db.kafka_partitions).items()}
+            with self._kafka_ends_lock:
+                self._kafka_ends_read[db.topic] = (t, ends)
+        except Exception as e:  # KafkaException, or the write buffer closing
+            log.debug("watermarks of %s: Kafka's ends not read: %s", db.name, e)
+        finally:
+            with self._kafka_ends_lock:
+                self._kafka_ends_reading.pop(db.topic, None)
+            done.set()
+
+    def _all_watermarks(self) -> list:
+        """[(database, PartitionWatermarks)] of every database (/metrics, at each scrape)."""
+        return [(db.name, w) for db in self.catalog.databases() for w in self.watermarks(db)]
 
     # -- management ---------------------------------------------------------------------
     def caught_up_database(self, database: str, deadline_s: float | None = None):
@@ -783,6 +954,8 @@ class IoxServer:
                 for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
                     del self.ingestor.row_filters[key]
                 self._replay_until.pop(db.topic, None)
+                self._kafka_ends_read.pop(db.topic, None)
+                self.message_sizes.forget_topic(db.topic)
                 for key in [k for k in list(self.write_buffer.acked_hi_inclusive) if k[0] == db.topic]:
                     self.write_buffer.acked_hi_inclusive.pop(key, None)
                 if self.tail is not None:
@@ -811,12 +984,13 @@ class IoxServer:
             dbs = self.catalog.databases()
         resp = management_pb2.GetStatusResponse()
         self.is_replaying()  # retires finished replays
+        marks = {db.name: self.watermarks(db) for db in dbs}  # asks Kafka: outside the catalog lock
         with self.catalog.lock:
             for db in dbs:
                 pc = self.lifecycle.preserved.get(db.name) if self.lifecycle else None
                 d = resp.databases.add(name=db.name, topic=db.topic, kafka_partitions=db.kafka_partitions,
                                        catalog_revision=pc.revision if pc is not None else -1,
-                                       replaying=db.topic in self._replay_until)
+                                       replaying=self.database_replaying(db))
                 d.epoch = db.epoch
                 d.pending_transaction_parts = len(db.txns.pending)
                 d.pinned_transactions = len(db.txns.pins)
@@ -828,6 +1002,7 @@ class IoxServer:
                     d.replay_target.add(partition=kp, applied_hi_inclusive=off)
                 d.replay_offsets_done, d.replay_offsets_todo = self.replay_progress(db)
                 d.topic_replaced = db.topic_replaced
+                fill_retention_status(d, db, time.time())
                 fenced_revision = self.lifecycle.fenced_revision(db.name) if self.lifecycle else None
                 if fenced_revision is not None:
                     d.fenced = True
@@ -838,11 +1013,12 @@ class IoxServer:
                     _poisoned_status(d.poisoned.add(), db, r)
                 for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
                     d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
-                visible = self.tail.visible(db) if self.tail is not None else {}
-                for kp in sorted(db.applied_hi_inclusive):
-                    applied = db.applied_hi_inclusive[kp]
-                    d.write_buffer.add(partition=kp, applied_hi_inclusive=applied,
-                                       visible_hi_inclusive=max(applied, visible.get(kp, applied)))
+                for w in marks[db.name]:
+                    d.write_buffer.add(partition=w.partition, applied_hi_inclusive=w.applied_hi_inclusive,
+                                       visible_hi_inclusive=w.visible_hi_inclusive,
+                                       persisted_hi_inclusive=w.persisted_hi_inclusive,
+                                       high_watermark=w.high_watermark, lag_messages=w.lag_messages,
+                                       lag_bytes=w.lag_bytes)
                 for table in sorted(set(db.schemas.tables()) | set(db.partitions)):
                     t = d.tables.add(name=table)
                     sch = db.schemas.get(table)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from server.errors import ServerError
+#: the retention pruner's delay behind reader_lo (declared with the prune policy)
+from lifecycle.prune_policy import DEFAULT_PRUNE_DELAY_S
 
 __all__ = [
     "ServerConfig",
@@ -32,8 +34,14 @@ __all__ = [
     "DEFAULT_MAX_CONCURRENT_RPCS",
     "DEFAULT_HTTP_WORKERS",
     "DEFAULT_MAX_QUERY_ROWS",
+    "DEFAULT_MAX_COLUMNS_PER_TABLE",
     "DEFAULT_MAX_QUERY_BYTES",
+    "DEFAULT_PRUNE_DELAY_S",
+    "DEFAULT_MEMORY_LIMIT_BYTES",
+    "DEFAULT_MEMORY_SOFT_FRACTION",
+    "DEFAULT_MEMORY_SAMPLE_INTERVAL_MS",
     "InvalidConfig",
+    "object_store_reachable",
     "parse_memory_bytes",
 ]
 
@@ -83,12 +91,24 @@ DEFAULT_MAX_CONCURRENT_RPCS = 4 * DEFAULT_GRPC_WORKERS
 #: socket timeout); as many connections again wait for one, any further connection is answered
 #: 503 with Retry-After and closed.
 DEFAULT_HTTP_WORKERS = 32
+#: Most columns (tags, fields and time) one table may have: a write adding more is rejected
+#: (INVALID_ARGUMENT / HTTP 400), as IOx's namespace limit does with the same default. Spark plans
+#: over thousands of columns fail to compile, so a table far wider cannot be queried.
+DEFAULT_MAX_COLUMNS_PER_TABLE = 200
 #: Rows of one query result; 0 = no limit (the byte limit still applies).
 DEFAULT_MAX_QUERY_ROWS = 0
 #: Arrow bytes of one query result; a larger result is answered RESOURCE_EXHAUSTED. 0 = no limit.
 DEFAULT_MAX_QUERY_BYTES = 1024 * 1024 * 1024
 #: Address gRPC, HTTP and Spark Connect bind to: loopback only unless `--bind-host` widens it.
 DEFAULT_BIND_HOST = "127.0.0.1"
+#: RSS bound of the server's process tree (driver, Spark JVM, Python workers, the embedded broker);
+#: 0 = off (the default: the JVM's own -Xmx and the buffer's hard limit still apply).
+DEFAULT_MEMORY_LIMIT_BYTES = 0
+#: Fraction of --memory-limit-bytes past which the server throttles: micro-batches read less and the
+#: lifecycle persists and unloads first; at the limit writes are refused (RESOURCE_EXHAUSTED / 503).
+DEFAULT_MEMORY_SOFT_FRACTION = 0.8
+#: How often the RSS of the process tree is sampled.
+DEFAULT_MEMORY_SAMPLE_INTERVAL_MS = 500
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
 DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH = 2_000
 
@@ -122,6 +142,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def object_store_reachable(spark_master: str, object_store_url: str, shared: bool) -> bool:
+    """Whether the executors of `spark_master` can read and write the object store at
+    `object_store_url`: always in local mode (lifecycle/cluster.py) and for S3; a directory
+    with a cluster master only when declared `shared` (mounted at the same path everywhere). Pure."""
+    from urllib.parse import urlsplit
+
+    from lifecycle.cluster import is_local_master
+
+    return is_local_master(spark_master) or shared or urlsplit(object_store_url).scheme.lower() == "s3"
+
+
 class InvalidConfig(ServerError, ValueError):
     def __init__(self, field: str, actual, reason: str):
         self.field = field
@@ -150,7 +181,14 @@ class ServerConfig:
     http_workers: int = DEFAULT_HTTP_WORKERS
     max_query_rows: int = DEFAULT_MAX_QUERY_ROWS
     max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES
+    max_columns_per_table: int = DEFAULT_MAX_COLUMNS_PER_TABLE
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
+    #: retention: the pruner's delay behind reader_lo (catalog/retention.py, lifecycle/prune_policy.py)
+    prune_delay_s: float = DEFAULT_PRUNE_DELAY_S
+    #: RSS bound of the process tree; 0 = off (server/runtime/memory_guard.py)
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES
+    memory_soft_fraction: float = DEFAULT_MEMORY_SOFT_FRACTION
+    memory_sample_interval_ms: int = DEFAULT_MEMORY_SAMPLE_INTERVAL_MS
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
     #: replication factor of the database topics this server creates (fewer replicas when the Kafka
@@ -173,6 +211,9 @@ class ServerConfig:
     object_store: str | None = None
     #: S3 endpoint URL (MinIO, moto); None = AWS's
     s3_endpoint: str | None = None
+    #: the object store directory is a shared file system mounted at the same path on every Spark
+    #: worker (without it, a directory store with a non-local Spark master is refused)
+    object_store_shared: bool = False
     #: start even when Kafka lost offsets the replay plan needs (logged, counted in status)
     skip_lost_writes: bool = False
     #: lifecycle rule overrides (LifecycleRules field -> value); absent = IOx defaults
@@ -196,7 +237,7 @@ class ServerConfig:
         for name in ("grpc_workers", "max_concurrent_rpcs", "http_workers", "max_request_bytes"):
             if not _int_in(getattr(self, name), 1):
                 raise InvalidConfig(name, getattr(self, name), "must be an integer >= 1")
-        for name in ("max_query_rows", "max_query_bytes"):
+        for name in ("max_query_rows", "max_query_bytes", "max_columns_per_table"):
             if not _int_in(getattr(self, name), 0):
                 raise InvalidConfig(name, getattr(self, name), "must be an integer >= 0 (0 = no limit)")
 
@@ -208,6 +249,23 @@ class ServerConfig:
             raise InvalidConfig("auth_tokens_file", self.auth_tokens_file,
                                 "Spark Connect takes one token: set --auth-token too (or --spark-connect-port 0)")
 
+        if not _int_in(self.memory_limit_bytes, 0):
+            raise InvalidConfig("memory_limit_bytes", self.memory_limit_bytes,
+                                "must be a number of bytes >= 0 (0 = off)")
+        if not (isinstance(self.memory_soft_fraction, (int, float)) and 0 < self.memory_soft_fraction <= 1):
+            raise InvalidConfig("memory_soft_fraction", self.memory_soft_fraction,
+                                "must be a fraction in (0, 1] (exclusive 0, inclusive 1)")
+        if not _int_in(self.memory_sample_interval_ms, 10):
+            raise InvalidConfig("memory_sample_interval_ms", self.memory_sample_interval_ms,
+                                "must be an integer >= 10")
+        if not (isinstance(self.prune_delay_s, (int, float)) and 0 <= self.prune_delay_s < float("inf")):
+            raise InvalidConfig("prune_delay_s", self.prune_delay_s, "must be a number of seconds >= 0")
+        if not object_store_reachable(self.spark_master, self.object_store_url, self.object_store_shared):
+            raise InvalidConfig("object_store", self.object_store_url,
+                                f"a local directory is not reachable from the executors of Spark master "
+                                f"{self.spark_master!r} on other hosts: use --object-store s3://bucket/prefix, or "
+                                f"--object-store-shared when it is a shared file system mounted at this same path "
+                                f"on every Spark worker")
         if txn_commit_deadline_s(self.txn_timeout_s, self.produce_timeout_ms) <= 0:
             raise InvalidConfig("txn_timeout_s", self.txn_timeout_s,
                                 f"must exceed 2 x produce timeout + {TXN_SLACK_S:.0f} s = "

@@ -14,7 +14,10 @@ __all__ = [
     "QueryResultTooLarge",
     "WriteBufferUnavailable",
     "WriteBufferOverloaded",
+    "MemoryLimitReached",
+    "OlderThanRetention",
     "SchemaConflict",
+    "TooManyColumns",
     "InvalidArgument",
     "CatchUpTimedOut",
     "WritesLost",
@@ -29,6 +32,10 @@ __all__ = [
     "RelationRefused",
     "FunctionRefused",
     "ConstructRefused",
+    "ReplayNotCaughtUp",
+    "WriteTokenNotVisible",
+    "WriteTokenOfOtherDatabase",
+    "WriteTokenOfOtherIncarnation",
 ]
 
 
@@ -73,6 +80,16 @@ class SchemaConflict(InvalidArgument):
         super().__init__(
             f"table {table!r} column {column!r} is {existing}, this write has {new}; nothing written"
         )
+
+
+class TooManyColumns(InvalidArgument):
+    def __init__(self, table: str, existing: int, would_have: int, limit: int):
+        self.table = table
+        self.existing = existing
+        self.would_have = would_have
+        self.limit = limit
+        super().__init__(f"table {table!r} has {existing} columns, this write would make it {would_have}: "
+                         f"at most {limit} columns per table (--max-columns-per-table); nothing written")
 
 
 class RequestTooLarge(ServerError):
@@ -273,3 +290,82 @@ class NotReadyToAccept(ServerError):
         self.retry_after_s = retry_after_s
         super().__init__(f"database {database!r}: the lost writes are not accepted yet: {reason}; nothing changed, "
                          "try again")
+
+
+class ReplayNotCaughtUp(ServerError):
+    """A query waited its deadline for the database's replay of the write buffer after a restart
+    (it would have answered without writes acknowledged before the restart): UNAVAILABLE, retry
+    or accept a partial answer (`allow_partial`). ``done`` / ``todo``: offsets replayed / to replay."""
+
+    def __init__(self, database: str, done: int, todo: int, waited_s: float, retry_after_s: float = 1.0):
+        self.database, self.done, self.todo, self.waited_s = database, done, todo, waited_s
+        self.retry_after_s = retry_after_s
+        pct = f" ({100.0 * done / todo:.1f}%)" if todo else ""
+        super().__init__(f"database {database!r} is replaying its write buffer after a restart: {done} of {todo} "
+                         f"offsets done{pct}; waited {waited_s:.1f} s. Retry later (`iox status --wait-replay`), "
+                         "or accept a partial answer (--allow-partial)")
+
+
+class WriteTokenNotVisible(ServerError):
+    """A query's write token (`after`) was not visible within its deadline: DEADLINE_EXCEEDED, never
+    an answer without the write. ``needed`` / ``visible``: {kafka partition: offset}, inclusive."""
+
+    def __init__(self, database: str, needed: dict, visible: dict, waited_s: float):
+        self.database, self.needed, self.visible, self.waited_s = database, dict(needed), dict(visible), waited_s
+        behind = {kp: (visible.get(kp, -1), off) for kp, off in sorted(needed.items()) if visible.get(kp, -1) < off}
+        super().__init__(f"database {database!r}: the write token is not visible after {waited_s:.1f} s (Kafka "
+                         "partition: visible / needed offset: "
+                         + ", ".join(f"{kp}: {v} / {n}" for kp, (v, n) in behind.items()) + "); nothing was queried")
+
+
+class WriteTokenOfOtherDatabase(InvalidArgument):
+    """A query's write token names the topic of another database."""
+
+    def __init__(self, database: str, topic: str, token_topic: str):
+        self.database, self.topic, self.token_topic = database, topic, token_topic
+        super().__init__(f"the write token is of topic {token_topic!r}, not of database {database!r} "
+                         f"(topic {topic!r})")
+
+
+class WriteTokenOfOtherIncarnation(ServerError):
+    """A query's write token is of another write-buffer epoch or topic incarnation of the database
+    than the one it reads now (its offsets mean other messages): FAILED_PRECONDITION."""
+
+    def __init__(self, database: str, token_epoch: int, epoch: int, token_topic_id: str | None,
+                 topic_id: str | None):
+        self.database, self.token_epoch, self.epoch = database, token_epoch, epoch
+        self.token_topic_id, self.topic_id = token_topic_id, topic_id
+        super().__init__(f"database {database!r}: the write token is of write-buffer epoch {token_epoch} (topic id "
+                         f"{token_topic_id}), the database is in epoch {epoch} (topic id {topic_id}); its offsets "
+                         "name other messages now. Query without it (what that write held was persisted with its "
+                         "epoch) or write again for a new token")
+
+
+class MemoryLimitReached(WriteBufferOverloaded):
+    """The server's process tree is at its --memory-limit-bytes (RSS, server/runtime/memory_guard.py):
+    writes are refused (RESOURCE_EXHAUSTED / HTTP 503 with Retry-After) until it is back under."""
+
+    def __init__(self, rss_bytes: int, limit_bytes: int, retry_after_s: float = 1.0):
+        self.rss_bytes = rss_bytes
+        self.limit_bytes = limit_bytes
+        self.buffer_bytes = rss_bytes
+        self.hard_limit_bytes = limit_bytes
+        self.retry_after_s = retry_after_s
+        ServerError.__init__(self, f"the server's memory ({rss_bytes} bytes resident, driver, Spark and workers) is "
+                                   f"at its limit ({limit_bytes} bytes, --memory-limit-bytes); retry after "
+                                   f"{retry_after_s:g}s")
+
+
+class OlderThanRetention(InvalidArgument):
+    """A write holds a point older than its database's retention allows (older than reader_lo):
+    the whole request is rejected, nothing is stored (INVALID_ARGUMENT; HTTP 422 as InfluxDB does).
+    ``line``: the 1-based line of the first such point (None for an Arrow write), ``row`` its row
+    in ``table`` (0-based)."""
+
+    def __init__(self, database: str, table: str, time_ns: int, reader_lo_ns: int, retention: str,
+                 line: int | None = None, row: int | None = None):
+        self.database, self.table, self.time_ns = database, table, time_ns
+        self.reader_lo_ns, self.retention, self.line, self.row = reader_lo_ns, retention, line, row
+        where = f"line {line}" if line is not None else f"table {table!r} row {row}"
+        super().__init__(f"{where}: point at time {time_ns} is older than the retention of database {database!r} "
+                         f"({retention}: nothing older than {reader_lo_ns} is kept); nothing written")

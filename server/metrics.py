@@ -14,7 +14,12 @@ collections in the server process, each of which stops every thread
 write-buffer messages the consumer set aside because applying them failed (each
 time one is found failing; server/write_buffer/poison.py), `iox_poisoned_messages_held{database}`:
 those held now (their Kafka partition applies nothing after them until retried or
-accepted; `iox status` lists them).
+accepted; `iox status` lists them). Watermarks per database and Kafka partition, read at each
+scrape (server/consume/watermarks.py): `iox_watermark_offset{database,partition,watermark}` with
+watermark = applied_hi_inclusive, visible_hi_inclusive, persisted_hi_inclusive (inclusive offsets,
+-1 = none) or high_watermark (Kafka's exclusive end, -1 unknown), `iox_write_buffer_lag_messages`
+and `iox_write_buffer_lag_bytes` (an estimate: lag times the mean size of the messages this server
+produced to the partition).
 
 Invariant: every figure counts what this server process did since it started
 (a restart starts again from zero, as Prometheus counters do). Each server has
@@ -27,9 +32,15 @@ Driver side only; nothing here is pickled.
 """
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import logging
 
-__all__ = ["ServerMetrics", "WRITE_STAGES", "WRITE_STAGE_BUCKETS_S", "GC_PAUSE_BUCKETS_S", "CONTENT_TYPE_LATEST"]
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from server.operation_metrics import OperationMetrics
+
+__all__ = ["ServerMetrics", "WRITE_STAGES", "WRITE_STAGE_BUCKETS_S", "GC_PAUSE_BUCKETS_S", "CONTENT_TYPE_LATEST",
+           "WATERMARKS"]
 
 #: the router's stages, in the order a request passes them (`parse` for line protocol, `decode` for Arrow)
 WRITE_STAGES = ("parse", "decode", "checks", "encode", "produce")
@@ -65,9 +76,17 @@ class ServerMetrics:
                                     ["database"], registry=self.registry)
         for s in WRITE_STAGES:  # every stage is listed from the start, with zero observations
             self._stage.labels(stage=s)
+        #: micro-batches, lifecycle, retention, memory (server/operation_metrics.py)
+        self.operation = OperationMetrics(self.registry)
         self._gc = Histogram("iox_gc_pause_seconds", "Seconds of each garbage collection of the server process "
                              "(every thread waits for it)", ["generation"], registry=self.registry,
                              buckets=GC_PAUSE_BUCKETS_S)
+
+    def watch_watermarks(self, read) -> None:
+        """Reports the watermarks `read()` gives at each scrape: [(database, w)] where w has
+        partition, applied_hi_inclusive, visible_hi_inclusive, persisted_hi_inclusive, high_watermark,
+        lag_messages and lag_bytes (server/consume/watermarks.py PartitionWatermarks)."""
+        self.registry.register(_WatermarkCollector(read))
 
     def lost_writes(self, database: str, ranges: int) -> None:
         """Counts `ranges` ranges of acknowledged writes the write buffer lost (per Kafka partition)."""
@@ -97,3 +116,42 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format (CONTENT_TYPE_LATEST)."""
         return generate_latest(self.registry)
+
+
+#: the watermarks `iox_watermark_offset` reports, by its `watermark` label
+WATERMARKS = ("applied_hi_inclusive", "visible_hi_inclusive", "persisted_hi_inclusive", "high_watermark")
+
+
+class _WatermarkCollector:
+    """A prometheus_client collector reading the watermarks at each scrape (see `watch_watermarks`)."""
+
+    def __init__(self, read):
+        self._read = read
+
+    def describe(self):
+        return []  # read at scrape time only: registering must not call `read`
+
+    def collect(self):
+        marks = GaugeMetricFamily("iox_watermark_offset", "Write-buffer watermarks per database and Kafka "
+                                  "partition: applied/visible/persisted_hi_inclusive (inclusive offsets, -1 = none), "
+                                  "high_watermark (Kafka's exclusive end, -1 = unknown)",
+                                  labels=["database", "partition", "watermark"])
+        lag = GaugeMetricFamily("iox_write_buffer_lag_messages", "Offsets written to the Kafka partition and not "
+                                "applied yet", labels=["database", "partition"])
+        lag_bytes = GaugeMetricFamily("iox_write_buffer_lag_bytes", "Estimated bytes of the offsets not applied "
+                                      "yet (lag times the mean size of the messages this server produced)",
+                                      labels=["database", "partition"])
+        try:
+            read = self._read()
+        except Exception:  # the other metrics are still served
+            logging.getLogger(__name__).exception("reading the watermarks for /metrics")
+            read = []
+        for database, w in read:
+            kp = str(w.partition)
+            for name in WATERMARKS:
+                marks.add_metric([database, kp, name], getattr(w, name))
+            lag.add_metric([database, kp], w.lag_messages)
+            lag_bytes.add_metric([database, kp], w.lag_bytes)
+        yield marks
+        yield lag
+        yield lag_bytes

@@ -57,6 +57,7 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/RetryPoisoned": ADMIN,
     "/iox.management.ManagementService/AcceptPoisoned": ADMIN,
     "/iox.management.ManagementService/AcceptLostWrites": ADMIN,
+    "/iox.management.ManagementService/SetRetention": ADMIN,
     "/iox.management.ManagementService/ListDatabases": ADMIN,
 }
 

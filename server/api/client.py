@@ -85,11 +85,15 @@ class IoxClient:
 
     def write(self, database: str, lines: bytes | str, precision: str = "ns", timeout_s: float = 60.0) -> dict:
         """Returns the write token {kafka partition: offset}."""
+        return dict(self.write_response(database, lines, precision, timeout_s).token.offsets)
+
+    def write_response(self, database: str, lines: bytes | str, precision: str = "ns",
+                       timeout_s: float = 60.0) -> write_pb2.WriteResponse:
+        """The Write answer: `token_text` is the printable write token `query(after=...)` takes."""
         if isinstance(lines, str):
             lines = lines.encode()
-        r = self.write_stub.Write(write_pb2.WriteRequest(database=database, line_protocol=lines,
-                                                         precision=precision), timeout=timeout_s)
-        return dict(r.token.offsets)
+        return self.write_stub.Write(write_pb2.WriteRequest(database=database, line_protocol=lines,
+                                                            precision=precision), timeout=timeout_s)
 
     def write_arrow(self, database: str, tables: dict, timeout_s: float = 60.0) -> dict:
         """Columnar write. `tables`: {table name: (pa.Table | pa.RecordBatch, roles)} where roles is
@@ -114,11 +118,27 @@ class IoxClient:
         r = self.write_stub.WriteArrow(req, timeout=timeout_s)
         return dict(r.token.offsets)
 
-    def query(self, database: str, sql: str, timeout_s: float = 120.0) -> pa.Table:
-        tables = []
-        for resp in self.query_stub.Query(query_pb2.QueryRequest(database=database, sql=sql), timeout=timeout_s):
+    def query(self, database: str, sql: str, timeout_s: float = 120.0, after: str = "",
+              allow_partial: bool = False) -> pa.Table:
+        """The answer of `sql`. `after`: a printable write token (WriteResponse.token_text): the query
+        runs once that write is visible (DEADLINE_EXCEEDED past `timeout_s`); `allow_partial`: during
+        a replay after a restart, answer at once (marked partial, see `query_with_watermark`)."""
+        return self.query_with_watermark(database, sql, timeout_s, after, allow_partial)[0]
+
+    def query_with_watermark(self, database: str, sql: str, timeout_s: float = 120.0, after: str = "",
+                             allow_partial: bool = False) -> tuple[pa.Table, dict]:
+        """(answer, what it reflects): {applied_hi_inclusive, visible_hi_inclusive ({kp: offset}),
+        partial, topic, topic_id, epoch}."""
+        tables, info = [], {}
+        req = query_pb2.QueryRequest(database=database, sql=sql, after=after, allow_partial=allow_partial)
+        for resp in self.query_stub.Query(req, timeout=timeout_s):
             tables.append(pa.ipc.open_stream(pa.py_buffer(resp.arrow_ipc)).read_all())
-        return pa.concat_tables(tables) if tables else pa.table({})
+            if not info:
+                info = {"applied_hi_inclusive": dict(sorted(resp.applied_hi_inclusive.items())),
+                        "visible_hi_inclusive": dict(sorted(resp.visible_hi_inclusive.items())),
+                        "partial": resp.partial, "topic": resp.topic, "topic_id": resp.topic_id,
+                        "epoch": resp.epoch}
+        return (pa.concat_tables(tables) if tables else pa.table({})), info
 
     def status_proto(self, database: str = "") -> management_pb2.GetStatusResponse:
         return self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database), timeout=30)
@@ -130,9 +150,14 @@ class IoxClient:
     def delete(self, database: str, start: str | int, stop: str | int, predicate: str = "", table: str = "",
                timeout_s: float = 60.0) -> dict:
         """Returns the delete's write token {kafka partition: offset}."""
-        r = self.delete_stub.Delete(delete_pb2.DeleteRequest(database=database, table=table, start=str(start),
-                                                             stop=str(stop), predicate=predicate), timeout=timeout_s)
-        return dict(r.offsets)
+        return dict(self.delete_response(database, start, stop, predicate, table, timeout_s).offsets)
+
+    def delete_response(self, database: str, start: str | int, stop: str | int, predicate: str = "",
+                        table: str = "", timeout_s: float = 60.0) -> delete_pb2.DeleteResponse:
+        """The Delete answer: `token_text` is the printable write token `query(after=...)` takes."""
+        return self.delete_stub.Delete(delete_pb2.DeleteRequest(database=database, table=table, start=str(start),
+                                                                stop=str(stop), predicate=predicate),
+                                       timeout=timeout_s)
 
     def persist(self, database: str, table: str = "", partition_key: str = "", timeout_s: float = 300.0) -> dict:
         r = self.mgmt_stub.Persist(management_pb2.PersistRequest(database=database, table=table,
@@ -164,6 +189,13 @@ class IoxClient:
         """Accepts the database's lost writes while the server runs; returns {accepted: [...], epoch, new_topic}."""
         r = self.mgmt_stub.AcceptLostWrites(management_pb2.AcceptLostWritesRequest(database=database),
                                             timeout=timeout_s)
+        return _as_dict(r)
+
+    def set_retention(self, database: str, period_s: int, timeout_s: float = 60.0) -> dict:
+        """Sets (period_s > 0) or removes (0) the database's retention; returns {database, period_s,
+        reader_lo_ns?, pruner_hi_ns?}."""
+        r = self.mgmt_stub.SetRetention(management_pb2.SetRetentionRequest(database=database, period_s=period_s),
+                                        timeout=timeout_s)
         return _as_dict(r)
 
     def applied(self, database: str) -> dict:

@@ -3,6 +3,9 @@
 Invariant: every ServerError maps to one gRPC status a user can act on
 (INVALID_ARGUMENT with a google.rpc.BadRequest for bad lines, NOT_FOUND,
 RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION); anything else is INTERNAL and logged.
+A query waits at its read barrier (server/query/read_barrier.py): a replay not caught up by its deadline is
+UNAVAILABLE with the replay's progress, a write token not visible by then DEADLINE_EXCEEDED, a token of another
+write-buffer epoch or topic incarnation FAILED_PRECONDITION (of another database, or malformed: INVALID_ARGUMENT).
 A query the SQL sandbox refuses (server/query/sql_sandbox.py) is PERMISSION_DENIED, or INVALID_ARGUMENT when it is
 no query at all (NotAQuery).
 A fenced database (DatabaseFenced, or the catalog's RevisionConflict of an `iox persist` / `iox compact`
@@ -30,7 +33,9 @@ from catalog.errors import RevisionConflict
 from server.errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
+from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.write.router import ArrowTableWrite
+from server.write_buffer.write_token import format_token, token_for
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
 
@@ -82,8 +87,13 @@ def _abort(context, err: Exception):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
     if isinstance(err, DatabaseNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-    if isinstance(err, CatchUpTimedOut):
+    if isinstance(err, (CatchUpTimedOut, WriteTokenNotVisible)):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
+    if isinstance(err, WriteTokenOfOtherIncarnation):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+    if isinstance(err, ReplayNotCaughtUp):
+        context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
@@ -109,8 +119,7 @@ class _WriteService(write_pb2_grpc.WriteServiceServicer):
             _abort(context, e)
         except Exception as e:
             _abort(context, e)
-        return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token), points=res.points,
-                                       topic=res.topic)
+        return _write_response(self.server, request.database, res)
 
     def WriteArrow(self, request, context):
         try:
@@ -120,8 +129,16 @@ class _WriteService(write_pb2_grpc.WriteServiceServicer):
             res = self.server.router.write_arrow(request.database, tables)
         except Exception as e:
             _abort(context, e)
-        return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token), points=res.points,
-                                       topic=res.topic)
+        return _write_response(self.server, request.database, res)
+
+
+def _write_response(server, database: str, res) -> write_pb2.WriteResponse:
+    """The answer to an acknowledged write: its token, structured and printable
+    (server/write_buffer/write_token.py)."""
+    t = token_for(server.catalog, database, res.token)
+    return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token, epoch=t.epoch if t else 0,
+                                                              topic_id=(t.topic_id or "") if t else ""),
+                                   points=res.points, topic=res.topic, token_text=format_token(t) if t else "")
 
 
 class _QueryService(query_pb2_grpc.QueryServiceServicer):
@@ -130,7 +147,8 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
 
     def Query(self, request, context):
         try:
-            res = self.server.query_engine.run(request.database, request.sql)
+            res = self.server.query(request.database, request.sql, request.after, request.allow_partial,
+                                    deadline_s=context.time_remaining())
         except Exception as e:
             _abort(context, e)
         table = res.table
@@ -148,7 +166,8 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
             del b
             yield query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),
                                           applied_hi_inclusive=res.applied_hi_inclusive,
-                                          visible_hi_inclusive=res.visible_hi_inclusive)
+                                          visible_hi_inclusive=res.visible_hi_inclusive, partial=res.partial,
+                                          topic=res.topic, topic_id=res.topic_id, epoch=res.epoch)
 
 
 class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):
@@ -163,7 +182,8 @@ class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):
                                   request.start, request.stop, request.predicate)
         except Exception as e:
             _abort(context, e)
-        return delete_pb2.DeleteResponse(offsets=token)
+        t = token_for(self.server.catalog, request.database, token)
+        return delete_pb2.DeleteResponse(offsets=token, token_text=format_token(t) if t else "")
 
 
 class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
@@ -207,6 +227,12 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
     def AcceptLostWrites(self, request, context):
         try:
             return self.server.accept_lost_writes(request.database)
+        except Exception as e:
+            _abort(context, e)
+
+    def SetRetention(self, request, context):
+        try:
+            return self.server.set_retention(request.database, request.period_s)
         except Exception as e:
             _abort(context, e)
 

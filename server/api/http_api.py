@@ -7,7 +7,8 @@ Router, and every error maps to the HTTP status of its gRPC status
 (INVALID_ARGUMENT -> 400 `{"code": "invalid", ...}` naming the bad lines,
 RESOURCE_EXHAUSTED -> 413, UNAVAILABLE -> 503 with Retry-After, NOT_FOUND -> 404,
 FAILED_PRECONDITION (lost writes not accepted, a topic replaced, a database fenced: another server
-committed a newer revision of its preserved catalog) -> 409, anything else -> 500). 204 is answered only after Kafka acknowledged the write.
+committed a newer revision of its preserved catalog) -> 409, anything else -> 500). 204 is answered only after Kafka acknowledged the write,
+with the write's token in `X-Iox-Write-Token` (server/write_buffer/write_token.py; a query's `after`).
 A gzip body is decompressed with a limit: no body can grow past
 `max_request_bytes` in memory, however well it compresses.
 
@@ -22,8 +23,15 @@ are 1.x's `{"error": "..."}`. `/ping` answers 204
 with `X-Influxdb-Version` and `X-Influxdb-Build`, or 200 `{"version": ...}` with `verbose=true`
 (as 1.x: any value but empty, 0 and false).
 
-Authentication (when the server has tokens, server/api/auth.py): writes and `/metrics` need a
-token, `/health`, `/ready` and `/ping` stay open. The token comes as `Authorization: Token T`
+SQL queries (server/api/http_query.py): `GET /api/v3/query_sql?db=D&q=SQL`, JSON rows; the request
+header `X-Iox-After` takes a write token, the answer's `X-Iox-*` headers say what it reflects.
+
+InfluxDB v2 buckets (server/api/buckets.py): `GET|POST /api/v2/buckets`, `GET|PATCH
+/api/v2/buckets/{id}` and `GET /api/v2/orgs`, enough for influxdb-client's BucketsApi; a bucket's
+`retentionRules` are its database's retention period (a write of a point older than it: 422).
+
+Authentication (when the server has tokens, server/api/auth.py): writes, queries (the `query`
+permission on the database) and `/metrics` need a token, `/health`, `/ready` and `/ping` stay open. The token comes as `Authorization: Token T`
 (influxdb-client's `token=`) or `Bearer T`, or as InfluxDB 1.x takes credentials: the `p` query
 parameter or the password of Basic authorization (the user name is not checked). No token or an
 unknown one: 401 (`{"code": "unauthorized", ...}`, 1.x `{"error": ...}`) and the body is not
@@ -41,6 +49,7 @@ import json
 import logging
 import math
 import queue
+import socket
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -51,10 +60,16 @@ from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicRepl
 from server.write.line_protocol import ALL_PRECISIONS
 from server.metrics import CONTENT_TYPE_LATEST
 from server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
+from server.api.buckets import handles as handles_buckets
+from server.errors import OlderThanRetention
+from server.write_buffer.write_token import format_token, token_for
+from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
+                           WriteTokenOfOtherIncarnation)
+from server.api.http_query import QUERY_PATH, answer as query_answer, query_request
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
            "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
-           "SERVER_VERSION"]
+           "SERVER_VERSION", "WRITE_TOKEN_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +83,11 @@ METRICS_PATH = "/metrics"
 #: A body over the limit is still read (and dropped) up to this size so the client sees the 413;
 #: past it the connection is closed without reading on.
 MAX_DRAIN_BYTES = 64 * 1024 * 1024
+#: The header of a 204 write answer holding the write's token (server/write_buffer/write_token.py): pass it to a
+#: query (`iox sql --after`, QueryRequest.after) to read that write.
+WRITE_TOKEN_HEADER = "X-Iox-Write-Token"
+#: Largest body of a buckets API request (a bucket's JSON).
+MAX_BUCKETS_BODY_BYTES = 64 * 1024
 #: Reported in /health and the X-Influxdb-Version header.
 SERVER_VERSION = "iox-spark"
 #: Idle / slow connection timeout, seconds.
@@ -141,15 +161,23 @@ def error_response(err: Exception) -> tuple[int, list, dict]:
         body = {"code": "invalid", "message": msg, "line": err.errors[0][0] if err.errors else None,
                 "errors": [{"line": n, "message": r} for n, r in err.errors]}
         return 400, [], body
+    if isinstance(err, OlderThanRetention):  # as InfluxDB answers points beyond a bucket's retention
+        return 422, [], {"code": "unprocessable entity", "message": str(err), "line": err.line}
     if isinstance(err, InvalidArgument):
         return 400, [], {"code": "invalid", "message": str(err)}
     if isinstance(err, DatabaseNotFound):
         return 404, [], {"code": "not found", "message": str(err)}
-    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced, WriteTokenOfOtherIncarnation)):
         return 409, [], {"code": "conflict", "message": str(err)}
+    if isinstance(err, NotAQuery):
+        return 400, [], {"code": "invalid", "message": str(err)}
+    if isinstance(err, QueryRefused):
+        return 403, [], {"code": "forbidden", "message": str(err)}
+    if isinstance(err, WriteTokenNotVisible):
+        return 504, [], {"code": "deadline exceeded", "message": str(err)}
     if isinstance(err, RequestTooLarge):
         return 413, [], {"code": "request too large", "message": str(err)}
-    if isinstance(err, (WriteBufferUnavailable, WriteBufferOverloaded)):
+    if isinstance(err, (WriteBufferUnavailable, WriteBufferOverloaded, ReplayNotCaughtUp)):
         retry = max(1, math.ceil(err.retry_after_s))
         return 503, [("Retry-After", str(retry))], {"code": "unavailable", "message": str(err)}
     return 500, [], {"code": "internal error", "message": f"internal error: {err}"}
@@ -345,6 +373,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ready"})
         elif route == "/ping":
             self._ping()
+        elif handles_buckets(route):
+            self._buckets("GET")
+        elif route == QUERY_PATH:
+            self._query()
         elif route == METRICS_PATH:
             if self._authorized("admin", None):
                 self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
@@ -362,11 +394,61 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404)
 
+    def _query(self) -> None:
+        """`GET /api/v3/query_sql` (server/api/http_query.py); needs the `query` permission on the database."""
+        try:
+            database, sql, after, allow_partial, timeout_s = query_request(
+                parse_qs(urlsplit(self.path).query, keep_blank_values=True), self.headers)
+        except InvalidArgument as e:
+            self._send_error(e)
+            return
+        if not self._authorized("query", database):
+            return
+        run = getattr(self.server, "query", None)
+        if run is None:
+            self._send(404, {"code": "not found", "message": "no query API on this server"})
+            return
+        try:
+            headers, body = query_answer(run(database, sql, after, allow_partial, deadline_s=timeout_s))
+        except Exception as e:
+            self._send_error(e)
+            return
+        self._send(200, body, headers)
+
+    def do_PATCH(self):
+        if handles_buckets(self._route()):
+            self._buckets("PATCH")
+        else:
+            self._send(405, {"code": "method not allowed", "message": f"PATCH {self._route()} is not supported"},
+                       close=not self._drain_any())
+
+    def _buckets(self, method: str) -> None:
+        """The InfluxDB v2 buckets and orgs API (server/api/buckets.py); needs the `admin` permission."""
+        body = self._read_body(MAX_BUCKETS_BODY_BYTES) if method != "GET" else b""
+        if not self._authorized("admin", None):
+            return
+        api = getattr(self.server, "buckets", None)
+        if api is None:
+            self._send(404, {"code": "not found", "message": "no buckets API on this server"})
+            return
+        try:
+            status, out = api.handle(method, self._route(), urlsplit(self.path).query, body)
+        except Exception as e:
+            self._send_error(e)
+            return
+        self._send(status, out)
+
     def do_POST(self):
         route = self._route()
+        if handles_buckets(route):
+            try:
+                self._buckets("POST")
+            except _BodyTooLarge as e:
+                self._send_error(RequestTooLarge(e.size, MAX_BUCKETS_BODY_BYTES), close=not e.drained)
+            return
         if route not in (WRITE_PATH, V1_WRITE_PATH):
             drained = self._drain_any()
-            if route in ("/health", "/ping", "/ready", METRICS_PATH):
+            if route in ("/health", "/ping", "/ready", METRICS_PATH, QUERY_PATH):
                 self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
                            [("Allow", "GET")], close=not drained)
             else:
@@ -450,11 +532,12 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._authorized("write", database):
                 return
             body = gunzip_limited(raw, limit) if encoding == "gzip" else raw
-            self.router.write_line_protocol(database, body, precision, **kw)
+            res = self.router.write_line_protocol(database, body, precision, **kw)
         except Exception as e:
             self._send_error(e)
             return
-        self._send(204)
+        token = token_for(self.router.catalog, database, res.token)
+        self._send(204, headers=[(WRITE_TOKEN_HEADER, format_token(token))] if token is not None else [])
 
 
 #: Seconds a client is told to wait (Retry-After) when every HTTP worker is busy and the queue is full.
@@ -475,10 +558,18 @@ class _Server(HTTPServer):
         self.router = router
         self.workers = workers
         self._queue: queue.Queue = queue.Queue(maxsize=workers)
+        # an IPv6 address (or a name that resolves to one first) binds an IPv6 socket; `::` also
+        # takes IPv4 connections (dual stack), as gRPC's `[::]` does
+        self.address_family = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)[0][0]
         super().__init__(addr, handler)
         self._threads = [threading.Thread(target=self._work, name=f"http-{i}", daemon=True) for i in range(workers)]
         for t in self._threads:
             t.start()
+
+    def server_bind(self):
+        if self.address_family == socket.AF_INET6 and hasattr(socket, "IPV6_V6ONLY"):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
     def process_request(self, request, client_address):
         try:
@@ -536,6 +627,9 @@ class HttpWriteServer:
     def start(self) -> None:
         self._httpd = _Server((self.host, self.port), _Handler, self.router, self.workers)
         self._httpd.authenticator = self.authenticator
+        self._httpd.buckets = getattr(self, "buckets", None)
+        #: IoxServer.query (server/api/http_query.py), or None: no query endpoint
+        self._httpd.query = getattr(self, "query", None)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="http-write-api", daemon=True)

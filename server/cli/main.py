@@ -1,5 +1,5 @@
 """The `iox` command line: serve, broker, write, sql, status, persist, compact, delete, poison,
-accept-lost-writes, demo.
+accept-lost-writes, retention, demo.
 
 Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
 (e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
@@ -9,6 +9,9 @@ exit non-zero with the server's message on any error.
 `iox write` sends an input larger than `--batch-bytes` in several requests, each cut at the end of
 a line; on a terminal it draws a progress bar (bytes acknowledged) on stderr.
 `iox sql --format json` writes one JSON object per row, every number a JSON number (see `json_value`).
+`iox write` prints the write token twice: per Kafka partition (`token`) and printable (`write_token`, see
+server/write_buffer/write_token.py), which `iox sql --after` takes; `--show-watermark` prints what the answer
+reflects on stderr.
 """
 from __future__ import annotations
 
@@ -22,10 +25,11 @@ from server.cli.output import print_table
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
-                           DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
+                           DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_MAX_COLUMNS_PER_TABLE, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
-                     DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, InvalidConfig, ServerConfig, parse_memory_bytes)
+                     DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, DEFAULT_PRUNE_DELAY_S,
+                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, InvalidConfig, ServerConfig, parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
            "DEFAULT_WRITE_BATCH_BYTES"]
@@ -70,6 +74,8 @@ SERVE_OPTIONS = [
      "gRPC requests in progress at once; more are answered RESOURCE_EXHAUSTED"),
     ("--http-workers", int, DEFAULT_HTTP_WORKERS,
      "threads serving HTTP connections; as many more wait, any further one is answered 503 with Retry-After"),
+    ("--max-columns-per-table", int, DEFAULT_MAX_COLUMNS_PER_TABLE,
+     "columns (tags, fields and time) one table may have; a write adding more is rejected (0 = no limit)"),
     ("--max-query-rows", int, DEFAULT_MAX_QUERY_ROWS,
      "rows of one query result; more is answered RESOURCE_EXHAUSTED (0 = no limit)"),
     ("--max-query-bytes", parse_memory_bytes, DEFAULT_MAX_QUERY_BYTES,
@@ -78,11 +84,21 @@ SERVE_OPTIONS = [
      "payload bytes of acknowledged writes not yet applied by Spark that queries read from the write "
      "buffer's tail (e.g. 256m; 0 = queries see applied writes only)"),
     ("--spark-connect-port", int, DEFAULT_SPARK_CONNECT_PORT, "Spark Connect port (0 disables)"),
+    ("--prune-delay-s", float, DEFAULT_PRUNE_DELAY_S,
+     "retention: how long after rows fell below a database's retention their day partitions and Parquet "
+     "files are dropped (they are hidden from queries at once)"),
+    ("--memory-limit-bytes", parse_memory_bytes, DEFAULT_MEMORY_LIMIT_BYTES,
+     "RSS bound of the server's process tree (driver, Spark JVM, Python workers; e.g. 8g): past "
+     "--memory-soft-fraction of it micro-batches read less and the lifecycle persists and unloads first, at "
+     "it writes are refused (RESOURCE_EXHAUSTED / HTTP 503 + Retry-After) until back under (0 = off)"),
+    ("--memory-soft-fraction", float, DEFAULT_MEMORY_SOFT_FRACTION,
+     "fraction of --memory-limit-bytes where throttling starts"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
-     "storage of the embedded broker: memory (a broker crash or host restart loses unpersisted writes: "
-     f"--persist-age-threshold-s is then at most {MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s) or durable (acknowledged "
-     "writes on disk under <data-dir>/broker-store, through its local S3 server; far slower under load)"),
+     "storage of the embedded broker: durable (the default: acknowledged writes on disk under "
+     "<data-dir>/broker-store, through its local S3 server; a few ms per produce) or memory (for development: "
+     "a broker crash or host restart loses unpersisted writes, so --persist-age-threshold-s is then at most "
+     f"{MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s)"),
     ("--bind-host", str, DEFAULT_BIND_HOST,
      "address gRPC, HTTP and Spark Connect bind to; beyond loopback only with --auth-token, --auth-tokens-file "
      "or --insecure"),
@@ -140,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("IOX_INSECURE", "") not in ("", "0", "false"),
                    help="allow a --bind-host beyond loopback without any token: every API open to the network "
                         "(env IOX_INSECURE)")
+    s.add_argument("--object-store-shared", action="store_true",
+                   default=os.environ.get("IOX_OBJECT_STORE_SHARED", "") not in ("", "0", "false"),
+                   help="the --object-store directory is a shared file system mounted at the same path on every "
+                        "Spark worker (needed for a directory with a non-local --spark-master) "
+                        "(env IOX_OBJECT_STORE_SHARED)")
     s.add_argument("--skip-lost-writes", action="store_true",
                    default=os.environ.get("IOX_SKIP_LOST_WRITES", "") not in ("", "0", "false"),
                    help="start even when Kafka no longer holds offsets that are not persisted (they are lost; "
@@ -194,11 +215,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_addr(al)
     al.add_argument("--db", required=True)
 
+    rt = sub.add_parser("retention", help="set or remove a database's retention period (older rows are hidden at "
+                                          "once, older writes refused, their partitions pruned after --prune-delay-s)")
+    _add_addr(rt)
+    rt.add_argument("--db", required=True)
+    rt.add_argument("--period", required=True, type=_duration_s,
+                    help="e.g. 30d, 12h, 90m, 3600s (or a number of seconds); 0 removes the retention")
+
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
-    b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", "memory"),
-                   help="memory (lost when the broker stops; the default), durable (messages on disk under "
-                        "--data-dir) or s3://bucket/ (env IOX_BROKER_STORAGE)")
+    b.add_argument("--storage", default=os.environ.get("IOX_BROKER_STORAGE", DEFAULT_BROKER_STORAGE),
+                   help="durable (messages on disk under --data-dir; the default), memory (lost when the broker "
+                        "stops; for development) or s3://bucket/ (env IOX_BROKER_STORAGE)")
     b.add_argument("--data-dir", default=os.environ.get("IOX_BROKER_DATA_DIR", "./broker-data"),
                    help="where a durable broker keeps its messages (env IOX_BROKER_DATA_DIR)")
 
@@ -217,6 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_addr(q)
     q.add_argument("--db", required=True)
     q.add_argument("--format", default="table", choices=["table", "csv", "json"])
+    q.add_argument("--after", default="", metavar="TOKEN",
+                   help="a write token as `iox write` prints it (write_token): run once that write is visible; "
+                        "past --timeout-s the query fails with DEADLINE_EXCEEDED")
+    q.add_argument("--timeout-s", type=float, default=120.0,
+                   help="deadline of the query, waits included (default 120)")
+    q.add_argument("--allow-partial", action="store_true",
+                   help="while the database replays its write buffer after a restart, answer at once (marked "
+                        "partial) instead of waiting for the replay")
+    q.add_argument("--show-watermark", action="store_true",
+                   help="after the answer, print on stderr what it reflects: per Kafka partition the applied and "
+                        "visible offsets, the write-buffer epoch and whether it is partial")
     q.add_argument("query")
 
     st = sub.add_parser("status", help="print the catalog status as JSON")
@@ -251,11 +290,15 @@ def _config_from_args(a) -> ServerConfig:
                         max_request_bytes=a.max_request_bytes, grpc_workers=a.grpc_workers,
                         max_concurrent_rpcs=a.max_concurrent_rpcs, http_workers=a.http_workers,
                         max_query_rows=a.max_query_rows, max_query_bytes=a.max_query_bytes,
+                        max_columns_per_table=a.max_columns_per_table,
+                        prune_delay_s=a.prune_delay_s, memory_limit_bytes=a.memory_limit_bytes,
+                        memory_soft_fraction=a.memory_soft_fraction,
                         spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
                         object_store=a.object_store,
-                        s3_endpoint=a.s3_endpoint, skip_lost_writes=a.skip_lost_writes,
+                        s3_endpoint=a.s3_endpoint, object_store_shared=a.object_store_shared,
+                        skip_lost_writes=a.skip_lost_writes,
                         bind_host=a.bind_host, auth_token=a.auth_token or None,
                         auth_tokens_file=a.auth_tokens_file or None, insecure=a.insecure,
                         extra_spark_conf=_spark_conf(a.spark_conf),
@@ -288,10 +331,12 @@ class _WriteFailed(Exception):
         self.message = message
 
 
-def write_input(client, database: str, data, precision: str, batch_bytes: int, err=sys.stderr) -> dict:
+def write_input(client, database: str, data, precision: str, batch_bytes: int, err=sys.stderr,
+                responses: list | None = None) -> dict:
     """Writes line protocol `data` (bytes, or a read-only mmap of a file) in requests of at most
     `batch_bytes`, each cut at the end of a line; returns the merged write token {partition: offset}.
 
+    `responses`: when given, the last request's WriteResponse is appended to it (its topic, epoch).
     When stderr (`err`) is a terminal, draws a progress bar of the bytes acknowledged. Raises
     `_WriteFailed` with the server's message and, for a later request, what was written before it.
     """
@@ -301,6 +346,7 @@ def write_input(client, database: str, data, precision: str, batch_bytes: int, e
     from server.write.line_protocol import line_protocol_pieces
 
     token: dict = {}
+    last = None
     total = len(data)
     pieces = line_protocol_pieces(data, batch_bytes) if total else iter([(0, 0)])
     lines_before = 0
@@ -310,7 +356,8 @@ def write_input(client, database: str, data, precision: str, batch_bytes: int, e
         for i, (start, stop) in enumerate(pieces):
             body = data[start:stop]
             try:
-                got = client.write(database, body, precision)
+                last = client.write_response(database, body, precision)
+                got = dict(last.token.offsets)
             except grpc.RpcError as e:
                 msg = f"{e.code().name}: {e.details()}"
                 if i:
@@ -323,7 +370,19 @@ def write_input(client, database: str, data, precision: str, batch_bytes: int, e
                 token[p] = max(off, token.get(p, off))
             lines_before += body.count(b"\n")
             bar.update(stop - start)
+    if responses is not None and last is not None:
+        responses.append(last)
     return token
+
+
+def _token_text(resp, offsets: dict) -> str:
+    """The printable write token (server/write_buffer/write_token.py) of the whole input: the merged
+    `offsets` in the topic, epoch and topic incarnation of its last response `resp`."""
+    from server.write_buffer.write_token import WriteToken, format_token
+
+    if not resp.token_text:  # a server that answers no printable token
+        return ""
+    return format_token(WriteToken(resp.topic, resp.token.topic_id or None, resp.token.epoch, offsets))
 
 
 def _read_input(path: str):
@@ -343,6 +402,16 @@ def _read_input(path: str):
         return f.read(), lambda: None
     finally:
         f.close()
+
+
+def _duration_s(text: str) -> int:
+    """argparse type of a retention period (catalog/retention.py `parse_duration_s`)."""
+    from catalog.retention import parse_duration_s
+
+    try:
+        return parse_duration_s(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _client_call(fn):
@@ -425,26 +494,36 @@ def main(argv=None) -> int:
         if a.batch_bytes < 1:
             build_parser().error("--batch-bytes: must be at least 1")
         data, close = _read_input(a.file)
+        last: list = []
         try:
-            token = write_input(client, a.db, data, a.precision, a.batch_bytes)
+            token = write_input(client, a.db, data, a.precision, a.batch_bytes, responses=last)
         except _WriteFailed as e:
             sys.stderr.write(f"error: {e.message}\n")
             return 1
         finally:
             close()
-        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
+        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())},
+                          "write_token": _token_text(last[0], token) if last else ""}))
         return 0
     if a.cmd == "sql":
-        table = _client_call(lambda: client.query(a.db, a.query))
+        if not a.timeout_s > 0:
+            build_parser().error("sql: --timeout-s must be more than 0")
+        table, info = _client_call(lambda: client.query_with_watermark(a.db, a.query, a.timeout_s, a.after,
+                                                                       a.allow_partial))
         print_table(table, a.format)
+        if a.show_watermark:
+            sys.stderr.write(json.dumps({"watermark": info}) + "\n")
+        if info.get("partial"):
+            sys.stderr.write("warning: PARTIAL answer: the database is still replaying its write buffer; acknowledged "
+                             "writes past the watermark above are missing\n")
         return 0
     if a.cmd == "persist":
         r = _client_call(lambda: client.persist(a.db, a.table, a.partition))
         print(json.dumps(r, indent=2))
         return 0
     if a.cmd == "delete":
-        token = _client_call(lambda: client.delete(a.db, a.start, a.stop, a.predicate, a.table))
-        print(json.dumps({"token": {str(k): v for k, v in sorted(token.items())}}))
+        r = _client_call(lambda: client.delete_response(a.db, a.start, a.stop, a.predicate, a.table))
+        print(json.dumps({"token": {str(k): v for k, v in sorted(r.offsets.items())}, "write_token": r.token_text}))
         return 0
     if a.cmd == "compact":
         r = _client_call(lambda: client.compact(a.db, a.table, a.partition, persisted=a.persisted))
@@ -459,6 +538,9 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "accept-lost-writes":
         print(json.dumps(_client_call(lambda: client.accept_lost_writes(a.db)), indent=2))
+        return 0
+    if a.cmd == "retention":
+        print(json.dumps(_client_call(lambda: client.set_retention(a.db, a.period)), indent=2))
         return 0
     if a.cmd == "status":
         if a.wait_replay:

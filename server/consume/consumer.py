@@ -49,6 +49,8 @@ class WriteBufferConsumer:
         self.acked_marks_dir = acked_marks_dir
         #: partitions held at a poisoned message (server/write_buffer/poison.py), for the streaming source
         self.holds_file = holds_file
+        #: the memory guard's lower read limit under memory pressure (server/runtime/memory_guard.py); "" = none
+        self.throttle_file = ""
         #: one (re)start of the query at a time: the watchdog's and `restart`'s
         self._restart_lock = threading.Lock()
         self._query = None
@@ -75,6 +77,7 @@ class WriteBufferConsumer:
             "pause_file": self.pause_file,
             "acked_marks_dir": self.acked_marks_dir,
             "holds_file": self.holds_file,
+            "throttle_file": self.throttle_file,
         }
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():

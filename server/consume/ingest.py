@@ -47,11 +47,12 @@ from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
 from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats,
                                   table_deletes)
+from lifecycle.chunk_checkpoint import checkpoint
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
 from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
                                   local_segment_df, register_local_chunk, segment_table)
 
-from catalog.crash_points import CrashPoint, FaultPoint, crash_point, fault_point
+from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point, delay_point, fault_point
 from catalog.delete_predicate import from_json
 from server.write_buffer.poison import holds_of, isolate, select, set_aside, settle_retried, write_holds
 from server.consume.recovery import keep_mask_fn
@@ -227,6 +228,7 @@ class Ingestor:
                 log.debug("batch %s: %d messages", batch_id, len(meta))
                 if not meta:
                     return
+                delay_point(DelayPoint.APPLY_BATCH)
                 holds, accepted = self._poison_state()
                 if holds:  # a held partition applies nothing at or after its held message
                     kept = [m for m in meta if m["offset"] < holds.get((m["topic"], m["kp"]), m["offset"] + 1)]
@@ -240,12 +242,19 @@ class Ingestor:
                 except Exception as e:
                     if self.quiescing.is_set():
                         raise
+                    if _executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
+                        log.error("micro-batch %s failed: an executor was lost (%s); retrying the batch", batch_id,
+                                  _first_line(e))
+                        raise
                     log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
                               type(e).__name__, e, exc_info=True)
                     self._isolate(raw, meta, accepted, batch_id, t0, e, F)
                 with self._applied:
                     self.batches_applied += 1
                     self._applied.notify_all()
+                op = getattr(self.metrics, "operation", None)  # server/operation_metrics.py
+                if op is not None:
+                    op.micro_batch(len(meta), sum(m["nbytes"] or 0 for m in meta), time.perf_counter() - t0)
         finally:
             release_df(checkpointed)
 
@@ -581,13 +590,9 @@ class Ingestor:
                 d[2] = max(d[2], hi)
                 ranges[key].append((lo, hi, bool(m.get("unique"))))
         remap = {(kp, off): at for (t, kp, off), at in at_offset.items() if t == topic}
-        kind = F.col("kind") == "write"
-        parts_here = sorted({off for (kp, off) in remap})
-        if parts_here:
-            kind = kind | ((F.col("kind") == PART) & F.col("offset").isin(parts_here))
         # a table lives on one Kafka partition, so its rows are in one partition of `raw`:
         # one task (not one per Kafka partition, mostly empty ones) reads them
-        sel = raw.filter((F.col("topic") == topic) & (F.col("tbl") == table) & kind)
+        sel = raw.filter(_table_messages_condition(topic, table, remap, F))
         offsets_by_kp: dict = {}
         for m in msgs:
             lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
@@ -600,9 +605,12 @@ class Ingestor:
         _check_seqs_fit(db.seq_origin, [m["offset"] for m in msgs] + list(remap.values())
                         + [at for _kp, at, _payload in stashed])
         out = []
+        pruner_hi = db.pruner_hi_ns
         for key in sorted(days):
             rows, lo, hi, _ = days[key]
             day = lo // NS_PER_DAY
+            if pruner_hi is not None and (day + 1) * NS_PER_DAY <= pruner_hi:
+                continue  # a day retention pruned (catalog/retention.py): a replay or a late write never revives it
             bounds = None if len(days) == 1 else (day, day)
             b = _ChunkBuild(db=db, table=table, partition_key=key, rows=rows, min_time_ns=lo, max_time_ns=hi,
                             columns=chunk_cols, value_columns=len(value_cols), offsets=dict(offsets_by_kp),
@@ -757,6 +765,13 @@ class Ingestor:
             chunks = self.catalog.table_chunks(db, table)
             sources = [chunk_source(c) for c in chunks if c.view is not None]
             if not sources:
+                with self._views_lock:
+                    had_view = (db.name, table) in self._table_views
+                if had_view and schema is not None:  # every chunk went (retention): an empty table
+                    from lifecycle.views import empty_table_view_sql
+
+                    self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {quote(table_view_name(db.name, table))} "
+                                   f"AS {empty_table_view_sql(schema)}")
                 return
             deletes = table_deletes(db, table)
             sql = table_view_sql(schema, sources, deletes=deletes,
@@ -846,6 +861,19 @@ def _ranges_condition(msgs: list, F):
     return cond
 
 
+def _table_messages_condition(topic: str, table: str, remap: dict, F):
+    """A Spark condition true for the messages of `table` in `topic` a batch applies: its plain
+    writes and the transaction parts committed in the batch (`remap`: {(kp, part offset): offset
+    applied at}), each named by its Kafka partition *and* offset. Another part of the table at the
+    same offset of another Kafka partition (the partitions of a topic reuse every offset) is not
+    one of them: it may still be undecided (stashed, applied once its marker commits it) or
+    aborted. `F`: pyspark.sql.functions (or a stand-in). Pure (driver)."""
+    kind = F.col("kind") == "write"
+    if remap:
+        kind = kind | ((F.col("kind") == PART) & _message_in([(topic, kp, off) for kp, off in sorted(remap)], F))
+    return (F.col("topic") == topic) & (F.col("tbl") == table) & kind
+
+
 def _message_in(keys: list, F):
     """A Spark condition true for the messages `keys` [(topic, kp, offset, ...)] name."""
     offsets: dict = defaultdict(list)
@@ -917,6 +945,26 @@ class _ChunkBuild:
     local_rows: object = None  # a local chunk's decoded rows (lifecycle/local_rows.py); `cdf` is then set at once
 
 
+#: what Spark says when a job needed blocks of a lost executor, or lost the executor running it
+_EXECUTOR_LOST_MARKERS = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure")
+
+
+def _executor_lost(e: BaseException) -> bool:
+    """Whether `e` (or an exception it was raised from) says an executor was lost: a failure of the
+    batch's infrastructure, retried whole, never blamed on a message (server/write_buffer/poison.py). Pure."""
+    seen: set = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(marker in str(e) for marker in _EXECUTOR_LOST_MARKERS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
 def _local_payloads(msgs: list) -> list | None:
     """[(offset, payload)] in offset order when a table's messages of a batch make a local chunk
     (lifecycle/local_rows.py: plain writes whose payloads all came with the metadata, within
@@ -935,10 +983,10 @@ def _materialise(b: _ChunkBuild) -> None:
     if b.local_rows is not None:
         return
     if b.segment is not None:
-        b.cdf = b.segment.coalesce(1).localCheckpoint(eager=True)
+        b.cdf = checkpoint(b.segment.coalesce(1))
         return
     try:
-        b.cdf = b.decoded.localCheckpoint(eager=True)
+        b.cdf = checkpoint(b.decoded)
         b.unreadable_seen = tuple(b.unreadable.value) if b.unreadable is not None else ()
     finally:
         if b.unreadable is not None:

@@ -190,6 +190,9 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         # accepted to be skipped (server/write_buffer/poison.py: the consumer passes those of the current epoch)
         db.lost_writes = [LostWriteRange.from_entry(e) for e in state.lost_writes]
         db.poisoned = [PoisonedMessage.from_entry(e) for e in state.accepted_poison]
+        # retention (catalog/retention.py): the period, and how far the pruner got
+        db.retention_period_s = state.retention_period_s or None
+        db.pruner_hi_ns = state.pruner_hi_ns
         lost_before = list(db.lost_writes)
         # the topic the checkpoint was written for is gone (deleted, or deleted and created
         # again: Kafka gives every incarnation a new id); none of its offsets carry over

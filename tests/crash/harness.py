@@ -31,10 +31,13 @@ _SHORT_LIVED_JVM = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
 
 
 class ServerProcess:
-    def __init__(self, data_dir: str, crash_at: CrashPoint | None = None, extra: list | None = None):
+    def __init__(self, data_dir: str, crash_at: CrashPoint | None = None, extra: list | None = None,
+                 env: dict | None = None):
+        """`extra`: more `iox serve` arguments; `env`: more environment variables of the server."""
         self.data_dir = data_dir
         self._crash_at = CrashPoint(crash_at) if crash_at else None
         self._extra = extra
+        self._env = dict(env or {})
         self._spawn()
 
     def _spawn(self) -> None:
@@ -42,6 +45,7 @@ class ServerProcess:
         self.port = free_port()
         env = dict(os.environ)
         env.pop(CRASH_ENV, None)
+        env.update(self._env)
         # a test server lives ~30 s: its JVM compiles with C1 only (no C2 compiler threads
         # competing for the 2 cores); tests/crash took 390 s instead of 504 s in one run each
         env.setdefault("IOX_SPARK_CONF", _SHORT_LIVED_JVM)

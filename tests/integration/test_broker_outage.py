@@ -13,6 +13,8 @@ import pytest
 
 from server.runtime.broker import free_port, start_broker
 from server.api.client import IoxClient
+from server.write_buffer.write_token import WriteToken, format_token
+from catalog.sharding import topic_for
 from tests.conftest import make_config
 from tests.waiting import wait_for
 
@@ -189,6 +191,10 @@ def test_lost_writes_accepted_while_running_continue_in_a_new_epoch_and_the_reco
                 for x in r["accepted"]] == [(kp, first + 1, first + 2, True)]
         st = c.status(db)["databases"][0]
         assert st["topic_replaced"] is False and int(st["epoch"]) == 1
+        # a write token of the old epoch names messages of the old topic: refused, never waited for
+        with pytest.raises(grpc.RpcError) as ei:
+            c.query(db, "SELECT v FROM m", timeout_s=30, after=format_token(WriteToken(topic_for(db), None, 0, tok)))
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "epoch 0" in ei.value.details()
         (rec,) = st["lost_writes"]
         assert rec["accepted"] is True and rec["accepted_at_s"] >= before and int(rec["epoch"]) == 0
         assert _files(c, db)  # what was applied is persisted

@@ -169,6 +169,37 @@ def test_a_bad_message_accepted_is_skipped_for_good_also_after_a_restart(server,
         srv.stop()
 
 
+def test_a_message_held_during_replay_holds_only_its_own_databases_persists(server, broker):
+    """After a restart, a database whose replay stops at a held message stays replaying (its
+    persists wait: what it holds is not all there yet); another database persists meanwhile."""
+    cfg, srv, c = server
+    db, other = f"r_{uuid.uuid4().hex[:8]}", f"o_{uuid.uuid4().hex[:8]}"
+    c.wait_applied(db, c.write(db, f"m v=1 {T0}\n"), timeout_s=90)
+    poison = _produce_bad_delete(broker.bootstrap, db)
+    wait_for(lambda: _held(c, db), 120, "the bad delete to be held")
+    c.close()
+    srv.stop()
+    fast = {"persist_age_threshold_s": 1.0, "late_arrive_window_s": 1.0}
+    srv, c = start_server(dataclasses.replace(cfg, grpc_port=0, http_port=0, lifecycle=fast))
+    try:
+        wait_for(lambda: _held(c, db), 120, "the bad delete to be held again by the replay")
+        assert c.status(db)["databases"][0]["replaying"] is True
+        c.wait_applied(other, c.write(other, f"m v=10 {T0}\n"), timeout_s=90)
+
+        def persisted_rows(name):
+            (d,) = c.status(name)["databases"]
+            return sum(int(f["rows"]) for t in d["tables"] for p in t.get("partitions", []) for f in p.get("files", []))
+
+        wait_for(lambda: persisted_rows(other) == 1, 90, "the other database to persist on its own")
+        assert c.status(db)["databases"][0]["replaying"] is True and _applied(c, db) == poison - 1
+        c.accept_poisoned(db, partition=KP, offset=poison)
+        wait_for(lambda: not c.status(db)["databases"][0]["replaying"], 90, "the replay to catch up")
+        assert _values(c, db) == [1.0] and _values(c, other) == [10.0]
+    finally:
+        c.close()
+        srv.stop()
+
+
 def test_cli_poison_commands_name_what_they_did(server):
     cfg, srv, c = server
     from server.cli.main import main

@@ -125,6 +125,25 @@ def test_type_conflict_across_requests_is_rejected_whole(client, db, iox_server)
         {"t": "a", "v": 1, "s": "x", "time_ns": T0}, {"t": "a", "v": 2, "s": None, "time_ns": T0 + 4}]
 
 
+def test_a_table_takes_at_most_max_columns_per_table(client, db, iox_server):
+    """The default limit (200 columns, time included, as IOx's): a request that would pass it is
+    rejected whole, through gRPC and HTTP, and the table keeps taking its own columns."""
+    limit = iox_server.config.max_columns_per_table
+    assert limit == 200
+    fields = ",".join(f"f{i}={i}i" for i in range(limit - 2))  # tag + time + 198 fields = 200
+    tok = client.write(db, f"wide,t=a {fields} {T0}\n")
+    err = _rpc_error(client.write, db, f"wide,t=a extra=1i {T0 + 1}\nnarrow v=1i {T0}\n")
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'wide' has 200 columns, this write would make it 201" in err.details(), err.details()
+    status, _h, body = _http(iox_server.config.http_port, "POST", f"/write?db={db}", f"wide,t=a extra=1i {T0 + 1}\n".encode())
+    assert status == 400 and b"at most 200 columns per table" in body, (status, body)
+    tok = client.write(db, f"wide,t=b f0=7i {T0 + 2}\n")
+    client.wait_applied(db, tok, timeout_s=60)
+    assert _tables(client, db) == {"wide"}
+    assert _rows(client, db, "SELECT t, f0, f197 FROM wide ORDER BY time_ns") == [
+        {"t": "a", "f0": 0, "f197": 197}, {"t": "b", "f0": 7, "f197": None}]
+
+
 def test_type_conflict_within_a_request_names_the_line(client, db, iox_server):
     err = _rpc_error(client.write, db, f"m v=1i {T0}\nm v=2i {T0 + 1}\nm v=1.5 {T0 + 2}\nm,v=x f=1 {T0 + 3}\n")
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT

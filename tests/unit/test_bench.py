@@ -124,3 +124,11 @@ def test_realtime_clients_raise_this_process_while_entered_and_put_it_back():
         t.join()
     assert seen == [os.SCHED_RR]
     assert policies() == {os.SCHED_OTHER}
+
+
+def test_cluster_server_args_declare_the_bench_directory_shared_unless_an_object_store_is_named():
+    from bench.__main__ import cluster_server_args
+
+    assert cluster_server_args("spark://h:7077", []) == ["--spark-master", "spark://h:7077", "--object-store-shared"]
+    assert cluster_server_args("spark://h:7077", ["--object-store=s3://b/p"]) == ["--spark-master", "spark://h:7077"]
+    assert cluster_server_args("spark://h:7077", ["--object-store", "s3://b/p"]) == ["--spark-master", "spark://h:7077"]

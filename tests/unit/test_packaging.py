@@ -35,7 +35,7 @@ def test_compose_passes_only_options_iox_serve_accepts():
 
 def test_dockerfile_installs_every_package():
     text = open(os.path.join(ROOT, "docker", "Dockerfile")).read()
-    for pkg in ("server", "catalog", "lifecycle", "proto"):
+    for pkg in ("server", "catalog", "lifecycle", "iox_spark_source", "pyspark_iox", "proto"):
         assert f"COPY {pkg} ./{pkg}" in text
 
 

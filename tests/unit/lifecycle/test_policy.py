@@ -840,3 +840,16 @@ def test_a_chunk_whose_rows_were_all_deleted_is_persisted_with_its_neighbours() 
 
     assert select_persistable_chunks([c(1, 0, 500, 900), c(2, 5, 10, 20)], 100).chunk_ids == (1, 2)
     assert select_persistable_chunks([c(1, 0, 500, 900)], 100).chunk_ids == (1,)
+
+
+def test_memory_pressure_unloads_every_persisted_chunk_and_force_persists_below_the_soft_limit() -> None:
+    """The process tree near --memory-limit-bytes (the RSS, not this buffer's estimate): memory
+    relief runs although the buffer is far under its soft limit."""
+    r = rules(buffer_size_soft_bytes=10_000, buffer_size_hard_bytes=20_000)
+    small = part([chunk(1, 0, "open", size=30)], "small", unpersisted_row_count=5, persistable_row_count=5)
+    big = part([chunk(2, 0, "open", size=80)], "big", unpersisted_row_count=50)
+    done = part([chunk(3, 0, "persisted", size=20), chunk(4, 0, "persisted", size=20)], "done")
+    assert decide(db([small, big, done]), r, 0) == []
+    assert decide(db([small, big, done], memory_pressure=True), r, 0) == [
+        UnloadChunk("t", "done", 3), UnloadChunk("t", "done", 4), PersistChunks("t", "big", force=True,
+                                                                                reason="memory")]

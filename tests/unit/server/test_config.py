@@ -170,3 +170,45 @@ def test_request_bounds_options():
     for bad in (dict(http_workers=0), dict(max_concurrent_rpcs=0), dict(max_query_bytes=-1)):
         with pytest.raises(InvalidConfig):
             ServerConfig(**bad)
+
+
+@pytest.mark.parametrize("master", ["spark://10.0.0.1:7077", "yarn", "k8s://https://k8s:443"])
+def test_a_directory_object_store_with_a_cluster_master_is_refused_unless_shared(master, tmp_path):
+    with pytest.raises(InvalidConfig) as ei:
+        ServerConfig(spark_master=master, data_dir=str(tmp_path))
+    assert ei.value.field == "object_store" and ei.value.actual == str(tmp_path / "objects")
+    assert "--object-store-shared" in str(ei.value) and "s3://" in str(ei.value)
+    assert ServerConfig(spark_master=master, data_dir=str(tmp_path), object_store_shared=True).object_store_shared
+    assert ServerConfig(spark_master=master, object_store="s3://bucket/prefix").spark_master == master
+
+
+@pytest.mark.parametrize("master", ["local", "local[*]", "local[2]", "LOCAL[4,3]"])
+def test_a_directory_object_store_with_a_local_master_is_accepted(master, tmp_path):
+    assert ServerConfig(spark_master=master, data_dir=str(tmp_path)).spark_master == master
+
+
+def test_serve_reports_the_refused_directory_store_as_a_usage_error(capsys, tmp_path):
+    with pytest.raises(SystemExit) as ei:
+        main(["serve", "--spark-master", "spark://127.0.0.1:7077", "--data-dir", str(tmp_path)])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert "--object-store:" in err and "--object-store-shared" in err
+
+
+@pytest.mark.parametrize("field, value", [("memory_limit_bytes", -1), ("memory_soft_fraction", 0),
+                                          ("memory_soft_fraction", 1.5), ("memory_sample_interval_ms", 1),
+                                          ("prune_delay_s", -1.0), ("prune_delay_s", float("inf"))])
+def test_memory_and_retention_options_are_checked(field, value):
+    with pytest.raises(InvalidConfig) as e:
+        ServerConfig(**{field: value})
+    assert e.value.field == field
+
+
+def test_memory_and_retention_options_reach_the_config():
+    from server.cli.main import _config_from_args, build_parser
+
+    a = build_parser().parse_args(["serve", "--memory-limit-bytes", "6g", "--memory-soft-fraction", "0.7",
+                                   "--prune-delay-s", "60"])
+    cfg = _config_from_args(a)
+    assert (cfg.memory_limit_bytes, cfg.memory_soft_fraction, cfg.prune_delay_s) == (6 << 30, 0.7, 60.0)
+    assert ServerConfig().memory_limit_bytes == 0  # off by default

@@ -65,3 +65,25 @@ def test_poisoned_messages_are_counted_and_the_held_ones_gauged_per_database():
     assert s[("iox_poisoned_messages_total", (("database", "a"),))] == 2
     assert s[("iox_poisoned_messages_held", (("database", "a"),))] == 1
     assert s[("iox_poisoned_messages_held", (("database", "b"),))] == 0
+
+
+def test_watermarks_are_read_at_each_scrape_per_database_and_partition():
+    from server.consume.watermarks import PartitionWatermarks
+
+    m = ServerMetrics()
+    marks = [("d", PartitionWatermarks(0, 9, 11, 4, 12, 2, 300))]
+    m.watch_watermarks(lambda: marks)
+    s = _samples(m)
+    for name, value in (("applied_hi_inclusive", 9), ("visible_hi_inclusive", 11), ("persisted_hi_inclusive", 4),
+                        ("high_watermark", 12)):
+        assert s[("iox_watermark_offset", (("database", "d"), ("partition", "0"), ("watermark", name)))] == value
+    assert s[("iox_write_buffer_lag_messages", (("database", "d"), ("partition", "0")))] == 2
+    assert s[("iox_write_buffer_lag_bytes", (("database", "d"), ("partition", "0")))] == 300
+    marks[0] = ("d", PartitionWatermarks(0, 12, 12, 12, 13, 0, 0))
+    assert _samples(m)[("iox_write_buffer_lag_messages", (("database", "d"), ("partition", "0")))] == 0
+
+
+def test_a_failing_watermark_read_leaves_the_other_metrics_served():
+    m = ServerMetrics()
+    m.watch_watermarks(lambda: 1 / 0)
+    assert _samples(m)[("iox_write_requests_total", ())] == 0

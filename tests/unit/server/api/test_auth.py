@@ -11,6 +11,7 @@ from server.api.auth import (ADMIN, ALL_DATABASES, PERMISSIONS, RPC_PERMISSIONS,
                              PermissionDenied, TokenScope, TokenTable, Unauthenticated, load_tokens_file,
                              parse_tokens, required_permission, token_from_authorization)
 from server.config import InvalidConfig, ServerConfig, is_loopback
+from catalog.catalog import Catalog
 
 TOML = """
 [[tokens]]
@@ -212,12 +213,16 @@ class _Metrics:
 class _FakeRouter:
     max_request_bytes = 1000
     metrics = _Metrics()
+    catalog = Catalog()  # knows no database: a 204 carries no write token
 
     def __init__(self):
         self.calls = []
 
     def write_line_protocol(self, database, body, precision="ns", **_):
+        from server.write.router import WriteResult
+
         self.calls.append(database)
+        return WriteResult({0: len(self.calls)}, 1, f"iox_{database}")
 
 
 @pytest.fixture

@@ -17,6 +17,10 @@ from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, Decompres
 from server.api.http_api import (HttpWriteServer, compressed_cap, database_for, database_for_v1, error_response,
                              error_response_v1, gunzip_limited, precision_for_v1)
 from server.write.line_protocol import ALL_PRECISIONS, PRECISIONS
+from server.write.router import WriteResult
+from server.write_buffer.write_token import WriteToken, parse_token
+from catalog.catalog import Catalog
+from catalog.sharding import topic_for
 
 
 # -- gunzip_limited --------------------------------------------------------------------
@@ -97,6 +101,7 @@ class FakeRouter:
         self.max_request_bytes = limit
         self.calls = []
         self.raise_next = None
+        self.catalog = Catalog()  # the real in-memory catalog: the write token's epoch and topic
 
     def write_line_protocol(self, database, body, precision="ns", precisions=PRECISIONS):
         if len(body) > self.max_request_bytes:  # as the real router does
@@ -107,6 +112,8 @@ class FakeRouter:
         if precision not in precisions:
             raise InvalidArgument(f"precision {precision!r}")
         self.calls.append((database, body, precision))
+        self.catalog.ensure_database(database, topic_for(database), 4)
+        return WriteResult({1: len(self.calls) + 40}, 1, topic_for(database))
 
 
 @pytest.fixture
@@ -116,6 +123,23 @@ def served():
     srv.start()
     yield router, srv.port
     srv.stop()
+
+
+@pytest.mark.parametrize("host,clients", [("::1", ["::1"]), ("::", ["::1", "127.0.0.1"])])
+def test_an_ipv6_bind_host_serves_ipv6_and_the_wildcard_ipv4_too(host, clients):
+    if not socket.has_ipv6:
+        pytest.fail("this machine has no IPv6: the test cannot run")
+    router = FakeRouter()
+    srv = HttpWriteServer(router, host, free_port())
+    srv.start()
+    try:
+        for i, client in enumerate(clients):
+            conn = http.client.HTTPConnection(client, srv.port, timeout=10)
+            assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", f"m v={i} {i}".encode())[0] == 204
+            conn.close()
+        assert [c[1] for c in router.calls] == [f"m v={i} {i}".encode() for i in range(len(clients))]
+    finally:
+        srv.stop()
 
 
 def _req(conn, method, path, body=b"", headers=None):
@@ -132,6 +156,17 @@ def test_write_maps_org_bucket_precision_and_keeps_the_connection(served):
     gz = gzip.compress(b"m v=3 3")
     assert _req(conn, "POST", "/api/v2/write?org=o&bucket=b", gz, {"Content-Encoding": "gzip"})[0] == 204
     assert router.calls == [("o_b", b"m v=1 1", "ms"), ("abc_b", b"m v=2 2", "ns"), ("o_b", b"m v=3 3", "ns")]
+    conn.close()
+
+
+def test_a_write_answers_its_printable_token_in_a_header(served):
+    router, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    status, headers, _ = _req(conn, "POST", "/api/v2/write?org=o&bucket=b", b"m v=1 1")
+    assert status == 204
+    assert parse_token(headers["x-iox-write-token"]) == WriteToken(topic_for("o_b"), None, 0, {1: 41})
+    status, headers, _ = _req(conn, "POST", "/write?db=x", b"m v=1 1")  # InfluxDB 1.x too
+    assert status == 204 and parse_token(headers["x-iox-write-token"]).offsets == {1: 42}
     conn.close()
 
 
@@ -308,3 +343,51 @@ def test_v1_ping_204_or_verbose_200(served):
     assert st == 200 and json.loads(body) == {"version": h["x-influxdb-version"]}
     assert _req(conn, "HEAD", "/ping?verbose=1")[:3:2] == (200, b"")
     conn.close()
+
+
+# -- SQL queries (server/api/http_query.py), against a fake query function ------------------
+
+class _Result:
+    def __init__(self, rows):
+        import pyarrow as pa
+
+        self.table = pa.Table.from_pylist(rows)
+        self.applied_hi_inclusive, self.visible_hi_inclusive = {0: 4, 1: -1}, {0: 6, 1: -1}
+        self.partial, self.topic, self.topic_id, self.epoch = True, "iox_d", "id-1", 3
+
+
+def test_a_query_answers_json_rows_and_says_what_it_reflects_in_headers():
+    from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible
+
+    calls = []
+
+    def query(database, sql, after, allow_partial, deadline_s):
+        calls.append((database, sql, after, allow_partial, deadline_s))
+        if sql == "slow":
+            raise WriteTokenNotVisible(database, {0: 9}, {0: 6}, 1.0)
+        if sql == "replaying":
+            raise ReplayNotCaughtUp(database, 1, 4, 2.0)
+        return _Result([{"v": 1.5, "n": float("nan"), "s": "x"}])
+
+    srv = HttpWriteServer(FakeRouter(), "127.0.0.1", free_port())
+    srv.query = query
+    srv.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        status, headers, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=SELECT%20v%20FROM%20m", headers={
+            "X-Iox-After": "wt1.abc", "X-Iox-Allow-Partial": "true", "X-Iox-Timeout-S": "7"})
+        assert status == 200 and json.loads(body) == [{"v": 1.5, "n": None, "s": "x"}]
+        assert calls == [("d", "SELECT v FROM m", "wt1.abc", True, 7.0)]
+        assert (json.loads(headers["x-iox-applied-hi-inclusive"]), json.loads(headers["x-iox-visible-hi-inclusive"]),
+                headers["x-iox-partial"], headers["x-iox-topic"], headers["x-iox-topic-id"], headers["x-iox-epoch"]) \
+            == ({"0": 4, "1": -1}, {"0": 6, "1": -1}, "true", "iox_d", "id-1", "3")
+        assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=slow")[0] == 504
+        status, headers, _ = _req(conn, "GET", "/api/v3/query_sql?db=d&q=replaying")
+        assert status == 503 and headers["retry-after"] == "1"
+        for path, hdrs in (("/api/v3/query_sql?q=x", {}), ("/api/v3/query_sql?db=d", {}),
+                           ("/api/v3/query_sql?db=d&q=x", {"X-Iox-Timeout-S": "-1"}),
+                           ("/api/v3/query_sql?db=d&q=x", {"X-Iox-Allow-Partial": "yes"})):
+            assert _req(conn, "GET", path, headers=hdrs)[0] == 400, path
+        conn.close()
+    finally:
+        srv.stop()

@@ -7,6 +7,7 @@ import datetime as dt
 import io
 import json
 import math
+import types
 from decimal import Decimal
 
 import grpc
@@ -17,6 +18,7 @@ from server.cli import main as cli
 from server.cli.main import write_input
 from server.cli.output import json_value, print_table
 from server.consume.recovery import replay_progress
+from server.write_buffer.write_token import WriteToken, parse_token
 
 U64_MAX = (1 << 64) - 1
 
@@ -78,6 +80,11 @@ class FakeClient:
         self.requests.append((database, bytes(body), precision))
         n = len(self.requests)
         return {0: n, 1: 10 - n}  # the token of each request: the merge keeps the highest offset
+
+    def write_response(self, database, body, precision="ns"):
+        offsets = self.write(database, body, precision)
+        return types.SimpleNamespace(token=types.SimpleNamespace(offsets=offsets, epoch=2, topic_id="id-1"),
+                                     topic=f"iox_{database}", token_text="(printed)")
 
 
 class _Tty(io.StringIO):
@@ -147,7 +154,10 @@ def test_write_reads_a_file_through_a_map(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("server.api.client.IoxClient", lambda addr, token=None: c)
     assert cli.main(["write", "--db", "db", "--batch-bytes", "1k", str(f)]) == 0
     assert b"".join(b for _, b, _ in c.requests) == BODY and len(c.requests) == 3
-    assert json.loads(capsys.readouterr().out) == {"token": {"0": 3, "1": 9}}
+    out = json.loads(capsys.readouterr().out)
+    assert out["token"] == {"0": 3, "1": 9}
+    # the printable token of the whole input: the merged offsets, in the last answer's topic and epoch
+    assert parse_token(out["write_token"]) == WriteToken("iox_db", "id-1", 2, {0: 3, 1: 9})
     empty = tmp_path / "empty.lp"
     empty.write_bytes(b"")
     assert cli.main(["write", "--db", "db", str(empty)]) == 0

@@ -2,7 +2,8 @@
 (255) and in the epochs after it: the Spark expression of a segment's `seq_base` (evaluated by a
 stand-in for pyspark.sql.functions with Spark's 64-bit long arithmetic), the executors' Arrow
 decoder and the deletes all follow catalog/seq_layout.py, positive and increasing, and an offset
-whose seqs would not fit fails instead of wrapping."""
+whose seqs would not fit fails instead of wrapping; and which messages of a batch a table's chunk
+reads (a committed transaction part by its Kafka partition and offset)."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -14,7 +15,8 @@ from catalog.schema import Column
 from catalog.seq_layout import (SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset, next_seq_origin,
                                 seq_base)
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
-from server.consume.ingest import Ingestor, _check_seqs_fit, _decode_fn, decode_delete
+from catalog.transactions import MARKER, PART
+from server.consume.ingest import Ingestor, _check_seqs_fit, _decode_fn, _table_messages_condition, decode_delete
 from server.write_buffer.wire_format import encode_delete, encode_write
 
 T0 = 1_700_000_000_000_000_000
@@ -75,6 +77,12 @@ class _Col:
 
     def __and__(self, other):
         return _Col(lambda r: self.fn(r) and other.fn(r))
+
+    def __or__(self, other):
+        return _Col(lambda r: self.fn(r) or other.fn(r))
+
+    def isin(self, values):
+        return _Col(lambda r: self.fn(r) in list(values))
 
     __hash__ = None
 
@@ -221,3 +229,25 @@ def test_deletes_take_their_seq_from_the_origin_and_overflow_is_not_a_skipped_me
     with pytest.raises(SeqOverflow) as e:
         decode_delete(value, EPOCH_255, max_seq_offset(EPOCH_255) + 1, 0)
     assert not isinstance(e.value, (ValueError, KeyError, TypeError))  # the consumer skips only those
+
+
+def test_a_tables_chunk_reads_only_the_parts_committed_in_its_own_kafka_partition():
+    """Two tables on two Kafka partitions written by the same requests: each partition holds a part
+    at offset 2 and its marker at 3. A batch that ends between net's part and its marker, with
+    cpu's part and marker in it, commits cpu's part only: net's part at the same offset 2 is
+    undecided (stashed until its marker). Selecting parts by offset alone applied it at once, at
+    its own offset, and again at its marker's in the next batch: each of its rows twice."""
+    raw = [{"topic": "iox.db", "kp": 0, "offset": 2, "kind": PART, "tbl": "cpu"},
+           {"topic": "iox.db", "kp": 0, "offset": 3, "kind": MARKER, "tbl": None},
+           {"topic": "iox.db", "kp": 1, "offset": 2, "kind": PART, "tbl": "net"},
+           {"topic": "iox.db", "kp": 1, "offset": 4, "kind": "write", "tbl": "net"},
+           {"topic": "iox.other", "kp": 1, "offset": 5, "kind": "write", "tbl": "net"}]
+    remap = {(0, 2): 3}  # the batch's committed parts: (kp, part offset) -> offset applied at
+
+    def selected(table):
+        cond = _table_messages_condition("iox.db", table, remap, _F)
+        return [(r["kp"], r["offset"]) for r in raw if cond.fn(r)]
+
+    assert selected("cpu") == [(0, 2)]
+    assert selected("net") == [(1, 4)]
+    assert _table_messages_condition("iox.db", "net", {}, _F).fn(raw[2]) is False

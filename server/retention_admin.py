@@ -1,0 +1,87 @@
+"""Retention administration on the server: setting a database's retention period, and what
+status and /metrics say about retention and memory.
+
+Invariant: a retention period takes effect only once it is committed to the database's
+preserved catalog (RecordRetention), so a restart keeps it (server/consume/recovery.py loads it);
+then, at once, queries hide rows older than the new reader_lo and writes of older points are
+refused (both compute reader_lo from the clock); the lifecycle worker's retention round prunes
+after --prune-delay-s (lifecycle/prune_policy.py).
+
+Who calls it: `IoxServer.set_retention` (gRPC SetRetention, the HTTP buckets API, in their
+worker threads), `IoxServer.status` and the /metrics scrape. Driver side only.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from catalog.retention import MAX_RETENTION_S, format_duration_s, reader_lo_ns
+from catalog.sharding import topic_for
+from iox import management_pb2
+from server.errors import InvalidArgument
+
+__all__ = ["set_retention", "fill_retention_status", "operation_gauges"]
+
+log = logging.getLogger(__name__)
+
+
+def set_retention(server, database: str, period_s: int) -> management_pb2.SetRetentionResponse:
+    """Records `period_s` (0 removes it) as `database`'s retention and applies it; creates the
+    database when the server does not know it yet. Raises InvalidArgument (a bad name or period),
+    DatabaseFenced (another server owns the database)."""
+    from catalog.preserved_catalog import RecordRetention
+    from server.write.router import validate_database_name
+
+    validate_database_name(database)
+    if isinstance(period_s, bool) or not isinstance(period_s, int) or not 0 <= period_s <= MAX_RETENTION_S:
+        raise InvalidArgument(f"retention period must be 0 (none) to {MAX_RETENTION_S} seconds, got {period_s!r}")
+    server._refuse_writes_when_fenced(database)
+    db = server.catalog.ensure_database(database, topic_for(database), server.config.partitions)
+    now = time.time()
+    server.lifecycle.commit_records(db, [RecordRetention(period_s=period_s, set_at_s=now)], now)
+    with server.catalog.lock:
+        db.retention_period_s = period_s or None
+        db.reader_lo_ns = reader_lo_ns(period_s, now)
+    log.info("database %s: retention %s", database, format_duration_s(period_s) if period_s else "removed")
+    resp = management_pb2.SetRetentionResponse(database=database, period_s=period_s)
+    if db.reader_lo_ns is not None:
+        resp.reader_lo_ns = db.reader_lo_ns
+    if db.pruner_hi_ns is not None:
+        resp.pruner_hi_ns = db.pruner_hi_ns
+    return resp
+
+
+def fill_retention_status(d, db, now_s: float) -> None:
+    """Fills the retention fields of a management_pb2.DatabaseStatus `d` from `db` (catalog lock held)."""
+    d.retention_period_s = db.retention_period_s or 0
+    lo = reader_lo_ns(db.retention_period_s, now_s)
+    if lo is not None:
+        d.reader_lo_ns = lo
+    if db.pruner_hi_ns is not None:
+        d.pruner_hi_ns = db.pruner_hi_ns
+
+
+def operation_gauges(server) -> list:
+    """The scrape-time gauges of server/operation_metrics.py: [(name, [labels], value)]."""
+    now = time.time()
+    rows: list = []
+    guard = getattr(server, "memory_guard", None)
+    if guard is not None:
+        rows += [("iox_process_tree_rss_bytes", [], guard.rss_bytes),
+                 ("iox_memory_limit_bytes", [], guard.limit_bytes),
+                 ("iox_memory_state", [], guard.state)]
+    for db in server.catalog.databases():
+        with server.catalog.lock:
+            chunks = [c for parts in db.partitions.values() for p in parts.values() for c in p.chunks if c.in_memory]
+            period, pruner_hi = db.retention_period_s, db.pruner_hi_ns
+        rows.append(("iox_chunks_in_memory", [db.name], len(chunks)))
+        rows.append(("iox_chunk_bytes_in_memory", [db.name], sum(c.size_bytes for c in chunks)))
+        if period:
+            rows.append(("iox_retention_seconds", [db.name], period))
+            rows.append(("iox_reader_lo_ns", [db.name], reader_lo_ns(period, now)))
+        if pruner_hi is not None:
+            rows.append(("iox_pruner_hi_ns", [db.name], pruner_hi))
+        done, todo = server.replay_progress(db)
+        rows.append(("iox_replay_offsets_done", [db.name], done))
+        rows.append(("iox_replay_offsets_todo", [db.name], todo))
+    return rows

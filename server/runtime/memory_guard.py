@@ -1,0 +1,184 @@
+"""Memory guard: the RSS of the server's whole process tree against `--memory-limit-bytes`.
+
+What it measures: the resident memory (RSS) of the server process and every process below it
+(the Spark JVM, its Python workers, the streaming source's worker, an embedded broker started
+by this process), read from /proc (Linux); elsewhere through psutil when installed. Not the
+catalog's size estimate: everything the kernel would count against the host.
+
+States (`state`), re-evaluated at every sample:
+- NORMAL: below `soft_fraction * limit`.
+- THROTTLED: at or above the soft fraction: the write-buffer source takes at most
+  `throttled_messages_per_partition` messages per Kafka partition per micro-batch (its read limit,
+  through `throttle_file`, read by server/write_buffer/kafka_source.py), and the lifecycle policy
+  unloads and persists first (`pressure()`, lifecycle/policy.py `memory_pressure`).
+- REFUSING: at or above the limit: additionally `refusal()` returns MemoryLimitReached, which the
+  router raises for every write (RESOURCE_EXHAUSTED / HTTP 503 with Retry-After) until a sample is
+  back under the limit. Nothing acknowledged is affected: only new writes are refused.
+
+With a limit of 0 the guard only measures (for /metrics) and never throttles or refuses.
+
+When it runs: `start()` (by the server, after Spark started) runs a daemon thread sampling every
+`interval_ms`; `stop()` (server shutdown) ends it and removes the throttle file. Driver side only.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from server.errors import MemoryLimitReached
+
+__all__ = ["MemoryGuard", "NORMAL", "THROTTLED", "REFUSING", "process_tree_rss_bytes", "THROTTLE_DIVISOR",
+           "RETRY_AFTER_S"]
+
+log = logging.getLogger(__name__)
+
+NORMAL, THROTTLED, REFUSING = 0, 1, 2
+#: under memory pressure a micro-batch takes this many times fewer messages per Kafka partition
+THROTTLE_DIVISOR = 10
+#: what a refused write is told to wait (Retry-After)
+RETRY_AFTER_S = 1.0
+
+
+def _children_map() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        # the command name may hold spaces and parentheses: fields follow the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        out.setdefault(int(fields[1]), []).append(int(name))
+    return out
+
+
+def _rss_of(pid: int, page: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * page
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def process_tree_rss_bytes(root_pid: int | None = None) -> int:
+    """RSS (bytes) of `root_pid` (default: this process) and all its descendants."""
+    root = os.getpid() if root_pid is None else root_pid
+    if not os.path.isdir("/proc"):
+        import psutil  # not Linux: psutil (optional dependency) reads the platform's tables
+
+        p = psutil.Process(root)
+        procs = [p] + p.children(recursive=True)
+        total = 0
+        for q in procs:
+            try:
+                total += q.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+    page = os.sysconf("SC_PAGE_SIZE")
+    children = _children_map()
+    total, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _rss_of(pid, page)
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+class MemoryGuard:
+    """See the module docstring. `limit_bytes` and `soft_fraction` may be changed while it runs."""
+
+    def __init__(self, limit_bytes: int, soft_fraction: float, interval_ms: int, throttle_file: str,
+                 messages_per_partition: int, measure=process_tree_rss_bytes):
+        self.limit_bytes = limit_bytes
+        self.soft_fraction = soft_fraction
+        self.interval_s = interval_ms / 1000.0
+        self.throttle_file = throttle_file
+        self.messages_per_partition = messages_per_partition
+        self._measure = measure
+        self.rss_bytes = 0
+        self.peak_rss_bytes = 0
+        self.state = NORMAL
+        #: how many samples found the tree at or over the limit
+        self.refusing_samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._throttled_at: int | None = None  # the cap written to throttle_file, None = no file
+
+    @property
+    def throttled_messages_per_partition(self) -> int:
+        return max(1, self.messages_per_partition // THROTTLE_DIVISOR)
+
+    def start(self) -> None:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="memory-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._write_throttle(None)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sample()
+            except Exception:  # keep sampling
+                log.exception("memory guard: sampling failed")
+
+    def sample(self) -> int:
+        """Measures once and updates the state (and the throttle file); returns the state."""
+        rss = self._measure()
+        self.rss_bytes = rss
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+        limit = self.limit_bytes
+        if not limit:
+            state = NORMAL
+        elif rss >= limit:
+            state = REFUSING
+            self.refusing_samples += 1
+        elif rss >= limit * self.soft_fraction:
+            state = THROTTLED
+        else:
+            state = NORMAL
+        if state != self.state:
+            (log.warning if state > self.state else log.info)(
+                "memory: process tree at %d bytes of %d (%s)", rss, limit,
+                ("normal", "throttling micro-batches, persisting and unloading first",
+                 "refusing writes until back under")[state])
+        self.state = state
+        self._write_throttle(self.throttled_messages_per_partition if state != NORMAL else None)
+        return state
+
+    def _write_throttle(self, cap: int | None) -> None:
+        if cap == self._throttled_at or not self.throttle_file:
+            return
+        if cap is None:
+            try:
+                os.unlink(self.throttle_file)
+            except FileNotFoundError:
+                pass
+        else:
+            tmp = f"{self.throttle_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(cap))
+            os.replace(tmp, self.throttle_file)
+        self._throttled_at = cap
+
+    def pressure(self) -> bool:
+        """True while throttled or refusing (the lifecycle frees memory first)."""
+        return self.state != NORMAL
+
+    def refusal(self) -> MemoryLimitReached | None:
+        """The error to answer a write with while at the limit, else None."""
+        if self.state != REFUSING:
+            return None
+        return MemoryLimitReached(self.rss_bytes, self.limit_bytes, RETRY_AFTER_S)

@@ -1,0 +1,61 @@
+"""One failing lifecycle action never stops the others: the worker's round (no Spark, a real local
+object store) goes on with the next action, the next database and its housekeeping steps when one
+of them raises, and records the failure."""
+from __future__ import annotations
+
+import pytest
+
+import lifecycle.worker as worker_mod
+from catalog.catalog import Catalog
+from catalog.object_store import LocalObjectStore
+from catalog.preserved_catalog import PreservedCatalog
+from catalog.sharding import topic_for
+from lifecycle.rules import LifecycleRules
+from lifecycle.worker import LifecycleWorker
+
+NOW_S = 1_700_000_000.0
+DBS = ("db_a", "db_b")
+
+
+@pytest.fixture
+def worker(tmp_path):
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    preserved = {name: PreservedCatalog.create_or_load(store, name, NOW_S)[0] for name in DBS}
+    catalog = Catalog()
+    for name in DBS:
+        catalog.ensure_database(name, topic_for(name), 1)
+    w = LifecycleWorker(None, catalog, LifecycleRules(worker_backoff_ms=3_600_000), store, preserved,
+                        refresh_view=None, pause_file=str(tmp_path / "pause"))
+    yield w
+    w.stop()
+
+
+def test_a_failing_action_leaves_the_others_and_the_other_databases_running(worker, monkeypatch):
+    monkeypatch.setattr(worker_mod, "decide", lambda state, rules, now: ["fails", "works"])
+    done = []
+
+    def execute(db, action, now):
+        if action == "fails":
+            raise RuntimeError(f"lost blocks of {db.name}")
+        done.append((db.name, action))
+        return True
+
+    monkeypatch.setattr(worker, "execute", execute)
+    assert worker.run_once(NOW_S) == ["works", "works"]
+    assert sorted(done) == [("db_a", "works"), ("db_b", "works")]
+    assert "lost blocks" in worker.last_error
+
+
+def test_a_failing_housekeeping_step_leaves_the_later_ones_running(worker, monkeypatch):
+    monkeypatch.setattr(worker_mod, "decide", lambda state, rules, now: [])
+    ran = []
+
+    def fail():
+        raise OSError("store unreachable")
+
+    monkeypatch.setattr(worker, "delete_unpinned_files", fail)
+    monkeypatch.setattr(worker, "flush_mailboxes", lambda now: ran.append("flush"))
+    monkeypatch.setattr(worker, "cleanup", lambda now, min_age_s: ran.append("cleanup"))
+    worker._last_mailbox_flush = worker._last_cleanup = float("-inf")
+    assert worker.run_once(NOW_S) == []
+    assert ran == ["flush", "cleanup"] and "store unreachable" in worker.last_error
