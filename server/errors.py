@@ -83,13 +83,11 @@ class SchemaConflict(InvalidArgument):
 
 
 class TooManyColumns(InvalidArgument):
-    def __init__(self, table: str, existing: int, would_have: int, limit: int):
-        self.table = table
-        self.existing = existing
-        self.would_have = would_have
-        self.limit = limit
-        super().__init__(f"table {table!r} has {existing} columns, this write would make it {would_have}: "
-                         f"at most {limit} columns per table (--max-columns-per-table); nothing written")
+    """A write would widen a table past --max-columns-per-table (catalog.schema.ColumnLimitExceeded)."""
+
+    def __init__(self, cause):
+        self.table, self.existing, self.would_have, self.limit = cause.table, cause.existing, cause.would_have, cause.limit
+        super().__init__(f"{cause} (--max-columns-per-table); nothing written")
 
 
 class RequestTooLarge(ServerError):

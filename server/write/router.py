@@ -209,7 +209,7 @@ class Router:
         except ColumnTypeConflict as e:
             raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
         except ColumnLimitExceeded as e:
-            raise TooManyColumns(e.table, e.existing, e.would_have, e.limit) from None
+            raise TooManyColumns(e) from None
         t_encode = time.perf_counter()
         self.metrics.observe_stage("checks", t_encode - t_start)
         writes = [encode_write(name, cols, data, unique) for name, (cols, data, unique) in batches.items()]

@@ -84,9 +84,9 @@ def _produce(bootstrap: str, topic: str, msgs, timestamp_ms: int | None = None) 
     return acked
 
 
-def _write(table: str, values: list[float], t0: int = T0):
+def _write(table: str, values: list[float]):
     data = pa.table({"host": pa.array(["a"] * len(values)), "v": pa.array(values, pa.float64()),
-                     "time": pa.array([t0 + i for i in range(len(values))], pa.int64())})
+                     "time": pa.array([T0 + i for i in range(len(values))], pa.int64())})
     return encode_write(table, [Column("host", "tag", "string"), Column("v", "field", "float"),
                                 Column("time", "time", "time")], data)
 
@@ -196,34 +196,3 @@ def test_tables_sharing_one_partition_commit_without_markers(client, db, iox_ser
     assert {int(k): v for k, v in token.items()} == {kp: msgs[-1]["offset"]}
     for t in names:
         assert client.query(db, f"SELECT v FROM {t}").to_pylist() == [{"v": 1}]
-
-
-def test_an_undecided_part_is_not_applied_with_a_part_committed_at_its_offset_elsewhere(client, db, iox_server):
-    """Two Kafka partitions reuse every offset: one micro-batch reads table a's part and commit
-    decision on one partition, and table b's undecided part at the same offset and a write after
-    it on another. Only a's part commits; b's part (aborted once older than the transaction
-    timeout) never appears, not even at its own offset."""
-    s, a, b = _tables_on_distinct_partitions("coincide", 3)
-    client.wait_applied(db, client.write(db, f"{s},host=a v=1 {T0}"), timeout_s=60)  # the topic, on a third partition
-    topic = topic_for(db)
-    kp_a, kp_b = partition_for(a, PARTITIONS), partition_for(b, PARTITIONS)
-    old_ms = int(time.time() * 1000) - 3_600_000  # b's part: past any transaction timeout
-    p = Producer({"bootstrap.servers": iox_server.bootstrap, "enable.idempotence": True, "acks": "all",
-                  "log_level": 3})
-    acked = {}
-    msgs = [("b part", as_part(_write(b, [2.0, 3.0], T0 + 10), "undecided", kp_b), old_ms),
-            ("a part", as_part(_write(a, [5.0, 6.0]), "done", kp_a), None),
-            ("a decision", encode_decision("done", "commit", [(kp_a, 0)], kp_a), None),
-            ("b write", _write(b, [1.0]), None)]
-    for name, w, ts in msgs:  # one flush: one micro-batch as a rule (the bug needed it; the outcome never does)
-        p.produce(topic, value=w.value, key=w.key, headers=w.headers, partition=w.partition
-                  if w.partition is not None else partition_for(w.table, PARTITIONS),
-                  on_delivery=lambda err, m, name=name: acked.__setitem__(name, (err, m.partition(), m.offset())),
-                  **({} if ts is None else {"timestamp": ts}))
-    assert p.flush(30) == 0
-    assert acked == {"b part": (None, kp_b, 0), "a part": (None, kp_a, 0), "a decision": (None, kp_a, 1),
-                     "b write": (None, kp_b, 1)}
-    client.wait_applied(db, {str(kp_a): 1, str(kp_b): 1}, timeout_s=60)
-    wait_for(lambda: _db_status(client, db).get("pending_transaction_parts", 0) == 0, 60, "b's part to be aborted")
-    assert client.query(db, f"SELECT v FROM {a} ORDER BY v").to_pylist() == [{"v": 5.0}, {"v": 6.0}]
-    assert client.query(db, f"SELECT v FROM {b} ORDER BY v").to_pylist() == [{"v": 1.0}]
