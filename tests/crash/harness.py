@@ -30,6 +30,15 @@ IOX = os.path.join(os.path.dirname(sys.executable), "iox")
 _SHORT_LIVED_JVM = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
 
 
+def _memory_broker_unless_asked(extra: list) -> list:
+    """The in-memory embedded broker unless `extra` chooses a storage or a Kafka cluster: a
+    durable broker's store costs each test seconds per start. The durable default has tests of
+    its own (tests/integration/test_durable_broker.py and the durable crash tests), which ask for it."""
+    if any(a.startswith(("--broker-storage", "--kafka-bootstrap")) for a in extra):
+        return []
+    return ["--broker-storage", "memory"]
+
+
 class ServerProcess:
     def __init__(self, data_dir: str, crash_at: CrashPoint | None = None, extra: list | None = None,
                  env: dict | None = None):
@@ -55,7 +64,7 @@ class ServerProcess:
         os.makedirs(data_dir, exist_ok=True)
         args = [IOX, "serve", "--data-dir", data_dir, "--grpc-port", str(self.port), "--http-port", "0",
                 "--spark-connect-port", "0", "--driver-memory", "2g", "--partitions", "2",
-                "--produce-timeout-ms", "5000"] + (extra or [])
+                "--produce-timeout-ms", "5000"] + _memory_broker_unless_asked(extra or []) + (extra or [])
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         self.client = IoxClient(f"127.0.0.1:{self.port}")

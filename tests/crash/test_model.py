@@ -43,7 +43,8 @@ LIFECYCLE = ["--persist-row-threshold", "12", "--persist-age-threshold-s", "3", 
              "--persisted-compaction-cold-s", "2", "--persisted-compaction-file-threshold", "3",
              "--worker-backoff-ms", "200"]
 
-#: the embedded broker's storage (memory: the default; durable keeps offsets across clean restarts)
+#: the embedded broker's storage of this test: memory unless IOX_MODEL_BROKER says durable (the server's
+#: default, slower per restart; it keeps offsets across clean restarts)
 BROKER_STORAGE = os.environ.get("IOX_MODEL_BROKER", "memory")
 EXAMPLES = int(os.environ.get("IOX_MODEL_EXAMPLES", "3"))
 STEPS = int(os.environ.get("IOX_MODEL_STEPS", "14"))

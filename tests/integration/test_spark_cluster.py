@@ -58,7 +58,7 @@ class _Env:
             self.data_dir,
             extra=["--kafka-bootstrap", self.bootstrap, "--spark-master", self.cluster.master_url,
                    "--object-store", f"s3://{self.bucket}/{PREFIX}", "--s3-endpoint", self.endpoint,
-                   "--spark-nice", "0"],
+                   "--spark-nice", "0", "--partitions", "4"],  # as every server on the session broker
             env={"AWS_ACCESS_KEY_ID": MOTO_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": MOTO_SECRET_ACCESS_KEY,
                  "AWS_REGION": MOTO_REGION, "SPARK_LOCAL_IP": "127.0.0.1"}).wait_ready()
         return self.server

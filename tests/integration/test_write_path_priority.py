@@ -39,9 +39,12 @@ def test_serve_raises_its_threads_and_its_broker_and_leaves_spark_at_the_normal_
             assert srv.client.query("rtdb", "SELECT h, v FROM m ORDER BY h").to_pylist() == [
                 {"h": "a", "v": 1}, {"h": "b", "v": 2}]
             assert _policies(srv.proc.pid) == {(os.SCHED_RR, 2)}
-            broker = broker_record(d)["pid"]
+            rec = broker_record(d)
+            broker, store = rec["pid"], rec.get("store_pid")
             assert _policies(broker) == {(os.SCHED_RR, 2)}
-            spark = [p for p in process_tree(srv.proc.pid) if p not in (srv.proc.pid, broker)]
+            if store is not None:  # the durable broker's store takes every produce: on the write path too
+                assert _policies(store) == {(os.SCHED_RR, 2)}
+            spark = [p for p in process_tree(srv.proc.pid) if p not in (srv.proc.pid, broker, store)]
             assert "java" in {_exe(p) for p in spark}, spark
             assert any(_exe(p).startswith("python") for p in spark), "the micro-batch ran in a Python worker"
             for p in spark:  # each one still running: every live thread at the normal policy
