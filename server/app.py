@@ -644,7 +644,8 @@ class IoxServer:
         """Runs `sql` once the read barrier passed (server/query/read_barrier.py: the replay caught up
         or `allow_partial`, the write token `after` visible), waiting at most QUERY_WAIT_MAX_S or until
         a little before the request's deadline `deadline_s`. Returns the QueryResult with `partial`,
-        `topic`, `topic_id` and `epoch` set. gRPC handler threads (driver)."""
+        `topic`, `topic_id` and `epoch` set; the caller reads its batches or closes it (its rows stream
+        from Spark while read). gRPC handler threads (driver)."""
         timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else \
             max(0.0, min(deadline_s - _ANSWER_MARGIN_S, QUERY_WAIT_MAX_S))
         passage = self.read_barrier.pass_through(database, after, allow_partial, timeout_s)
@@ -654,6 +655,7 @@ class IoxServer:
             # cannot happen while watermarks only grow; never answer without the write
             from server.errors import WriteTokenNotVisible
 
+            res.close()
             raise WriteTokenNotVisible(database, passage.token.offsets, res.visible_hi_inclusive, 0.0)
         # decided before the query's cut: a replay that caught up meanwhile may make it complete anyway
         res.partial = passage.partial

@@ -43,6 +43,16 @@ def broker():
     b.stop()
 
 
+@pytest.fixture(scope="module")
+def own_broker():
+    """A broker of the module's own, for servers a module starts besides the session's: a server
+    started on the session broker finds every database the session's tests wrote before it and
+    replays them all."""
+    b = start_broker()
+    yield b
+    b.stop()
+
+
 @pytest.fixture(scope="session")
 def session_tmp():
     d = tempfile.mkdtemp(prefix="iox-tests-")

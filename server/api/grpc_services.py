@@ -151,23 +151,30 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
                                     deadline_s=context.time_remaining())
         except Exception as e:
             _abort(context, e)
-        table = res.table
-        res.table = None  # each batch is freed once sent
-        batches = table.to_batches(max_chunksize=QUERY_BATCH_ROWS) or [None]
-        schema = table.schema
-        del table
-        batches.reverse()
-        while batches:
-            b = batches.pop()
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, schema) as w:
-                if b is not None:
-                    w.write_batch(b)
-            del b
-            yield query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),
-                                          applied_hi_inclusive=res.applied_hi_inclusive,
-                                          visible_hi_inclusive=res.visible_hi_inclusive, partial=res.partial,
-                                          topic=res.topic, topic_id=res.topic_id, epoch=res.epoch)
+        try:
+            sent = False
+            for batch in res.batches():  # streamed from Spark as the query runs
+                for o in range(0, batch.num_rows, QUERY_BATCH_ROWS):
+                    b = batch.slice(o, QUERY_BATCH_ROWS)
+                    sent = True
+                    yield self._message(res, res.schema, b)
+            if not sent:
+                yield self._message(res, res.schema, None)
+        except Exception as e:
+            _abort(context, e)
+        finally:
+            res.close()
+
+    @staticmethod
+    def _message(res, schema, batch):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            if batch is not None:
+                w.write_batch(batch)
+        return query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),
+                                       applied_hi_inclusive=res.applied_hi_inclusive,
+                                       visible_hi_inclusive=res.visible_hi_inclusive, partial=res.partial,
+                                       topic=res.topic, topic_id=res.topic_id, epoch=res.epoch)
 
 
 class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):

@@ -39,7 +39,7 @@ from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
 from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
 
-__all__ = ["QueryEngine", "QueryResult", "tail_rows", "to_arrow"]
+__all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows", "to_arrow"]
 
 _TAIL_VIEWS = itertools.count(1)
 
@@ -47,8 +47,20 @@ log = logging.getLogger(__name__)
 
 
 class QueryResult:
-    def __init__(self, table: pa.Table, applied_hi_inclusive: dict, visible_hi_inclusive: dict | None = None):
-        self.table = table
+    """A query's answer: its Arrow `schema`, its record batches in the result's order (streamed from
+    Spark as its partitions complete, `batches()`, read once) and the watermarks it reflects.
+
+    The query's pin (catalog/query_pins.py) is held until the batches are read to their end or
+    `close()` is called; whoever takes a QueryResult reads it through or closes it (a generator
+    dropped unread closes on garbage collection). `table` reads every batch into one table. Errors of
+    the running query (QueryResultTooLarge, InvalidArgument) are raised while the batches are read."""
+
+    def __init__(self, schema: pa.Schema, batches, applied_hi_inclusive: dict,
+                 visible_hi_inclusive: dict | None = None, on_close=None):
+        self.schema = schema
+        self._batches = batches
+        self._table: pa.Table | None = None
+        self._on_close = on_close
         #: per Kafka partition, the offset the catalog had applied when the query was planned
         self.applied_hi_inclusive = applied_hi_inclusive
         #: per Kafka partition, the offset the result reflects (applied, plus the tail's writes)
@@ -60,6 +72,36 @@ class QueryResult:
         self.topic = ""
         self.topic_id = ""
         self.epoch = 0
+
+    def batches(self):
+        """The result's record batches, in order, each once; the pin is released at the end."""
+        if self._table is not None:
+            yield from self._table.to_batches()
+            return
+        it, self._batches = self._batches, iter(())
+        try:
+            yield from it
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+            self.close()
+
+    @property
+    def table(self) -> pa.Table:
+        """Every batch in one table (read on first use)."""
+        if self._table is None:
+            self._table = pa.Table.from_batches(list(self.batches()), schema=self.schema)
+        return self._table
+
+    def close(self) -> None:
+        """Stops reading the result (if still running) and releases the query's pin. Idempotent."""
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
 
 class QueryEngine:
@@ -76,14 +118,18 @@ class QueryEngine:
         self.has_table_view = has_table_view
 
     def run(self, *args, **kwargs) -> QueryResult:
-        """Runs a query (`_run`) holding a query pin (catalog/query_pins.py): files the retention
-        pruner removes from the catalog meanwhile are deleted only after this query's answer is complete."""
+        """Plans a query (`_run`) holding a query pin (catalog/query_pins.py) until its result is read
+        or closed: files the retention pruner removes from the catalog meanwhile are deleted only after
+        this query's answer is complete."""
         pins = self.catalog.query_pins
         ticket = pins.pin()
         try:
-            return self._run(*args, **kwargs)
-        finally:
+            res = self._run(*args, **kwargs)
+        except BaseException:
             pins.unpin(ticket)
+            raise
+        res._on_close = lambda: pins.unpin(ticket)
+        return res
 
     def _run(self, database: str, sql: str) -> QueryResult:
         from lifecycle.chunk_data import chunk_source, table_deletes
@@ -159,23 +205,46 @@ class QueryEngine:
             t_sql = time.perf_counter()
             if self.max_rows:
                 df = df.limit(self.max_rows + 1)  # one more than allowed tells a result over the limit
-            result = to_arrow(df, self.max_bytes)
-            if self.max_rows and result.num_rows > self.max_rows:
-                raise QueryResultTooLarge("rows", self.max_rows, "--max-query-rows")
-            if checked.lists_tables and "isTemporary" in result.column_names:
-                # SHOW TABLES: the session's temp views are the database's tables; catalog tables are not
-                result = result.filter(pc.equal(result.column("isTemporary"), True))
+            schema, batches = arrow_batches(df, self.max_bytes)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("query on %s: %d rows; cut %.3f s, views %.3f s (%d table(s), %d from the tail), run %.3f s "
-                          "(analysis %.3f s)", database, result.num_rows, t_cut - t0, t_views - t_cut, len(reads),
-                          n_tail, time.perf_counter() - t_views, t_sql - t_views)
+                log.debug("query on %s: cut %.3f s, views %.3f s (%d table(s), %d from the tail), planned %.3f s "
+                          "(analysis %.3f s)", database, t_cut - t0, t_views - t_cut, len(reads), n_tail,
+                          time.perf_counter() - t_views, t_sql - t_views)
         except Exception as e:  # Spark analysis/parse errors are the user's to fix
-            from pyspark.errors import PySparkException
+            _raise_as_user_error(e)
+        only_temporary = checked.lists_tables and "isTemporary" in schema.names
+        return QueryResult(schema, _limited(batches, self.max_rows, only_temporary), applied, visible)
 
-            if isinstance(e, PySparkException):
-                raise InvalidArgument(f"query failed: {_first_line(str(e))}") from e
-            raise
-        return QueryResult(result, applied, visible)
+
+def _raise_as_user_error(e: Exception):
+    """Raises `e`, a Spark error (analysis, parse, a failing expression) as InvalidArgument."""
+    from pyspark.errors import PySparkException
+
+    if isinstance(e, PySparkException):
+        raise InvalidArgument(f"query failed: {_first_line(str(e))}") from e
+    raise e
+
+
+def _limited(batches, max_rows: int, only_temporary: bool):
+    """The query's batches checked against --max-query-rows as they stream (the plan asked for one
+    more row than allowed: QueryResultTooLarge once past it); for SHOW TABLES only the session's
+    temporary views (the database's tables; catalog tables are not). Spark errors while the query
+    runs become InvalidArgument."""
+    rows = 0
+    try:
+        for b in batches:
+            rows += b.num_rows
+            if max_rows and rows > max_rows:
+                raise QueryResultTooLarge("rows", max_rows, "--max-query-rows")
+            if only_temporary:
+                b = b.filter(pc.equal(b.column("isTemporary"), True))
+            yield b
+    except Exception as e:  # noqa: BLE001 - re-raised, Spark's errors as the user's
+        _raise_as_user_error(e)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 #: A table of at most this many rows (chunks and tail) is read by one Spark task: a query of a small
@@ -301,14 +370,22 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
 
 
 def to_arrow(df, max_bytes: int = 0) -> pa.Table:
-    """`df.toArrow()`, the same table, without a Spark job when the physical plan is a local
-    relation (a small table merged on the driver by `_local_merge`, filtered and projected; Spark
-    folds those into the relation): its rows are converted to Arrow on the driver by Spark's own
-    ArrowConverters, as Spark Connect serves such a plan. `toArrow` runs a job for any plan, and a
-    job waits for a free task slot, behind the micro-batches' tasks under load. Driver side.
+    """`df.toArrow()`, the same table, from `arrow_batches`. Driver side."""
+    schema, batches = arrow_batches(df, max_bytes)
+    return pa.Table.from_batches(list(batches), schema=schema)
 
-    `max_bytes` (0 = no limit): the batches are counted as they arrive; past the limit the
-    collection stops (QueryResultTooLarge) so the driver never holds more than the limit and a batch."""
+
+def arrow_batches(df, max_bytes: int = 0):
+    """(schema, batches): `df`'s result as Arrow record batches in the order `df.toArrow()` has them,
+    streamed while Spark runs the query. Driver side.
+
+    A plan that is a local relation (a small table merged on the driver by `_local_merge`, filtered
+    and projected; Spark folds those into the relation) is converted on the driver by Spark's own
+    ArrowConverters, as Spark Connect serves such a plan, without a Spark job (a job waits for a free
+    task slot, behind the micro-batches' tasks under load). Any other plan runs as one Spark job
+    (`_partition_ordered`). `max_bytes` (0 = no limit): the batches are counted as they arrive; past
+    the limit the query stops (QueryResultTooLarge), so the driver never holds more than the limit
+    and a batch."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     plan = df._jdf.queryExecution().executedPlan()
@@ -317,62 +394,122 @@ def to_arrow(df, max_bytes: int = 0) -> pa.Table:
     schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
                              prefers_large_types=large)
     if plan.nodeName() != "LocalTableScan":
-        if not max_bytes:
-            return df.toArrow()
-        batches = _collect_bounded(df, max_bytes)
-        if not batches:
-            return schema.empty_table()
-        return pa.Table.from_batches(batches).cast(schema)
+        return schema, _conformed(_partition_ordered(df), schema, max_bytes)
     conv = getattr(getattr(spark._jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
     it = conv.toBatchWithSchemaIterator(plan.rows().iterator(), plan.schema(), _ARROW_BATCH_ROWS, _ARROW_BATCH_BYTES,
                                         spark.conf.get("spark.sql.session.timeZone"), True, large)
-    batches = []
-    used = 0
+    return schema, _conformed(_local_batches(it), schema, max_bytes)
+
+
+def _local_batches(it):
     while it.hasNext():
-        for b in pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches():
+        yield from pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches()
+
+
+def _conformed(batches, schema: pa.Schema, max_bytes: int):
+    """`batches` in `schema` (Spark's Arrow types, as `toArrow` casts them), counted against `max_bytes`."""
+    used = 0
+    try:
+        for b in batches:
             used += b.nbytes
             if max_bytes and used > max_bytes:
                 raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
-            batches.append(b)
-    return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+            if not b.schema.equals(schema):
+                b = pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(b.columns, schema)], schema=schema)
+            yield b
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
-def _collect_bounded(df, max_bytes: int) -> list:
-    """The result's Arrow batches in order, as `DataFrame._collect_as_arrow` collects them, counted
-    as they arrive from the JVM: past `max_bytes` the socket is closed (the JVM's sender fails and
-    stops) and QueryResultTooLarge raised."""
+#: the column `_partition_ordered` adds to a result: the Spark partition each row comes from
+_PARTITION_COLUMN = "__iox_result_partition"
+#: the job tags of streamed queries (one per query: cancelling one stops only its job)
+_QUERY_JOB_TAGS = itertools.count(1)
+
+
+def _partition_ordered(df):
+    """`df`'s result batches in partition order, yielded as soon as every earlier partition is done.
+
+    Spark's `collectAsArrowToPython` (one job, every partition in parallel) sends each partition's
+    batches together as the partition completes, in completion order, and the order only at the end.
+    Each row is tagged with its partition (`spark_partition_id()`, a column dropped here), so the
+    batches of the next partition due stream through at once and later partitions wait in memory
+    until it is done (a partition is done when another one's batches arrive; an empty partition sends
+    nothing, so the ones after it wait until the end). Closing the generator early (a client gone, a
+    limit passed) closes the socket and cancels the job (its job tag), so its tasks free their slots."""
     from pyspark.serializers import read_int
+    from pyspark.sql import functions as F
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import _create_local_socket
 
-    with SCCallSiteSync(df._sc):
-        port, auth_secret, jserver = df._jdf.collectAsArrowToPython()
-    sockfile, sock = _create_local_socket((port, auth_secret))
-    over = False
+    tagged = df.select("*", F.spark_partition_id().alias(_PARTITION_COLUMN))
+    sc = df._sc
+    job_tag = f"iox-query-{next(_QUERY_JOB_TAGS)}"
+    sc.addJobTag(job_tag)  # the job's thread inherits it: a stream closed early cancels the job
     try:
-        batches = []
-        used = 0
+        with SCCallSiteSync(sc):
+            port, auth_secret, jserver = tagged._jdf.collectAsArrowToPython()
+    finally:
+        sc.removeJobTag(job_tag)
+    sockfile, sock = _create_local_socket((port, auth_secret))
+    complete = False
+
+    def tagged_batches():
+        nonlocal complete
         for b in ArrowStreamSerializer().load_stream(sockfile):
-            used += b.nbytes
-            if used > max_bytes:
-                over = True
-                raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
-            batches.append(b)
+            if b.num_rows:
+                yield b.column(b.num_columns - 1)[0].as_py(), \
+                    pa.RecordBatch.from_arrays(b.columns[:-1], schema=b.schema.remove(b.num_columns - 1))
         num = read_int(sockfile)
         if num == -1:
             from pyspark.serializers import UTF8Deserializer
 
             raise InvalidArgument(f"query failed: {_first_line(UTF8Deserializer().loads(sockfile))}")
-        return [batches[read_int(sockfile)] for _ in range(num)]
+        for _ in range(num):  # the order, known from the partitions
+            read_int(sockfile)
+        complete = True
+
+    try:
+        yield from in_partition_order(tagged_batches())
     finally:
         sockfile.close()
         sock.close()
-        if not over:
+        if complete:
             from pyspark.errors.exceptions.captured import unwrap_spark_exception
 
             with unwrap_spark_exception():
                 jserver.getResult()
+        else:  # closed early, over a limit or failed: its remaining tasks free their slots
+            sc.cancelJobsWithTag(job_tag)
+
+
+def in_partition_order(tagged):
+    """The batches of `tagged` [(partition, batch)], where each partition's batches come together
+    (partitions in any order, empty ones absent), in partition order: a batch of the partition due
+    next is yielded as soon as it arrives; the others wait until every earlier partition is done (a
+    partition is done when another one's batches arrive, or at the end). Pure."""
+    due = 0  # the partition whose batches go out next
+    current = None  # the partition whose batches are arriving
+    waiting: dict = {}  # partition -> its batches, arrived before their turn
+    done: set = set()  # partitions whose batches all arrived and wait in `waiting` (or are empty)
+    for part, b in tagged:
+        if part != current:
+            if current is not None:
+                done.add(current)
+            current = part
+            while due in done:  # send what waited behind the partition now done
+                done.discard(due)
+                yield from waiting.pop(due, ())
+                due += 1
+        if part == due:
+            yield b
+        else:
+            waiting.setdefault(part, []).append(b)
+    for part in sorted(waiting):
+        yield from waiting.pop(part)
 
 
 #: the Arrow batches `to_arrow` converts a local relation's rows in (rows, estimated bytes)

@@ -1,7 +1,7 @@
 """A message that fails to apply on its own is set aside; nothing else stops.
 
-Real parts: the session's Tansu broker and Spark application, a server of each test's own
-(its own data directory and gRPC/HTTP ports). Two ways a message fails: the consumer's fault
+Real parts: a Tansu broker of the module's own, the session's Spark application, a server of each
+test's own (its own data directory and gRPC/HTTP ports). Two ways a message fails: the consumer's fault
 point (catalog/crash_points.py `apply_table`, armed and disarmed in this process: a fault an
 operator removes, then retries) and a message produced straight to the database's topic with
 the headers of a delete and a value that makes applying the delete raise (a bad message an
@@ -25,15 +25,15 @@ from tests.conftest import make_config, start_server
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
-PARTITIONS = 4  # as every server on the session broker (a topic keeps its partition count)
+PARTITIONS = 4  # as the tests' other servers (a topic keeps its partition count)
 KP = partition_for("m", PARTITIONS)  # "m" and "io" share it; "q" is on another one
 assert partition_for("io", PARTITIONS) == KP and partition_for("q", PARTITIONS) != KP
 
 
 
 @pytest.fixture
-def server(iox_server, broker, session_tmp):
-    cfg = make_config(os.path.join(session_tmp, f"poison-{uuid.uuid4().hex[:6]}"), broker.bootstrap,
+def server(iox_server, own_broker, session_tmp):
+    cfg = make_config(os.path.join(session_tmp, f"poison-{uuid.uuid4().hex[:6]}"), own_broker.bootstrap,
                       partitions=PARTITIONS)
     srv, c = start_server(cfg)
     yield cfg, srv, c
@@ -126,11 +126,11 @@ def _produce_bad_delete(bootstrap: str, db: str) -> int:
     return offset
 
 
-def test_a_bad_message_accepted_is_skipped_for_good_also_after_a_restart(server, broker):
+def test_a_bad_message_accepted_is_skipped_for_good_also_after_a_restart(server, own_broker):
     cfg, srv, c = server
     db, other = f"a_{uuid.uuid4().hex[:8]}", f"o_{uuid.uuid4().hex[:8]}"
     c.wait_applied(db, c.write(db, f"m v=1 {T0}\n"), timeout_s=90)
-    poison = _produce_bad_delete(broker.bootstrap, db)
+    poison = _produce_bad_delete(own_broker.bootstrap, db)
     later = c.write(db, f"m v=2 {T0 + 1}\n")
     assert later == {KP: poison + 1}
     held = wait_for(lambda: _held(c, db), 120, "the bad delete to be held")
@@ -169,13 +169,13 @@ def test_a_bad_message_accepted_is_skipped_for_good_also_after_a_restart(server,
         srv.stop()
 
 
-def test_a_message_held_during_replay_holds_only_its_own_databases_persists(server, broker):
+def test_a_message_held_during_replay_holds_only_its_own_databases_persists(server, own_broker):
     """After a restart, a database whose replay stops at a held message stays replaying (its
     persists wait: what it holds is not all there yet); another database persists meanwhile."""
     cfg, srv, c = server
     db, other = f"r_{uuid.uuid4().hex[:8]}", f"o_{uuid.uuid4().hex[:8]}"
     c.wait_applied(db, c.write(db, f"m v=1 {T0}\n"), timeout_s=90)
-    poison = _produce_bad_delete(broker.bootstrap, db)
+    poison = _produce_bad_delete(own_broker.bootstrap, db)
     wait_for(lambda: _held(c, db), 120, "the bad delete to be held")
     c.close()
     srv.stop()

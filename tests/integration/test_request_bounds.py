@@ -28,10 +28,10 @@ MAX_QUERY_BYTES = 16 * 1024
 
 
 @pytest.fixture(scope="module")
-def small(broker, session_tmp, iox_server):
+def small(own_broker, session_tmp, iox_server):
     from server.app import IoxServer
 
-    cfg = make_config(os.path.join(session_tmp, f"bounds-{uuid.uuid4().hex[:6]}"), broker.bootstrap,
+    cfg = make_config(os.path.join(session_tmp, f"bounds-{uuid.uuid4().hex[:6]}"), own_broker.bootstrap,
                       max_request_bytes=MAX_REQUEST, grpc_workers=2, max_concurrent_rpcs=MAX_RPCS,
                       http_workers=HTTP_WORKERS, max_query_rows=MAX_ROWS, max_query_bytes=MAX_QUERY_BYTES)
     srv = IoxServer(cfg)

@@ -85,7 +85,7 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
     # a query that planned (and pinned) before the prune, held after planning until the prune is done
     import server.query.engine as engine
 
-    pins, real_to_arrow = iox_server.catalog.query_pins, engine.to_arrow
+    pins, real_to_arrow = iox_server.catalog.query_pins, engine.arrow_batches
     planned, release, answer = threading.Event(), threading.Event(), []
 
     def held_to_arrow(*a, **kw):
@@ -93,12 +93,12 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
         assert release.wait(60)
         return real_to_arrow(*a, **kw)
 
-    engine.to_arrow = held_to_arrow
+    engine.arrow_batches = held_to_arrow
     running = threading.Thread(target=lambda: answer.append(client.query(db, "SELECT count(*) AS n FROM cpu")))
     try:
         running.start()
         assert planned.wait(60) and pins.running() >= 1
-        engine.to_arrow = real_to_arrow  # only that query is held
+        engine.arrow_batches = real_to_arrow  # only that query is held
         lifecycle.prune_delay_s = 0.0
         st = wait_for(lambda: (s := _status(client, db)).get("pruner_hi_ns", 0) > now - 10 * DAY_NS and s, 60,
                       "pruner_hi past the old rows")
@@ -108,7 +108,7 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
         assert all(store.exists(f) for f in old_files)
         assert sum(pq.read_table(io.BytesIO(store.get(f))).num_rows for f in old_files) == 3
     finally:
-        engine.to_arrow = real_to_arrow
+        engine.arrow_batches = real_to_arrow
         release.set()
         running.join(60)
     assert [t.to_pylist() for t in answer] == [[{"n": 1}]]  # it completed, with the rows of its plan
@@ -208,7 +208,7 @@ def test_influxdb_client_buckets_api_creates_and_updates_a_bucket_with_retention
     assert iox_server.lifecycle.preserved[database].state.retention_period_s == 7200
 
 
-def test_retention_survives_a_restart_and_pruned_rows_are_not_replayed(broker, session_tmp):
+def test_retention_survives_a_restart_and_pruned_rows_are_not_replayed(own_broker, session_tmp):
     """The period is in the preserved catalog; a pruned partition that was never persisted leaves a
     database checkpoint past its offsets, so the replay after a restart does not bring it back (the
     restarted server's pruner stays 10 days behind: a replayed row would show)."""
@@ -217,7 +217,7 @@ def test_retention_survives_a_restart_and_pruned_rows_are_not_replayed(broker, s
 
     from tests.conftest import make_config, start_server
 
-    cfg = make_config(os.path.join(session_tmp, f"ret-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+    cfg = make_config(os.path.join(session_tmp, f"ret-{uuid.uuid4().hex[:6]}"), own_broker.bootstrap, http_port=0,
                       prune_delay_s=0.0, lifecycle={"worker_backoff_ms": 200})
     db = f"r_{uuid.uuid4().hex[:8]}"
     now = _now_ns()

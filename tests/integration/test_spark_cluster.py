@@ -2,8 +2,8 @@
 
 A master and a worker run in JVMs of their own (tests/integration/spark_cluster_fixture.py),
 the worker's executor is a separate JVM, the object store is a real S3 protocol server
-(moto_server) that the executors read and write directly, the write buffer is the session
-broker. The server runs as a process of its own (this test process already holds a local
+(moto_server) that the executors read and write directly, the write buffer is a broker of the
+module's own. The server runs as a process of its own (this test process already holds a local
 SparkSession; a second one against another master cannot live beside it) and is reached over
 gRPC. The scenarios build on each other in file order: writes, queries and deletes; a persist
 (Parquet in S3, none on the driver's disk); compaction of persisted files; the executor
@@ -58,7 +58,7 @@ class _Env:
             self.data_dir,
             extra=["--kafka-bootstrap", self.bootstrap, "--spark-master", self.cluster.master_url,
                    "--object-store", f"s3://{self.bucket}/{PREFIX}", "--s3-endpoint", self.endpoint,
-                   "--spark-nice", "0", "--partitions", "4"],  # as every server on the session broker
+                   "--spark-nice", "0"],
             env={"AWS_ACCESS_KEY_ID": MOTO_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": MOTO_SECRET_ACCESS_KEY,
                  "AWS_REGION": MOTO_REGION, "SPARK_LOCAL_IP": "127.0.0.1"}).wait_ready()
         return self.server
@@ -91,8 +91,8 @@ class _Env:
 
 
 @pytest.fixture(scope="module")
-def env(spark_cluster, moto_s3, broker):  # noqa: F811
-    e = _Env(spark_cluster, moto_s3, broker.bootstrap)
+def env(spark_cluster, moto_s3, own_broker):  # noqa: F811
+    e = _Env(spark_cluster, moto_s3, own_broker.bootstrap)
     e.start_server()
     try:
         yield e
