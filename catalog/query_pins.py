@@ -7,10 +7,12 @@ complete, so a query planned before a file was removed from the catalog finishes
 and a query planned after never sees it. Epoch-based reclamation: no per-file bookkeeping
 in the query path, one counter and one dict of running tickets.
 
-Thread-safe (one lock). Driver only; not picklable on purpose (it holds a lock).
+Thread-safe (one lock; `release_later` takes none, so a finalizer may call it at any moment).
+Driver only; not picklable on purpose (it holds a lock).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 
@@ -28,6 +30,8 @@ class QueryPins:
         self._running: dict[int, int] = {}
         #: (epoch retired at, objects)
         self._waiting: list[tuple[int, tuple]] = []
+        #: tickets released by `release_later`, dropped from `_running` under the lock at its next use
+        self._released: collections.deque = collections.deque()
 
     def pin(self) -> int:
         """Called by a query before it reads the catalog; returns its ticket for `unpin`."""
@@ -41,9 +45,20 @@ class QueryPins:
         with self._lock:
             self._running.pop(ticket, None)
 
+    def release_later(self, ticket: int) -> None:
+        """`unpin` without taking the lock (a deque append): for a finalizer of an answer dropped
+        unread, which may run inside any allocation, also one made under this lock."""
+        self._released.append(ticket)
+
+    def _drain(self) -> None:
+        """Under the lock: the tickets `release_later` released leave `_running`."""
+        while self._released:
+            self._running.pop(self._released.popleft(), None)
+
     def running(self) -> int:
         """How many queries hold a pin now."""
         with self._lock:
+            self._drain()
             return len(self._running)
 
     def retire(self, objects) -> int:
@@ -60,6 +75,7 @@ class QueryPins:
     def take_unpinned(self) -> list:
         """Removes and returns the retired objects no running query can read any more."""
         with self._lock:
+            self._drain()
             oldest = min(self._running.values(), default=None)
             free = [o for at, objs in self._waiting if oldest is None or oldest > at for o in objs]
             self._waiting = [(at, objs) for at, objs in self._waiting if not (oldest is None or oldest > at)]

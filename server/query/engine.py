@@ -12,7 +12,9 @@ A table of at most SMALL_TABLE_ROWS rows whose chunks are all local
 (lifecycle/local_rows.py) is merged with its tail rows (if any) in Arrow on the
 driver and read as one local relation: the same rows, with no Python worker;
 a query that only filters and projects such tables is answered on the driver
-without a Spark job (`to_arrow`), so it never waits for a task slot.
+without a Spark job (`arrow_batches`), so it never waits for a task slot.
+Any other result streams from its Spark job in partition order (`arrow_batches`); the query keeps
+its pin until the result is read or closed.
 A statement runs only once the SQL sandbox (server/query/sql_sandbox.py) found it a read-only query whose
 relations are the database's tables, each then a view of the query's session; SHOW TABLES lists
 only those views.
@@ -51,16 +53,17 @@ class QueryResult:
     Spark as its partitions complete, `batches()`, read once) and the watermarks it reflects.
 
     The query's pin (catalog/query_pins.py) is held until the batches are read to their end or
-    `close()` is called; whoever takes a QueryResult reads it through or closes it (a generator
-    dropped unread closes on garbage collection). `table` reads every batch into one table. Errors of
+    `close()` is called; whoever takes a QueryResult reads it through or closes it (one dropped
+    unread releases its pin when it is collected). `table` reads every batch into one table. Errors of
     the running query (QueryResultTooLarge, InvalidArgument) are raised while the batches are read."""
 
     def __init__(self, schema: pa.Schema, batches, applied_hi_inclusive: dict,
-                 visible_hi_inclusive: dict | None = None, on_close=None):
+                 visible_hi_inclusive: dict | None = None):
         self.schema = schema
         self._batches = batches
         self._table: pa.Table | None = None
-        self._on_close = on_close
+        #: (QueryPins, ticket) of the query's pin until it is released
+        self._pin = None
         #: per Kafka partition, the offset the catalog had applied when the query was planned
         self.applied_hi_inclusive = applied_hi_inclusive
         #: per Kafka partition, the offset the result reflects (applied, plus the tail's writes)
@@ -82,9 +85,7 @@ class QueryResult:
         try:
             yield from it
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            _close(it)
             self.close()
 
     @property
@@ -96,12 +97,16 @@ class QueryResult:
 
     def close(self) -> None:
         """Stops reading the result (if still running) and releases the query's pin. Idempotent."""
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
-        on_close, self._on_close = self._on_close, None
-        if on_close is not None:
-            on_close()
+        _close(self._batches)
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin[0].unpin(pin[1])
+
+    def __del__(self):
+        # an answer dropped unread (or unclosed) releases its pin once collected
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin[0].release_later(pin[1])
 
 
 class QueryEngine:
@@ -128,7 +133,7 @@ class QueryEngine:
         except BaseException:
             pins.unpin(ticket)
             raise
-        res._on_close = lambda: pins.unpin(ticket)
+        res._pin = (pins, ticket)
         return res
 
     def _run(self, database: str, sql: str) -> QueryResult:
@@ -204,8 +209,8 @@ class QueryEngine:
             df = checked_dataframe(session, checked)
             t_sql = time.perf_counter()
             if self.max_rows:
-                df = df.limit(self.max_rows + 1)  # one more than allowed tells a result over the limit
-            schema, batches = arrow_batches(df, self.max_bytes)
+                df = df.limit(self.max_rows + 1)  # one more row than allowed tells a result over the limit
+            schema, batches = arrow_batches(df, self.max_bytes, self.max_rows)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("query on %s: cut %.3f s, views %.3f s (%d table(s), %d from the tail), planned %.3f s "
                           "(analysis %.3f s)", database, t_cut - t0, t_views - t_cut, len(reads), n_tail,
@@ -213,7 +218,7 @@ class QueryEngine:
         except Exception as e:  # Spark analysis/parse errors are the user's to fix
             _raise_as_user_error(e)
         only_temporary = checked.lists_tables and "isTemporary" in schema.names
-        return QueryResult(schema, _limited(batches, self.max_rows, only_temporary), applied, visible)
+        return QueryResult(schema, _as_user_errors(batches, only_temporary), applied, visible)
 
 
 def _raise_as_user_error(e: Exception):
@@ -225,26 +230,18 @@ def _raise_as_user_error(e: Exception):
     raise e
 
 
-def _limited(batches, max_rows: int, only_temporary: bool):
-    """The query's batches checked against --max-query-rows as they stream (the plan asked for one
-    more row than allowed: QueryResultTooLarge once past it); for SHOW TABLES only the session's
-    temporary views (the database's tables; catalog tables are not). Spark errors while the query
-    runs become InvalidArgument."""
-    rows = 0
+def _as_user_errors(batches, only_temporary: bool):
+    """The query's batches; for SHOW TABLES only the session's temporary views (the database's tables;
+    catalog tables are not). Spark errors while the query runs become InvalidArgument."""
     try:
         for b in batches:
-            rows += b.num_rows
-            if max_rows and rows > max_rows:
-                raise QueryResultTooLarge("rows", max_rows, "--max-query-rows")
             if only_temporary:
                 b = b.filter(pc.equal(b.column("isTemporary"), True))
             yield b
     except Exception as e:  # noqa: BLE001 - re-raised, Spark's errors as the user's
         _raise_as_user_error(e)
     finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+        _close(batches)
 
 
 #: A table of at most this many rows (chunks and tail) is read by one Spark task: a query of a small
@@ -363,10 +360,17 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
     src = ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"}, mm["min"].as_py(),
                       mm["max"].as_py(), deduplicated=True)
     # no COALESCE hint: a projection or filter of a local relation is folded into one, which
-    # `to_arrow` reads without a Spark job
+    # `arrow_batches` reads without a Spark job
     df = session.sql(table_view_sql(schema, [src]))
     session.catalog.dropTempView(name)
     return df
+
+
+def _close(it) -> None:
+    """Closes `it` when it is a generator (its `finally` runs: a socket closed, a job cancelled)."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
 
 
 def to_arrow(df, max_bytes: int = 0) -> pa.Table:
@@ -375,7 +379,7 @@ def to_arrow(df, max_bytes: int = 0) -> pa.Table:
     return pa.Table.from_batches(list(batches), schema=schema)
 
 
-def arrow_batches(df, max_bytes: int = 0):
+def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0):
     """(schema, batches): `df`'s result as Arrow record batches in the order `df.toArrow()` has them,
     streamed while Spark runs the query. Driver side.
 
@@ -383,9 +387,9 @@ def arrow_batches(df, max_bytes: int = 0):
     and projected; Spark folds those into the relation) is converted on the driver by Spark's own
     ArrowConverters, as Spark Connect serves such a plan, without a Spark job (a job waits for a free
     task slot, behind the micro-batches' tasks under load). Any other plan runs as one Spark job
-    (`_partition_ordered`). `max_bytes` (0 = no limit): the batches are counted as they arrive; past
-    the limit the query stops (QueryResultTooLarge), so the driver never holds more than the limit
-    and a batch."""
+    (`_partition_ordered`). `max_bytes`, `max_rows` (0 = no limit): the batches are counted as they
+    arrive; past a limit the query stops (QueryResultTooLarge naming --max-query-bytes or
+    --max-query-rows), so the driver never holds more than the limit and a batch."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     plan = df._jdf.queryExecution().executedPlan()
@@ -394,11 +398,11 @@ def arrow_batches(df, max_bytes: int = 0):
     schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
                              prefers_large_types=large)
     if plan.nodeName() != "LocalTableScan":
-        return schema, _conformed(_partition_ordered(df), schema, max_bytes)
+        return schema, _conformed(_partition_ordered(df), schema, max_bytes, max_rows)
     conv = getattr(getattr(spark._jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
     it = conv.toBatchWithSchemaIterator(plan.rows().iterator(), plan.schema(), _ARROW_BATCH_ROWS, _ARROW_BATCH_BYTES,
                                         spark.conf.get("spark.sql.session.timeZone"), True, large)
-    return schema, _conformed(_local_batches(it), schema, max_bytes)
+    return schema, _conformed(_local_batches(it), schema, max_bytes, max_rows)
 
 
 def _local_batches(it):
@@ -406,21 +410,23 @@ def _local_batches(it):
         yield from pa.ipc.open_stream(pa.py_buffer(it.next())).read_all().to_batches()
 
 
-def _conformed(batches, schema: pa.Schema, max_bytes: int):
-    """`batches` in `schema` (Spark's Arrow types, as `toArrow` casts them), counted against `max_bytes`."""
-    used = 0
+def _conformed(batches, schema: pa.Schema, max_bytes: int, max_rows: int):
+    """`batches` in `schema` (Spark's Arrow types, as `toArrow` casts them), counted against
+    `max_bytes` and `max_rows`."""
+    used = rows = 0
     try:
         for b in batches:
             used += b.nbytes
+            rows += b.num_rows
             if max_bytes and used > max_bytes:
                 raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
+            if max_rows and rows > max_rows:
+                raise QueryResultTooLarge("rows", max_rows, "--max-query-rows")
             if not b.schema.equals(schema):
                 b = pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(b.columns, schema)], schema=schema)
             yield b
     finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+        _close(batches)
 
 
 #: the column `_partition_ordered` adds to a result: the Spark partition each row comes from
@@ -445,6 +451,7 @@ def _partition_ordered(df):
     from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import _create_local_socket
 
+    # a second plan beside `df`'s (which told it is not a local relation): ~15 ms of planning
     tagged = df.select("*", F.spark_partition_id().alias(_PARTITION_COLUMN))
     sc = df._sc
     job_tag = f"iox-query-{next(_QUERY_JOB_TAGS)}"
@@ -512,7 +519,7 @@ def in_partition_order(tagged):
         yield from waiting.pop(part)
 
 
-#: the Arrow batches `to_arrow` converts a local relation's rows in (rows, estimated bytes)
+#: the Arrow batches `arrow_batches` converts a local relation's rows in (rows, estimated bytes)
 _ARROW_BATCH_ROWS = 10_000
 _ARROW_BATCH_BYTES = 64 * 1024 * 1024
 

@@ -49,3 +49,16 @@ def test_query_pins_hold_retired_objects_until_every_older_query_ends() -> None:
     assert pins.take_unpinned() == ["c"]
     pins.unpin(12345)  # unknown tickets are ignored
     assert pins.running() == 0
+
+
+def test_a_pin_released_later_frees_what_it_held_at_the_next_use_of_the_pins() -> None:
+    """`release_later` (an answer dropped unread, from its finalizer) takes no lock; the ticket leaves
+    the running queries when the pins are next used."""
+    pins = QueryPins()
+    t = pins.pin()
+    pins.retire(["a"])
+    assert pins.take_unpinned() == []
+    pins.release_later(t)
+    assert pins.running() == 0 and pins.take_unpinned() == ["a"]
+    pins.release_later(t)  # released twice, or unknown: ignored
+    assert pins.running() == 0
