@@ -157,18 +157,19 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
                 for o in range(0, batch.num_rows, QUERY_BATCH_ROWS):
                     b = batch.slice(o, QUERY_BATCH_ROWS)
                     sent = True
-                    yield self._message(res, res.schema, b)
+                    yield self._message(res, b)
             if not sent:
-                yield self._message(res, res.schema, None)
+                yield self._message(res, None)
         except Exception as e:
             _abort(context, e)
         finally:
             res.close()
 
     @staticmethod
-    def _message(res, schema, batch):
+    def _message(res, batch):
+        """One QueryResponse: `batch` (None: no row, the schema only) and what the answer reflects."""
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, schema) as w:
+        with pa.ipc.new_stream(sink, res.schema) as w:
             if batch is not None:
                 w.write_batch(batch)
         return query_pb2.QueryResponse(arrow_ipc=sink.getvalue().to_pybytes(),

@@ -41,7 +41,7 @@ from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
 from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
 
-__all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows", "to_arrow"]
+__all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows"]
 
 _TAIL_VIEWS = itertools.count(1)
 
@@ -83,9 +83,8 @@ class QueryResult:
             return
         it, self._batches = self._batches, iter(())
         try:
-            yield from it
+            yield from it  # closing this generator closes `it` too
         finally:
-            _close(it)
             self.close()
 
     @property
@@ -371,12 +370,6 @@ def _close(it) -> None:
     close = getattr(it, "close", None)
     if close is not None:
         close()
-
-
-def to_arrow(df, max_bytes: int = 0) -> pa.Table:
-    """`df.toArrow()`, the same table, from `arrow_batches`. Driver side."""
-    schema, batches = arrow_batches(df, max_bytes)
-    return pa.Table.from_batches(list(batches), schema=schema)
 
 
 def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0):

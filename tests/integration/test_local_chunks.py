@@ -150,7 +150,7 @@ def test_local_chunks_move_to_the_read_buffer_on_the_driver_and_queries_of_them_
 
 
 def test_to_arrow_of_a_local_relation_equals_spark_toarrow(iox_server):
-    """server/query/engine.py `to_arrow` converts a local relation's rows on the driver: the same table
+    """server/query/engine.py `arrow_batches` converts a local relation's rows on the driver: the same table
     (types, time zone, nulls, an empty result) as DataFrame.toArrow."""
     import pyarrow as pa
 
@@ -163,7 +163,8 @@ def test_to_arrow_of_a_local_relation_equals_spark_toarrow(iox_server):
                 "SELECT * FROM x", "SELECT host FROM x WHERE host = 'nobody'", "SELECT host, host AS h2 FROM x"]:
         df = spark.sql(sql)
         assert df._jdf.queryExecution().executedPlan().nodeName() == "LocalTableScan", sql
-        ours, theirs = query_mod.to_arrow(df), df.toArrow()
+        schema, batches = query_mod.arrow_batches(df)
+        ours, theirs = pa.Table.from_batches(list(batches), schema=schema), df.toArrow()
         assert ours.schema == theirs.schema and ours.equals(theirs), sql
 
 

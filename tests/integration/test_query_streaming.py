@@ -39,13 +39,19 @@ def test_the_first_partition_arrives_while_the_job_still_runs(spark):
     the job ends (Spark's sender buffers 64 KB, so the partition is larger than that)."""
     df = spark.sql("SELECT id, CASE WHEN id = 300000 THEN reflect('java.lang.Thread', 'sleep', 4000L) END AS s "
                    "FROM range(0, 400000, 1, 4)")
-    tracker = spark.sparkContext.statusTracker()
-    _schema, batches = arrow_batches(df)
-    first = next(batches)
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    sc.setJobGroup("iox-test-first-partition", "a query whose partition 3 sleeps")
+    try:
+        _schema, batches = arrow_batches(df)
+        first = next(batches)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
     assert first.column("id")[0].as_py() == 0
-    running = list(tracker.getActiveJobsIds())
+    (job,) = tracker.getJobIdsForGroup("iox-test-first-partition")
+    status_at_first_batch = tracker.getJobInfo(job).status
     rest = list(batches)
-    assert running, "the job had ended before the first batch was yielded"
+    assert status_at_first_batch == "RUNNING", "the job had ended before the first batch was yielded"
     ids = pa.Table.from_batches([first] + rest).column("id")
     assert ids.to_pylist() == list(range(400_000))
 
