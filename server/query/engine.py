@@ -383,15 +383,25 @@ def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0):
     (`_partition_ordered`). `max_bytes`, `max_rows` (0 = no limit): the batches are counted as they
     arrive; past a limit the query stops (QueryResultTooLarge naming --max-query-bytes or
     --max-query-rows), so the driver never holds more than the limit and a batch."""
+    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    plan = df._jdf.queryExecution().executedPlan()
     spark = df.sparkSession
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
     schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
                              prefers_large_types=large)
-    if plan.nodeName() != "LocalTableScan":
-        return schema, _conformed(_partition_ordered(df), schema, max_bytes, max_rows)
+    # the rows tagged with their partition (`_partition_ordered`); its optimized plan, kept by its
+    # query execution for the job, tells a local relation (Spark folds the tag into it, every row's
+    # tag 0, or keeps a projection over it): only the job's plan is optimized and planned
+    tagged = df.select("*", F.spark_partition_id().alias(_PARTITION_COLUMN))
+    opt = tagged._jdf.queryExecution().optimizedPlan()
+    if opt.nodeName() == "Project":
+        opt = opt.children().apply(0)
+    if opt.nodeName() != "LocalRelation":
+        return schema, _conformed(_partition_ordered(tagged), schema, max_bytes, max_rows)
+    plan = df._jdf.queryExecution().executedPlan()
+    if plan.nodeName() != "LocalTableScan":  # not expected; tags folded into a relation are all 0: Spark's own order
+        return schema, _conformed(iter(df.toArrow().to_batches()), schema, max_bytes, max_rows)
     conv = getattr(getattr(spark._jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
     it = conv.toBatchWithSchemaIterator(plan.rows().iterator(), plan.schema(), _ARROW_BATCH_ROWS, _ARROW_BATCH_BYTES,
                                         spark.conf.get("spark.sql.session.timeZone"), True, large)
@@ -428,8 +438,10 @@ _PARTITION_COLUMN = "__iox_result_partition"
 _QUERY_JOB_TAGS = itertools.count(1)
 
 
-def _partition_ordered(df):
-    """`df`'s result batches in partition order, yielded as soon as every earlier partition is done.
+def _partition_ordered(tagged):
+    """The result batches of `tagged` (a DataFrame whose last column, `_PARTITION_COLUMN`, is each
+    row's `spark_partition_id()`) without that column, in partition order, each yielded as soon as
+    every earlier partition is done.
 
     Spark's `collectAsArrowToPython` (one job, every partition in parallel) sends each partition's
     batches together as the partition completes, in completion order, and the order only at the end.
@@ -439,14 +451,11 @@ def _partition_ordered(df):
     nothing, so the ones after it wait until the end). Closing the generator early (a client gone, a
     limit passed) closes the socket and cancels the job (its job tag), so its tasks free their slots."""
     from pyspark.serializers import read_int
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import _create_local_socket
 
-    # a second plan beside `df`'s (which told it is not a local relation): ~15 ms of planning
-    tagged = df.select("*", F.spark_partition_id().alias(_PARTITION_COLUMN))
-    sc = df._sc
+    sc = tagged._sc
     job_tag = f"iox-query-{next(_QUERY_JOB_TAGS)}"
     sc.addJobTag(job_tag)  # the job's thread inherits it: a stream closed early cancels the job
     try:
