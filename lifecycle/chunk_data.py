@@ -132,13 +132,16 @@ def time_part_mask(time_ns, part: int, parts: int):
     return ((x * np.uint64(_TIME_HASH_MULTIPLIER)) >> np.uint64(32)) % np.uint64(parts) == part
 
 
-def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: bool, part: tuple | None = None):
+def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: bool, part: tuple | None = None,
+                       time_range: tuple | None = None):
     """Executor side, in ONE task: the rows of `indexed_segments_df` batches decoded in chunk order,
     `deletes` (ArrowDelete) applied, deduplicated when `dedup`: one pyarrow Table in the merged
     chunk layout (tags, fields, time_ns, _iox_seq; `tags` names, `fields` [(name, type)]), or None
     without rows. The same rows as `merged_df` of the same chunks and deletes; with `part` =
-    (i, n), only those whose time is in part i of n (`time_part_mask`): the n parts together are
-    the whole merge, since deduplication only merges rows of one time."""
+    (i, n), only those whose time is in part i of n (`time_part_mask`); with `time_range` =
+    (after_exclusive, upto_inclusive) (None: unbounded on that side), only those with
+    after_exclusive < time <= upto_inclusive. Parts of either kind together are the whole merge,
+    since deduplication only merges rows of one time."""
     import pyarrow as pa
 
     from lifecycle.arrow_merge import apply_deletes, deduplicate
@@ -150,6 +153,8 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     for ci, t in read_segment_rows(batches, columns, key_column="ci"):
         if part is not None:
             t = t.filter(pa.array(time_part_mask(t.column(TIME_NS_COLUMN), *part)))
+        if time_range is not None:
+            t = _in_time_range(t, *time_range)
         parts.append((ci, t.cast(target)))
     if not parts:
         return None
@@ -160,6 +165,20 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     if dedup:
         t = deduplicate(t, tags, [n for n, _t in fields])
     return t
+
+
+def _in_time_range(t, after_exclusive: int | None, upto_inclusive: int | None):
+    """The rows of `t` (chunk layout) with after_exclusive < time <= upto_inclusive (None: no bound)."""
+    import pyarrow.compute as pc
+
+    times = t.column(TIME_NS_COLUMN)
+    mask = None
+    if after_exclusive is not None:
+        mask = pc.greater(times, after_exclusive)
+    if upto_inclusive is not None:
+        upto = pc.less_equal(times, upto_inclusive)
+        mask = upto if mask is None else pc.and_(mask, upto)
+    return t if mask is None else t.filter(mask)
 
 
 def _merge_fn(tags: list, fields: list, deletes: list, dedup: bool, names: list, part: tuple | None = None):

@@ -17,6 +17,11 @@ Invariants (IOx persist + persist_sink's many writers / one committer):
   ranges never meet); the driver alone commits ONE preserved-catalog
   transaction naming the files, the partition checkpoint, the database
   checkpoint and the table schema.
+- A partition merged in Arrow is merged by one task, or, on a cluster whose
+  task slots exceed one executor's cores, by up to one task per executor
+  (`persist_tasks`, from PERSIST_TASK_MIN_ROWS rows per task): each task reads
+  every input stream and merges and writes only the rows of its own time range
+  (`persist_time_ranges`), so the files of all tasks still never meet in time.
 - A file is durable before its metadata leaves the task that wrote it
   (`ObjectStore.arrow_finish_write`: fsync-ed with its directory on a local
   store), so the commit never names a file a power loss can take.
@@ -50,12 +55,13 @@ from catalog.crash_points import CrashPoint, crash_point
 from lifecycle.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
                          register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes)
 from lifecycle.chunk_checkpoint import checkpoint
-from lifecycle.cluster import cores_per_executor
+from lifecycle.cluster import cores_per_executor, task_slots
 from lifecycle.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
 from lifecycle.policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
-           "add_parquet_action", "FILE_META_SCHEMA", "write_files"]
+           "add_parquet_action", "FILE_META_SCHEMA", "write_files", "persist_tasks", "persist_time_ranges",
+           "PERSIST_TASK_MIN_ROWS"]
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +232,27 @@ REMAINDER_ROWS_PER_STREAM = 1 << 16
 PARALLEL_WRITE_MIN_ROWS = 2 * ROW_GROUP_ROWS
 #: rows sampled to find the time that splits a parallel write in halves
 _SPLIT_SAMPLE_ROWS = 10_001
+#: a persist merged in Arrow runs as several tasks (one per executor, `persist_tasks`) only with at
+#: least this many rows per task: below it the task's own threads (PARALLEL_WRITE_MIN_ROWS) do
+PERSIST_TASK_MIN_ROWS = 2 * PARALLEL_WRITE_MIN_ROWS
+
+
+def persist_tasks(slots: int, executor_cores: int, rows: int, min_rows_per_task: int = PERSIST_TASK_MIN_ROWS) -> int:
+    """How many tasks merge and write a partition of `rows` rows from the write-buffer form: one per
+    executor the application's `slots` task slots make (`slots` // `executor_cores`), at most one per
+    `min_rows_per_task` rows, at least one. A local master (its one executor has every slot) gets
+    one. Pure (driver)."""
+    executors = max(1, slots // max(1, executor_cores))
+    return max(1, min(executors, rows // max(1, min_rows_per_task)))
+
+
+def persist_time_ranges(lo_ns: int, hi_ns: int, tasks: int) -> list:
+    """`tasks` time ranges (after_exclusive, upto_inclusive) (None: unbounded) of equal width over
+    [lo_ns, hi_ns] that together cover every time, in time order: the first has no lower bound, the
+    last no upper one. Fewer when the span is too short to cut. Pure (driver)."""
+    cuts = sorted({lo_ns + (hi_ns - lo_ns) * i // tasks for i in range(1, tasks)} - {hi_ns}) if hi_ns > lo_ns else []
+    bounds = [None, *cuts, None]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
 def _out_schema():
@@ -323,7 +350,7 @@ def write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> li
 
 
 def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: list, flush_ts: int, deletes: list,
-                         dedup: bool, parallel_min_rows: int = PARALLEL_WRITE_MIN_ROWS):
+                         dedup: bool, parallel_min_rows: int = PARALLEL_WRITE_MIN_ROWS, tasks: list | None = None):
     """Executor side of a persist from the write-buffer form (one task): decodes the chunks' IPC
     streams in chunk order (column `ci`), applies `deletes` (ArrowDelete), deduplicates when
     `dedup`, writes the rows with time <= `flush_ts` as Parquet (`write_files`: one file at
@@ -332,10 +359,16 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
     then the later rows as IPC streams in the chunk layout ("rem", one row each, with their
     stats). `tags`: names; `fields`: [(name, type)].
 
+    `tasks`: [(time range, keys)] when the persist runs as several tasks (`persist_tasks`): the
+    batches then carry a column `task`, the index of this task's entry, and the task merges,
+    writes and keeps only the rows of its time range (`persist_time_ranges`), with its keys
+    (`keys` is not used).
+
     Picklable (captures the store config and plain data).
     """
 
     def fn(batches):
+        import itertools
         import time as _time
 
         import pyarrow as pa
@@ -356,7 +389,14 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
                 yield b
 
         t0 = _time.perf_counter()
-        t = merge_segment_rows(timed(iter(batches)), tags, fields, deletes, dedup)
+        batches, task_keys, time_range = iter(batches), keys, None
+        if tasks is not None:
+            first = next(batches, None)
+            if first is None:
+                return
+            time_range, task_keys = tasks[first.column("task")[0].as_py()]
+            batches = itertools.chain([first], batches)
+        t = merge_segment_rows(timed(batches), tags, fields, deletes, dedup, time_range=time_range)
         if t is None:
             return
         # a filter copies every value: skipped when all rows are on one side (a persist of everything)
@@ -366,7 +406,7 @@ def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: lis
         rest = t.slice(0, 0) if n_later == 0 else t if n_later == t.num_rows else t.filter(later)
         t1 = _time.perf_counter()
         if to_write.num_rows:
-            written = write_files(store, keys, to_write, parallel_min_rows)
+            written = write_files(store, task_keys, to_write, parallel_min_rows)
             t2 = _time.perf_counter()
             for key, rows, size, stats in written:
                 yield _out_row("file", key, rows, size, stats, None, (waited[0], t1 - t0 - waited[0], t2 - t1))
@@ -434,20 +474,30 @@ class _Written:
 
 
 def _write_from_segments(spark, store: ObjectStore, keys: list, chunks: list, schema, plan,
-                         flush_ts: int) -> _Written:
-    """One executor task reads the chunks' write-buffer form, merges in Arrow and writes the
-    file(s) (at most one per key of `keys`)."""
+                         flush_ts: int, tasks: int = 1) -> _Written:
+    """`tasks` executor tasks (`persist_tasks`) read the chunks' write-buffer form, merge in Arrow and
+    write the file(s): one task with every key of `keys`, or each task the rows of its time range
+    (`persist_time_ranges`) with its share of `keys` (len(keys) // tasks)."""
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
     arrow_deletes, dedup = plan
-    inputs = indexed_segments_df(chunks)
+    inputs = indexed_segments_df(chunks).coalesce(1)
+    ranges = persist_time_ranges(min(c.min_time_ns for c in chunks),
+                                 min(max(c.max_time_ns for c in chunks), flush_ts), tasks) if tasks > 1 else []
+    task_list = None
+    if len(ranges) > 1:  # every task reads every stream: one partition of the same input each
+        per = len(keys) // tasks
+        task_list = [(r, keys[i * per:(i + 1) * per]) for i, r in enumerate(ranges)]
+        inputs = reduce(lambda a, b: a.union(b), [inputs.withColumn("task", F.lit(i)) for i in range(len(ranges))])
     fn = _segments_persist_fn(store, keys, schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
-                              arrow_deletes, dedup, PARALLEL_WRITE_MIN_ROWS)
-    out = checkpoint(inputs.coalesce(1).mapInArrow(fn, _SEGMENTS_OUT))
+                              arrow_deletes, dedup, PARALLEL_WRITE_MIN_ROWS, task_list)
+    out = checkpoint(inputs.mapInArrow(fn, _SEGMENTS_OUT))
     rows = out.drop("payload").collect()
     w = _Written(meta=[r for r in rows if r["kind"] == "file"], via="arrow")
-    if w.meta:  # the task's own timing (in the "t_split" slot: its Parquet writes)
-        w.t_recv, w.t_merge, w.t_split = w.meta[0]["recv_s"], w.meta[0]["merge_s"], w.meta[0]["write_s"]
+    if w.meta:  # the (slowest) task's own timing (in the "t_split" slot: its Parquet writes)
+        w.t_recv, w.t_merge, w.t_split = (max(m[k] for m in w.meta) for k in ("recv_s", "merge_s", "write_s"))
     rems = [r for r in rows if r["kind"] == "rem"]
     if rems:
         # its blocks are `out`'s: released with the remainder chunk (release_df finds the checkpoint)
@@ -535,12 +585,14 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         schema = db.schemas.get(table)
         deletes = table_deletes(db, table)
         plan = arrow_plan(chunks, schema, deletes)
-        keys = [parquet_key(db.name, table, partition_key, uuid.uuid4())
-                for _ in range(cores_per_executor(spark) if plan is not None else 1)]
+        per_task = cores_per_executor(spark) if plan is not None else 1
+        tasks = (persist_tasks(task_slots(spark), per_task, sum(c.rows for c in chunks), PERSIST_TASK_MIN_ROWS)
+                 if plan is not None else 1)
+        keys = [parquet_key(db.name, table, partition_key, uuid.uuid4()) for _ in range(tasks * per_task)]
         in_flight.add(keys)
         keys_written.extend(keys)
         if plan is not None:
-            w = _write_from_segments(spark, store, keys, chunks, schema, plan, flush_ts)
+            w = _write_from_segments(spark, store, keys, chunks, schema, plan, flush_ts, tasks)
         else:
             w = _write_from_views(spark, store, keys[0], chunks, schema, deletes, flush_ts)
         t_write = time.perf_counter()

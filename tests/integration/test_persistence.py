@@ -227,6 +227,40 @@ def test_a_large_persist_writes_files_split_by_time_that_queries_and_a_restart_r
         manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
 
 
+def test_a_persist_run_as_one_task_per_executor_writes_disjoint_time_ranges_exactly(manual, monkeypatch):
+    """On a cluster of several executors a large persist from the write-buffer form runs as one task
+    per executor (here: the slots of three two-core executors), each merging and writing only its
+    time range: overwrites and a delete come out exactly as one task gives them, the files' times
+    never meet, and a restart reads the same."""
+    import lifecycle.persist as persist
+
+    monkeypatch.setattr(persist, "task_slots", lambda spark: 3 * persist.cores_per_executor(spark))
+    monkeypatch.setattr(persist, "PERSIST_TASK_MIN_ROWS", 10)
+    c, db = manual.client, f"pt_{uuid.uuid4().hex[:8]}"
+    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(60)])
+    _write(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 60, 5)])  # rewrites 12 points' v
+    c.delete(db, T0 + 20, T0 + 30, table="cpu")  # takes 20..29 (10 points, 2 of them rewritten)
+    kept = [i for i in range(60) if not 20 <= i < 30]
+    vs = {i: float(1000 + i if i % 5 == 0 else i) for i in kept}
+    before = c.query(db, Q).to_pylist()
+    assert before == [{"host": f"h{h}", "n": len([i for i in kept if i % 3 == h]),
+                       "s": sum(vs[i] for i in kept if i % 3 == h), "w": max(i for i in kept if i % 3 == h)}
+                      for h in range(3)]
+    r = c.persist(db)
+    assert [(p["table"], int(p["rows"]), len(p["files"])) for p in r["persisted"]] == [("cpu", 50, 3)]
+    assert c.query(db, Q).to_pylist() == before
+    part = _partitions(c, db)["2023-11-14"]
+    spans = sorted((int(f["min_time_ns"]) - T0, int(f["max_time_ns"]) - T0, int(f["rows"])) for f in part["files"])
+    assert sum(s[2] for s in spans) == 50 and spans[0][0] == 0 and spans[-1][1] == 59
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
+    r2 = manual.restart()
+    try:
+        assert r2.client.query(db, Q).to_pylist() == before
+        assert len(_partitions(r2.client, db)["2023-11-14"]["files"]) == 3
+    finally:
+        manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
+
+
 def test_persist_splits_at_the_flush_timestamp_and_late_rows_stay(manual):
     c, db = manual.client, f"s_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(5)])

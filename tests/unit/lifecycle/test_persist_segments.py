@@ -5,6 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from catalog.object_store import LocalObjectStore
 from lifecycle.ipc_segments import LAYOUT_WIRE
@@ -103,3 +105,76 @@ def test_time_pieces_keep_whole_the_batches_within_one_piece_and_cut_the_others(
     address = batches[0].column(1).buffers()[1].address
     assert pieces[0].column("time_ns").chunks[0].buffers()[1].address == address
     assert pieces[1].column("time_ns").chunks[0].buffers()[1].address == batches[1].column(1).buffers()[1].address
+
+
+@pytest.mark.parametrize("slots, cores, rows, expected", [
+    (2, 2, 10**9, 1),  # a local master: its one executor has every slot
+    (8, 2, 10**9, 4),  # four executors of two cores
+    (8, 2, 9, 2),  # rows for two tasks only
+    (8, 2, 3, 1),
+    (3, 4, 10**9, 1),  # an executor with more cores than the slots registered yet
+])
+def test_a_persist_runs_as_one_task_per_executor_with_enough_rows_for_each(slots, cores, rows, expected):
+    from lifecycle.persist import persist_tasks
+
+    assert persist_tasks(slots, cores, rows, min_rows_per_task=4) == expected
+
+
+@given(lo=st.integers(-10**12, 10**12), span=st.integers(0, 10**6), tasks=st.integers(1, 12),
+       times=st.lists(st.integers(-2 * 10**12, 2 * 10**12), max_size=30))
+def test_persist_time_ranges_cover_every_time_once_in_order(lo, span, tasks, times):
+    """Every time (inside the span or not) is in exactly one range; ranges are in time order, at most
+    `tasks`, and as many as asked when the span allows the cuts."""
+    from lifecycle.persist import persist_time_ranges
+
+    ranges = persist_time_ranges(lo, lo + span, tasks)
+    assert 1 <= len(ranges) <= tasks and ranges[0][0] is None and ranges[-1][1] is None
+    if span >= tasks:
+        assert len(ranges) == tasks
+    for (_a, b), (c, _d) in zip(ranges, ranges[1:]):
+        assert b == c and b is not None
+    for t in times + [lo, lo + span, lo + span // 2]:
+        assert sum(1 for a, b in ranges if (a is None or t > a) and (b is None or t <= b)) == 1
+
+
+def test_each_task_of_a_persist_writes_and_keeps_only_its_time_range(tmp_path):
+    """Run as several tasks, each task's function sees every input stream (with its task index)
+    and writes only its range's rows, deduplicated and with the deletes applied, at its own keys;
+    together the tasks write exactly what one task writes, in files whose times never meet, and keep
+    exactly the rows after the flush timestamp."""
+    from lifecycle.arrow_merge import ArrowDelete
+    from lifecycle.persist import persist_time_ranges
+
+    times = [[30, 10, 20, 40, 50, 60], [15, 35, 55, 5, 25, 45], [30, 10, 20, 40]]  # the third rewrites four
+    # written before the third segment: takes 25, 35 and the first 30 (its rewrite stays)
+    deletes = [ArrowDelete(24, 36, seq_base(0, 3), ())]
+
+    def run(fn, task=None):
+        b = _rows(times)
+        if task is not None:
+            b = b.append_column("task", pa.array([task] * b.num_rows, pa.int32()))
+        return [r for x in fn(iter([b])) for r in x.to_pylist()]
+
+    one = run(_segments_persist_fn(LocalObjectStore(str(tmp_path / "one")), ["t/a.parquet"], ["host"],
+                                   [("v", "float")], 50, deletes, dedup=True))
+    ranges = persist_time_ranges(5, 50, 3)
+    tasks = [(r, [f"t/{i}.parquet"]) for i, r in enumerate(ranges)]
+    store = LocalObjectStore(str(tmp_path / "many"))
+    fn = _segments_persist_fn(store, ["unused"], ["host"], [("v", "float")], 50, deletes, dedup=True, tasks=tasks)
+    many = [r for i in range(len(tasks)) for r in run(fn, i)]
+
+    def file_rows(root, out):
+        return sorted(row for r in out if r["kind"] == "file"
+                      for row in zip(*pq.read_table(root / r["key"]).select(["host", "v", "time_ns"]).to_pydict().values()))
+
+    assert [r["key"] for r in many if r["kind"] == "file"] == ["t/0.parquet", "t/1.parquet", "t/2.parquet"]
+    assert file_rows(tmp_path / "many", many) == file_rows(tmp_path / "one", one)
+    assert len(file_rows(tmp_path / "one", one)) == 8  # 12 series times, 2 deleted, 2 after the flush
+    spans = [(r["min_t"], r["max_t"]) for r in many if r["kind"] == "file"]
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
+
+    def kept(out):
+        return sorted(t for r in out if r["kind"] == "rem"
+                      for t in pa.ipc.open_stream(r["payload"]).read_all().column("time_ns").to_pylist())
+
+    assert kept(many) == kept(one) == [55, 60]
