@@ -194,10 +194,20 @@ class Database:
     reader_lo_ns: int | None = None
     #: every row older than it was pruned (RecordPruned); None before the first prune
     pruner_hi_ns: int | None = None
+    #: {kp: first offset not applied} once another server owns the database (this one is fenced,
+    #: lifecycle/worker.py): nothing from there on is applied or followed here, so the database's
+    #: memory stops growing with the owner's writes. Set once, under Catalog.lock; gone on restart.
+    fence_holds: dict = field(default_factory=dict)
+
+    @property
+    def may_hold(self) -> bool:
+        """Whether `held_offsets` may name a partition (a cheap check for every micro-batch)."""
+        return bool(self.poisoned or self.fence_holds)
 
     def held_offsets(self) -> dict:
-        """{kp: offset} of the HELD messages of the current epoch: nothing at or after it is applied."""
-        out: dict = {}
+        """{kp: offset} from which nothing is applied: the HELD messages of the current epoch, and
+        the fence holds. Caller holds Catalog.lock."""
+        out: dict = dict(self.fence_holds)
         for r in self.poisoned:
             if r.state == HELD and r.epoch == self.epoch:
                 out[r.partition] = min(r.offset, out.get(r.partition, r.offset))

@@ -12,7 +12,9 @@ probe within seconds, or cleanup's check; see lifecycle/worker.py), writes and
 deletes to that database answer FAILED_PRECONDITION (DatabaseFenced, HTTP 409)
 naming the revision, `iox persist` / `iox compact --persisted` too, it is never
 committed to or cleaned up again, and `iox status` reports it `fenced` with
-`fenced_revision`. The process keeps serving its other databases, queries and
+`fenced_revision`; its write buffer is no longer applied (the owner's writes would
+grow this server's memory with rows it can never persist), so its queries answer
+what it held when fenced. The process keeps serving its other databases, queries and
 health: stopping everything would take down databases nobody else owns (and
 used to lose their unpersisted writes with an in-memory broker) to protect one
 that the refusals above already protect. A restart loads the catalog again.
@@ -414,7 +416,7 @@ class IoxServer:
             behind = []
             for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
                 db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-                held = db.held_offsets() if db is not None and db.poisoned else {}
+                held = db.held_offsets() if db is not None and db.may_hold else {}
                 if db is None or db.applied_hi_inclusive.get(kp, -1) < min(off, held.get(kp, off + 1) - 1):
                     behind.append((topic, kp))
             undecided = [d.name for d in self.catalog.databases() if not d.txns.is_idle()]
@@ -487,7 +489,7 @@ class IoxServer:
             return ReplayState(False, {})
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
-            held = db.held_offsets() if db.poisoned else {}
+            held = db.held_offsets() if db.may_hold else {}
         # a partition held at a poisoned message applies nothing from it on (as `caught_up_database`)
         until = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in until.items()}
         if all(applied.get(kp, -1) >= off for kp, off in until.items()):
@@ -632,11 +634,22 @@ class IoxServer:
 
     def _on_fenced(self, err) -> None:
         """The lifecycle found `err.db` fenced (a catalog RevisionConflict naming the other server's
-        revision): from now on its writes and deletes are refused (`_refuse_writes_when_fenced`); the
-        server keeps serving everything else (see the module docstring)."""
+        revision): from now on its writes and deletes are refused (`_refuse_writes_when_fenced`), and
+        every Kafka partition of it is held past what is applied (`Database.fence_holds`): the owner's
+        writes are neither applied nor followed here, so this server's memory of it stops growing and
+        its queries answer what it held when fenced. The server keeps serving everything else (see the
+        module docstring)."""
         log.error("database %s: another server committed revision %d of its preserved catalog; its writes and "
-                  "deletes are refused from now on, its other databases are served on (restart to load the "
-                  "catalog again)", err.db, err.revision)
+                  "deletes are refused and its write buffer no longer applied from now on, its other databases "
+                  "are served on (restart to load the catalog again)", err.db, err.revision)
+        db = self.catalog.peek_database(err.db)
+        if db is None:
+            return
+        with self.catalog.lock:
+            db.fence_holds = {kp: db.applied_hi_inclusive.get(kp, -1) + 1 for kp in range(db.kafka_partitions)}
+        ingestor = getattr(self, "ingestor", None)
+        if ingestor is not None:
+            ingestor.poison_changed(db)  # the streaming source's holds file follows
 
     # -- queries and watermarks ---------------------------------------------------------
     def query(self, database: str, sql: str, after: str = "", allow_partial: bool = False,
@@ -751,7 +764,7 @@ class IoxServer:
             raise WriteBufferUnavailable(f"cannot read the end of {topic_for(database)}: {e}") from e
         target = {kp: end - 1 for kp, (_lo, end) in bounds.items() if end > 0}
         db = self.catalog.peek_database(database)
-        if db is not None and db.poisoned:  # a held partition applies nothing from its held message on
+        if db is not None and db.may_hold:  # a held partition applies nothing from its held message on
             with self.catalog.lock:
                 held = db.held_offsets()
             target = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in target.items()}

@@ -357,7 +357,7 @@ class Ingestor:
         holds: dict = {}
         accepted: set = set()
         dbs = self.catalog.databases()
-        if not any(db.poisoned for db in dbs):  # every batch passes here
+        if not any(db.may_hold for db in dbs):  # every batch passes here
             return holds, accepted
         with self.catalog.lock:
             for db in dbs:

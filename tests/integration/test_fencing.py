@@ -80,6 +80,18 @@ def test_second_committer_is_fenced_and_refuses_writes(iox_server, session_tmp):
         ca.wait_applied(db, ca.write(db, f"cpu v=2 {T0 + 1}\n"), timeout_s=90)
         assert int(ca.persist(db)["persisted"][0]["revision"]) == won + 1
         assert a.lifecycle.fenced == {}
+        # B no longer applies the database's write buffer: A's write stays out of B's memory and
+        # answers, while B's later micro-batches apply its other database
+        fenced_db = b.catalog.peek_database(db)
+        applied = dict(fenced_db.applied_hi_inclusive)
+        ca.wait_applied(db, ca.write(db, f"cpu v=7 {T0 + 7}\n"), timeout_s=90)
+        n = b.ingestor.batches_applied
+        cb.wait_applied(other_db, cb.write(other_db, f"cpu v=4 {T0 + 1}\n"), timeout_s=90)
+        # that batch read every topic to its end, past A's write (produced before it)
+        assert b.ingestor.wait_for_batches(n + 1, timeout_s=30)
+        assert dict(fenced_db.applied_hi_inclusive) == applied
+        assert cb.query(db, "SELECT v FROM cpu ORDER BY time").to_pylist() == [{"v": 1.0}]
+        assert ca.query(db, "SELECT v FROM cpu ORDER BY time").to_pylist() == [{"v": 1.0}, {"v": 2.0}, {"v": 7.0}]
     finally:
         ca.close()
         cb.close()

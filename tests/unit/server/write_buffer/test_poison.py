@@ -171,3 +171,16 @@ def test_holds_file_round_trip_and_held_end(tmp_path):
     assert held_end(3, 10, 7) == 7  # not past the held message
     assert held_end(9, 12, 7) == 9  # read past it already (the batch that found it): no further
     assert held_end(7, 12, 7) == 7  # restarted from it: nothing
+
+
+def test_fence_holds_join_the_poisoned_holds_and_reach_the_holds_file():
+    """A fenced database holds every partition past what it applied (`Database.fence_holds`), the
+    lower of that and a held poisoned message per partition, also in the streaming source's file."""
+    db = Database("d", "iox.d", 3)
+    assert not db.may_hold
+    set_aside(db, 1, 7, "cpu", "write", "boom", 100.0)
+    db.fence_holds = {0: 5, 1: 9, 2: 0}
+    assert db.may_hold and db.held_offsets() == {0: 5, 1: 7, 2: 0}
+    assert holds_of([db]) == {"iox.d": {"0": 5, "1": 7, "2": 0}}
+    db.poisoned = []
+    assert db.may_hold and db.held_offsets() == {0: 5, 1: 9, 2: 0}
