@@ -486,12 +486,12 @@ def _write_from_segments(spark, store: ObjectStore, keys: list, chunks: list, sc
     inputs = indexed_segments_df(chunks).coalesce(1)
     ranges = persist_time_ranges(min(c.min_time_ns for c in chunks),
                                  min(max(c.max_time_ns for c in chunks), flush_ts), tasks) if tasks > 1 else []
+    per = len(keys) // tasks  # each task's keys (one per thread of its executor)
     task_list = None
     if len(ranges) > 1:  # every task reads every stream: one partition of the same input each
-        per = len(keys) // tasks
         task_list = [(r, keys[i * per:(i + 1) * per]) for i, r in enumerate(ranges)]
         inputs = reduce(lambda a, b: a.union(b), [inputs.withColumn("task", F.lit(i)) for i in range(len(ranges))])
-    fn = _segments_persist_fn(store, keys, schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
+    fn = _segments_persist_fn(store, keys[:per], schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
                               arrow_deletes, dedup, PARALLEL_WRITE_MIN_ROWS, task_list)
     out = checkpoint(inputs.mapInArrow(fn, _SEGMENTS_OUT))
     rows = out.drop("payload").collect()
