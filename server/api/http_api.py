@@ -558,6 +558,9 @@ class _Server(HTTPServer):
         self.router = router
         self.workers = workers
         self._queue: queue.Queue = queue.Queue(maxsize=workers)
+        #: workers serving a connection now (`_work`); an int under the GIL, read by `busy_workers`
+        self.busy = 0
+        self._busy_lock = threading.Lock()
         # an IPv6 address (or a name that resolves to one first) binds an IPv6 socket; `::` also
         # takes IPv4 connections (dual stack), as gRPC's `[::]` does
         self.address_family = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)[0][0]
@@ -593,12 +596,16 @@ class _Server(HTTPServer):
             if item is None:
                 return
             request, client_address = item
+            with self._busy_lock:
+                self.busy += 1
             try:
                 self.finish_request(request, client_address)
             except Exception:  # noqa: BLE001 - a broken connection must not end the worker
                 self.handle_error(request, client_address)
             finally:
                 self.shutdown_request(request)
+                with self._busy_lock:
+                    self.busy -= 1
 
     def handle_error(self, request, client_address):
         log.debug("HTTP connection from %s failed", client_address, exc_info=True)
@@ -635,6 +642,19 @@ class HttpWriteServer:
                                         name="http-write-api", daemon=True)
         self._thread.start()
         log.info("InfluxDB v2 and 1.x HTTP write API on %s:%s", self.host, self.port)
+
+    @property
+    def busy_workers(self) -> int:
+        """Workers serving a connection now (0 when stopped)."""
+        httpd = self._httpd
+        return httpd.busy if httpd is not None else 0
+
+    @property
+    def connections_waiting(self) -> int:
+        """Accepted connections waiting for a free worker (at most `workers`; past that a new one is
+        answered 503). 0 when stopped."""
+        httpd = self._httpd
+        return httpd._queue.qsize() if httpd is not None else 0
 
     def stop(self) -> None:
         httpd, self._httpd = self._httpd, None

@@ -179,9 +179,14 @@ def test_grpc_beyond_max_concurrent_rpcs_is_resource_exhausted(small):
 def test_http_beyond_the_worker_pool_is_503_with_retry_after(small):
     srv, c = small
     port = srv.http.port
-    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2 * HTTP_WORKERS)]  # serving + waiting
+    # connections that send nothing: first one per worker (each serving one), then as many waiting;
+    # opened in two steps, each awaited (connections accepted before a worker took the earlier ones
+    # would find the queue full and be answered 503 themselves)
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(HTTP_WORKERS)]
     try:
-        time.sleep(0.5)
+        wait_for(lambda: srv.http.busy_workers == HTTP_WORKERS, 10, "every HTTP worker to serve a connection")
+        held += [socket.create_connection(("127.0.0.1", port)) for _ in range(HTTP_WORKERS)]
+        wait_for(lambda: srv.http.connections_waiting == HTTP_WORKERS, 10, "the queue to fill")
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         data = b""
