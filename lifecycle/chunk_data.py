@@ -20,6 +20,7 @@ from lifecycle.cluster import parts_for, task_slots
 from lifecycle.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
 __all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
+           "time_range_mask",
            "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
            "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
            "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
@@ -167,17 +168,23 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     return t
 
 
-def _in_time_range(t, after_exclusive: int | None, upto_inclusive: int | None):
-    """The rows of `t` (chunk layout) with after_exclusive < time <= upto_inclusive (None: no bound)."""
+def time_range_mask(times, after_exclusive: int | None, upto_inclusive: int | None):
+    """Arrow bool mask of `times` with after_exclusive < time <= upto_inclusive (None: no bound on
+    that side), or None when both are None (every row). Pure (executor side)."""
     import pyarrow.compute as pc
 
-    times = t.column(TIME_NS_COLUMN)
     mask = None
     if after_exclusive is not None:
         mask = pc.greater(times, after_exclusive)
     if upto_inclusive is not None:
         upto = pc.less_equal(times, upto_inclusive)
         mask = upto if mask is None else pc.and_(mask, upto)
+    return mask
+
+
+def _in_time_range(t, after_exclusive: int | None, upto_inclusive: int | None):
+    """The rows of `t` (chunk layout) in `time_range_mask`'s range."""
+    mask = time_range_mask(t.column(TIME_NS_COLUMN), after_exclusive, upto_inclusive)
     return t if mask is None else t.filter(mask)
 
 

@@ -53,7 +53,7 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 from catalog.crash_points import CrashPoint, crash_point
 
 from lifecycle.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
-                         register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes)
+                         register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes, time_range_mask)
 from lifecycle.chunk_checkpoint import checkpoint
 from lifecycle.cluster import cores_per_executor, task_slots
 from lifecycle.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
@@ -314,10 +314,9 @@ def _time_pieces(t, cuts: list) -> list:
         if first == last:
             pieces[first].append(b)
             continue
+        bounds = [None, *cuts, None]
         for i in range(first, last + 1):
-            mask = pc.less_equal(times, cuts[0]) if i == 0 else pc.greater(times, cuts[-1]) if i == len(cuts) else \
-                pc.and_(pc.greater(times, cuts[i - 1]), pc.less_equal(times, cuts[i]))
-            pieces[i].append(b.filter(mask))
+            pieces[i].append(b.filter(time_range_mask(times, bounds[i], bounds[i + 1])))
     return [pa.Table.from_batches(p, schema=t.schema) for p in pieces]
 
 

@@ -416,7 +416,7 @@ class IoxServer:
             behind = []
             for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
                 db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-                held = db.held_offsets() if db is not None and db.may_hold else {}
+                held = db.held_offsets() if db is not None else {}
                 if db is None or db.applied_hi_inclusive.get(kp, -1) < min(off, held.get(kp, off + 1) - 1):
                     behind.append((topic, kp))
             undecided = [d.name for d in self.catalog.databases() if not d.txns.is_idle()]
@@ -489,7 +489,7 @@ class IoxServer:
             return ReplayState(False, {})
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
-            held = db.held_offsets() if db.may_hold else {}
+            held = db.held_offsets()
         # a partition held at a poisoned message applies nothing from it on (as `caught_up_database`)
         until = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in until.items()}
         if all(applied.get(kp, -1) >= off for kp, off in until.items()):

@@ -375,7 +375,7 @@ class WriteBufferTail:
         tables = None if tables is None else set(tables)
         visible, writes, deletes = {}, {}, []
         with self._lock:
-            held = db.held_offsets() if db.may_hold else {}
+            held = db.held_offsets()
             for kp in range(db.kafka_partitions):
                 applied = applied_hi_inclusive.get(kp, -1)
                 pt = self._parts.get((db.topic, kp))
@@ -400,7 +400,7 @@ class WriteBufferTail:
         """{kp: visible_hi_inclusive} of a database now (at least its applied watermark)."""
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
-            held = db.held_offsets() if db.may_hold else {}
+            held = db.held_offsets()
         with self._lock:
             out = {}
             for kp, a in applied.items():
@@ -507,7 +507,7 @@ class WriteBufferTail:
         """Follows new databases and trims at the applied watermarks; True when the consumer's
         assignment must change (a partition to read from a new position)."""
         with self.catalog.lock:
-            dbs = [(db.topic, db.seq_origin, dict(db.applied_hi_inclusive), db.held_offsets() if db.may_hold else {})
+            dbs = [(db.topic, db.seq_origin, dict(db.applied_hi_inclusive), db.held_offsets())
                    for db in self.catalog.databases()]
         changed = False
         with self._lock:
