@@ -14,6 +14,7 @@ __all__ = [
     "ObjectNotFound",
     "AlreadyExists",
     "RevisionConflict",
+    "PartitionsNotOwned",
     "FormatVersionMismatch",
     "CorruptCatalogFile",
     "BrokenChain",
@@ -93,6 +94,33 @@ class RevisionConflict(CatalogError):
             f"preserved catalog of {db!r}: revision {revision} already committed by another writer ({key!r}); "
             "this writer is fenced and must stop"
         )
+
+
+class PartitionsNotOwned(CatalogError):
+    """A pool catalog's transaction touches Kafka partitions its writer does not own.
+
+    ``partitions``: the partitions ``writer`` lacks; ``owners``: {partition: PartitionOwner} of
+    those that another writer (or a later claim of the same writer's name) holds; ``revision``: the
+    revision the check ran against (None: not known). A writer that gets this on commit has lost
+    those partitions to a claim (catalog/ownership.py): it must stop writing them; the partitions
+    it still owns are unaffected.
+    """
+
+    def __init__(self, db: str, partitions: tuple[int, ...], writer: str | None, owners: dict,
+                 revision: int | None = None) -> None:
+        self.db = db
+        self.partitions = partitions
+        self.writer = writer
+        self.owners = owners
+        self.revision = revision
+        held = ", ".join(f"{p} by {o.owner!r} (epoch {o.epoch})" for p, o in sorted(owners.items()))
+        if partitions:
+            what = (f"writer {writer!r} does not own kafka partitions {list(partitions)}"
+                    + (f" (owned: {held})" if held else "") + "; it is fenced for them and must stop writing them")
+        else:
+            what = f"writer {writer!r} owns no kafka partition, which a database-wide record needs"
+        at = "" if revision is None else f" at revision {revision}"
+        super().__init__(f"preserved catalog of {db!r}{at}: {what}")
 
 
 class FormatVersionMismatch(CatalogError):

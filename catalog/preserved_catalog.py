@@ -82,11 +82,13 @@ from catalog.errors import (
     FormatVersionMismatch,
     InvalidAction,
     ObjectNotFound,
+    PartitionsNotOwned,
     PreviousUuidMismatch,
     RevisionConflict,
     RevisionGap,
 )
 from catalog.object_store import ObjectStore, catalog_prefix
+from catalog.ownership import ClaimPartitions, PartitionOwner, check_ownership, claim_epochs
 from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET
 
 __all__ = [
@@ -122,11 +124,11 @@ _log = logging.getLogger(__name__)
 
 #: The newest format version (see the module docstring): written into a file that holds a record
 #: of that version; every other file is written as BASE_FORMAT_VERSION.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: The version of a file that holds only what version 1 knows.
 BASE_FORMAT_VERSION = 1
 #: Versions this code reads; a file with any other raises FormatVersionMismatch.
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 #: A full checkpoint file is written once this many revisions passed since the last one.
 DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT = 100
 
@@ -627,16 +629,18 @@ class RecordPruned:
 
 Action = Union[
     AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate, SetTableSchema,
-    RecordLostWrites, RecordAcceptedPoison, RecordRetention, RecordPruned,
+    RecordLostWrites, RecordAcceptedPoison, RecordRetention, RecordPruned, ClaimPartitions,
 ]
 _ACTION_TYPES: dict[str, type] = {
     t.KIND: t
     for t in (AddParquet, RemoveParquet, RecordPartitionCheckpoint, RecordDatabaseCheckpoint, AddDeletePredicate,
-              SetTableSchema, RecordLostWrites, RecordAcceptedPoison, RecordRetention, RecordPruned)
+              SetTableSchema, RecordLostWrites, RecordAcceptedPoison, RecordRetention, RecordPruned, ClaimPartitions)
 }
 #: the format version an action kind (and the state key of the same name) needs; absent: BASE_FORMAT_VERSION
 _KIND_VERSIONS = {RecordLostWrites.KIND: 2, RecordAcceptedPoison.KIND: 2, RecordRetention.KIND: 3,
-                  RecordPruned.KIND: 3}
+                  RecordPruned.KIND: 3, ClaimPartitions.KIND: 4}
+#: the format version of a transaction that names its writer (every transaction of a pool catalog)
+_WRITER_VERSION = 4
 #: action kinds (and state keys) a file of BASE_FORMAT_VERSION cannot hold
 _VERSION_2_KINDS = frozenset(_KIND_VERSIONS)
 
@@ -649,7 +653,8 @@ def _actions_version(actions: Sequence[Action]) -> int:
 def _state_kinds(state: CatalogState) -> list[str]:
     """The versioned record kinds ``state`` holds."""
     held = [(RecordLostWrites.KIND, state.lost_writes), (RecordAcceptedPoison.KIND, state.accepted_poison),
-            (RecordRetention.KIND, state.retention_period_s), (RecordPruned.KIND, state.pruner_hi_ns is not None)]
+            (RecordRetention.KIND, state.retention_period_s), (RecordPruned.KIND, state.pruner_hi_ns is not None),
+            (ClaimPartitions.KIND, state.owners)]
     return [k for k, v in held if v]
 
 
@@ -696,6 +701,10 @@ class CatalogState:
     * ``accepted_poison``: the last :class:`RecordAcceptedPoison`'s messages (version 2).
     * ``retention_period_s``: the last :class:`RecordRetention`'s period (0: none; version 3).
     * ``pruner_hi_ns``: the highest :class:`RecordPruned` watermark, None before any (version 3).
+    * ``owners``: Kafka partition → :class:`PartitionOwner` after the :class:`ClaimPartitions`
+      so far; non-empty makes this a pool catalog (version 4, catalog/ownership.py), whose
+      database checkpoint, lost writes and accepted poisoned messages merge per Kafka partition.
+    * ``pool_kafka_partitions``: the partition count the claims were made for (None before any).
     """
 
     db: str
@@ -711,6 +720,13 @@ class CatalogState:
     accepted_poison: tuple[AcceptedPoisonEntry, ...] = ()
     retention_period_s: int = 0
     pruner_hi_ns: int | None = None
+    owners: dict[int, PartitionOwner] = field(default_factory=dict)
+    pool_kafka_partitions: int | None = None
+
+    @property
+    def pooled(self) -> bool:
+        """Whether partitions of this database were ever claimed (every writer must then own what it writes)."""
+        return bool(self.owners)
 
     def copy(self) -> CatalogState:
         """A copy whose containers can be changed without touching this state (values are immutable)."""
@@ -728,6 +744,8 @@ class CatalogState:
             accepted_poison=self.accepted_poison,
             retention_period_s=self.retention_period_s,
             pruner_hi_ns=self.pruner_hi_ns,
+            owners=dict(self.owners),
+            pool_kafka_partitions=self.pool_kafka_partitions,
         )
 
 
@@ -766,7 +784,7 @@ def apply_action(state: CatalogState, action: Action, revision: int) -> None:
     elif isinstance(action, RecordPartitionCheckpoint):
         state.partition_checkpoints[(action.table, action.partition_key)] = action
     elif isinstance(action, RecordDatabaseCheckpoint):
-        state.database_checkpoint = action
+        state.database_checkpoint = _merged_database_checkpoint(state, action, revision)
     elif isinstance(action, AddDeletePredicate):
         missing = [k for k in action.applies_to if k not in state.files]
         if missing:
@@ -786,16 +804,62 @@ def apply_action(state: CatalogState, action: Action, revision: int) -> None:
         merged.extend(c for c in action.columns if c[0] not in known)
         state.table_schemas[action.table] = tuple(merged)
     elif isinstance(action, RecordLostWrites):
-        state.lost_writes = action.ranges
+        state.lost_writes = _merged_per_partition(state, state.lost_writes, action.ranges)
     elif isinstance(action, RecordAcceptedPoison):
-        state.accepted_poison = action.messages
+        state.accepted_poison = _merged_per_partition(state, state.accepted_poison, action.messages)
     elif isinstance(action, RecordRetention):
         state.retention_period_s = action.period_s
     elif isinstance(action, RecordPruned):
         if state.pruner_hi_ns is None or action.pruner_hi_ns > state.pruner_hi_ns:
             state.pruner_hi_ns = action.pruner_hi_ns
+    elif isinstance(action, ClaimPartitions):
+        _apply_claim(state, action, revision)
     else:
         raise InvalidAction(type(action).__name__, "not a catalog action", revision)
+
+
+def _apply_claim(state: CatalogState, action: ClaimPartitions, revision: int) -> None:
+    n = action.kafka_partitions
+    known = state.pool_kafka_partitions or (state.database_checkpoint.kafka_partitions
+                                            if state.database_checkpoint is not None else None)
+    if known is not None and known != n:
+        raise InvalidAction(action.KIND, f"claims partitions of a topic with {n} partitions; the database's "
+                                         f"topic has {known}", revision)
+    expected = claim_epochs(state.owners, action.claims)
+    wrong = {p: e for p, e in action.claims.items() if expected[p] != e}
+    if wrong:
+        raise InvalidAction(action.KIND, f"claim epochs {wrong} are not the next ones {expected}: another claim "
+                                         "came first", revision)
+    state.pool_kafka_partitions = n
+    for p, e in action.claims.items():
+        state.owners[p] = PartitionOwner(action.owner, e)
+
+
+def _merged_database_checkpoint(state: CatalogState, action: RecordDatabaseCheckpoint,
+                                revision: int) -> RecordDatabaseCheckpoint:
+    """``action`` itself in a single-committer catalog; in a pool catalog, the checkpoint with the
+    action's Kafka partitions replaced and every other partition's position kept (each owner
+    records only its own). ``complete`` holds only when the action covers every partition."""
+    old = state.database_checkpoint
+    if not state.pooled or old is None:
+        return action
+    if old.topic != action.topic or old.kafka_partitions != action.kafka_partitions:
+        raise InvalidAction(action.KIND, f"checkpoint of {action.topic!r} ({action.kafka_partitions} partitions) "
+                                         f"in a pool catalog of {old.topic!r} ({old.kafka_partitions})", revision)
+    numbers = {**old.sequencer_numbers, **action.sequencer_numbers}
+    complete = action.complete and set(numbers) <= set(action.sequencer_numbers)
+    return RecordDatabaseCheckpoint(topic=action.topic, kafka_partitions=action.kafka_partitions,
+                                    sequencer_numbers=dict(sorted(numbers.items())), epoch=action.epoch,
+                                    topic_id=action.topic_id, complete=complete, seq_origin=action.seq_origin)
+
+
+def _merged_per_partition(state: CatalogState, old: tuple, new: tuple) -> tuple:
+    """``new`` in a single-committer catalog; in a pool catalog, ``old`` entries of the Kafka
+    partitions ``new`` names replaced by ``new``'s, the others kept (each owner records its own)."""
+    if not state.pooled:
+        return new
+    replaced = {e.partition for e in new}
+    return tuple(e for e in old if e.partition not in replaced) + tuple(new)
 
 
 def _state_to_json(state: CatalogState) -> dict[str, Any]:
@@ -814,6 +878,10 @@ def _state_to_json(state: CatalogState) -> dict[str, Any]:
         # version 3 (written only when set)
         **({RecordRetention.KIND: state.retention_period_s} if state.retention_period_s else {}),
         **({RecordPruned.KIND: state.pruner_hi_ns} if state.pruner_hi_ns is not None else {}),
+        # version 4 (written only in a pool catalog)
+        **({ClaimPartitions.KIND: {"kafka_partitions": state.pool_kafka_partitions,
+                                   "owners": {str(p): [o.owner, o.epoch] for p, o in sorted(state.owners.items())}}}
+           if state.owners else {}),
     }
 
 
@@ -829,6 +897,7 @@ def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_
         accepted = RecordAcceptedPoison(messages=obj.get(RecordAcceptedPoison.KIND, ()))
         retention = _int(RecordRetention.KIND, "period_s", obj.get(RecordRetention.KIND, 0), minimum=0)
         pruner_hi = _int(RecordPruned.KIND, "pruner_hi_ns", obj.get(RecordPruned.KIND), optional=True)
+        pool_n, owners = _owners_from_json(obj.get(ClaimPartitions.KIND))
         files = [action_from_json(a) for a in obj["files"]]
         parts = [action_from_json(a) for a in obj["partition_checkpoints"]]
         dbc = obj["database_checkpoint"]
@@ -859,7 +928,30 @@ def _state_from_json(obj: Any, db: str, revision: int, txn_uuid: str, timestamp_
     state.accepted_poison = accepted.messages
     state.retention_period_s = retention
     state.pruner_hi_ns = pruner_hi
+    state.pool_kafka_partitions = pool_n
+    state.owners = owners
     return state
+
+
+def _owners_from_json(obj: Any) -> tuple[int | None, dict[int, PartitionOwner]]:
+    """A checkpoint's ``claim_partitions`` record: (partition count, owners); (None, {}) when absent."""
+    if obj is None:
+        return None, {}
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("owners"), Mapping):
+        raise InvalidAction(ClaimPartitions.KIND, "the state's owners record is not an object")
+    n = obj.get("kafka_partitions")
+    claims: dict[Any, int] = {}
+    names: dict[Any, str] = {}
+    for p, entry in obj["owners"].items():
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise InvalidAction(ClaimPartitions.KIND, f"owner entry {entry!r} is not [owner, epoch]")
+        names[p], claims[p] = entry
+    owners: dict[int, PartitionOwner] = {}
+    for p in claims:  # each entry validated as a claim of its own
+        claim = ClaimPartitions(owner=names[p], kafka_partitions=n, claims={p: claims[p]})
+        (q, e), = claim.claims.items()
+        owners[q] = PartitionOwner(claim.owner, e)
+    return n, owners
 
 
 # --------------------------------------------------------------------------- file codec
@@ -913,6 +1005,13 @@ class PreservedCatalog:
     the next revision committed by another writer, the instance is fenced:
     it raises :class:`RevisionConflict` on every further commit, and the
     caller must stop ingesting (another ingester owns the database now).
+
+    A pool catalog (catalog/ownership.py) has one writer per Kafka partition instead: an instance
+    becomes a writer by :meth:`claim`; its commits may only touch the partitions it claimed and
+    still owns; losing a revision to another writer is not fencing there: :meth:`commit` reads the
+    newer transactions, checks ownership again and appends after them, or raises
+    :class:`PartitionsNotOwned` when a claim took a partition it touches. :meth:`refresh` reads
+    the other writers' transactions without committing.
     Not picklable.
     """
 
@@ -932,6 +1031,9 @@ class PreservedCatalog:
         self._config = config
         self._lock = threading.Lock()
         self._fenced_at: int | None = None
+        #: pool catalogs: the name this instance writes under, and the epochs it claimed
+        self._writer: str | None = None
+        self._epochs: dict[int, int] = {}
 
     def __reduce__(self) -> Any:
         raise TypeError("PreservedCatalog is driver-only and must not be pickled")
@@ -1014,6 +1116,135 @@ class PreservedCatalog:
         """The revision another writer committed in this instance's place (None while not fenced)."""
         return self._fenced_at
 
+    @property
+    def writer(self) -> str | None:
+        """The owner name this instance commits under in a pool catalog (None before :meth:`claim`)."""
+        return self._writer
+
+    @property
+    def owned_partitions(self) -> frozenset[int]:
+        """The Kafka partitions this instance claimed and still owns, as of its newest state."""
+        owners = self._state.owners
+        return frozenset(p for p, e in self._epochs.items()
+                         if p in owners and owners[p] == PartitionOwner(self._writer, e))
+
+    def claim(self, partitions: Sequence[int], kafka_partitions: int, owner: str, now_s: float) -> dict[int, int]:
+        """Claim ``partitions`` of the database's topic (``kafka_partitions`` partitions) for ``owner``;
+        returns {partition: epoch} claimed.
+
+        Called on the driver of the ingester that takes the partitions (the assigner decides which).
+        The first claim makes the catalog a pool catalog and this instance a writer under ``owner``
+        (an instance writes under one name). Each claim carries the partition's next epoch, so
+        the previous owner's next commit touching it fails with :class:`PartitionsNotOwned`. The
+        new owner resumes from the database checkpoint of the state this returns on
+        (:attr:`state`): the old owner can commit nothing after it for these partitions.
+        """
+        if self._writer is not None and owner != self._writer:
+            raise ValueError(f"this catalog instance writes as {self._writer!r}, not {owner!r}")
+        now_s = _check_now(now_s)
+        parts = sorted(set(partitions))
+
+        def build(state: CatalogState) -> list[Action]:
+            return [ClaimPartitions(owner=owner, kafka_partitions=kafka_partitions,
+                                    claims=claim_epochs(state.owners, parts))]
+
+        with self._lock:
+            self._writer = owner
+            self._pooled_commit(build, now_s, epochs_check=False)
+            self._fenced_at = None  # a pool writer now, whatever a single committer did before
+            claimed = {p: self._state.owners[p].epoch for p in parts}
+            self._epochs.update(claimed)
+            return claimed
+
+    def refresh(self) -> frozenset[int]:
+        """Read every transaction other writers appended after this instance's newest; return the
+        partitions this instance claimed and has lost since (to a later claim).
+
+        For pool catalogs: an ingester calls it to find it was fenced for a partition before it
+        commits, and to see the files the other owners persisted. Store errors propagate with the
+        state unchanged. In a single-committer catalog the newer transactions are read only when
+        they made it a pool catalog; another single committer's transaction fences the instance
+        (as :meth:`newer_revision` does) with the state unchanged.
+        """
+        with self._lock:
+            if not self._state.pooled:
+                if self._fenced_at is not None:
+                    return frozenset()
+                mine = self._state
+                self._catch_up_locked()
+                if not self._state.pooled and self._state.revision > mine.revision:
+                    self._fenced_at = mine.revision + 1
+                    self._state = mine
+                return frozenset()
+            before = self._owned_locked()
+            self._catch_up_locked()
+            return frozenset(before - self._owned_locked())
+
+    def _owned_locked(self) -> set[int]:
+        owners = self._state.owners
+        return {p for p, e in self._epochs.items() if p in owners and owners[p] == PartitionOwner(self._writer, e)}
+
+    def _catch_up_locked(self, pending_uuid: str | None = None) -> int | None:
+        """Apply the transactions after this instance's newest (another writer's, in a pool catalog)
+        to a copy of the state and keep it; return the revision of the one whose uuid is
+        ``pending_uuid`` (this instance's own commit, landed although its put raised), or None."""
+        state = self._state.copy()
+        found = None
+        while True:
+            revision = state.revision + 1
+            key = transaction_key(self._db, revision)
+            try:
+                data = self._store.get(key)
+            except ObjectNotFound:
+                break
+            state = _read_and_apply_transaction(self._store, self._db, state, revision, key, data)
+            if pending_uuid is not None and state.transaction_uuid == pending_uuid:
+                found = revision
+        self._state = state
+        return found
+
+    def _pooled_commit(self, build: Any, now_s: float, epochs_check: bool = True) -> int:
+        """Append ``build(state)``'s actions to a pool catalog (or the claim that makes one) on top of
+        the newest revision, reading other writers' transactions and checking ownership again
+        after each lost race. Holds the lock."""
+        writer = self._writer
+        pending_uuid: str | None = None
+        while True:
+            if pending_uuid is not None:
+                landed = self._catch_up_locked(pending_uuid)
+                if landed is not None:  # an earlier attempt was written although its put raised
+                    return landed
+            state = self._state
+            revision = state.revision + 1
+            parsed = build(state)
+            _check_writer(state, parsed, writer, self._epochs if epochs_check else None, revision)
+            new_state = state.copy()
+            for a in parsed:
+                apply_action(new_state, a, revision)
+            txn_uuid = str(_uuid.uuid4())
+            txn = {
+                "format_version": max(_actions_version(parsed), _WRITER_VERSION),
+                "type": _TYPE_TRANSACTION,
+                "db": self._db,
+                "revision": revision,
+                "uuid": txn_uuid,
+                "previous_uuid": state.transaction_uuid,
+                "timestamp_s": now_s,
+                "writer": writer,
+                "actions": [a.to_json() for a in parsed],
+            }
+            pending_uuid = txn_uuid
+            try:
+                self._store.put_if_absent(transaction_key(self._db, revision), _encode(txn))
+            except AlreadyExists:
+                continue  # another writer appended first: read it, check again, append after it
+            new_state.revision = revision
+            new_state.transaction_uuid = txn_uuid
+            new_state.timestamp_s = now_s
+            self._state = new_state
+            self._maybe_write_checkpoint(new_state)
+            return revision
+
     def newer_revision(self) -> int | None:
         """The revision another writer committed after this instance's newest, or None.
 
@@ -1023,8 +1254,11 @@ class PreservedCatalog:
         writer's: every revision up to :attr:`revision` is this instance's,
         the next one exists only if someone else wrote it.  Once one is found
         the instance is fenced (as if its commit had lost that revision) and
-        no store call is made again.  Store errors propagate.
+        no store call is made again.  Store errors propagate. Single-committer catalogs only: in
+        a pool catalog other writers' revisions are normal (use :meth:`refresh`).
         """
+        if self._state.pooled:
+            raise RuntimeError(f"preserved catalog of {self._db!r} is a pool catalog: use refresh()")
         with self._lock:
             if self._fenced_at is None:
                 revision = self._state.revision + 1
@@ -1055,9 +1289,17 @@ class PreservedCatalog:
         either commits (the first attempt did not land) or raises
         :class:`RevisionConflict` (it did, or another writer won), after
         which the caller stops and a restart reloads whatever was written.
+
+        In a pool catalog a lost race is not fencing: the newer transactions are read, ownership
+        is checked again and the transaction is appended after them; it raises
+        :class:`PartitionsNotOwned` (nothing written) when this instance does not own, with the
+        epoch it claimed, every Kafka partition the actions touch. A put that raised after it
+        landed is recognised by its uuid when the retry finds the revision taken.
         """
         now_s = _check_now(now_s)
         with self._lock:
+            if self._state.pooled:
+                return self._pooled_commit(lambda _state: _parse_actions(actions, self._state.revision + 1), now_s)
             if self._fenced_at is not None:
                 raise RevisionConflict(self._db, self._fenced_at, transaction_key(self._db, self._fenced_at))
             revision = self._state.revision + 1
@@ -1121,6 +1363,16 @@ class PreservedCatalog:
         self._last_checkpoint_revision = state.revision
 
 
+def _parse_actions(actions: Sequence[Action | Mapping[str, Any]], revision: int) -> list[Action]:
+    parsed: list[Action] = []
+    for a in actions:
+        try:
+            parsed.append(action_from_json(a))
+        except InvalidAction as exc:
+            raise InvalidAction(exc.kind, exc.reason, revision) from None
+    return parsed
+
+
 def read_state(store: ObjectStore, db: str, revision: int | None = None) -> CatalogState | None:
     """The state of ``db``'s preserved catalog as of ``revision`` (None: the newest), for a
     reader that never commits (the Spark data source, iox_spark_source/); None if there is no
@@ -1174,6 +1426,17 @@ def _load(store: ObjectStore, db: str, up_to_revision: int | None = None) -> tup
     return state, last_ckpt
 
 
+def _check_writer(state: CatalogState, actions: Sequence[Action], writer: str | None,
+                  epochs: Mapping[int, int] | None, revision: int) -> None:
+    """Raise PartitionsNotOwned unless ``writer`` may append ``actions`` to ``state`` (a pool
+    catalog, or a transaction that claims partitions); nothing to check in a single-committer one."""
+    claims = [a for a in actions if isinstance(a, ClaimPartitions)]
+    if not state.pooled and not claims:
+        return
+    n = state.pool_kafka_partitions or claims[0].kafka_partitions
+    check_ownership(state.db, state.owners, n, state.files, actions, writer, epochs, revision)
+
+
 def _get(store: ObjectStore, db: str, revision: int, key: str) -> bytes:
     try:
         return store.get(key)
@@ -1188,10 +1451,16 @@ def _read_checkpoint(store: ObjectStore, db: str, revision: int, key: str) -> Ca
 
 
 def _read_and_apply_transaction(
-    store: ObjectStore, db: str, state: CatalogState | None, revision: int, key: str
+    store: ObjectStore, db: str, state: CatalogState | None, revision: int, key: str, data: bytes | None = None,
 ) -> CatalogState:
-    """Verify transaction ``revision`` links to ``state`` and apply it (in place)."""
-    obj = _decode(_get(store, db, revision, key), key, _TYPE_TRANSACTION, db, revision)
+    """Verify transaction ``revision`` links to ``state`` and apply it (in place). ``data``: the
+    transaction's bytes when the caller read them already.
+
+    In a pool catalog (and for the transaction that first claims partitions) the transaction's
+    ``writer`` must own every Kafka partition it touches (catalog/ownership.py); one that does not
+    is corrupt: no committer writes it (the check runs before the put-if-absent that appends it)."""
+    raw = _get(store, db, revision, key) if data is None else data
+    obj = _decode(raw, key, _TYPE_TRANSACTION, db, revision)
     expected_previous = None if state is None else state.transaction_uuid
     if obj.get("previous_uuid") != expected_previous:
         raise PreviousUuidMismatch(db, revision, expected_previous, obj.get("previous_uuid"), key)
@@ -1200,15 +1469,23 @@ def _read_and_apply_transaction(
         raise CorruptCatalogFile(key, "actions is not a list")
     if state is None:
         state = CatalogState(db=db, revision=revision, transaction_uuid=obj["uuid"], timestamp_s=0.0)
+    writer = obj.get("writer")
+    if writer is not None and (not isinstance(writer, str) or obj["format_version"] < _WRITER_VERSION):
+        raise CorruptCatalogFile(key, f"writer {writer!r} is not a name, or the file's format version "
+                                      f"{obj['format_version']} has no writers")
     # ``state`` is private to the load in progress, so it is changed in place.
     try:
-        for raw in raw_actions:
-            action = action_from_json(raw)
+        actions = [action_from_json(raw) for raw in raw_actions]
+        for action in actions:
             needs = _KIND_VERSIONS.get(action.KIND, BASE_FORMAT_VERSION)
             if needs > obj["format_version"]:
                 raise CorruptCatalogFile(key, f"action {action.KIND!r} needs format version {needs}, "
                                               f"the file has {obj['format_version']}")
+        _check_writer(state, actions, writer, None, revision)
+        for action in actions:
             apply_action(state, action, revision)
+    except PartitionsNotOwned as exc:
+        raise CorruptCatalogFile(key, f"written by a writer that did not own what it wrote: {exc}") from exc
     except InvalidAction as exc:
         raise CorruptCatalogFile(key, f"action does not apply: {exc}") from exc
     state.revision = revision

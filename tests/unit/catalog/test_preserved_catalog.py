@@ -592,13 +592,13 @@ def test_retention_records_are_version_3_and_survive_a_reload(store) -> None:
         assert action_from_json(json.loads(json.dumps(action.to_json()))) == action
 
 
-def test_a_version_2_file_holding_a_retention_record_is_corrupt_and_a_version_4_file_mismatches(store) -> None:
+def test_a_version_2_file_holding_a_retention_record_is_corrupt_and_a_version_5_file_mismatches(store) -> None:
     """A record needs its version: a file claiming a lower one is corrupt; a version this code does
     not read raises FormatVersionMismatch naming it (a server older than retention refuses version 3
     the same way)."""
     from catalog.preserved_catalog import RecordRetention
 
-    assert 3 in READABLE_FORMAT_VERSIONS and FORMAT_VERSION == 3
+    assert 3 in READABLE_FORMAT_VERSIONS and FORMAT_VERSION == 4 and 5 not in READABLE_FORMAT_VERSIONS
     cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
     cat.commit([RecordRetention(period_s=60, set_at_s=NOW_S)], NOW_S + 1)
     key = transaction_key(DB, 1)
@@ -608,7 +608,7 @@ def test_a_version_2_file_holding_a_retention_record_is_corrupt_and_a_version_4_
     with pytest.raises(CorruptCatalogFile, match="needs format version 3"):
         _load(store)
     store.delete(key)
-    store.put_if_absent(key, json.dumps({**raw, "format_version": 4}).encode())
+    store.put_if_absent(key, json.dumps({**raw, "format_version": 5}).encode())
     with pytest.raises(FormatVersionMismatch) as info:
         _load(store)
-    assert (info.value.actual, info.value.key) == (4, key)
+    assert (info.value.actual, info.value.key) == (5, key)
