@@ -198,16 +198,21 @@ class Database:
     #: lifecycle/worker.py): nothing from there on is applied or followed here, so the database's
     #: memory stops growing with the owner's writes. Set once, under Catalog.lock; gone on restart.
     fence_holds: dict = field(default_factory=dict)
+    #: {kp: first offset not applied} while the server is frozen (server/write_buffer/freeze.py):
+    #: every partition, at what was applied when it froze. Set and cleared under Catalog.lock.
+    freeze_holds: dict = field(default_factory=dict)
 
     @property
     def may_hold(self) -> bool:
         """Whether `held_offsets` may name a partition (a cheap check for every micro-batch)."""
-        return bool(self.poisoned or self.fence_holds)
+        return bool(self.poisoned or self.fence_holds or self.freeze_holds)
 
     def held_offsets(self) -> dict:
-        """{kp: offset} from which nothing is applied: the HELD messages of the current epoch, and
-        the fence holds. Caller holds Catalog.lock."""
+        """{kp: offset} from which nothing is applied: the HELD messages of the current epoch, the
+        fence holds and the freeze holds (the lowest of them). Caller holds Catalog.lock."""
         out: dict = dict(self.fence_holds)
+        for kp, off in self.freeze_holds.items():
+            out[kp] = min(off, out.get(kp, off))
         for r in self.poisoned:
             if r.state == HELD and r.epoch == self.epoch:
                 out[r.partition] = min(r.offset, out.get(r.partition, r.offset))
@@ -240,6 +245,32 @@ class Catalog:
         self._retired: list = []
         #: running queries and the Parquet files removed while they run (catalog/query_pins.py)
         self.query_pins = QueryPins()
+        #: frozen mode (server/write_buffer/freeze.py): every database holds every partition (`freeze`)
+        self.frozen = False
+
+    def freeze(self, last_applied: dict | None = None) -> dict:
+        """Frozen mode: holds every Kafka partition of every database after its last applied offset
+        (`Database.freeze_holds`), and every database created from now on at its start, until
+        `unfreeze`. ``last_applied``: {database: {kp: offset}} to hold after instead (a freeze a
+        previous run recorded; a partition it does not name is held where it is applied). Returns
+        {database: {kp: last applied offset}} as held. Call while no micro-batch is applied."""
+        last_applied = last_applied or {}
+        out: dict = {}
+        with self._lock:
+            self.frozen = True
+            for db in self._dbs.values():
+                named = last_applied.get(db.name, {})
+                hi = {kp: named.get(kp, db.applied_hi_inclusive.get(kp, -1)) for kp in range(db.kafka_partitions)}
+                db.freeze_holds = {kp: off + 1 for kp, off in hi.items()}
+                out[db.name] = hi
+        return out
+
+    def unfreeze(self) -> None:
+        """Ends frozen mode: no partition is held for it any more."""
+        with self._lock:
+            self.frozen = False
+            for db in self._dbs.values():
+                db.freeze_holds = {}
 
     @property
     def lock(self) -> threading.RLock:
@@ -258,6 +289,8 @@ class Catalog:
             if db is None:
                 db = Database(name, topic, kafka_partitions)
                 db.applied_hi_inclusive = {p: -1 for p in range(kafka_partitions)}
+                if self.frozen:  # created while frozen: nothing of it is applied until unfrozen
+                    db.freeze_holds = {p: 0 for p in range(kafka_partitions)}
                 self._dbs[name] = db
             return db
 

@@ -205,6 +205,9 @@ class DatabaseState:
     #: the server's process tree is near its memory limit (its RSS, not this buffer's estimate):
     #: memory relief runs as if the buffer were over its soft limit, freeing all it can
     memory_pressure: bool = False
+    #: the server is frozen (server/write_buffer/freeze.py): nothing new arrives, so everything held
+    #: is persisted (a forced persist of every partition with unpersisted rows, late arrivals too)
+    frozen: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitions", tuple(self.partitions))
@@ -506,7 +509,8 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
     1. Backpressure when crossing ``buffer_size_hard_bytes`` (either way).
     2. Per partition not busy: persist if ``persistable_row_count >=
        persist_row_threshold`` or the oldest unpersisted write is at least
-       ``persist_age_threshold_s`` old (and a flush handle would be granted);
+       ``persist_age_threshold_s`` old (and a flush handle would be granted),
+       or force-persist it when the server is ``frozen`` and it holds unpersisted rows;
        otherwise move the first run of write-buffer chunks due for it to the
        read buffer (:func:`select_read_buffer_run`; while that run waits for a
        younger chunk, no in-memory compaction), or else compact the first
@@ -547,6 +551,11 @@ def decide(state: DatabaseState, rules: LifecycleRules, now: float) -> list[Acti
             reason = persist_reason(p, rules, now)
             if reason is not None and p.flush_timestamp_ns is not None:
                 actions.append(PersistChunks(p.table, p.partition_key, force=False, reason=reason))
+                acted.add((p.table, p.partition_key))
+                persist_running = True
+                continue
+            if state.frozen and p.unpersisted_row_count > 0:
+                actions.append(PersistChunks(p.table, p.partition_key, force=True, reason="frozen"))
                 acted.add((p.table, p.partition_key))
                 persist_running = True
                 continue

@@ -132,6 +132,8 @@ class LifecycleWorker:
         self.prune_delay_s = DEFAULT_PRUNE_DELAY_S
         #: returns True while the server's memory is near its limit (server/runtime/memory_guard.py)
         self.memory_pressure = lambda: False
+        #: returns True while the server is frozen (server/write_buffer/freeze.py): everything held is persisted
+        self.frozen = lambda: False
         #: server metrics (server/metrics.py), or None: persists, compactions and prunes are counted there
         self.metrics = None
 
@@ -242,7 +244,7 @@ class LifecycleWorker:
                         time_of_last_query=db.queried_at.get(table)))
         return DatabaseState(buffer_size_bytes=self.catalog.memory_bytes(), partitions=tuple(parts),
                              replaying=self.is_replaying(db), backpressure_engaged=self.backpressure_engaged,
-                             memory_pressure=bool(self.memory_pressure()))
+                             memory_pressure=bool(self.memory_pressure()), frozen=bool(self.frozen()))
 
     def run_once(self, now: float) -> list:
         done = []

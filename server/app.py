@@ -64,6 +64,8 @@ from server.query.tail import WriteBufferTail
 from server.runtime.write_path_priority import raise_write_path_priority
 from server.runtime.memory_guard import MemoryGuard
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
+from server.freeze_admin import FreezeControl
+from server.write_buffer.freeze import cap_replay_until
 from server.api.buckets import BucketsApi
 
 __all__ = ["IoxServer", "DRAIN_TIMEOUT_S", "CATCH_UP_TIMEOUT_S"]
@@ -201,7 +203,12 @@ class IoxServer:
         # losses found by this start (the preserved catalog also lists those of earlier runs)
         self._lost_at_start = {db.name: n for db in self.catalog.databases()
                                if (n := sum(1 for r in db.lost_writes if r.detected_at_s >= t_recover))}
-        self._replay_until = {t: dict(p) for t, p in rec.replay_until.items() if p}
+        # frozen mode (server/write_buffer/freeze.py): a record a previous run left stays in force, and
+        # the replay reads only up to what was applied when the server froze
+        self.freeze = FreezeControl(self, data_dir, cfg.freeze_at_percent, cfg.memory_limit_bytes)
+        self.freeze.hold_recorded()
+        self._replay_until = {t: dict(p) for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items()
+                              if p}
         self._replay_plan = {t: (dict(rec.replay_from.get(t, {})), dict(p)) for t, p in self._replay_until.items()}
         for topic, until in self._replay_until.items():  # types of Kafka-only tables, before any write
             load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
@@ -243,6 +250,7 @@ class IoxServer:
                                         cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
                                         cfg.max_messages_per_partition_per_batch)
         self.consumer.throttle_file = self.memory_guard.throttle_file
+        self.consumer.freeze_file = self.freeze.path
         self.memory_guard.start()
         self.consumer.start(rec.start_offsets)
         if self._replay_plan:
@@ -256,8 +264,13 @@ class IoxServer:
                                          cache_dir=self.parquet_cache_dir)
         self.lifecycle.prune_delay_s = cfg.prune_delay_s
         self.lifecycle.memory_pressure = self.memory_guard.pressure
+        self.lifecycle.frozen = lambda: self.freeze.frozen
         self.lifecycle.metrics = self.router.metrics.operation
         self.lifecycle.start()
+        self.freeze.start_usage_watch()
+        if self.freeze.frozen:
+            log.warning("frozen since %.0f (%s): no new write-buffer offsets are consumed until `iox unfreeze`",
+                        self.freeze.record.since_s, self.freeze.record.reason)
         self.write_buffer.guard = self._guard_writes
         self.write_buffer.on_topic = self._on_topic
         self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
@@ -340,6 +353,8 @@ class IoxServer:
                 self.lifecycle.stop()
             if getattr(self, "memory_guard", None) is not None:
                 self.memory_guard.stop()
+            if getattr(self, "freeze", None) is not None:
+                self.freeze.stop()
             if self.tail is not None:
                 self.tail.stop()
             if self.consumer is not None:
@@ -413,14 +428,20 @@ class IoxServer:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         drained = True
         while True:
-            behind = []
+            behind, held_back = [], []
             for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
                 db = next((d for d in self.catalog.databases() if d.topic == topic), None)
                 held = db.held_offsets() if db is not None else {}
                 if db is None or db.applied_hi_inclusive.get(kp, -1) < min(off, held.get(kp, off + 1) - 1):
                     behind.append((topic, kp))
+                elif kp in held and off >= held[kp]:
+                    held_back.append((topic, kp))  # acknowledged, held (frozen, poisoned): not applied here
             undecided = [d.name for d in self.catalog.databases() if not d.txns.is_idle()]
             if not behind and not undecided and not self.is_replaying():
+                if held_back:  # the topic holds acknowledged writes that are not in Parquet
+                    log.error("clean stop: acknowledged writes of %s are held (frozen or poisoned) and not "
+                              "applied; they are lost with the in-memory broker", held_back)
+                    drained = False
                 break
             if time.monotonic() > deadline:
                 log.error("clean stop: %s not applied (transactions undecided in %s) within %ss; persisting "
@@ -998,6 +1019,7 @@ class IoxServer:
         else:
             dbs = self.catalog.databases()
         resp = management_pb2.GetStatusResponse()
+        resp.freeze.CopyFrom(self.freeze.state())
         self.is_replaying()  # retires finished replays
         marks = {db.name: self.watermarks(db) for db in dbs}  # asks Kafka: outside the catalog lock
         with self.catalog.lock:

@@ -109,6 +109,9 @@ DEFAULT_MEMORY_LIMIT_BYTES = 0
 DEFAULT_MEMORY_SOFT_FRACTION = 0.8
 #: How often the RSS of the process tree is sampled.
 DEFAULT_MEMORY_SAMPLE_INTERVAL_MS = 500
+#: --freeze-at-percent: freeze (server/write_buffer/freeze.py) once memory or the data directory's disk
+#: is this full, in percent; 0 = never (a server alone keeps ingesting up to its memory limit)
+DEFAULT_FREEZE_AT_PERCENT = 0.0
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
 DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH = 2_000
 
@@ -189,6 +192,9 @@ class ServerConfig:
     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES
     memory_soft_fraction: float = DEFAULT_MEMORY_SOFT_FRACTION
     memory_sample_interval_ms: int = DEFAULT_MEMORY_SAMPLE_INTERVAL_MS
+    #: freeze once memory (of --memory-limit-bytes, else of the host) or the data directory's disk is
+    #: this full, in percent (exclusive 0, inclusive 100); 0 = never
+    freeze_at_percent: float = DEFAULT_FREEZE_AT_PERCENT
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
     #: replication factor of the database topics this server creates (fewer replicas when the Kafka
@@ -258,6 +264,10 @@ class ServerConfig:
         if not _int_in(self.memory_sample_interval_ms, 10):
             raise InvalidConfig("memory_sample_interval_ms", self.memory_sample_interval_ms,
                                 "must be an integer >= 10")
+        if isinstance(self.freeze_at_percent, bool) or not isinstance(self.freeze_at_percent, (int, float)) \
+                or not 0 <= self.freeze_at_percent <= 100:
+            raise InvalidConfig("freeze_at_percent", self.freeze_at_percent,
+                                "must be a percentage in [0, 100] (0 = never freeze by usage)")
         if not (isinstance(self.prune_delay_s, (int, float)) and 0 <= self.prune_delay_s < float("inf")):
             raise InvalidConfig("prune_delay_s", self.prune_delay_s, "must be a number of seconds >= 0")
         if not object_store_reachable(self.spark_master, self.object_store_url, self.object_store_shared):

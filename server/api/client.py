@@ -191,6 +191,14 @@ class IoxClient:
                                             timeout=timeout_s)
         return _as_dict(r)
 
+    def freeze(self, reason: str = "", timeout_s: float = 120.0) -> dict:
+        """Freezes the server (server/write_buffer/freeze.py); returns {frozen, reason, since_s, offsets}."""
+        return _as_dict(self.mgmt_stub.Freeze(management_pb2.FreezeRequest(reason=reason), timeout=timeout_s))
+
+    def unfreeze(self, timeout_s: float = 60.0) -> dict:
+        """Ends frozen mode; returns {frozen, reason, since_s, offsets} as it is now."""
+        return _as_dict(self.mgmt_stub.Unfreeze(management_pb2.UnfreezeRequest(), timeout=timeout_s))
+
     def set_retention(self, database: str, period_s: int, timeout_s: float = 60.0) -> dict:
         """Sets (period_s > 0) or removes (0) the database's retention; returns {database, period_s,
         reader_lo_ns?, pruner_hi_ns?}."""

@@ -244,6 +244,18 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
         except Exception as e:
             _abort(context, e)
 
+    def Freeze(self, request, context):
+        try:
+            return self.server.freeze.freeze(request.reason)
+        except Exception as e:
+            _abort(context, e)
+
+    def Unfreeze(self, request, context):
+        try:
+            return self.server.freeze.unfreeze()
+        except Exception as e:
+            _abort(context, e)
+
     def ListDatabases(self, request, context):
         return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()])
 

@@ -29,7 +29,7 @@ from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_M
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, DEFAULT_PRUNE_DELAY_S,
-                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, InvalidConfig, ServerConfig, parse_memory_bytes)
+                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, DEFAULT_FREEZE_AT_PERCENT, InvalidConfig, ServerConfig, parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
            "DEFAULT_WRITE_BATCH_BYTES"]
@@ -93,6 +93,10 @@ SERVE_OPTIONS = [
      "it writes are refused (RESOURCE_EXHAUSTED / HTTP 503 + Retry-After) until back under (0 = off)"),
     ("--memory-soft-fraction", float, DEFAULT_MEMORY_SOFT_FRACTION,
      "fraction of --memory-limit-bytes where throttling starts"),
+    ("--freeze-at-percent", float, DEFAULT_FREEZE_AT_PERCENT,
+     "freeze (consume no new write-buffer offsets, persist everything held, keep answering queries; "
+     "`iox unfreeze` ends it) once memory (of --memory-limit-bytes, else of the host) or the data "
+     "directory's disk is this full, in percent (0 = never)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
      "storage of the embedded broker: durable (the default: acknowledged writes on disk under "
@@ -179,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--db", required=True)
     pe.add_argument("--table", default="")
     pe.add_argument("--partition", default="")
+
+    fr = sub.add_parser("freeze", help="freeze the server: consume no new write-buffer offsets, persist "
+                                       "everything held, keep answering queries (until `iox unfreeze`)")
+    _add_addr(fr)
+    fr.add_argument("--reason", default="", help="shown in status (default: admin)")
+    uf = sub.add_parser("unfreeze", help="end frozen mode: consuming resumes where it stopped")
+    _add_addr(uf)
 
     de = sub.add_parser("delete", help="delete rows (sequenced with the writes)")
     _add_addr(de)
@@ -292,7 +303,7 @@ def _config_from_args(a) -> ServerConfig:
                         max_query_rows=a.max_query_rows, max_query_bytes=a.max_query_bytes,
                         max_columns_per_table=a.max_columns_per_table,
                         prune_delay_s=a.prune_delay_s, memory_limit_bytes=a.memory_limit_bytes,
-                        memory_soft_fraction=a.memory_soft_fraction,
+                        memory_soft_fraction=a.memory_soft_fraction, freeze_at_percent=a.freeze_at_percent,
                         spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
@@ -541,6 +552,10 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "retention":
         print(json.dumps(_client_call(lambda: client.set_retention(a.db, a.period)), indent=2))
+        return 0
+    if a.cmd in ("freeze", "unfreeze"):
+        call = (lambda: client.freeze(a.reason)) if a.cmd == "freeze" else client.unfreeze
+        print(json.dumps(_client_call(call), indent=2))
         return 0
     if a.cmd == "status":
         if a.wait_replay:

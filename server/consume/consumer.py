@@ -51,6 +51,8 @@ class WriteBufferConsumer:
         self.holds_file = holds_file
         #: the memory guard's lower read limit under memory pressure (server/runtime/memory_guard.py); "" = none
         self.throttle_file = ""
+        #: while it exists the server is frozen (server/write_buffer/freeze.py); "" = never
+        self.freeze_file = ""
         #: one (re)start of the query at a time: the watchdog's and `restart`'s
         self._restart_lock = threading.Lock()
         self._query = None
@@ -78,6 +80,7 @@ class WriteBufferConsumer:
             "acked_marks_dir": self.acked_marks_dir,
             "holds_file": self.holds_file,
             "throttle_file": self.throttle_file,
+            "freeze_file": self.freeze_file,
         }
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():

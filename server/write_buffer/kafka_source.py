@@ -44,6 +44,9 @@ Invariants:
 - A partition held at a poisoned message (option `holds_file`, written by the
   consumer: server/write_buffer/poison.py) is not read past it (`poison.held_end`); the
   consumer reads it again from there once the message is retried or accepted.
+- While the server is frozen (option `freeze_file` exists: server/write_buffer/freeze.py), no
+  partition is read past the offset it was applied to at the freeze, and a topic or partition
+  the freeze did not name is read no further than where it stands.
 - New database topics (prefix `iox.`) are discovered on every trigger and read
   from their start offset (option `start_offsets`, else the low watermark).
 - Every write (and transaction part holding one) is checked where it is read:
@@ -60,6 +63,7 @@ import time
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from server.write_buffer.end_polls import AckMarks, EndPolls
+from server.write_buffer.freeze import source_holds
 from server.write_buffer.poison import held_end, read_holds
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer",
@@ -234,6 +238,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         #: under memory pressure, holds the lower per-partition read limit (server/runtime/memory_guard.py)
         self.throttle_file = options.get("throttle_file", "")
         self.holds_file = options.get("holds_file", "")
+        #: while it exists the server is frozen (server/write_buffer/freeze.py): read nothing new
+        self.freeze_file = options.get("freeze_file", "")
         self._probe = None
         self._admin = None
         self._true_end: dict[tuple[str, int], int] = {}
@@ -337,10 +343,12 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         if throttled is not None:  # memory pressure: read less per micro-batch
             cap = throttled if cap is None else min(cap, throttled)
         holds = read_holds(self.holds_file)
+        frozen = source_holds(self.freeze_file)  # None: not frozen
         out: dict = {}
         for topic, n in self._topics().items():
             prev = start.get(topic, {})
             held = holds.get(topic, {})
+            frozen_at = frozen.get(topic, {}) if frozen is not None else None
             parts = {}
             ends = self._ends_of(topic, n)
             for p in range(n):
@@ -348,7 +356,11 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                 e = max(s, ends[p])
                 if cap is not None:
                     e = min(e, s + cap)
-                parts[str(p)] = held_end(s, e, held.get(str(p)))
+                hold = held.get(str(p))
+                if frozen_at is not None:  # frozen: nothing past the freeze, nothing of what it did not name
+                    f = frozen_at.get(p, s)
+                    hold = f if hold is None else min(hold, f)
+                parts[str(p)] = held_end(s, e, hold)
             out[topic] = parts
         for topic, parts in start.items():  # never drop a topic once seen
             out.setdefault(topic, parts)
@@ -491,7 +503,7 @@ def _batch(pa, cols: dict):
 
 class IoxKafkaDataSource(DataSource):
     """Options: bootstrap (required), topic_prefix, start_offsets (JSON), max_messages_per_partition, pause_file,
-    acked_marks_dir, holds_file."""
+    acked_marks_dir, holds_file, freeze_file."""
 
     @classmethod
     def name(cls) -> str:

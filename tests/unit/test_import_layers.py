@@ -33,6 +33,7 @@ LAYERS = [
     "server.query",         # SQL over a database, the write buffer's tail
     "server.api",           # gRPC and HTTP surfaces, the client
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
+    "server.freeze_admin",  # frozen mode of a running server
     "server.app",           # the composition root
     "server.cli",           # the command line
 ]

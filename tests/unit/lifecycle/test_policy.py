@@ -853,3 +853,17 @@ def test_memory_pressure_unloads_every_persisted_chunk_and_force_persists_below_
     assert decide(db([small, big, done], memory_pressure=True), r, 0) == [
         UnloadChunk("t", "done", 3), UnloadChunk("t", "done", 4), PersistChunks("t", "big", force=True,
                                                                                 reason="memory")]
+
+
+def test_a_frozen_server_force_persists_every_partition_holding_unpersisted_rows() -> None:
+    """Frozen (server/write_buffer/freeze.py): nothing new arrives, so every idle partition with
+    unpersisted rows is persisted whole, below every threshold; a busy or empty one is not, and a
+    replaying server persists nothing (its replay is not caught up)."""
+    r = rules()
+    small = part([chunk(1, 0, "open", size=30)], "small", unpersisted_row_count=5, persistable_row_count=0)
+    busy = part([chunk(2, 0, "persisting", size=30)], "busy", unpersisted_row_count=5, persisting=True)
+    empty = part([chunk(3, 0, "persisted", size=20)], "empty")
+    assert decide(db([small, busy, empty]), r, 0) == []
+    assert decide(db([small, busy, empty], frozen=True), r, 0) == [
+        PersistChunks("t", "small", force=True, reason="frozen")]
+    assert decide(db([small], frozen=True, replaying=True), r, 0) == []
