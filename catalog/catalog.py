@@ -26,6 +26,7 @@ from catalog.preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, Reco
 from catalog.schema import SchemaRegistry, TableSchema
 from catalog.transactions import TxnLog
 from catalog.errors import CatalogError
+from catalog.sharding import partition_for
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
            "HELD", "RETRYING", "ACCEPTED"]
@@ -201,18 +202,25 @@ class Database:
     #: {kp: first offset not applied} while the server is frozen (server/write_buffer/freeze.py):
     #: every partition, at what was applied when it froze. Set and cleared under Catalog.lock.
     freeze_holds: dict = field(default_factory=dict)
+    #: in an ingester pool (catalog/ownership.py): the Kafka partitions this server owns (claimed
+    #: and not lost since); None outside a pool (it owns them all). Under Catalog.lock.
+    owned_partitions: frozenset | None = None
+    #: {kp: first offset not applied} of every partition a pool member does not own: nothing of
+    #: it is applied here (its owner applies it). Under Catalog.lock.
+    pool_holds: dict = field(default_factory=dict)
 
     @property
     def may_hold(self) -> bool:
         """Whether `held_offsets` may name a partition (a cheap check for every micro-batch)."""
-        return bool(self.poisoned or self.fence_holds or self.freeze_holds)
+        return bool(self.poisoned or self.fence_holds or self.freeze_holds or self.pool_holds)
 
     def held_offsets(self) -> dict:
         """{kp: offset} from which nothing is applied: the HELD messages of the current epoch, the
-        fence holds and the freeze holds (the lowest of them). Caller holds Catalog.lock."""
+        fence, freeze and pool holds (the lowest of them). Caller holds Catalog.lock."""
         out: dict = dict(self.fence_holds)
-        for kp, off in self.freeze_holds.items():
-            out[kp] = min(off, out.get(kp, off))
+        for holds in (self.freeze_holds, self.pool_holds):
+            for kp, off in holds.items():
+                out[kp] = min(off, out.get(kp, off))
         for r in self.poisoned:
             if r.state == HELD and r.epoch == self.epoch:
                 out[r.partition] = min(r.offset, out.get(r.partition, r.offset))
@@ -222,10 +230,16 @@ class Database:
         """{(kp, offset)} of the ACCEPTED messages of the current epoch: never applied."""
         return {(r.partition, r.offset) for r in self.poisoned if r.state == ACCEPTED and r.epoch == self.epoch}
 
+    def owns_table(self, table: str) -> bool:
+        """Whether this server applies and persists `table` (outside a pool: every table)."""
+        return self.owned_partitions is None or partition_for(table, self.kafka_partitions) in self.owned_partitions
+
     def checkpoint_action(self, sequencer_numbers: dict, complete: bool = False) -> RecordDatabaseCheckpoint:
         """The database checkpoint at ``sequencer_numbers`` ({kp: (min unpersisted or None, max seen)})
         for this database's topic incarnation, write-buffer epoch and seq origin; the one place that
-        builds it."""
+        builds it. A pool member records only the partitions it owns (each owner its own)."""
+        if self.owned_partitions is not None:
+            sequencer_numbers = {kp: v for kp, v in sequencer_numbers.items() if kp in self.owned_partitions}
         return RecordDatabaseCheckpoint(topic=self.topic, kafka_partitions=self.kafka_partitions,
                                         sequencer_numbers=sequencer_numbers, epoch=self.epoch,
                                         topic_id=self.topic_id, complete=complete, seq_origin=self.seq_origin)
@@ -247,6 +261,9 @@ class Catalog:
         self.query_pins = QueryPins()
         #: frozen mode (server/write_buffer/freeze.py): every database holds every partition (`freeze`)
         self.frozen = False
+        #: a member of an ingester pool: a database's partitions are applied only once claimed
+        #: (`Database.owned_partitions`); set before any database exists
+        self.pool_member = False
 
     def freeze(self, last_applied: dict | None = None) -> dict:
         """Frozen mode: holds every Kafka partition of every database after its last applied offset
@@ -291,6 +308,9 @@ class Catalog:
                 db.applied_hi_inclusive = {p: -1 for p in range(kafka_partitions)}
                 if self.frozen:  # created while frozen: nothing of it is applied until unfrozen
                     db.freeze_holds = {p: 0 for p in range(kafka_partitions)}
+                if self.pool_member:  # owns nothing until it claims
+                    db.owned_partitions = frozenset()
+                    db.pool_holds = {p: 0 for p in range(kafka_partitions)}
                 self._dbs[name] = db
             return db
 

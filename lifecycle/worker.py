@@ -26,6 +26,14 @@ compacted and unloaded and backpressure still follows the buffer size, but
 what the new owner writes to a shared write buffer is still applied to memory
 here until the server restarts.
 
+In an ingester pool (catalog/ownership.py) fencing is per Kafka partition instead: the
+database's preserved catalog takes every member's commits, and this server acts only on the
+tables of the partitions it owns (`Database.owns_table`: the snapshot the policy sees, the
+retention round). A commit refused with PartitionsNotOwned, or the fence probe's `refresh`
+finding a claim, reports the partitions lost (`on_partitions_lost`); after each refresh the new
+state goes to `on_catalog_refreshed`, so the server registers the other members' files for its
+queries. Cleanup skips pool catalogs (an unreferenced file may be another member's in flight).
+
 Retention (catalog/retention.py): every round, for each database with a retention period,
 `prune_policy.decide_prune` gives the new `reader_lo_ns` and the day partitions entirely
 below the prune bound (reader_lo `prune_delay_s` ago). Each is pruned in its own
@@ -54,7 +62,7 @@ import time
 
 from catalog.catalog import Catalog
 from catalog.cleanup import delete_unreferenced
-from catalog.errors import RevisionConflict
+from catalog.errors import PartitionsNotOwned, RevisionConflict
 from catalog.preserved_catalog import RecordPruned, transaction_key
 
 from catalog.crash_points import CrashPoint, crash_point
@@ -136,6 +144,11 @@ class LifecycleWorker:
         self.frozen = lambda: False
         #: server metrics (server/metrics.py), or None: persists, compactions and prunes are counted there
         self.metrics = None
+        #: in an ingester pool: called with (database, Kafka partitions) this server lost to another
+        #: member's claim (found by a refused commit or by the fence probe's refresh), and with
+        #: (database, CatalogState) after the fence probe read the other members' transactions
+        self.on_partitions_lost = None
+        self.on_catalog_refreshed = None
 
     # -- thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -208,6 +221,9 @@ class LifecycleWorker:
         for name, pc in list(self.preserved.items()):
             if self.fenced_revision(name) is not None:
                 continue
+            if pc.state.pooled:  # another member's revisions are normal: read them, and what was lost
+                self._refresh_pooled(name, pc)
+                continue
             try:
                 revision = pc.newer_revision()
             except Exception as e:
@@ -217,6 +233,31 @@ class LifecycleWorker:
                 self._fence(RevisionConflict(name, revision, transaction_key(name, revision)))
                 found[name] = revision
         return found
+
+    def _refresh_pooled(self, name: str, pc) -> None:
+        """A pool catalog: reads the other members' transactions; reports the partitions lost to a
+        claim, then the new state (their files, for queries). A store error is logged."""
+        try:
+            lost = pc.refresh()
+        except Exception as e:
+            log.warning("database %s: reading the pool catalog failed: %s", name, e)
+            return
+        if lost:
+            self._lost(name, tuple(sorted(lost)))
+        if self.on_catalog_refreshed is not None:
+            try:
+                self.on_catalog_refreshed(name, pc.state)
+            except Exception:
+                log.exception("database %s: taking the pool catalog's new state failed", name)
+
+    def _lost(self, name: str, partitions: tuple) -> None:
+        log.warning("database %s: Kafka partitions %s are owned by another pool member now: no longer applied "
+                    "or persisted here", name, list(partitions))
+        if self.on_partitions_lost is not None and partitions:
+            try:
+                self.on_partitions_lost(name, partitions)
+            except Exception:
+                log.exception("database %s: giving up Kafka partitions %s failed", name, list(partitions))
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.fence_probe_interval_s):
@@ -230,6 +271,8 @@ class LifecycleWorker:
         parts = []
         with self.catalog.lock:
             for table, by_key in db.partitions.items():
+                if not db.owns_table(table):
+                    continue  # another pool member's table: its owner persists and compacts it
                 for key, part in by_key.items():
                     w = part.windows
                     if w is not None:
@@ -268,6 +311,8 @@ class LifecycleWorker:
                             done.append(action)
                     except RevisionConflict:
                         raise
+                    except PartitionsNotOwned as e:  # a pool member lost partitions: stop applying them
+                        self._lost(e.db, e.partitions)
                     except Exception as e:  # this action only: the others go on, the next round retries it
                         self.last_error = repr(e)
                         log.exception("database %s: lifecycle action %s failed", db.name, action)
@@ -484,8 +529,8 @@ class LifecycleWorker:
         before deleting, catalog/cleanup.py) loses nothing and is fenced."""
         deleted = []
         for db_name, pc in list(self.preserved.items()):
-            if self.fenced_revision(db_name) is not None:
-                continue
+            if self.fenced_revision(db_name) is not None or pc.state.pooled:
+                continue  # a pool catalog's unreferenced files may be another member's in flight
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
             # compaction of persisted files) still read stay until those chunks are released
             in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys() | \
@@ -504,7 +549,8 @@ class LifecycleWorker:
     def retention_state(self, db) -> RetentionState:
         with self.catalog.lock:
             parts = tuple(PartitionRef(t, k, busy=p.persisting or p.compacting)
-                          for t, by_key in sorted(db.partitions.items()) for k, p in sorted(by_key.items()))
+                          for t, by_key in sorted(db.partitions.items()) if db.owns_table(t)
+                          for k, p in sorted(by_key.items()))
             return RetentionState(period_s=db.retention_period_s, prune_delay_s=self.prune_delay_s,
                                   pruner_hi_ns=db.pruner_hi_ns, partitions=parts)
 

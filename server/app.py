@@ -50,7 +50,7 @@ from server.write_buffer.end_polls import AckMarks
 from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
                      WritesLost)
 from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
-from server.errors import InvalidArgument, NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
+from server.errors import InvalidArgument, NotAPoolMember, NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from server.consume.ingest import Ingestor
 from server.write_buffer.poison import select
 from server.query.engine import QueryEngine
@@ -65,6 +65,7 @@ from server.runtime.write_path_priority import raise_write_path_priority
 from server.runtime.memory_guard import MemoryGuard
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
+from server.pool_admin import PoolControl
 from server.write_buffer.freeze import cap_replay_until
 from server.api.buckets import BucketsApi
 
@@ -113,6 +114,8 @@ class IoxServer:
         self.started_at = None
         self.lifecycle = None
         self.tail = None
+        #: ingester pool membership (server/pool_admin.py); None when not a pool member
+        self.pool = None
         self._replay_until: dict = {}
         #: database name -> the thread persisting it after its topic was replaced (`_topic_replaced`)
         self._after_replacement: dict = {}
@@ -195,9 +198,11 @@ class IoxServer:
                 raise PartitionCountMismatch(topic, cfg.partitions, n)
         databases = sorted(set(list_catalog_databases(self.store)) | {database_of_topic(t) for t in topics})
         t_recover = time.time()
+        # an ingester pool member applies only the Kafka partitions claimed for it (server/pool_admin.py)
+        self.catalog.pool_member = cfg.pool_member is not None
         rec = recover(self.spark, self.catalog, self.store, cfg.partitions, t_recover,
                       self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
-                      cfg.skip_lost_writes, self.parquet_cache_dir)
+                      cfg.skip_lost_writes, self.parquet_cache_dir, pool_member=cfg.pool_member)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
         # losses found by this start (the preserved catalog also lists those of earlier runs)
@@ -265,6 +270,10 @@ class IoxServer:
         self.lifecycle.prune_delay_s = cfg.prune_delay_s
         self.lifecycle.memory_pressure = self.memory_guard.pressure
         self.lifecycle.frozen = lambda: self.freeze.frozen
+        self.pool = PoolControl(self, cfg.pool_member) if cfg.pool_member is not None else None
+        if self.pool is not None:
+            self.lifecycle.on_partitions_lost = self.pool.lose
+            self.lifecycle.on_catalog_refreshed = self.pool.take_state
         self.lifecycle.metrics = self.router.metrics.operation
         self.lifecycle.start()
         self.freeze.start_usage_watch()
@@ -416,6 +425,12 @@ class IoxServer:
 
         return WriteBufferOverloaded(self.catalog.memory_bytes(), self.rules.buffer_size_hard_bytes,
                                      self.rules.worker_backoff_s)
+
+    def claim_partitions(self, database: str, partitions):
+        """`iox claim` / the assigner: see server/pool_admin.py."""
+        if self.pool is None:
+            raise NotAPoolMember(f"claiming partitions of {database!r}")
+        return self.pool.claim(database, partitions)
 
     def set_retention(self, database: str, period_s: int):
         """`iox retention` / the buckets API: see server/retention_admin.py."""
@@ -587,8 +602,8 @@ class IoxServer:
             if known is None:
                 db.topic_id = topic_id
         if known is None:
-            if topic_id is not None and self.lifecycle is not None:
-                self.lifecycle.record_database(db, time.time())
+            if topic_id is not None and self.lifecycle is not None and not self.catalog.pool_member:
+                self.lifecycle.record_database(db, time.time())  # in a pool its owners record it
             return
         if topic_id is None or topic_id == known:
             return
@@ -1020,6 +1035,7 @@ class IoxServer:
             dbs = self.catalog.databases()
         resp = management_pb2.GetStatusResponse()
         resp.freeze.CopyFrom(self.freeze.state())
+        resp.pool_member = self.config.pool_member or ""
         self.is_replaying()  # retires finished replays
         marks = {db.name: self.watermarks(db) for db in dbs}  # asks Kafka: outside the catalog lock
         with self.catalog.lock:
@@ -1040,6 +1056,11 @@ class IoxServer:
                 d.replay_offsets_done, d.replay_offsets_todo = self.replay_progress(db)
                 d.topic_replaced = db.topic_replaced
                 fill_retention_status(d, db, time.time())
+                if pc is not None:
+                    for kp, o in sorted(pc.state.owners.items()):
+                        d.owners.add(partition=kp, owner=o.owner, epoch=o.epoch)
+                if db.owned_partitions is not None:
+                    d.owned_partitions.extend(sorted(db.owned_partitions))
                 fenced_revision = self.lifecycle.fenced_revision(db.name) if self.lifecycle else None
                 if fenced_revision is not None:
                     d.fenced = True

@@ -195,6 +195,9 @@ class ServerConfig:
     #: freeze once memory (of --memory-limit-bytes, else of the host) or the data directory's disk is
     #: this full, in percent (exclusive 0, inclusive 100); 0 = never
     freeze_at_percent: float = DEFAULT_FREEZE_AT_PERCENT
+    #: this server's name in an ingester pool (catalog/ownership.py); None = not a pool member (it
+    #: applies every partition of every database). Members share one Kafka cluster and object store.
+    pool_member: str | None = None
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
     #: replication factor of the database topics this server creates (fewer replicas when the Kafka
@@ -264,6 +267,14 @@ class ServerConfig:
         if not _int_in(self.memory_sample_interval_ms, 10):
             raise InvalidConfig("memory_sample_interval_ms", self.memory_sample_interval_ms,
                                 "must be an integer >= 10")
+        if self.pool_member is not None:
+            from catalog.errors import InvalidAction
+            from catalog.ownership import owner_name_check
+
+            try:
+                owner_name_check("pool_member", self.pool_member)
+            except InvalidAction as e:
+                raise InvalidConfig("pool_member", self.pool_member, e.reason) from None
         if isinstance(self.freeze_at_percent, bool) or not isinstance(self.freeze_at_percent, (int, float)) \
                 or not 0 <= self.freeze_at_percent <= 100:
             raise InvalidConfig("freeze_at_percent", self.freeze_at_percent,

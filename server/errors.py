@@ -19,6 +19,7 @@ __all__ = [
     "SchemaConflict",
     "TooManyColumns",
     "InvalidArgument",
+    "NotAPoolMember",
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
@@ -195,6 +196,14 @@ class DatabaseFenced(ServerError):
             f"database {database!r}: another server committed revision {revision} of its preserved catalog, so "
             "this server no longer owns the database: writes and deletes are refused here (write to the server "
             "that owns it, or restart this one to load the catalog again)")
+
+
+class NotAPoolMember(ServerError):
+    """A pool operation (claiming partitions) on a server started without --pool-member."""
+
+    def __init__(self, what: str):
+        self.what = what
+        super().__init__(f"{what}: this server is not a member of an ingester pool (start it with --pool-member NAME)")
 
 
 class QueryRefused(ServerError):

@@ -17,7 +17,7 @@ Tokens file (JSON, or TOML when the name ends in `.toml`):
 
 Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, GetStatus of one
 database), `delete` (Delete), `admin` (Persist, Compact, RetryPoisoned, AcceptPoisoned,
-AcceptLostWrites, GetStatus of every database, ListDatabases, Freeze, Unfreeze, `/metrics`). A request names one
+AcceptLostWrites, GetStatus of every database, ListDatabases, Freeze, Unfreeze, ClaimPartitions, `/metrics`). A request names one
 database; a token whose databases do not include it is refused (PERMISSION_DENIED / HTTP 403
 naming the database). `RPC_PERMISSIONS` maps each RPC to what it needs.
 """
@@ -61,6 +61,7 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/ListDatabases": ADMIN,
     "/iox.management.ManagementService/Freeze": ADMIN,
     "/iox.management.ManagementService/Unfreeze": ADMIN,
+    "/iox.management.ManagementService/ClaimPartitions": ADMIN,
 }
 
 

@@ -195,6 +195,12 @@ class IoxClient:
         """Freezes the server (server/write_buffer/freeze.py); returns {frozen, reason, since_s, offsets}."""
         return _as_dict(self.mgmt_stub.Freeze(management_pb2.FreezeRequest(reason=reason), timeout=timeout_s))
 
+    def claim_partitions(self, database: str, partitions, timeout_s: float = 120.0) -> dict:
+        """Ingester pool: claims Kafka `partitions` of `database` for this server; returns {database,
+        claimed: [{partition, epoch, resume_offset}], catalog_revision}."""
+        req = management_pb2.ClaimPartitionsRequest(database=database, partitions=list(partitions))
+        return _as_dict(self.mgmt_stub.ClaimPartitions(req, timeout=timeout_s))
+
     def unfreeze(self, timeout_s: float = 60.0) -> dict:
         """Ends frozen mode; returns {frozen, reason, since_s, offsets} as it is now."""
         return _as_dict(self.mgmt_stub.Unfreeze(management_pb2.UnfreezeRequest(), timeout=timeout_s))

@@ -30,7 +30,8 @@ from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc
 
 from catalog.errors import RevisionConflict
 
-from server.errors import (WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
+from catalog.errors import PartitionsNotOwned
+from server.errors import (NotAPoolMember, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
@@ -94,7 +95,7 @@ def _abort(context, err: Exception):
     if isinstance(err, ReplayNotCaughtUp):
         context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced)):
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced, NotAPoolMember, PartitionsNotOwned)):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
         if isinstance(err, WriteBufferOverloaded):
@@ -253,6 +254,12 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
     def Unfreeze(self, request, context):
         try:
             return self.server.freeze.unfreeze()
+        except Exception as e:
+            _abort(context, e)
+
+    def ClaimPartitions(self, request, context):
+        try:
+            return self.server.claim_partitions(request.database, list(request.partitions))
         except Exception as e:
             _abort(context, e)
 

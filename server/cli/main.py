@@ -97,6 +97,10 @@ SERVE_OPTIONS = [
      "freeze (consume no new write-buffer offsets, persist everything held, keep answering queries; "
      "`iox unfreeze` ends it) once memory (of --memory-limit-bytes, else of the host) or the data "
      "directory's disk is this full, in percent (0 = never)"),
+    ("--pool-member", str, None,
+     "this server's name in an ingester pool (e.g. its address host:port): it applies and persists only "
+     "the Kafka partitions claimed for it (`iox claim`, or the assigner); members share one Kafka cluster "
+     "and one object store (see docs/OPERATIONS.md, Ingester pool)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
      "storage of the embedded broker: durable (the default: acknowledged writes on disk under "
@@ -190,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     fr.add_argument("--reason", default="", help="shown in status (default: admin)")
     uf = sub.add_parser("unfreeze", help="end frozen mode: consuming resumes where it stopped")
     _add_addr(uf)
+    cl = sub.add_parser("claim", help="ingester pool: claim Kafka partitions of a database for the server at "
+                                      "--addr (fences their previous owner)")
+    _add_addr(cl)
+    cl.add_argument("--db", required=True)
+    cl.add_argument("--partitions", required=True, help="comma-separated Kafka partitions, e.g. 0,2")
 
     de = sub.add_parser("delete", help="delete rows (sequenced with the writes)")
     _add_addr(de)
@@ -275,6 +284,19 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--wait-replay", action="store_true",
                     help="while a restarted server replays the write buffer, show a progress bar until it caught up")
 
+    asg = sub.add_parser("assigner", help="ingester pool: assign each database's Kafka partitions to the "
+                                          "ingesters (fewest first, pins, handoff of frozen or unreachable ones)")
+    asg.add_argument("--ingesters", required=True, help="the pool: comma-separated gRPC addresses host:port")
+    asg.add_argument("--pin", action="append", default=[], metavar="DB:PARTITION=HOST:PORT",
+                     help="always assign this partition to this ingester while it is active (repeatable)")
+    asg.add_argument("--state-file", default=os.environ.get("IOX_ASSIGNER_STATE_FILE", "./assigner-state.json"),
+                     help="where the assignments are kept across restarts (env IOX_ASSIGNER_STATE_FILE)")
+    asg.add_argument("--interval-s", type=float, default=2.0, help="seconds between rounds")
+    asg.add_argument("--unreachable-after-s", type=float, default=30.0,
+                     help="an ingester that does not answer this long loses its partitions to the others")
+    asg.add_argument("--token", default=os.environ.get("IOX_TOKEN") or None,
+                     help="admin token of the ingesters (env IOX_TOKEN)")
+
     d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
     d.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
     d.add_argument("--grpc-port", type=int, default=0)
@@ -304,6 +326,7 @@ def _config_from_args(a) -> ServerConfig:
                         max_columns_per_table=a.max_columns_per_table,
                         prune_delay_s=a.prune_delay_s, memory_limit_bytes=a.memory_limit_bytes,
                         memory_soft_fraction=a.memory_soft_fraction, freeze_at_percent=a.freeze_at_percent,
+                        pool_member=a.pool_member or None,
                         spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
@@ -493,6 +516,8 @@ def main(argv=None) -> int:
         from server.runtime.broker import run_foreground
 
         return run_foreground(a.port, a.storage, a.data_dir)
+    if a.cmd == "assigner":
+        return _run_assigner(a)
     if a.cmd == "demo":
         from server.cli.demo import run_demo
 
@@ -553,6 +578,13 @@ def main(argv=None) -> int:
     if a.cmd == "retention":
         print(json.dumps(_client_call(lambda: client.set_retention(a.db, a.period)), indent=2))
         return 0
+    if a.cmd == "claim":
+        try:
+            parts = [int(p) for p in a.partitions.split(",") if p.strip()]
+        except ValueError:
+            build_parser().error(f"claim: --partitions must be comma-separated integers, got {a.partitions!r}")
+        print(json.dumps(_client_call(lambda: client.claim_partitions(a.db, parts)), indent=2))
+        return 0
     if a.cmd in ("freeze", "unfreeze"):
         call = (lambda: client.freeze(a.reason)) if a.cmd == "freeze" else client.unfreeze
         print(json.dumps(_client_call(call), indent=2))
@@ -563,6 +595,29 @@ def main(argv=None) -> int:
         print(json.dumps(_client_call(lambda: client.status(a.db)), indent=2))
         return 0
     return 2
+
+
+def _run_assigner(a) -> int:
+    import signal
+
+    from server.assigner import Assigner, AssignerStateCorrupt, parse_pins
+
+    pool = [x.strip() for x in a.ingesters.split(",") if x.strip()]
+    try:
+        pins = parse_pins(a.pin, pool)
+        assigner = Assigner(pool, a.state_file, pins, token=a.token, interval_s=a.interval_s,
+                            unreachable_after_s=a.unreachable_after_s)
+    except (ValueError, AssignerStateCorrupt) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _s, _f: assigner.stop())
+    try:
+        assigner.run()
+    finally:
+        assigner.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ from catalog.sharding import topic_for
 from server.errors import ServerError
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
-           "lost_offsets", "replay_progress", "merge_lost_writes"]
+           "lost_offsets", "replay_progress", "merge_lost_writes", "register_persisted_file", "add_recorded_delete",
+           "day_number"]
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def _literal_kind(v) -> str:
     return "string"
 
 
-def _day_number(partition_key: str) -> int:
+def day_number(partition_key: str) -> int:
     import datetime
 
     return (datetime.date.fromisoformat(partition_key) - datetime.date(1970, 1, 1)).days
@@ -173,12 +174,24 @@ def _day_number(partition_key: str) -> int:
 
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             transactions_until_checkpoint: int, databases: list[str], write_buffer,
-            skip_lost_writes: bool = False, cache_dir: str | None = None) -> RecoveryResult:
+            skip_lost_writes: bool = False, cache_dir: str | None = None,
+            pool_member: str | None = None) -> RecoveryResult:
+    """`pool_member`: this server's name in an ingester pool (catalog/ownership.py). It claims
+    again the Kafka partitions the catalog says it owns (fencing the process it replaces) and
+    recovers only those; every other partition is held (`Database.pool_holds`): its owner applies
+    it. The files of every partition are registered, so queries read what every owner persisted."""
     out = RecoveryResult()
     cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
     for name in databases:
         pc, state = PreservedCatalog.create_or_load(store, name, now, cfg)
         out.preserved[name] = pc
+        owned = None
+        if pool_member is not None:
+            mine = sorted(kp for kp, o in state.owners.items() if o.owner == pool_member)
+            if mine:
+                pc.claim(mine, kafka_partitions, pool_member, now)
+                state = pc.state
+            owned = frozenset(mine)
         topic = topic_for(name)
         dbck = state.database_checkpoint
         if dbck is not None and (dbck.topic != topic or dbck.kafka_partitions != kafka_partitions):
@@ -186,6 +199,9 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                                 f"topic {topic} with {kafka_partitions} partitions")
         db = catalog.ensure_database(name, topic, kafka_partitions)
         db.topic_id = write_buffer.topic_id(topic)
+        if owned is not None:
+            db.owned_partitions = owned
+            db.pool_holds = {kp: 0 for kp in range(kafka_partitions) if kp not in owned}
         # the records of earlier runs: losses of acknowledged writes (accepted or not), and messages
         # accepted to be skipped (server/write_buffer/poison.py: the consumer passes those of the current epoch)
         db.lost_writes = [LostWriteRange.from_entry(e) for e in state.lost_writes]
@@ -205,25 +221,9 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         for table, cols in state.table_schemas.items():
             db.schemas.merge(table, [Column(*c) for c in cols])
         for key, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq)):
-            cid = catalog.next_chunk_id()
-            view = register_parquet_chunk(spark, store, [key], [list(c) for c in f.schema], cid, cache_dir)
-            chunk = Chunk(id=cid, table=f.table, partition_key=f.partition_key, order=catalog.next_order(),
-                          state="unloaded", rows=f.row_count,
-                          size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,
-                          max_time_ns=f.max_time_ns, columns=[list(c) for c in f.schema], view=view,
-                          parquet_keys=[key], created_at=now, deduplicated=True)
-            part = catalog.partition(db, f.table, f.partition_key)
-            part.chunks.append(chunk)
-            part.files.append(f)
-        from catalog.delete_mailbox import Delete
-
-        from catalog.sharding import partition_for
-
+            register_persisted_file(spark, catalog, store, db, f, now, cache_dir)
         for dp in state.delete_predicates:
-            db.deletes.add(Delete(table=dp.table, start_ns=dp.start_ns, stop_ns_exclusive=dp.stop_ns_exclusive,
-                                  predicate=tuple((c, op, v, _literal_kind(v)) for c, op, v in dp.predicate),
-                                  seq=dp.seq, kafka_partition=partition_for(dp.table, kafka_partitions)),
-                           recorded=True)
+            add_recorded_delete(db, dp)
         epoch = dbck.epoch if dbck is not None else 0
         db.epoch = epoch
         db.seq_origin, record_origin = current_seq_origin(state)
@@ -240,7 +240,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             planner.register_partition_checkpoint(PartitionCheckpoint(
                 table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
                 offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()}))
-            filters.setdefault(table, {})[_day_number(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
+            filters.setdefault(table, {})[day_number(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
         if dbck is not None:
             planner.register_database_checkpoint(DatabaseCheckpoint(
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items()}))
@@ -249,6 +249,8 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         starts, until, reset = {}, {}, False
         planned = set(plan.kafka_partitions())
         for kp in sorted(planned | (set(range(kafka_partitions)) if gone else set())):
+            if owned is not None and kp not in owned:
+                continue  # another pool member's: its owner recovers it
             s = plan.start_offset(kp) if kp in planned else None
             rng = plan.replay_range(kp) if kp in planned else None
             if s is None:
@@ -279,17 +281,18 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             db.lost_writes = [r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
                               for r in db.lost_writes]
         # recorded with the epoch's checkpoint below, or on its own
-        lost_actions = [RecordLostWrites(ranges=tuple(r.entry() for r in db.lost_writes))] \
+        mine_lost = [r for r in db.lost_writes if owned is None or r.partition in owned]
+        lost_actions = [RecordLostWrites(ranges=tuple(r.entry() for r in mine_lost))] \
             if db.lost_writes != lost_before else []
         if reset:
             # offsets start over: a new epoch keeps write-buffer order (its seq origin is above every
             # seq the catalog knows) and ignores old checkpoints
             db.seq_origin = next_seq_origin(state, db.seq_origin)
             db.epoch = epoch + 1
-            starts = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions)}
+            starts = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions) if owned is None or kp in owned}
             until = {}
             filters = {}
-            db.applied_hi_inclusive = {kp: s - 1 for kp, s in starts.items()}
+            db.applied_hi_inclusive = {**db.applied_hi_inclusive, **{kp: s - 1 for kp, s in starts.items()}}
             pc.commit([db.checkpoint_action({})] + lost_actions, now)
             lost_actions = []
             log.warning("database %s: the write buffer topic was reset; everything was persisted, "
@@ -300,6 +303,8 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         if not bounds:
             bounds = write_buffer.partition_bounds(topic, kafka_partitions)
         for kp, (lo, end) in bounds.items():
+            if owned is not None and kp not in owned:
+                continue
             first = starts.get(kp, lo)
             if end - 1 >= first:
                 until[kp] = max(until.get(kp, -1), end - 1)
@@ -311,6 +316,34 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         log.info("recovered database %s at catalog revision %d: %d file(s), replay from %s", name,
                  state.revision, len(state.files), starts)
     return out
+
+
+def register_persisted_file(spark, catalog: Catalog, store, db, f, now: float, cache_dir: str | None) -> Chunk:
+    """Registers the preserved catalog's file `f` (AddParquet) as an unloaded chunk of its partition
+    (the newest of it) and in the partition's files. Caller holds no Spark job; driver side."""
+    cid = catalog.next_chunk_id()
+    view = register_parquet_chunk(spark, store, [f.key], [list(c) for c in f.schema], cid, cache_dir)
+    chunk = Chunk(id=cid, table=f.table, partition_key=f.partition_key, order=catalog.next_order(),
+                  state="unloaded", rows=f.row_count,
+                  size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,
+                  max_time_ns=f.max_time_ns, columns=[list(c) for c in f.schema], view=view,
+                  parquet_keys=[f.key], created_at=now, deduplicated=True)
+    with catalog.lock:
+        part = catalog.partition(db, f.table, f.partition_key)
+        part.chunks.append(chunk)
+        part.files.append(f)
+    return chunk
+
+
+def add_recorded_delete(db, dp) -> None:
+    """Adds the preserved catalog's delete predicate `dp` to the database's mailbox as recorded
+    (queries apply it; an equal delete replayed from Kafka is applied once)."""
+    from catalog.delete_mailbox import Delete
+    from catalog.sharding import partition_for
+
+    db.deletes.add(Delete(table=dp.table, start_ns=dp.start_ns, stop_ns_exclusive=dp.stop_ns_exclusive,
+                          predicate=tuple((c, op, v, _literal_kind(v)) for c, op, v in dp.predicate),
+                          seq=dp.seq, kafka_partition=partition_for(dp.table, db.kafka_partitions)), recorded=True)
 
 
 def keep_mask_fn(filters: dict):

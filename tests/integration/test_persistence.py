@@ -671,8 +671,11 @@ def test_the_policy_compacts_the_files_of_a_cold_partition(auto, caplog):
     part = wait_for(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],
                     90, "the policy's compaction of the persisted files")
     assert int(part["files"][0]["rows"]) == 30
-    # the worker says why: 3 files are under the default 10-file threshold, so the partition went cold
-    assert f"compacting 3 Parquet file(s) of {db}/cpu/2023-11-14 (cold)" in [r.getMessage() for r in caplog.records]
+    # the worker says why: the files are under the default 10-file threshold, so the partition went
+    # cold (on a loaded machine it may go cold between two of the persists: 2 files, then 2 again)
+    said = [r.getMessage() for r in caplog.records if f"Parquet file(s) of {db}/cpu/2023-11-14" in r.getMessage()]
+    assert said and all(m.startswith("compacting ") and m.endswith("(cold)") for m in said), said
+    assert {m.split()[1] for m in said} <= {"2", "3"}, said
     assert c.query(db, Q2).to_pylist() == [
         {"host": "h0", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(0, 10, 2)))},
         {"host": "h1", "n": 15, "s": float(sum(k * 100 + i for k in range(3) for i in range(1, 10, 2)))}]

@@ -32,8 +32,11 @@ LAYERS = [
     "server.write",         # line protocol, router, deletes
     "server.query",         # SQL over a database, the write buffer's tail
     "server.api",           # gRPC and HTTP surfaces, the client
+    "server.assigner_policy",  # the ingester pool's assignment decisions (pure)
+    "server.assigner",      # the assigner process (talks to the ingesters through the client)
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "server.freeze_admin",  # frozen mode of a running server
+    "server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
     "server.app",           # the composition root
     "server.cli",           # the command line
 ]

@@ -1,0 +1,180 @@
+"""The assigner: a small process that gives each (database, Kafka partition) to one ingester of a pool.
+
+It is not on the write path: writes go to any ingester, which produces them to Kafka; the
+assigner only decides who applies each partition. Every round (`interval_s`) it asks each
+configured ingester for its status (reachable? frozen? which partitions does it own? which
+databases does it know?), decides with `assigner_policy.decide_assignments` (fewest first, pins,
+handoff of a frozen, removed or long-unreachable ingester's partitions), asks the chosen
+ingesters to claim what they do not own yet (the ClaimPartitions admin call, which commits the
+claim to the database's preserved catalog and so fences the previous owner), and saves its
+assignments.
+
+Invariant: the saved assignments are the last round's decision; a restarted assigner loads them
+and moves nothing that has no cause (an ingester unreachable at its start gets the full grace
+from that start). The assigner holds no data: losing its state file only means the next round
+assigns from scratch (owners keep what the catalogs say they own, reclaimed where decided).
+
+State file (JSON, ``format_version`` 1): ``{"format_version": 1, "assignments": [[database,
+kafka partition, address], ...]}``.
+
+When it runs: `iox assigner`, from start until SIGTERM/SIGINT. Its own process; talks gRPC only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+import grpc
+
+from iox import management_pb2
+
+from server.api.client import IoxClient
+from server.assigner_policy import DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView, decide_assignments
+from server.errors import ServerError
+
+__all__ = ["Assigner", "AssignerStateCorrupt", "parse_pins", "STATE_FORMAT_VERSION", "DEFAULT_INTERVAL_S",
+           "STATUS_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT_VERSION = 1
+#: Seconds between rounds.
+DEFAULT_INTERVAL_S = 2.0
+#: An ingester that does not answer its status within this counts as unreachable this round.
+STATUS_TIMEOUT_S = 5.0
+#: A claim (the ingester restarts its stream around it) may take this long.
+CLAIM_TIMEOUT_S = 120.0
+
+
+class AssignerStateCorrupt(ServerError):
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"assigner state {path}: {reason}; remove it to assign from scratch")
+
+
+def parse_pins(specs, pool: list) -> dict:
+    """{(database, kp): address} from ``db:partition=host:port`` specs; every address must be in ``pool``."""
+    out = {}
+    for spec in specs or ():
+        unit, sep, addr = spec.partition("=")
+        db, sep2, kp = unit.rpartition(":")
+        if not sep or not sep2 or not db or not kp.isdigit() or not addr:
+            raise ValueError(f"pin {spec!r} is not database:partition=host:port")
+        if addr not in pool:
+            raise ValueError(f"pin {spec!r} names {addr}, which is not one of --ingesters {','.join(pool)}")
+        out[(db, int(kp))] = addr
+    return out
+
+
+def _load_state(path: str) -> dict:
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise AssignerStateCorrupt(path, f"not readable JSON ({e})") from e
+    if not isinstance(obj, dict) or obj.get("format_version") != STATE_FORMAT_VERSION:
+        raise AssignerStateCorrupt(path, f"format version {obj.get('format_version') if isinstance(obj, dict) else None!r}, "
+                                         f"this assigner reads {STATE_FORMAT_VERSION}")
+    out = {}
+    for entry in obj.get("assignments", []):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and isinstance(entry[2], str)):
+            raise AssignerStateCorrupt(path, f"assignment {entry!r} is not [database, partition, address]")
+        out[(entry[0], entry[1])] = entry[2]
+    return out
+
+
+def _save_state(path: str, assignments: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"format_version": STATE_FORMAT_VERSION,
+                   "assignments": [[db, kp, addr] for (db, kp), addr in sorted(assignments.items())]}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Assigner:
+    """One assigner for a pool of ingesters (their gRPC addresses, in order)."""
+
+    def __init__(self, ingesters: list, state_path: str, pins: dict | None = None, token: str | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S,
+                 unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_S):
+        if not ingesters or len(set(ingesters)) != len(ingesters):
+            raise ValueError(f"--ingesters must name distinct addresses, got {ingesters!r}")
+        self.ingesters = list(ingesters)
+        self.state_path = state_path
+        self.pins = dict(pins or {})
+        self.interval_s = interval_s
+        self.unreachable_after_s = unreachable_after_s
+        self.assignments = _load_state(state_path)
+        self._clients = {a: IoxClient(a, token=token) for a in self.ingesters}
+        started = time.time()
+        #: an ingester not seen since this assigner started gets the grace from the start
+        self._last_seen = {a: started for a in self.ingesters}
+        self._stop = threading.Event()
+        self.rounds = 0
+        self.last_decision: Decision | None = None
+
+    def poll(self, now: float) -> tuple[list, set]:
+        """([IngesterView] in configured order, {(database, kp)} every reachable ingester knows)."""
+        views, units = [], set()
+        for addr in self.ingesters:
+            c = self._clients[addr]
+            try:
+                st = c.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(), timeout=STATUS_TIMEOUT_S)
+            except grpc.RpcError as e:
+                log.warning("ingester %s does not answer (%s)", addr, e.code() if hasattr(e, "code") else e)
+                views.append(IngesterView(addr, False, False, self._last_seen.get(addr)))
+                continue
+            self._last_seen[addr] = now
+            owned = frozenset((d.name, kp) for d in st.databases for kp in d.owned_partitions)
+            for d in st.databases:
+                units.update((d.name, kp) for kp in range(d.kafka_partitions))
+            views.append(IngesterView(addr, True, st.freeze.frozen, now, owned))
+        return views, units
+
+    def run_once(self, now: float | None = None) -> Decision:
+        """One round: poll, decide, claim, save. A failed claim is logged and retried next round."""
+        now = time.time() if now is None else now
+        views, units = self.poll(now)
+        units |= set(self.assignments)
+        decision = decide_assignments(units, views, self.assignments, self.pins, now, self.unreachable_after_s)
+        for unit, (src, dst) in sorted(decision.moved.items()):
+            log.warning("handoff: %s partition %d from %s to %s", unit[0], unit[1], src, dst)
+        for claim in decision.claims:
+            try:
+                self._clients[claim.address].claim_partitions(claim.database, claim.partitions,
+                                                              timeout_s=CLAIM_TIMEOUT_S)
+                log.info("%s claimed %s partitions %s", claim.address, claim.database, list(claim.partitions))
+            except grpc.RpcError as e:
+                log.warning("%s could not claim %s partitions %s (next round retries): %s", claim.address,
+                            claim.database, list(claim.partitions), e.details() if hasattr(e, "details") else e)
+        if decision.assignments != self.assignments:
+            _save_state(self.state_path, decision.assignments)
+        self.assignments = decision.assignments
+        self.last_decision = decision
+        self.rounds += 1
+        return decision
+
+    def run(self) -> None:
+        """Rounds every `interval_s` until `stop`; a failing round is logged and the next one runs."""
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("assigner round failed")
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()

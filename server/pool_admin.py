@@ -1,0 +1,229 @@
+"""Membership of an ingester pool: claiming Kafka partitions, losing them, seeing the others' files.
+
+Invariant (catalog/ownership.py keeps the one-writer-per-partition rule in the preserved catalog):
+this server applies and persists a database's Kafka partition only while it owns it
+(`Database.owned_partitions`); every other partition is held (`Database.pool_holds`) at the
+offset after what it applied, so nothing of it is applied here. A claim
+(`claim`, the ClaimPartitions admin call the assigner makes) commits the claim first (which fences
+the previous owner for those partitions), then, while no micro-batch runs, drops what this server
+still held of those partitions' tables in memory, registers the files the previous owners
+persisted, and resumes each partition at the start of its replay plan from the claimed catalog
+state (the previous owner's checkpoints): nothing it persisted is applied again, nothing it did
+not persist is skipped. Losing a partition (`lose`: a commit refused, or the catalog's refresh
+finding a claim) holds it again and drops its tables' unpersisted rows here (its new owner
+replays them from Kafka). After every refresh of a pool catalog, the other members' new files
+are registered and their removed files dropped (`take_state`), so a query here reads what every
+member persisted.
+
+When it runs: created by `IoxServer.start` when --pool-member is set; `claim` in gRPC threads,
+`lose` and `take_state` in the lifecycle's threads. Driver side.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
+from catalog.schema import Column
+from catalog.seq_layout import current_seq_origin
+from catalog.sharding import partition_for, topic_for
+from iox import management_pb2
+
+from server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
+from server.errors import InvalidArgument
+
+__all__ = ["PoolControl"]
+
+log = logging.getLogger(__name__)
+
+#: chunk states whose rows are in Parquet (kept when a partition is lost; the rest is dropped)
+_PERSISTED_STATES = ("persisted", "unloaded")
+
+
+class PoolControl:
+    """The pool membership of `server` (an IoxServer) under the name `member`."""
+
+    def __init__(self, server, member: str):
+        self.server = server
+        self.member = member
+        #: one claim or loss at a time
+        self._lock = threading.Lock()
+
+    # -- claiming ----------------------------------------------------------------------------
+    def claim(self, database: str, partitions) -> management_pb2.ClaimPartitionsResponse:
+        """Claims `partitions` of `database` for this server (see the module docstring); returns
+        the epochs claimed and where each partition resumes."""
+        from server.write.router import validate_database_name
+
+        srv = self.server
+        validate_database_name(database)
+        n = srv.config.partitions
+        kps = sorted(set(int(p) for p in partitions))
+        if not kps or any(not 0 <= p < n for p in kps):
+            raise InvalidArgument(f"partitions must name Kafka partitions 0..{n - 1}, got {list(partitions)}")
+        now = time.time()
+        with self._lock:
+            topic = srv.write_buffer.ensure_topic(database)
+            db = srv.catalog.ensure_database(database, topic, n)
+            if db.topic_id is None:
+                db.topic_id = srv.write_buffer.topic_id(topic)
+            pc = srv.lifecycle.preserved_for(database, now)
+            bounds = srv.write_buffer.partition_bounds(topic, n)
+            out = management_pb2.ClaimPartitionsResponse(database=database)
+
+            def between():
+                fresh = not any(p.chunks for parts in db.partitions.values() for p in parts.values())
+                epochs = pc.claim(kps, n, self.member, now)
+                state = pc.state
+                self._adopt(db, state, set(kps), bounds, fresh, now)
+                for kp in kps:
+                    out.claimed.add(partition=kp, epoch=epochs[kp],
+                                    resume_offset=db.applied_hi_inclusive.get(kp, -1) + 1)
+                out.catalog_revision = state.revision
+
+            srv.consumer.restart(between)
+        log.info("pool member %s claimed %s partitions %s", self.member, database, kps)
+        return out
+
+    def _adopt(self, db, state, kps: set, bounds: dict, fresh: bool, now: float) -> None:
+        """Takes over `kps` of `db` from the claimed catalog `state`. Runs while no micro-batch runs."""
+        srv = self.server
+        catalog = srv.catalog
+        n = db.kafka_partitions
+        dbck = state.database_checkpoint
+        if fresh and dbck is not None:  # a database this server held nothing of: its catalog's epoch and seqs
+            db.epoch = dbck.epoch
+            db.seq_origin, _ = current_seq_origin(state)
+        for table, cols in state.table_schemas.items():
+            db.schemas.merge(table, [Column(*c) for c in cols])
+        self._drop_unpersisted(db, kps)
+        self.take_state(db.name, state)
+        mine = [t for t in set(db.partitions) | {f.table for f in state.files.values()}
+                if partition_for(t, n) in kps]
+        planner = ReplayPlanner()
+        for (table, pkey), ck in state.partition_checkpoints.items():
+            if partition_for(table, n) not in kps:
+                continue
+            with catalog.lock:
+                catalog.partition(db, table, pkey).checkpoint = ck
+            if ck.epoch != db.epoch:
+                continue
+            planner.register_partition_checkpoint(PartitionCheckpoint(
+                table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
+                offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()
+                         if kp in kps}))
+            srv.ingestor.row_filters.setdefault((db.name, table), {})[day_number(pkey)] = (
+                ck.flush_timestamp_ns, {kp: v for kp, v in ck.sequencer_numbers.items() if kp in kps})
+        if dbck is not None and dbck.epoch == db.epoch:
+            planner.register_database_checkpoint(DatabaseCheckpoint(
+                {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items() if kp in kps}))
+        plan = planner.build()
+        planned = set(plan.kafka_partitions())
+        until = srv._replay_until.setdefault(topic_for(db.name), {})
+        with catalog.lock:
+            for kp in sorted(kps):
+                lo, end = bounds.get(kp, (0, 0))
+                start = plan.start_offset(kp) if kp in planned else None
+                start = lo if start is None else max(start, lo)
+                db.applied_hi_inclusive[kp] = start - 1
+                db.pool_holds.pop(kp, None)
+                if end - 1 >= start:
+                    until[kp] = end - 1
+            db.owned_partitions = frozenset((db.owned_partitions or frozenset()) | kps)
+        for table in mine:
+            srv.ingestor.refresh_table_view(db, table)
+
+    # -- losing ------------------------------------------------------------------------------
+    def lose(self, database: str, partitions) -> None:
+        """Another member claimed `partitions` of `database`: hold them and drop their tables'
+        unpersisted rows here (see the module docstring). Idempotent."""
+        srv = self.server
+        db = srv.catalog.peek_database(database)
+        if db is None:
+            return
+        kps = set(partitions)
+        with self._lock:
+            def between():
+                with srv.catalog.lock:
+                    owned = set(db.owned_partitions or ())
+                    if not owned & kps:
+                        return
+                    db.owned_partitions = frozenset(owned - kps)
+                    for kp in kps:
+                        db.pool_holds[kp] = db.applied_hi_inclusive.get(kp, -1) + 1
+                self._drop_unpersisted(db, kps)
+                for kp in kps:
+                    srv._replay_until.get(db.topic, {}).pop(kp, None)
+
+            with srv.lifecycle.paused():
+                srv.consumer.restart(between)
+
+    def _drop_unpersisted(self, db, kps: set) -> None:
+        """Drops the in-memory rows of the tables of `kps` that are not in Parquet (their owner
+        replays them from Kafka); their persisted chunks stay."""
+        catalog = self.server.catalog
+        n = db.kafka_partitions
+        dropped, tables = [], set()
+        with catalog.lock:
+            for table, parts in db.partitions.items():
+                if partition_for(table, n) not in kps:
+                    continue
+                for part in parts.values():
+                    gone = [c for c in part.chunks if c.state not in _PERSISTED_STATES]
+                    if gone or part.windows is not None:
+                        part.chunks = [c for c in part.chunks if c.state in _PERSISTED_STATES]
+                        part.windows = None
+                        dropped.extend(gone)
+                        tables.add(table)
+        if dropped:
+            catalog.retire(dropped, time.time())
+        for table in tables:
+            self.server.ingestor.refresh_table_view(db, table)
+
+    # -- the other members' files ----------------------------------------------------------
+    def take_state(self, database: str, state) -> None:
+        """Registers the files and delete predicates of `state` (a pool catalog's newest) of the
+        tables this server does not own, and drops the chunks of their files `state` removed."""
+        srv = self.server
+        db = srv.catalog.peek_database(database)
+        if db is None:
+            return
+        now = time.time()
+        changed, retired = set(), []
+        with srv.catalog.lock:
+            known = {f.key for parts in db.partitions.values() for p in parts.values() for f in p.files
+                     if not db.owns_table(f.table)}
+            for parts in list(db.partitions.values()):
+                for part in parts.values():
+                    if db.owns_table(part.table):
+                        continue
+                    stale = [c for c in part.chunks if c.parquet_keys and not set(c.parquet_keys) <= set(state.files)]
+                    if stale:
+                        part.chunks = [c for c in part.chunks if c not in stale]
+                        part.files = [f for f in part.files if f.key in state.files]
+                        retired.extend(stale)
+                        changed.add(part.table)
+        new = [f for k, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key,
+                                                                          kv[1].min_seq))
+               if k not in known and not db.owns_table(f.table)]
+        for f in new:
+            register_persisted_file(srv.spark, srv.catalog, srv.store, db, f, now, srv.parquet_cache_dir)
+            changed.add(f.table)
+        for dp in state.delete_predicates:
+            if dp.table is not None and not db.owns_table(dp.table):
+                add_recorded_delete(db, dp)
+        for table, cols in state.table_schemas.items():
+            if not db.owns_table(table):
+                db.schemas.merge(table, [Column(*c) for c in cols])
+        if retired:
+            srv.catalog.retire(retired, now)
+        for table in changed:
+            srv.ingestor.refresh_table_view(db, table)
+
+    def status(self, db) -> list:
+        """[(kp, owner, epoch)] of `db`'s pool catalog as this server last read it (empty outside one)."""
+        pc = self.server.lifecycle.preserved.get(db.name) if self.server.lifecycle else None
+        if pc is None:
+            return []
+        return [(kp, o.owner, o.epoch) for kp, o in sorted(pc.state.owners.items())]

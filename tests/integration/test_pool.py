@@ -1,0 +1,119 @@
+"""An ingester pool of two real servers on one broker and one object store: each applies and
+persists only the Kafka partitions claimed for it, reads what the other persisted, and a claim of
+one member's partition by the other hands it over exactly (the new owner resumes where the old
+one's checkpoint ends; the old owner's later commits touching it are refused)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from catalog.errors import PartitionsNotOwned
+from catalog.preserved_catalog import AddParquet
+from catalog.sharding import partition_for
+from tests.conftest import make_config, start_server
+from tests.waiting import wait_for
+
+T0 = 1_700_000_000_000_000_000
+US = 1_000  # Spark keeps microseconds
+PARTITIONS = 4
+TABLES = {kp: next(f"m{i}" for i in range(1000) if partition_for(f"m{i}", PARTITIONS) == kp) for kp in range(PARTITIONS)}
+
+
+def _rows(client, db: str, table: str) -> list:
+    try:
+        t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time")
+    except grpc.RpcError as e:  # a table nobody applied or persisted yet is unknown here
+        assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), e
+        return []
+    return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
+
+
+def _write(client, db: str, written: dict, table: str, n: int) -> dict:
+    start = len(written.setdefault(table, []))
+    lines = [f"{table},host=h v={start + i} {T0 + (start + i) * US}" for i in range(n)]
+    written[table].extend((float(start + i), T0 + (start + i) * US) for i in range(n))
+    return client.write(db, "\n".join(lines))
+
+
+def _applied(client, db: str, kp: int) -> int:
+    return client.applied(db).get(kp, -1)
+
+
+def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp):
+    db = f"pool_{uuid.uuid4().hex[:8]}"
+    root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
+    # no persist unless asked; the fence probe reads the others' commits every 2 s
+    base = make_config(root + "-a", broker.bootstrap, http_port=0, object_store=root + "-objects",
+                       pool_member="ingester-a",
+                       lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
+                                  "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
+    a, ca = start_server(base)
+    b, cb = start_server(dataclasses.replace(base, data_dir=root + "-b", pool_member="ingester-b", grpc_port=0))
+    try:
+        got = ca.claim_partitions(db, [0, 1])
+        assert [(c["partition"], c["epoch"]) for c in got["claimed"]] == [(0, 1), (1, 1)]
+        got = cb.claim_partitions(db, [2, 3])
+        assert [(c["partition"], c["epoch"]) for c in got["claimed"]] == [(2, 1), (3, 1)]
+
+        written: dict = {}
+        tokens = {kp: _write(ca, db, written, TABLES[kp], 3) for kp in range(PARTITIONS)}  # all through a
+        for kp, owner in ((0, ca), (1, ca), (2, cb), (3, cb)):
+            wait_for(lambda: _applied(owner, db, kp) >= tokens[kp][kp], 30, f"partition {kp} applied by its owner")
+        # a non-owner applies nothing of a partition
+        assert _applied(ca, db, 2) == -1 and _applied(cb, db, 0) == -1
+        assert _rows(ca, db, TABLES[0]) == written[TABLES[0]] and _rows(ca, db, TABLES[2]) == []
+
+        ca.persist(db)
+        cb.persist(db)
+        # each reads what the other persisted
+        for client in (ca, cb):
+            for kp in range(PARTITIONS):
+                wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 30,
+                         f"table of partition {kp} readable everywhere")
+
+        # rows of partition 1 a applied but did not persist: the new owner replays them
+        t1 = _write(ca, db, written, TABLES[1], 2)
+        wait_for(lambda: _applied(ca, db, 1) >= t1[1], 30, "a applies the new rows")
+        got = cb.claim_partitions(db, [1])
+        assert got["claimed"][0]["epoch"] == 2
+        # b resumes right after what a persisted (its checkpoint), so it replays exactly the 2 rows
+        assert got["claimed"][0]["resume_offset"] <= t1[1]
+        wait_for(lambda: 1 not in ca.status(db)["databases"][0]["owned_partitions"], 30, "a to see the claim")
+        # a's later commit touching the partition is refused
+        pc = a.lifecycle.preserved[db]
+        with pytest.raises(PartitionsNotOwned):
+            pc.commit([AddParquet(key=f"{db}/data/x.parquet", table=TABLES[1], partition_key="p", row_count=1,
+                                  size_bytes=1, min_time_ns=0, max_time_ns=0, min_seq=0, max_seq=0,
+                                  schema=[["v", "field", "float"], ["time", "time", "time"]])], 1e9)
+        t2 = _write(ca, db, written, TABLES[1], 2)  # written through a, applied by b
+        wait_for(lambda: _applied(cb, db, 1) >= t2[1], 30, "b applies partition 1")
+        assert _applied(ca, db, 1) < t2[1]
+
+        ca.persist(db)
+        cb.persist(db)
+        for client in (ca, cb):
+            for kp in range(PARTITIONS):
+                wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 30,
+                         f"every acknowledged row of partition {kp}, exactly once")
+        sa = ca.status(db)["databases"][0]
+        sb = cb.status(db)["databases"][0]
+        assert sa["owned_partitions"] == [0] and sb["owned_partitions"] == [1, 2, 3]
+        owners = {o["partition"]: (o["owner"], o["epoch"]) for o in sb["owners"]}
+        assert owners == {0: ("ingester-a", 1), 1: ("ingester-b", 2), 2: ("ingester-b", 1), 3: ("ingester-b", 1)}
+    finally:
+        for c in (ca, cb):
+            c.close()
+        a.stop()
+        b.stop()
+
+
+def test_a_server_outside_a_pool_refuses_a_claim(client, db):
+    with pytest.raises(grpc.RpcError) as info:
+        client.claim_partitions(db, [0])
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not a member of an ingester pool" in info.value.details()
