@@ -229,6 +229,9 @@ class Ingestor:
                 if not meta:
                     return
                 delay_point(DelayPoint.APPLY_BATCH)
+                if self.catalog.pool_member:  # a database new here owns nothing yet: held from its start
+                    for topic in {m["topic"] for m in meta}:
+                        self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 holds, accepted = self._poison_state()
                 if holds:  # a held partition applies nothing at or after its held message
                     kept = [m for m in meta if m["offset"] < holds.get((m["topic"], m["kp"]), m["offset"] + 1)]

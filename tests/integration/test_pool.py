@@ -28,7 +28,8 @@ def _rows(client, db: str, table: str) -> list:
     try:
         t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time")
     except grpc.RpcError as e:  # a table nobody applied or persisted yet is unknown here
-        assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), e
+        assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) or \
+            "is not a table of the database" in e.details(), e
         return []
     return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
 
@@ -38,6 +39,10 @@ def _write(client, db: str, written: dict, table: str, n: int) -> dict:
     lines = [f"{table},host=h v={start + i} {T0 + (start + i) * US}" for i in range(n)]
     written[table].extend((float(start + i), T0 + (start + i) * US) for i in range(n))
     return client.write(db, "\n".join(lines))
+
+
+def _names(client) -> set:
+    return {d["name"] for d in client.status()["databases"]}
 
 
 def _applied(client, db: str, kp: int) -> int:
@@ -67,6 +72,16 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp)
         # a non-owner applies nothing of a partition
         assert _applied(ca, db, 2) == -1 and _applied(cb, db, 0) == -1
         assert _rows(ca, db, TABLES[0]) == written[TABLES[0]] and _rows(ca, db, TABLES[2]) == []
+
+        # a database no member claimed yet: b reads its new topic and applies nothing of it (a write
+        # b applies, acknowledged after it, shows b's stream read past it)
+        other = db + "_x"
+        _write(ca, other, {}, TABLES[2], 2)
+        later = _write(ca, db, written, TABLES[2], 1)
+        wait_for(lambda: _applied(cb, db, 2) >= later[2], 30, "b to apply a later write")
+        assert other in _names(cb)
+        assert set(cb.applied(other).values()) == {-1} and set(ca.applied(other).values()) == {-1}
+        assert _rows(cb, other, TABLES[2]) == [] and _rows(ca, other, TABLES[2]) == []
 
         ca.persist(db)
         cb.persist(db)
