@@ -97,6 +97,18 @@ KAFKA_ENDS_WAIT_S = 1.0
 log = logging.getLogger(__name__)
 
 
+#: the read barrier's visible offset of a partition another pool member owns: its owner waits
+_OWNER_WAITS = 1 << 62
+
+
+def _advertised(bind_host: str, port: int) -> str:
+    """host:port other hosts reach a server bound to `bind_host` at (the host's name when bound to
+    every interface)."""
+    import socket
+
+    host = socket.getfqdn() if bind_host in ("0.0.0.0", "::", "") else bind_host
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
 class IoxServer:
     def __init__(self, config: ServerConfig):
         self.config = config
@@ -240,7 +252,8 @@ class IoxServer:
             self.router.metrics.lost_writes(name, n)
         self.ingestor.metrics = self.router.metrics
         self.message_sizes = MessageSizes()
-        self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self._visible, self._replay_state)
+        self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self._barrier_visible,
+                                        self._replay_state)
         self.router.metrics.watch_watermarks(self._all_watermarks)
         self.router.metrics.operation.watch(lambda: operation_gauges(self))
         self.pause_file = os.path.join(data_dir, "backpressure")
@@ -292,6 +305,8 @@ class IoxServer:
                                                                     max_request_bytes=cfg.max_request_bytes,
                                                                     max_concurrent_rpcs=cfg.max_concurrent_rpcs)
         self.grpc.start()
+        if self.pool is not None:  # where the other members ask this one for its unpersisted rows
+            self.pool.publish_address(cfg.pool_address or _advertised(cfg.bind_host, self.grpc_port))
         self.http = None
         if cfg.http_port:
             from server.api.http_api import HttpWriteServer, database_for
@@ -364,6 +379,8 @@ class IoxServer:
                 self.memory_guard.stop()
             if getattr(self, "freeze", None) is not None:
                 self.freeze.stop()
+            if self.pool is not None:
+                self.pool.close()
             if self.tail is not None:
                 self.tail.stop()
             if self.consumer is not None:
@@ -697,8 +714,13 @@ class IoxServer:
         from Spark while read). gRPC handler threads (driver)."""
         timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else \
             max(0.0, min(deadline_s - _ANSWER_MARGIN_S, QUERY_WAIT_MAX_S))
+        t0 = time.monotonic()
         passage = self.read_barrier.pass_through(database, after, allow_partial, timeout_s)
-        res = self.query_engine.run(database, sql)
+        remote = None
+        if self.pool is not None:  # the other members' unpersisted rows of the tables they own
+            remote = self.pool.gather_for_query(database, sql, passage.token.offsets if passage.token else {},
+                                                max(0.1, timeout_s - (time.monotonic() - t0)))
+        res = self.query_engine.run(database, sql, remote=remote)
         db = self.catalog.peek_database(database)
         if passage.token is not None and not covered(passage.token.offsets, res.visible_hi_inclusive):
             # cannot happen while watermarks only grow; never answer without the write
@@ -712,6 +734,24 @@ class IoxServer:
             with self.catalog.lock:
                 res.topic, res.topic_id, res.epoch = db.topic, db.topic_id or "", db.epoch
         return res
+
+    def _barrier_visible(self, db) -> dict:
+        """What the read barrier counts as visible: `_visible`, and in an ingester pool every
+        partition another member owns (its owner waits for a token's offsets, server/query/pool_rows.py)."""
+        vis = self._visible(db)
+        if db.owned_partitions is not None:
+            with self.catalog.lock:
+                owned = set(db.owned_partitions)
+            vis = {**vis, **{kp: _OWNER_WAITS for kp in range(db.kafka_partitions) if kp not in owned}}
+        return vis
+
+    def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None):
+        """The UnpersistedRows RPC (server/query/pool_rows.py): this pool member's answer."""
+        if self.pool is None:
+            raise NotAPoolMember(f"unpersisted rows of {database!r}")
+        timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else max(0.0, min(deadline_s - _ANSWER_MARGIN_S,
+                                                                              QUERY_WAIT_MAX_S))
+        return self.pool.answer_rows(database, tables, wait_applied, timeout_s)
 
     def _visible(self, db) -> dict:
         """{kp: visible_hi_inclusive} of `db` now (applied, plus the write buffer's tail)."""

@@ -198,6 +198,9 @@ class ServerConfig:
     #: this server's name in an ingester pool (catalog/ownership.py); None = not a pool member (it
     #: applies every partition of every database). Members share one Kafka cluster and object store.
     pool_member: str | None = None
+    #: the address other pool members reach this server's gRPC at (published in the object store
+    #: under _pool/members/); None = --bind-host:port (the host's name when bound to every interface)
+    pool_address: str | None = None
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
     #: replication factor of the database topics this server creates (fewer replicas when the Kafka

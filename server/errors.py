@@ -20,6 +20,7 @@ __all__ = [
     "TooManyColumns",
     "InvalidArgument",
     "NotAPoolMember",
+    "PoolMemberUnavailable",
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
@@ -196,6 +197,17 @@ class DatabaseFenced(ServerError):
             f"database {database!r}: another server committed revision {revision} of its preserved catalog, so "
             "this server no longer owns the database: writes and deletes are refused here (write to the server "
             "that owns it, or restart this one to load the catalog again)")
+
+
+class PoolMemberUnavailable(ServerError):
+    """A query through an ingester pool member needs the unpersisted rows of another member that
+    owns some of the tables it reads, and that member does not answer (UNAVAILABLE: retry; once the
+    assigner hands its partitions over, their new owner answers)."""
+
+    def __init__(self, database: str, address: str, reason: str, retry_after_s: float = 2.0):
+        self.database, self.address, self.reason, self.retry_after_s = database, address, reason, retry_after_s
+        super().__init__(f"database {database!r}: pool member {address} owns partitions this query reads and "
+                         f"does not answer ({reason}); nothing was queried")
 
 
 class NotAPoolMember(ServerError):

@@ -33,7 +33,10 @@ from iox import management_pb2
 from server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
 from server.errors import InvalidArgument
 
-__all__ = ["PoolControl"]
+__all__ = ["PoolControl", "MEMBERS_PREFIX"]
+
+#: Object-store prefix of the members' published addresses (not a database name: those have no '~').
+MEMBERS_PREFIX = "iox~pool/members/"
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,12 @@ class PoolControl:
         self.member = member
         #: one claim or loss at a time
         self._lock = threading.Lock()
+        #: gRPC clients of the other members by address, and their addresses by member name
+        self._clients: dict = {}
+        self._addresses: dict = {}
+        self._lock_clients = threading.Lock()
+        #: where the other members reach this one (`publish_address`)
+        self.address: str | None = None
 
     # -- claiming ----------------------------------------------------------------------------
     def claim(self, database: str, partitions) -> management_pb2.ClaimPartitionsResponse:
@@ -220,6 +229,143 @@ class PoolControl:
             srv.catalog.retire(retired, now)
         for table in changed:
             srv.ingestor.refresh_table_view(db, table)
+
+    # -- scatter-gather (server/query/pool_rows.py) --------------------------------------------
+    def answer_rows(self, database: str, tables: list, wait_applied: dict, timeout_s: float):
+        """This member's UnpersistedRows answer: once `wait_applied`'s offsets of its partitions are
+        applied (WriteTokenNotVisible past `timeout_s`), per table its unpersisted rows, its deletes
+        and the catalog revision they go with; one message without a table when none is asked."""
+        import json
+
+        from catalog.catalog import DatabaseNotFoundError
+        from iox import query_pb2
+
+        from server.errors import DatabaseNotFound, WriteTokenNotVisible
+        from server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
+
+        srv = self.server
+        try:
+            db = srv.catalog.database(database)
+        except DatabaseNotFoundError:
+            raise DatabaseNotFound(database) from None
+        with srv.catalog.lock:
+            owned = set(db.owned_partitions or ())
+        wait = {kp: off for kp, off in wait_applied.items() if kp in owned}
+        if wait:
+            t0 = time.monotonic()
+            srv.ingestor.wait_applied(database, wait, timeout_s)
+        with srv.catalog.lock:
+            applied = {kp: db.applied_hi_inclusive.get(kp, -1) for kp in owned}
+        if any(applied.get(kp, -1) < off for kp, off in wait.items()):
+            raise WriteTokenNotVisible(database, wait, applied, time.monotonic() - t0)
+        pc = srv.lifecycle.preserved.get(database)
+        revision = (lambda: pc.revision) if pc is not None else (lambda: -1)
+        if not tables:
+            yield query_pb2.UnpersistedRowsResponse(catalog_revision=revision(), applied_hi_inclusive=applied)
+            return
+        for table in tables:
+            r = owner_rows(srv.spark, srv.catalog, db, table, revision)
+            columns, deletes = json.dumps(r.columns), deletes_to_json(r.deletes)
+            for part in rows_message_parts(r.rows):
+                yield query_pb2.UnpersistedRowsResponse(table=table, arrow_ipc=part, columns_json=columns,
+                                                        deletes_json=deletes, catalog_revision=r.catalog_revision,
+                                                        applied_hi_inclusive=applied)
+
+    def gather_for_query(self, database: str, sql: str, wait_applied: dict, timeout_s: float):
+        """For a query through this member: ({table: OwnerRows}, {kp: applied at its owner}) of the
+        tables it reads that other members own, and of the partitions of `wait_applied` (a write
+        token) they own; None when there are none. Reads the catalog up to the revision the owners'
+        answers go with first (server/query/pool_rows.py). Raises PoolMemberUnavailable."""
+        import grpc
+
+        from server.errors import PoolMemberUnavailable, WriteTokenNotVisible
+        from server.query.pool_rows import gather
+
+        srv = self.server
+        db = srv.catalog.peek_database(database)
+        pc = srv.lifecycle.preserved.get(database) if srv.lifecycle is not None else None
+        if db is None or db.owned_partitions is None or pc is None:
+            return None
+        n = db.kafka_partitions
+        with srv.catalog.lock:
+            owned = set(db.owned_partitions)
+        owners = {kp: o.owner for kp, o in pc.state.owners.items() if kp not in owned and o.owner != self.member}
+        tables = [t for t in srv.query_engine.tables_read(db, sql) if partition_for(t, n) in owners]
+        wait = {kp: off for kp, off in wait_applied.items() if kp in owners}
+        if not tables and not wait:
+            return None
+
+        def fetch(member, name, ts, w, left_s):
+            from iox import query_pb2
+
+            addr = self.address_of(member, name)
+            req = query_pb2.UnpersistedRowsRequest(database=name, tables=ts, wait_applied=w)
+            try:
+                return list(self._client(addr).query_stub.UnpersistedRows(req, timeout=left_s))
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and w:
+                    raise WriteTokenNotVisible(name, w, {}, left_s) from None
+                with self._lock_clients:  # it may come back elsewhere: read its address again next time
+                    self._addresses.pop(member, None)
+                raise PoolMemberUnavailable(name, f"{member} ({addr})", f"{e.code().name}: {e.details()}") from None
+
+        rows, applied, revision = gather(db, tables, owners, wait, fetch, timeout_s)
+        if revision > pc.revision:  # files the owners persisted by then: read them before the query
+            pc.refresh()
+            self.take_state(database, pc.state)
+        return rows, applied
+
+    def publish_address(self, address: str) -> None:
+        """Records where the other members reach this one (`MEMBERS_PREFIX`<name>.json), at start
+        once gRPC serves; a later start overwrites it."""
+        import json
+
+        from catalog.object_store import encode_key_segment
+
+        body = {"format_version": 1, "member": self.member, "address": address, "at_s": time.time()}
+        self.server.store.put(MEMBERS_PREFIX + encode_key_segment(self.member) + ".json",
+                              json.dumps(body).encode())
+        self.address = address
+
+    def address_of(self, member: str, database: str) -> str:
+        """The gRPC address `member` published (cached until a call to it fails); PoolMemberUnavailable
+        when it published none."""
+        import json
+
+        from catalog.errors import ObjectNotFound
+        from catalog.object_store import encode_key_segment
+
+        from server.errors import PoolMemberUnavailable
+
+        with self._lock_clients:
+            addr = self._addresses.get(member)
+        if addr is not None:
+            return addr
+        try:
+            obj = json.loads(self.server.store.get(MEMBERS_PREFIX + encode_key_segment(member) + ".json"))
+            addr = obj["address"]
+        except ObjectNotFound:
+            raise PoolMemberUnavailable(database, member, "it has not published its address") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise PoolMemberUnavailable(database, member, f"its published address is unreadable ({e})") from None
+        with self._lock_clients:
+            self._addresses[member] = addr
+        return addr
+
+    def _client(self, addr: str):
+        from server.api.client import IoxClient
+
+        with self._lock_clients:
+            c = self._clients.get(addr)
+            if c is None:
+                c = self._clients[addr] = IoxClient(addr, token=self.server.config.auth_token)
+            return c
+
+    def close(self) -> None:
+        with self._lock_clients:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
 
     def status(self, db) -> list:
         """[(kp, owner, epoch)] of `db`'s pool catalog as this server last read it (empty outside one)."""

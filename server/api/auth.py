@@ -50,6 +50,7 @@ RPC_PERMISSIONS = {
     "/iox.write.WriteService/Write": WRITE,
     "/iox.write.WriteService/WriteArrow": WRITE,
     "/iox.query.QueryService/Query": QUERY,
+    "/iox.query.QueryService/UnpersistedRows": QUERY,
     "/iox.delete.DeleteService/Delete": DELETE,
     "/iox.management.ManagementService/GetStatus": QUERY,
     "/iox.management.ManagementService/Persist": ADMIN,

@@ -31,7 +31,7 @@ from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc
 from catalog.errors import RevisionConflict
 
 from catalog.errors import PartitionsNotOwned
-from server.errors import (NotAPoolMember, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
+from server.errors import (NotAPoolMember, PoolMemberUnavailable, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
@@ -101,7 +101,7 @@ def _abort(context, err: Exception):
         if isinstance(err, WriteBufferOverloaded):
             context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-    if isinstance(err, WriteBufferUnavailable):
+    if isinstance(err, (WriteBufferUnavailable, PoolMemberUnavailable)):
         context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     log.exception("internal error", exc_info=err)
@@ -145,6 +145,14 @@ def _write_response(server, database: str, res) -> write_pb2.WriteResponse:
 class _QueryService(query_pb2_grpc.QueryServiceServicer):
     def __init__(self, server):
         self.server = server
+
+    def UnpersistedRows(self, request, context):
+        try:
+            for msg in self.server.unpersisted_rows(request.database, list(request.tables),
+                                                    dict(request.wait_applied), context.time_remaining()):
+                yield msg
+        except Exception as e:
+            _abort(context, e)
 
     def Query(self, request, context):
         try:

@@ -101,6 +101,9 @@ SERVE_OPTIONS = [
      "this server's name in an ingester pool (e.g. its address host:port): it applies and persists only "
      "the Kafka partitions claimed for it (`iox claim`, or the assigner); members share one Kafka cluster "
      "and one object store (see docs/OPERATIONS.md, Ingester pool)"),
+    ("--pool-address", str, None,
+     "ingester pool: the host:port other members reach this server's gRPC at (default --bind-host and the "
+     "gRPC port; the host's name when bound to every interface)"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
      "storage of the embedded broker: durable (the default: acknowledged writes on disk under "
@@ -326,7 +329,7 @@ def _config_from_args(a) -> ServerConfig:
                         max_columns_per_table=a.max_columns_per_table,
                         prune_delay_s=a.prune_delay_s, memory_limit_bytes=a.memory_limit_bytes,
                         memory_soft_fraction=a.memory_soft_fraction, freeze_at_percent=a.freeze_at_percent,
-                        pool_member=a.pool_member or None,
+                        pool_member=a.pool_member or None, pool_address=a.pool_address or None,
                         spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,

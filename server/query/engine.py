@@ -135,7 +135,23 @@ class QueryEngine:
         res._pin = (pins, ticket)
         return res
 
-    def _run(self, database: str, sql: str) -> QueryResult:
+    def tables_read(self, db, sql: str) -> list:
+        """The tables of `db` a query of `sql` may read: those it names (also ones not known here
+        yet), every known table for a statement that lists them. A query the sandbox refuses
+        names none (the query itself then says why)."""
+        known = sorted(set(db.table_names()) | set(db.schemas.tables()))
+        if _lists_tables(sql):
+            return known
+        named = set(_tables_named(sql, known))
+        try:
+            named |= set(_checked(self.spark.newSession(), db.name, sql).tables)
+        except Exception:  # noqa: BLE001 - refused or unparsable: the query's own run raises it
+            pass
+        return sorted(named) if named else known
+
+    def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
+        """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of
+        the tables another member owns (server/query/pool_rows.py `gather`)."""
         from lifecycle.chunk_data import chunk_source, table_deletes
 
         from server.runtime.spark import use_query_pool
@@ -156,6 +172,11 @@ class QueryEngine:
             lo = reader_lo_ns(db.retention_period_s, time.time())
             cut = self.tail.cut(db, applied) if self.tail is not None else None
             visible = cut.visible_hi_inclusive if cut is not None else dict(applied)
+            if remote is not None:  # the owners' partitions reflect what their owners applied
+                visible = dict(visible)
+                for kp, off in remote[1].items():
+                    visible[kp] = max(visible.get(kp, -1), off)
+            known |= set(remote[0]) if remote is not None else set()
             candidates = sorted(known | set(cut.writes if cut is not None else ()))
             named = sorted(set(_tables_named(sql, candidates)) | (checked.tables & set(candidates)))
             # a statement that lists tables sees them all; any other reads only the tables it names
@@ -166,6 +187,8 @@ class QueryEngine:
                     kp = partition_for(table, db.kafka_partitions)
                     r.tail_writes = cut.writes.get(table, [])
                     r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
+                if remote is not None and table in remote[0]:
+                    r.remote = remote[0][table]
                 all_local = all(c.local_rows is not None and c.view is not None for c in chunks)
                 if r.from_tail or (chunks and all_local):
                     r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
@@ -261,10 +284,13 @@ class _TableRead:
     schema: TableSchema | None = None
     #: its chunks' rows when every one is local (lifecycle/local_rows.py), else None
     local: list | None = None
+    #: in an ingester pool, for a table another member owns: its owner's unpersisted rows and
+    #: deletes (server/query/pool_rows.py OwnerRows), read next to the chunks like the tail's
+    remote: object = None
 
     @property
     def from_tail(self) -> bool:
-        return bool(self.tail_writes or self.tail_deletes)
+        return bool(self.tail_writes or self.tail_deletes or self.remote is not None)
 
 
 def _retained(df, reader_lo_ns: int | None):
@@ -303,7 +329,18 @@ def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
             schema.merge(cols)
         except ColumnTypeConflict:  # as the consumer does: new columns kept, conflicting values read as NULL
             schema.merge([c for c in cols if schema.get(c.name) is None])
+    owner = r.remote
+    if owner is not None:  # another pool member's unpersisted rows: its columns, rows and deletes
+        cols = [Column(*c) for c in owner.columns]
+        schema.merge([c for c in cols if schema.get(c.name) is None])
+        r.tail_deletes = list(r.tail_deletes) + list(owner.deletes)
     rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], seq_origin)
+    if owner is not None and owner.rows is not None and owner.rows.num_rows:
+        from lifecycle.local_rows import conform
+
+        theirs = conform(owner.rows, schema.to_json())
+        rows = theirs if rows is None else pa.concat_tables([conform(rows, schema.to_json()), theirs],
+                                                            promote_options="permissive")
     if r.local is not None:
         local = _local_merge(session, schema, r, rows)
         if local is not None:
@@ -318,7 +355,9 @@ def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
         # each write's span from its headers, as the consumer's chunks take them (None: the hull)
         per_write = [(min(lo for lo, _hi in w.spans), max(hi for _lo, hi in w.spans), w.unique)
                      for w in writes if w.spans]
-        complete = len(per_write) == len(writes)
+        # the tail's writes alone carry their spans; an owner's rows (a pool) are read by their hull
+        complete = len(per_write) == len(writes) and not (owner is not None and owner.rows is not None
+                                                          and owner.rows.num_rows)
         sources.append(ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"},
                                    mm["min"].as_py(), mm["max"].as_py(),
                                    deduplicated=complete and disjoint_unique(per_write),

@@ -3,7 +3,8 @@ one its own process) on one broker and one object store. Writes go through every
 frozen mid-stream and its partitions are handed over; another is killed with SIGKILL and the
 assigner hands its partitions over once it stayed unreachable; the frozen one's later commit to a
 partition it lost is refused. Afterwards every acknowledged write is answered exactly once through
-each live member, and a plain Spark session reads the same rows with the `iox` data source."""
+each live member (the owners' unpersisted rows gathered from them), and a plain Spark session
+reads the same rows with the `iox` data source."""
 from __future__ import annotations
 
 import dataclasses
@@ -121,12 +122,21 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(broker, session_tmp, sp
             a.lifecycle.preserved[db].commit(
                 [RecordPartitionCheckpoint(table=TABLES[0], partition_key="p", flush_timestamp_ns=0)], 1e9)
 
-        # b owns everything: persist it, then every acknowledged write, exactly once, through a and b
-        cb.persist(db)
+        # every acknowledged write, exactly once, through a and b: what the owners persisted and
+        # what b holds unpersisted (asked for by a), with b's replays of the handed-over partitions
+        token = w.write_all(cb)
+        kp_any = next(iter(token))
+        wait_for(lambda: cb.applied(db).get(kp_any, -1) >= token[kp_any], 60, "b applies the last write")
         for client in (ca, cb):
             for t in TABLES.values():
                 wait_for(lambda: _rows(client, db, t) == w.rows[t], 60, f"{t} exactly the acknowledged writes")
         assert c_owned  # c owned something when it was killed
+
+        # persisted, the same rows again (the data source below reads the files)
+        cb.persist(db)
+        for client in (ca, cb):
+            for t in TABLES.values():
+                assert _rows(client, db, t) == w.rows[t]
 
         # a plain Spark session reads the same rows from the object store
         spark = spark_session_for_pool

@@ -34,6 +34,11 @@ def _rows(client, db: str, table: str) -> list:
     return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
 
 
+def _rows_after(client, db: str, table: str, token_text: str) -> list:
+    t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time", after=token_text, timeout_s=60)
+    return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
+
+
 def _write(client, db: str, written: dict, table: str, n: int) -> dict:
     start = len(written.setdefault(table, []))
     lines = [f"{table},host=h v={start + i} {T0 + (start + i) * US}" for i in range(n)]
@@ -71,7 +76,19 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp)
             wait_for(lambda: _applied(owner, db, kp) >= tokens[kp][kp], 30, f"partition {kp} applied by its owner")
         # a non-owner applies nothing of a partition
         assert _applied(ca, db, 2) == -1 and _applied(cb, db, 0) == -1
-        assert _rows(ca, db, TABLES[0]) == written[TABLES[0]] and _rows(ca, db, TABLES[2]) == []
+        # scatter-gather: a query through a reads b's unpersisted rows of the tables b owns, and the
+        # other way round
+        for client in (ca, cb):
+            for kp in range(PARTITIONS):
+                assert _rows(client, db, TABLES[kp]) == written[TABLES[kp]]
+        # read-your-writes through a member that does not own the partition: its owner waits
+        resp = ca.write_response(db, f"{TABLES[3]},host=h v=99 {T0 + 99 * US}")
+        written[TABLES[3]].append((99.0, T0 + 99 * US))
+        assert _rows_after(ca, db, TABLES[3], resp.token_text) == written[TABLES[3]]
+        # a delete through a of rows b holds unpersisted: applied by b, seen through a
+        deleted = written[TABLES[3]].pop(0)
+        dtok = ca.delete_response(db, deleted[1], deleted[1] + 1, "", TABLES[3]).token_text
+        assert _rows_after(ca, db, TABLES[3], dtok) == written[TABLES[3]]
 
         # a database no member claimed yet: b reads its new topic and applies nothing of it (a write
         # b applies, acknowledged after it, shows b's stream read past it)

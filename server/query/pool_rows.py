@@ -1,0 +1,131 @@
+"""Scatter-gather in an ingester pool: the owners' unpersisted rows, for a query through any member.
+
+Invariant: a query through a pool member reads a table it does not own as the files every member
+persisted (registered from the pool catalog, server/pool_admin.py) plus the rows the table's
+owner holds and has not persisted, with the owner's deletes applied to both. The owner reads its
+unpersisted chunks first and the catalog revision after (`owner_rows`): whatever a persist moved
+out of those chunks is committed by that revision, and the asking member reads the catalog up to
+it before it plans the query (`gather`), so no row is missed; a row both in a file and among the
+chunks is the same row (same key and `_iox_seq`) and deduplicates. A write token's offsets of a
+partition the asking member does not own are waited for by that partition's owner.
+
+Where it runs: `owner_rows` on the owner's driver (the UnpersistedRows RPC); `gather` on the
+asking member's driver, before `QueryEngine.run`. The owner's address is its pool member name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from catalog.delete_mailbox import Delete
+from catalog.schema import TableSchema
+from catalog.sharding import partition_for
+
+__all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_to_json", "deletes_from_json"]
+
+log = logging.getLogger(__name__)
+
+_IN_MEMORY = ("persisted", "unloaded")  # states whose rows are in Parquet
+#: rows per Arrow IPC message of an answer (a message stays well under gRPC's message limit)
+ROWS_PER_MESSAGE = 200_000
+
+
+@dataclass
+class OwnerRows:
+    """One table's unpersisted rows at its owner: its columns, rows (chunk layout, or None), deletes."""
+
+    table: str
+    columns: list = field(default_factory=list)  # [[name, role, type]]
+    rows: pa.Table | None = None
+    deletes: list = field(default_factory=list)  # Delete
+    catalog_revision: int = -1
+
+
+def deletes_to_json(deletes: list) -> str:
+    return json.dumps([{"table": d.table, "start_ns": d.start_ns, "stop_ns_exclusive": d.stop_ns_exclusive,
+                        "predicate": [list(t) for t in d.predicate], "seq": d.seq,
+                        "kafka_partition": d.kafka_partition} for d in deletes])
+
+
+def deletes_from_json(text: str) -> list:
+    out = []
+    for d in json.loads(text or "[]"):
+        out.append(Delete(table=d["table"], start_ns=int(d["start_ns"]), stop_ns_exclusive=int(d["stop_ns_exclusive"]),
+                          predicate=tuple(tuple(t) for t in d["predicate"]), seq=int(d["seq"]),
+                          kafka_partition=int(d["kafka_partition"])))
+    return out
+
+
+def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows:
+    """`table`'s rows this owner holds unpersisted (none when it does not own the table), in the
+    chunk layout with its deletes applied. `catalog_revision()`: the preserved catalog's revision,
+    read after the chunks (see the module docstring)."""
+    from lifecycle.chunk_data import merged_df, table_deletes
+
+    with catalog.lock:
+        schema = db.schemas.get(table)
+        chunks = [c for c in catalog.table_chunks(db, table) if c.state not in _IN_MEMORY and c.view is not None] \
+            if db.owns_table(table) else []
+        deletes = table_deletes(db, table)
+    out = OwnerRows(table, schema.to_json() if schema is not None else [], None, deletes)
+    if chunks and schema is not None:
+        out.rows = merged_df(spark.newSession(), schema, chunks, deletes).toArrow()
+    out.catalog_revision = catalog_revision()
+    return out
+
+
+def rows_message_parts(rows: pa.Table | None) -> list:
+    """The Arrow IPC streams of an answer: `rows` in slices of ROWS_PER_MESSAGE (one empty stream for none)."""
+    if rows is None or rows.num_rows == 0:
+        return [b""]
+    parts = []
+    for off in range(0, rows.num_rows, ROWS_PER_MESSAGE):
+        sink = pa.BufferOutputStream()
+        piece = rows.slice(off, ROWS_PER_MESSAGE)
+        with pa.ipc.new_stream(sink, piece.schema) as w:
+            w.write_table(piece)
+        parts.append(sink.getvalue().to_pybytes())
+    return parts
+
+
+def gather(db, tables: list, owners: dict, wait_applied: dict, fetch, timeout_s: float) -> tuple[dict, dict, int]:
+    """Asks the owners of `tables` (tables of `db` this member does not own) for their unpersisted
+    rows. `owners`: {kafka partition: owner address}; `wait_applied`: a write token's offsets;
+    `fetch(address, database, tables, wait_applied, timeout_s)` -> iterable of UnpersistedRowsResponse.
+    Returns ({table: OwnerRows}, {kp: applied offset at its owner}, the highest catalog revision the
+    answers go with). A table whose partition has no owner yet has nothing unpersisted anywhere."""
+    by_owner: dict = {}
+    for t in tables:
+        addr = owners.get(partition_for(t, db.kafka_partitions))
+        if addr is not None:
+            by_owner.setdefault(addr, []).append(t)
+    for kp in wait_applied:  # a token's partition waits at its owner, also when no table of it is read
+        if owners.get(kp) is not None:
+            by_owner.setdefault(owners[kp], [])
+    out: dict = {}
+    applied: dict = {}
+    revision = -1
+    deadline = time.monotonic() + timeout_s
+    for addr, ts in sorted(by_owner.items()):
+        kps = {kp for kp, a in owners.items() if a == addr}
+        wait = {kp: off for kp, off in wait_applied.items() if kp in kps}
+        for msg in fetch(addr, db.name, ts, wait, max(0.1, deadline - time.monotonic())):
+            revision = max(revision, msg.catalog_revision)
+            for kp, off in msg.applied_hi_inclusive.items():
+                if kp in kps:
+                    applied[kp] = max(applied.get(kp, -1), off)
+            if not msg.table:
+                continue
+            r = out.get(msg.table)
+            if r is None:
+                r = out[msg.table] = OwnerRows(msg.table, json.loads(msg.columns_json or "[]"), None,
+                                               deletes_from_json(msg.deletes_json), msg.catalog_revision)
+            if msg.arrow_ipc:
+                t = pa.ipc.open_stream(pa.py_buffer(msg.arrow_ipc)).read_all()
+                r.rows = t if r.rows is None else pa.concat_tables([r.rows, t])
+    return out, applied, revision
+
