@@ -32,7 +32,9 @@ import traceback
 from bench import harness
 from bench.harness import Row
 
-SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload"]
+SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload", "pool"]
+#: scenarios that start their own processes (no shared server)
+SELF_CONTAINED = ("parse", "pool")
 #: scenarios whose baseline runs in the separate baseline Spark application
 WORKER_SCENARIOS = ("e2e", "restart", "query")
 
@@ -41,12 +43,12 @@ SIZES = {
                   e2e_batches_per_table=10, settle_s=15, sink_timeout_s=150,
                   e2e_persist_row_threshold=100_000, e2e_cold_s=5, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, overload_memory_limit="", driver_memory="4g",
-                  worker_memory="4g", visibility_points_per_s=0),
+                  worker_memory="4g", visibility_points_per_s=0, pool_points=300_000),
     "full": dict(parse_lines=1_000_000, repeat=5, query_repeat=9, settle_quiet_s=5.0, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, e2e_cold_s=30, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
                  probe_interval_s=0.2, query_points=10_000_000, overload_s=30, overload_memory_limit="", driver_memory="6g",
-                 worker_memory="5g", visibility_points_per_s=0),
+                 worker_memory="5g", visibility_points_per_s=0, pool_points=2_400_000),
 }
 #: visibility_points_per_s: the visibility load; 0 = half the end-to-end figure of the same run
 #: (a value is for experiments with --only, e.g. --set visibility_points_per_s=260000)
@@ -197,10 +199,11 @@ def _watched_processes(ctx: Context) -> dict:
 
 
 def _run_scenario(name: str, ctx: Context) -> list[Row]:
-    from bench.scenarios import end_to_end, latency, overload, parse_throughput, query_latency, restart, write_throughput
+    from bench.scenarios import (end_to_end, latency, overload, parse_throughput, pool, query_latency, restart,
+                                 write_throughput)
 
     mod = {"parse": parse_throughput, "e2e": end_to_end, "restart": restart, "write": write_throughput,
-           "latency": latency, "query": query_latency, "overload": overload}[name]
+           "latency": latency, "query": query_latency, "overload": overload, "pool": pool}[name]
     return mod.run(ctx)
 
 
@@ -257,7 +260,11 @@ def main(argv=None) -> int:
     watch = harness.MemoryWatch(lambda: _watched_processes(ctx)).__enter__()
     try:
         for name in selected:
-            needs_server = name != "parse"
+            needs_server = name not in SELF_CONTAINED
+            if name == "pool" and ctx.server is not None:  # the pool's members get the machine to themselves
+                ctx.server.kill9()
+                ctx.server.stop_broker()
+                ctx.server = None
             t0 = time.monotonic()
             try:
                 if needs_server and ctx.server is None:
@@ -304,7 +311,9 @@ def main(argv=None) -> int:
            "overrides": overrides, "memory_gib": watch.phases, "scenarios": [r.to_json() for r in rows],
            "spark_master": a.spark_master or "local[*]"}
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"{_dt.date.today().isoformat()}-{mode}{'-cluster' if a.spark_master else ''}.json")
+    only = "-" + "-".join(selected) if a.only else ""  # a subset never replaces a whole run's results
+    path = os.path.join(a.out, f"{_dt.date.today().isoformat()}-{mode}{'-cluster' if a.spark_master else ''}"
+                               f"{only}.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
     print()
