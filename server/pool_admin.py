@@ -52,6 +52,9 @@ class PoolControl:
         self.member = member
         #: one claim or loss at a time
         self._lock = threading.Lock()
+        #: one `take_state` at a time (the catalog probe, a claim and queries call it): a file is
+        #: registered once
+        self._state_lock = threading.Lock()
         #: gRPC clients of the other members by address, and their addresses by member name
         self._clients: dict = {}
         self._addresses: dict = {}
@@ -194,6 +197,10 @@ class PoolControl:
     def take_state(self, database: str, state) -> None:
         """Registers the files and delete predicates of `state` (a pool catalog's newest) of the
         tables this server does not own, and drops the chunks of their files `state` removed."""
+        with self._state_lock:
+            self._take_state(database, state)
+
+    def _take_state(self, database: str, state) -> None:
         srv = self.server
         db = srv.catalog.peek_database(database)
         if db is None:
