@@ -34,7 +34,11 @@ from catalog.errors import InvalidAction, PartitionsNotOwned
 from catalog.sharding import partition_for
 
 __all__ = [
+    "MEMBERS_PREFIX",
     "ClaimPartitions",
+    "member_address_key",
+    "member_address_record",
+    "read_member_address",
     "PartitionOwner",
     "check_ownership",
     "claim_epochs",
@@ -46,6 +50,43 @@ __all__ = [
 _DATABASE_WIDE_KINDS = frozenset({"retention", "pruned"})
 #: Longest owner name (an ingester's advertised address, or an operator's name for it).
 _MAX_OWNER_CHARS = 256
+#: Object-store prefix where each pool member publishes the gRPC address the others (and the Spark
+#: data source) reach it at: ``<prefix><encoded name>.json`` = {"format_version": 1, "member",
+#: "address", "at_s"}. Not a database name: those have no '~'.
+MEMBERS_PREFIX = "iox~pool/members/"
+_MEMBER_FORMAT_VERSION = 1
+
+
+def member_address_key(member: str) -> str:
+    """The object key of `member`'s published address."""
+    from catalog.object_store import encode_key_segment
+
+    return MEMBERS_PREFIX + encode_key_segment(member) + ".json"
+
+
+def member_address_record(member: str, address: str, at_s: float) -> bytes:
+    """The published-address object of `member` (written by the member at its start)."""
+    import json
+
+    return json.dumps({"format_version": _MEMBER_FORMAT_VERSION, "member": member, "address": address,
+                       "at_s": at_s}).encode()
+
+
+def read_member_address(store, member: str) -> str | None:
+    """The address `member` published in `store`, None when it published none; ValueError when the
+    object is unreadable or of another format version."""
+    import json
+
+    from catalog.errors import ObjectNotFound
+
+    try:
+        obj = json.loads(store.get(member_address_key(member)))
+    except ObjectNotFound:
+        return None
+    if not isinstance(obj, dict) or obj.get("format_version") != _MEMBER_FORMAT_VERSION \
+            or not isinstance(obj.get("address"), str):
+        raise ValueError(f"published address of pool member {member!r} is unreadable: {obj!r}")
+    return obj["address"]
 
 
 def owner_name_check(kind: str, owner: Any) -> str:

@@ -11,7 +11,10 @@ Usage (any PySpark 4 session that has this project installed; no server needed):
 
 Options: iox_spark_source/options.py. The rows are those of the preserved catalog's
 snapshot: what the server persisted (its unpersisted rows, and deletes not recorded
-by a persist yet, are not in it).
+by a persist yet, are not in it). In an ingester pool, ``.option("unpersisted", "true")``
+adds the rows the table's owner holds and has not persisted, with its deletes
+(iox_spark_source/owner_rows.py); the snapshot is then read at least at the revision
+the owner's answer goes with.
 
 Invariants: the snapshot is read once, on the driver, when the read is loaded
 (``load()`` asks for the schema): the catalog revision it names, with its files,
@@ -32,6 +35,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from iox_spark_source.errors import SchemaMismatch
 from iox_spark_source.options import ReadOptions, parse_options
+from iox_spark_source.owner_rows import fetch_owner_rows
 from iox_spark_source.plan import FileRef, ReadPlan, load_snapshot, pack_groups, plan_read
 from iox_spark_source.rows import read_group, spark_schema
 
@@ -78,9 +82,16 @@ class IoxDataSource(DataSource):
         plan = getattr(self, "_plan", None)
         if plan is None:
             opts = parse_options(self.options)
-            state = load_snapshot(opts.store(), opts.database, opts.revision)
+            store = opts.store()
+            state = load_snapshot(store, opts.database, opts.revision)
+            owner = None
+            if opts.unpersisted:
+                owner = fetch_owner_rows(store, state, opts.table, opts.token)
+                if owner is not None and owner.catalog_revision > state.revision:
+                    # what the owner persisted by its answer is in that revision: read at least it
+                    state = load_snapshot(store, opts.database, None)
             self._opts = opts
-            self._plan = plan = plan_read(state, opts.table, time.time())
+            self._plan = plan = plan_read(state, opts.table, time.time(), owner)
         return self._opts, plan
 
     def schema(self):

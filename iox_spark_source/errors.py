@@ -10,7 +10,8 @@ Spark reports them as the failure of ``load()`` with this message. Only
 from __future__ import annotations
 
 __all__ = ["IoxSourceError", "InvalidOption", "AssignerNotAvailable", "DatabaseNotFound", "TableNotFound",
-           "RevisionNotFound", "CatalogUnreadable", "SchemaMismatch", "UnsupportedDelete", "FileGone"]
+           "RevisionNotFound", "CatalogUnreadable", "SchemaMismatch", "UnsupportedDelete", "FileGone",
+           "OwnerUnavailable"]
 
 
 class IoxSourceError(Exception):
@@ -31,9 +32,9 @@ class AssignerNotAvailable(IoxSourceError):
 
     def __init__(self, assigner: str):
         self.assigner = assigner
-        super().__init__(f"iox data source option 'assigner' ({assigner!r}): reading the ingesters' unpersisted "
-                         "rows through an assigner is not available in this version; omit the option to read "
-                         "the persisted rows only")
+        super().__init__(f"iox data source option 'assigner' ({assigner!r}): the assigner serves no reads; to add "
+                         "the ingester pool's unpersisted rows use .option('unpersisted', 'true') (the owners are "
+                         "found through the object store)")
 
 
 class DatabaseNotFound(IoxSourceError):
@@ -112,3 +113,13 @@ class FileGone(IoxSourceError):
         super().__init__(f"file {key} of database {database!r} at catalog revision {revision} is no longer in "
                          "the object store (cleanup deletes files no newer revision names): load() again to "
                          "read the newest revision")
+
+
+class OwnerUnavailable(IoxSourceError):
+    """A read with ``unpersisted`` = true needs the unpersisted rows of the pool member that owns the
+    table's Kafka partition, and that member does not answer (or published no address)."""
+
+    def __init__(self, database: str, table: str, owner: str, reason: str):
+        self.database, self.table, self.owner, self.reason = database, table, owner, reason
+        super().__init__(f"database {database!r} table {table!r}: its owner {owner} does not answer ({reason}); "
+                         "read without the unpersisted option for the persisted rows only, or retry")

@@ -28,7 +28,7 @@ from iox_spark_source.errors import AssignerNotAvailable, InvalidOption
 
 __all__ = ["OPTION_OBJECT_STORE", "OPTION_DATABASE", "OPTION_TABLE", "OPTION_REVISION", "OPTION_S3_ENDPOINT",
            "OPTION_S3_REGION", "OPTION_S3_ACCESS_KEY_ID", "OPTION_S3_SECRET_ACCESS_KEY", "OPTION_ASSIGNER",
-           "KNOWN_OPTIONS", "ReadOptions", "parse_options"]
+           "OPTION_UNPERSISTED", "OPTION_TOKEN", "KNOWN_OPTIONS", "ReadOptions", "parse_options"]
 
 #: a directory, file:///dir or s3://bucket/prefix: the server's --object-store
 OPTION_OBJECT_STORE = "object_store"
@@ -40,10 +40,15 @@ OPTION_S3_ENDPOINT = "s3_endpoint"
 OPTION_S3_REGION = "s3_region"
 OPTION_S3_ACCESS_KEY_ID = "s3_access_key_id"
 OPTION_S3_SECRET_ACCESS_KEY = "s3_secret_access_key"
-#: reserved: the assigner's address, to add the owners' unpersisted rows (not available yet)
+#: reserved: the assigner serves no reads (its error names `unpersisted`)
 OPTION_ASSIGNER = "assigner"
+#: "true": add the rows the ingester pool's owners hold and have not persisted (iox_spark_source/owner_rows.py)
+OPTION_UNPERSISTED = "unpersisted"
+#: the token the pool's members require (their --auth-token), for `unpersisted`
+OPTION_TOKEN = "token"
 KNOWN_OPTIONS = (OPTION_OBJECT_STORE, OPTION_DATABASE, OPTION_TABLE, OPTION_REVISION, OPTION_S3_ENDPOINT,
-                 OPTION_S3_REGION, OPTION_S3_ACCESS_KEY_ID, OPTION_S3_SECRET_ACCESS_KEY, OPTION_ASSIGNER)
+                 OPTION_S3_REGION, OPTION_S3_ACCESS_KEY_ID, OPTION_S3_SECRET_ACCESS_KEY, OPTION_ASSIGNER,
+                 OPTION_UNPERSISTED, OPTION_TOKEN)
 _REQUIRED = (OPTION_OBJECT_STORE, OPTION_DATABASE, OPTION_TABLE)
 _S3_ONLY = (OPTION_S3_ENDPOINT, OPTION_S3_REGION, OPTION_S3_ACCESS_KEY_ID, OPTION_S3_SECRET_ACCESS_KEY)
 
@@ -63,6 +68,9 @@ class ReadOptions:
     s3_region: str | None = None
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = dataclasses.field(default=None, repr=False)
+    #: add the pool owners' unpersisted rows (never with `revision`: those rows are of now)
+    unpersisted: bool = False
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     def store(self) -> ObjectStore:
         """The object store the options name (driver side; picklable, for the executors)."""
@@ -107,11 +115,17 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
     if (OPTION_S3_ACCESS_KEY_ID in opts) != (OPTION_S3_SECRET_ACCESS_KEY in opts):
         missing = OPTION_S3_SECRET_ACCESS_KEY if OPTION_S3_ACCESS_KEY_ID in opts else OPTION_S3_ACCESS_KEY_ID
         raise InvalidOption(missing, "give s3_access_key_id and s3_secret_access_key together")
+    unpersisted = str(opts.get(OPTION_UNPERSISTED, "false")).strip().lower()
+    if unpersisted not in ("true", "false"):
+        raise InvalidOption(OPTION_UNPERSISTED, f"must be true or false, got {opts[OPTION_UNPERSISTED]!r}")
+    if unpersisted == "true" and opts.get(OPTION_REVISION) is not None:
+        raise InvalidOption(OPTION_UNPERSISTED, "reads the rows of now: it cannot go with a revision")
     return ReadOptions(object_store=opts[OPTION_OBJECT_STORE].strip(), database=opts[OPTION_DATABASE],
                        table=opts[OPTION_TABLE], revision=_revision(opts.get(OPTION_REVISION)),
                        s3_endpoint=opts.get(OPTION_S3_ENDPOINT), s3_region=opts.get(OPTION_S3_REGION),
                        s3_access_key_id=opts.get(OPTION_S3_ACCESS_KEY_ID),
-                       s3_secret_access_key=opts.get(OPTION_S3_SECRET_ACCESS_KEY))
+                       s3_secret_access_key=opts.get(OPTION_S3_SECRET_ACCESS_KEY),
+                       unpersisted=unpersisted == "true", token=opts.get(OPTION_TOKEN) or None)
 
 
 def _revision(value) -> int | None:

@@ -35,7 +35,12 @@ from lifecycle.views import overlap_groups
 from iox_spark_source.errors import (CatalogUnreadable, DatabaseNotFound, InvalidOption, RevisionNotFound,
                                      TableNotFound, UnsupportedDelete)
 
-__all__ = ["PARTITION_BYTES", "FileRef", "ReadPlan", "load_snapshot", "plan_read", "literal_kind", "pack_groups"]
+__all__ = ["PARTITION_BYTES", "OWNER_ROWS_KEY", "FileRef", "ReadPlan", "load_snapshot", "plan_read", "literal_kind",
+           "pack_groups"]
+
+#: the key of the pseudo file that stands for the owner's unpersisted rows in a plan's groups (no
+#: object key is empty)
+OWNER_ROWS_KEY = ""
 
 #: groups of files are packed into one input partition up to this many Parquet bytes (a group
 #: larger than it is a partition of its own), as Spark packs files (spark.sql.files.maxPartitionBytes)
@@ -67,6 +72,9 @@ class ReadPlan:
     deletes: tuple[ArrowDelete, ...]
     #: rows with time_ns below it are not returned (retention); None: no bound
     reader_lo_ns: int | None = None
+    #: the ingester pool owner's unpersisted rows (Arrow IPC, chunk layout; b"": none), read as the
+    #: file named OWNER_ROWS_KEY of the groups (iox_spark_source/owner_rows.py)
+    owner_rows: bytes = b""
 
     def tags(self) -> list[str]:
         """Tag names in the order the server's queries present them (by name)."""
@@ -108,16 +116,22 @@ def load_snapshot(store: ObjectStore, database: str, revision: int | None) -> Ca
     return state
 
 
-def plan_read(state: CatalogState, table: str, now_s: float) -> ReadPlan:
+def plan_read(state: CatalogState, table: str, now_s: float, owner=None) -> ReadPlan:
     """The plan of reading `table` from `state`; `now_s` (the caller's clock) places the retention
-    bound. Raises TableNotFound when the snapshot has no schema for it, UnsupportedDelete when a
-    recorded delete cannot be evaluated. Pure."""
+    bound; `owner`: the pool owner's unpersisted rows (owner_rows.OwnerRows) to read with the files
+    (its columns and deletes join the plan's). Raises TableNotFound when neither the snapshot nor the
+    owner has a schema for it, UnsupportedDelete when a delete cannot be evaluated. Pure."""
     columns = state.table_schemas.get(table)
+    if owner is not None and owner.columns:
+        have = {c[0] for c in columns or ()}
+        columns = tuple(columns or ()) + tuple(tuple(c) for c in owner.columns if c[0] not in have)
     if columns is None:
         raise TableNotFound(state.db, table, state.revision, sorted(state.table_schemas))
     deletes = tuple(ArrowDelete(p.start_ns, p.stop_ns_exclusive, p.seq,
                                 tuple((c, op, v, literal_kind(v)) for c, op, v in p.predicate))
                     for p in state.delete_predicates if p.table is None or p.table == table)
+    if owner is not None:
+        deletes += tuple(owner.deletes)
     col_types = {c[0]: c[2] for c in columns if c[1] != "time"}
     for d in deletes:
         if not deletes_supported([d], col_types):
@@ -126,9 +140,14 @@ def plan_read(state: CatalogState, table: str, now_s: float) -> ReadPlan:
     files = sorted((FileRef(f.key, f.min_time_ns, f.max_time_ns, f.size_bytes) for f in state.files.values()
                     if f.table == table and (lo is None or f.max_time_ns >= lo)),
                    key=lambda f: (f.min_time_ns, f.key))
+    extra = b""
+    if owner is not None and owner.ipc and (lo is None or owner.max_time_ns >= lo):
+        extra = owner.ipc
+        files = sorted(files + [FileRef(OWNER_ROWS_KEY, owner.min_time_ns, owner.max_time_ns, len(extra))],
+                       key=lambda f: (f.min_time_ns, f.key))
     groups = tuple(tuple(g) for g in overlap_groups(files))
     return ReadPlan(database=state.db, table=table, revision=state.revision, columns=tuple(columns),
-                    groups=groups, deletes=deletes, reader_lo_ns=lo)
+                    groups=groups, deletes=deletes, reader_lo_ns=lo, owner_rows=extra)
 
 
 def pack_groups(groups, target_bytes: int = PARTITION_BYTES) -> list[tuple]:

@@ -28,7 +28,7 @@ from lifecycle.arrow_merge import apply_deletes, deduplicate
 from lifecycle.ipc_segments import LAYOUT_CHUNK, arrow_type, chunk_table
 
 from iox_spark_source.errors import FileGone
-from iox_spark_source.plan import FileRef, ReadPlan
+from iox_spark_source.plan import OWNER_ROWS_KEY, FileRef, ReadPlan
 
 __all__ = ["BATCH_ROWS", "TIME_COLUMN", "read_group", "query_arrow_schema", "spark_schema"]
 
@@ -74,8 +74,15 @@ def read_group(store: ObjectStore, plan: ReadPlan, group: tuple[FileRef, ...],
 
 
 def _file_tables(store: ObjectStore, plan: ReadPlan, f: FileRef, batch_rows: int) -> Iterator[pa.Table]:
-    """The rows of file `f` in the chunk layout of the plan's columns, `batch_rows` at a time."""
+    """The rows of file `f` in the chunk layout of the plan's columns, `batch_rows` at a time (the
+    pseudo file OWNER_ROWS_KEY: the pool owner's unpersisted rows the plan carries)."""
     import pyarrow.parquet as pq
+
+    if f.key == OWNER_ROWS_KEY:
+        rows = pa.ipc.open_stream(pa.py_buffer(plan.owner_rows)).read_all()
+        for off in range(0, rows.num_rows, batch_rows):
+            yield chunk_table(rows.slice(off, batch_rows), LAYOUT_CHUNK, 0, None, None, plan.value_columns())
+        return
 
     fs, _base = store.arrow_fs()
     try:

@@ -33,10 +33,7 @@ from iox import management_pb2
 from server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
 from server.errors import InvalidArgument
 
-__all__ = ["PoolControl", "MEMBERS_PREFIX"]
-
-#: Object-store prefix of the members' published addresses (not a database name: those have no '~').
-MEMBERS_PREFIX = "iox~pool/members/"
+__all__ = ["PoolControl"]
 
 log = logging.getLogger(__name__)
 
@@ -325,22 +322,16 @@ class PoolControl:
     def publish_address(self, address: str) -> None:
         """Records where the other members reach this one (`MEMBERS_PREFIX`<name>.json), at start
         once gRPC serves; a later start overwrites it."""
-        import json
+        from catalog.ownership import member_address_key, member_address_record
 
-        from catalog.object_store import encode_key_segment
-
-        body = {"format_version": 1, "member": self.member, "address": address, "at_s": time.time()}
-        self.server.store.put(MEMBERS_PREFIX + encode_key_segment(self.member) + ".json",
-                              json.dumps(body).encode())
+        self.server.store.put(member_address_key(self.member), member_address_record(self.member, address,
+                                                                                     time.time()))
         self.address = address
 
     def address_of(self, member: str, database: str) -> str:
         """The gRPC address `member` published (cached until a call to it fails); PoolMemberUnavailable
         when it published none."""
-        import json
-
-        from catalog.errors import ObjectNotFound
-        from catalog.object_store import encode_key_segment
+        from catalog.ownership import read_member_address
 
         from server.errors import PoolMemberUnavailable
 
@@ -349,12 +340,11 @@ class PoolControl:
         if addr is not None:
             return addr
         try:
-            obj = json.loads(self.server.store.get(MEMBERS_PREFIX + encode_key_segment(member) + ".json"))
-            addr = obj["address"]
-        except ObjectNotFound:
-            raise PoolMemberUnavailable(database, member, "it has not published its address") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise PoolMemberUnavailable(database, member, f"its published address is unreadable ({e})") from None
+            addr = read_member_address(self.server.store, member)
+        except ValueError as e:
+            raise PoolMemberUnavailable(database, member, str(e)) from None
+        if addr is None:
+            raise PoolMemberUnavailable(database, member, "it has not published its address")
         with self._lock_clients:
             self._addresses[member] = addr
         return addr

@@ -58,6 +58,15 @@ def _rows(client, db: str, table: str) -> list:
     return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
 
 
+def _source_rows(spark, store: str, db: str, table: str, **options) -> list:
+    r = spark.read.format("iox").option("object_store", store).option("database", db).option("table", table)
+    for k, v in options.items():
+        r = r.option(k, v)
+    got = r.load().toArrow()
+    return sorted(zip(got.column("v").to_pylist(),
+                      got.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
+
+
 def _owned(client, db: str) -> set:
     dbs = client.status(db)["databases"]
     return set(dbs[0]["owned_partitions"]) if dbs else set()
@@ -132,20 +141,20 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(broker, session_tmp, sp
                 wait_for(lambda: _rows(client, db, t) == w.rows[t], 60, f"{t} exactly the acknowledged writes")
         assert c_owned  # c owned something when it was killed
 
+        # a plain Spark session reads the same rows, the owner's unpersisted ones included
+        spark = spark_session_for_pool
+        for t in TABLES.values():
+            assert _source_rows(spark, store, db, t, unpersisted="true") == sorted(w.rows[t])
+
         # persisted, the same rows again (the data source below reads the files)
         cb.persist(db)
         for client in (ca, cb):
             for t in TABLES.values():
                 assert _rows(client, db, t) == w.rows[t]
 
-        # a plain Spark session reads the same rows from the object store
-        spark = spark_session_for_pool
+        # and from the files alone once everything is persisted
         for t in TABLES.values():
-            got = (spark.read.format("iox").option("object_store", store).option("database", db)
-                   .option("table", t).load().toArrow())
-            rows = sorted(zip(got.column("v").to_pylist(),
-                              got.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
-            assert rows == sorted(w.rows[t])
+            assert _source_rows(spark, store, db, t) == sorted(w.rows[t])
     finally:
         if assigner is not None:
             assigner.close()

@@ -45,10 +45,20 @@ def test_a_revision_must_be_a_non_negative_integer(bad):
         parse_options({**BASE, "revision": bad})
 
 
-def test_the_assigner_option_is_refused_until_reading_unpersisted_rows_exists():
-    with pytest.raises(AssignerNotAvailable, match="not available in this version; omit the option") as e:
+def test_the_assigner_option_is_refused_and_names_the_unpersisted_option():
+    with pytest.raises(AssignerNotAvailable, match="the assigner serves no reads.*'unpersisted', 'true'") as e:
         parse_options({**BASE, "assigner": "host:9000"})
     assert e.value.assigner == "host:9000"
+
+
+def test_unpersisted_is_a_boolean_of_now_with_an_optional_token():
+    assert parse_options(BASE).unpersisted is False
+    o = parse_options({**BASE, "unpersisted": "TRUE", "token": "s3cr3t"})
+    assert o.unpersisted is True and o.token == "s3cr3t" and "s3cr3t" not in repr(o)
+    with pytest.raises(InvalidOption, match="must be true or false"):
+        parse_options({**BASE, "unpersisted": "yes"})
+    with pytest.raises(InvalidOption, match="cannot go with a revision"):
+        parse_options({**BASE, "unpersisted": "true", "revision": "3"})
 
 
 def test_a_directory_store_takes_no_s3_option():
