@@ -1,4 +1,4 @@
-"""An ingester pool of two real servers on one broker and one object store: each applies and
+"""An ingester pool of two real servers on one broker and one S3 object store (moto): each applies and
 persists only the Kafka partitions claimed for it, reads what the other persisted, and a claim of
 one member's partition by the other hands it over exactly (the new owner resumes where the old
 one's checkpoint ends; the old owner's later commits touching it are refused)."""
@@ -8,6 +8,7 @@ import dataclasses
 import os
 import uuid
 
+import boto3
 import grpc
 import pyarrow as pa
 import pytest
@@ -16,6 +17,7 @@ from catalog.errors import PartitionsNotOwned
 from catalog.preserved_catalog import AddParquet
 from catalog.sharding import partition_for
 from tests.conftest import make_config, start_server
+from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
@@ -54,11 +56,20 @@ def _applied(client, db: str, kp: int) -> int:
     return client.applied(db).get(kp, -1)
 
 
-def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp):
+@pytest.fixture
+def s3_store(moto_s3, monkeypatch):  # noqa: F811
+    for k, v in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(k, v)
+    bucket = f"pool-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=moto_s3, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return {"object_store": f"s3://{bucket}/prefix", "s3_endpoint": moto_s3}
+
+
+def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp, s3_store):
     db = f"pool_{uuid.uuid4().hex[:8]}"
     root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
     # no persist unless asked; the fence probe reads the others' commits every 2 s
-    base = make_config(root + "-a", broker.bootstrap, http_port=0, object_store=root + "-objects",
+    base = make_config(root + "-a", broker.bootstrap, http_port=0, **s3_store,
                        pool_member="ingester-a",
                        lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
                                   "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
@@ -132,6 +143,11 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp)
             for kp in range(PARTITIONS):
                 wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 30,
                          f"every acknowledged row of partition {kp}, exactly once")
+        # the members' files and catalog are in S3
+        bucket = s3_store["object_store"][len("s3://"):].split("/")[0]
+        keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_store["s3_endpoint"], region_name="us-east-1")
+                .list_objects_v2(Bucket=bucket, Prefix=f"prefix/{db}/").get("Contents", [])]
+        assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".txn") for k in keys)
         sa = ca.status(db)["databases"][0]
         sb = cb.status(db)["databases"][0]
         assert sa["owned_partitions"] == [0] and sb["owned_partitions"] == [1, 2, 3]
