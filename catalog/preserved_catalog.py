@@ -1221,29 +1221,40 @@ class PreservedCatalog:
             new_state = state.copy()
             for a in parsed:
                 apply_action(new_state, a, revision)
-            txn_uuid = str(_uuid.uuid4())
-            txn = {
-                "format_version": max(_actions_version(parsed), _WRITER_VERSION),
-                "type": _TYPE_TRANSACTION,
-                "db": self._db,
-                "revision": revision,
-                "uuid": txn_uuid,
-                "previous_uuid": state.transaction_uuid,
-                "timestamp_s": now_s,
-                "writer": writer,
-                "actions": [a.to_json() for a in parsed],
-            }
+            txn_uuid, txn = self._transaction(revision, parsed, state.transaction_uuid, now_s, writer)
             pending_uuid = txn_uuid
             try:
                 self._store.put_if_absent(transaction_key(self._db, revision), _encode(txn))
             except AlreadyExists:
                 continue  # another writer appended first: read it, check again, append after it
-            new_state.revision = revision
-            new_state.transaction_uuid = txn_uuid
-            new_state.timestamp_s = now_s
-            self._state = new_state
-            self._maybe_write_checkpoint(new_state)
-            return revision
+            return self._committed(new_state, revision, txn_uuid, now_s)
+
+    def _transaction(self, revision: int, parsed: list, previous_uuid: str, now_s: float,
+                     writer: str | None = None) -> tuple[str, dict]:
+        """(uuid, JSON object) of transaction `revision` holding `parsed` (a pool catalog's names its writer)."""
+        txn_uuid = str(_uuid.uuid4())
+        txn = {
+            "format_version": _actions_version(parsed) if writer is None else max(_actions_version(parsed),
+                                                                                     _WRITER_VERSION),
+            "type": _TYPE_TRANSACTION,
+            "db": self._db,
+            "revision": revision,
+            "uuid": txn_uuid,
+            "previous_uuid": previous_uuid,
+            "timestamp_s": now_s,
+            **({} if writer is None else {"writer": writer}),
+            "actions": [a.to_json() for a in parsed],
+        }
+        return txn_uuid, txn
+
+    def _committed(self, new_state: CatalogState, revision: int, txn_uuid: str, now_s: float) -> int:
+        """Makes `new_state` (with transaction `revision` applied) this instance's state once it is written."""
+        new_state.revision = revision
+        new_state.transaction_uuid = txn_uuid
+        new_state.timestamp_s = now_s
+        self._state = new_state
+        self._maybe_write_checkpoint(new_state)
+        return revision
 
     def newer_revision(self) -> int | None:
         """The revision another writer committed after this instance's newest, or None.
@@ -1303,38 +1314,18 @@ class PreservedCatalog:
             if self._fenced_at is not None:
                 raise RevisionConflict(self._db, self._fenced_at, transaction_key(self._db, self._fenced_at))
             revision = self._state.revision + 1
-            parsed: list[Action] = []
-            for a in actions:
-                try:
-                    parsed.append(action_from_json(a))
-                except InvalidAction as exc:
-                    raise InvalidAction(exc.kind, exc.reason, revision) from None
+            parsed = _parse_actions(actions, revision)
             new_state = self._state.copy()
             for a in parsed:
                 apply_action(new_state, a, revision)
-            txn_uuid = str(_uuid.uuid4())
-            txn = {
-                "format_version": _actions_version(parsed),
-                "type": _TYPE_TRANSACTION,
-                "db": self._db,
-                "revision": revision,
-                "uuid": txn_uuid,
-                "previous_uuid": self._state.transaction_uuid,
-                "timestamp_s": now_s,
-                "actions": [a.to_json() for a in parsed],
-            }
+            txn_uuid, txn = self._transaction(revision, parsed, self._state.transaction_uuid, now_s)
             key = transaction_key(self._db, revision)
             try:
                 self._store.put_if_absent(key, _encode(txn))
             except AlreadyExists:
                 self._fenced_at = revision
                 raise RevisionConflict(self._db, revision, key) from None
-            new_state.revision = revision
-            new_state.transaction_uuid = txn_uuid
-            new_state.timestamp_s = now_s
-            self._state = new_state
-            self._maybe_write_checkpoint(new_state)
-            return revision
+            return self._committed(new_state, revision, txn_uuid, now_s)
 
     def _maybe_write_checkpoint(self, state: CatalogState) -> None:
         """Write ``<revision>.ckpt`` when due; a failure only delays it to the next commit."""
