@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,19 @@ def _memory_broker_unless_asked(extra: list) -> list:
     if any(a.startswith(("--broker-storage", "--kafka-bootstrap")) for a in extra):
         return []
     return ["--broker-storage", "memory"]
+
+
+#: pause between two probes of a starting server's gRPC port
+_LISTEN_POLL_S = 0.05
+
+
+def _accepts_connections(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (a TCP connect, closed at once)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 class ServerProcess:
@@ -81,11 +95,17 @@ class ServerProcess:
                     self._spawn()
                     continue
                 raise AssertionError(f"server exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                self.client.wait_ready(2)
-                return self
-            except TimeoutError:
-                pass
+            # the client's channel connects at its first call only once the port accepts connections:
+            # a call before that fails and puts the channel in gRPC's reconnect backoff (1 s, then
+            # x1.6 each time), so it would find the started server only seconds after it listened
+            if _accepts_connections(self.port):
+                try:
+                    self.client.wait_ready(2)
+                    return self
+                except TimeoutError:
+                    pass
+            else:
+                time.sleep(_LISTEN_POLL_S)
             assert time.monotonic() < deadline, f"server not ready: {self.tail()}"
 
     def tail(self, n: int = 4000) -> str:
