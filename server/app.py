@@ -50,7 +50,7 @@ from server.write_buffer.end_polls import AckMarks
 from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
                      WritesLost)
 from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
-from server.errors import InvalidArgument, NotAPoolMember, NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
+from server.errors import InvalidArgument, NotAPoolMember, NothingToAccept, RoleRefuses, NotReadyToAccept, PoisonedMessageNotFound
 from server.consume.ingest import Ingestor
 from server.write_buffer.poison import select
 from server.query.engine import QueryEngine
@@ -179,7 +179,8 @@ class IoxServer:
 
         # a server stops only the Spark application it created (tests run several servers on one)
         self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
-        self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, cfg.spark_connect_port,
+        self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch,
+                                 0 if cfg.role == "ingester" else cfg.spark_connect_port,  # it answers no query
                                  cfg.extra_spark_conf, cfg.bind_host, cfg.auth_token)
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
@@ -445,6 +446,9 @@ class IoxServer:
 
     def claim_partitions(self, database: str, partitions):
         """`iox claim` / the assigner: see server/pool_admin.py."""
+        if self.config.role == "querier":
+            raise RoleRefuses("querier", "claim partitions", "list only ingester and all members in the assigner's "
+                                                             "--ingesters")
         if self.pool is None:
             raise NotAPoolMember(f"claiming partitions of {database!r}")
         return self.pool.claim(database, partitions)
@@ -712,6 +716,8 @@ class IoxServer:
         a little before the request's deadline `deadline_s`. Returns the QueryResult with `partial`,
         `topic`, `topic_id` and `epoch` set; the caller reads its batches or closes it (its rows stream
         from Spark while read). gRPC handler threads (driver)."""
+        if self.config.role == "ingester":
+            raise RoleRefuses("ingester", "answer queries", "query a querier or an all member of the pool")
         timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else \
             max(0.0, min(deadline_s - _ANSWER_MARGIN_S, QUERY_WAIT_MAX_S))
         t0 = time.monotonic()

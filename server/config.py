@@ -112,6 +112,9 @@ DEFAULT_MEMORY_SAMPLE_INTERVAL_MS = 500
 #: --freeze-at-percent: freeze (server/write_buffer/freeze.py) once memory or the data directory's disk
 #: is this full, in percent; 0 = never (a server alone keeps ingesting up to its memory limit)
 DEFAULT_FREEZE_AT_PERCENT = 0.0
+#: --role: what a server does in an ingester pool
+ROLES = ("all", "ingester", "querier")
+DEFAULT_ROLE = "all"
 #: Most write-buffer messages one micro-batch takes per Kafka partition.
 DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH = 2_000
 
@@ -199,8 +202,12 @@ class ServerConfig:
     #: applies every partition of every database). Members share one Kafka cluster and object store.
     pool_member: str | None = None
     #: the address other pool members reach this server's gRPC at (published in the object store
-    #: under _pool/members/); None = --bind-host:port (the host's name when bound to every interface)
+    #: under iox~pool/members/); None = --bind-host:port (the host's name when bound to every interface)
     pool_address: str | None = None
+    #: ROLES: "all" (the default) takes writes, owns what it claims and answers queries; "ingester"
+    #: answers no user query; "querier" claims nothing (in a pool it answers queries by gathering the
+    #: owners' rows). A role other than "all" needs --pool-member.
+    role: str = DEFAULT_ROLE
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
     #: replication factor of the database topics this server creates (fewer replicas when the Kafka
@@ -270,6 +277,10 @@ class ServerConfig:
         if not _int_in(self.memory_sample_interval_ms, 10):
             raise InvalidConfig("memory_sample_interval_ms", self.memory_sample_interval_ms,
                                 "must be an integer >= 10")
+        if self.role not in ROLES:
+            raise InvalidConfig("role", self.role, f"must be one of {', '.join(ROLES)}")
+        if self.role != DEFAULT_ROLE and self.pool_member is None:
+            raise InvalidConfig("role", self.role, "an ingester or querier is a member of a pool: set --pool-member")
         if self.pool_member is not None:
             from catalog.errors import InvalidAction
             from catalog.ownership import owner_name_check

@@ -20,6 +20,7 @@ __all__ = [
     "TooManyColumns",
     "InvalidArgument",
     "NotAPoolMember",
+    "RoleRefuses",
     "PoolMemberUnavailable",
     "CatchUpTimedOut",
     "WritesLost",
@@ -208,6 +209,15 @@ class PoolMemberUnavailable(ServerError):
         self.database, self.address, self.reason, self.retry_after_s = database, address, reason, retry_after_s
         super().__init__(f"database {database!r}: pool member {address} owns partitions this query reads and "
                          f"does not answer ({reason}); nothing was queried")
+
+
+class RoleRefuses(ServerError):
+    """This server's --role does not do what was asked (a querier claims nothing, an ingester
+    answers no user query): FAILED_PRECONDITION naming where to go instead."""
+
+    def __init__(self, role: str, what: str, instead: str):
+        self.role, self.what, self.instead = role, what, instead
+        super().__init__(f"this server's role is {role}: it does not {what}; {instead}")
 
 
 class NotAPoolMember(ServerError):

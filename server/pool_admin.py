@@ -287,9 +287,13 @@ class PoolControl:
 
         srv = self.server
         db = srv.catalog.peek_database(database)
-        pc = srv.lifecycle.preserved.get(database) if srv.lifecycle is not None else None
-        if db is None or db.owned_partitions is None or pc is None:
+        if db is None or db.owned_partitions is None or srv.lifecycle is None:
             return None
+        pc = srv.lifecycle.preserved.get(database)
+        if pc is None:  # a database this member never persisted nor claimed (a querier's): read its catalog
+            pc = srv.lifecycle.preserved_for(database, time.time())
+            pc.refresh()
+            self.take_state(database, pc.state)
         n = db.kafka_partitions
         with srv.catalog.lock:
             owned = set(db.owned_partitions)

@@ -31,7 +31,7 @@ from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc
 from catalog.errors import RevisionConflict
 
 from catalog.errors import PartitionsNotOwned
-from server.errors import (NotAPoolMember, PoolMemberUnavailable, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
+from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
@@ -95,7 +95,7 @@ def _abort(context, err: Exception):
     if isinstance(err, ReplayNotCaughtUp):
         context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced, NotAPoolMember, PartitionsNotOwned)):
+    if isinstance(err, (WritesLost, TopicReplaced, DatabaseFenced, NotAPoolMember, PartitionsNotOwned, RoleRefuses)):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, (RequestTooLarge, WriteBufferOverloaded)):
         if isinstance(err, WriteBufferOverloaded):

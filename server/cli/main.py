@@ -29,7 +29,7 @@ from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_M
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, DEFAULT_PRUNE_DELAY_S,
-                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, DEFAULT_FREEZE_AT_PERCENT, InvalidConfig, ServerConfig, parse_memory_bytes)
+                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, DEFAULT_FREEZE_AT_PERCENT, DEFAULT_ROLE, InvalidConfig, ServerConfig, parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
            "DEFAULT_WRITE_BATCH_BYTES"]
@@ -104,6 +104,10 @@ SERVE_OPTIONS = [
     ("--pool-address", str, None,
      "ingester pool: the host:port other members reach this server's gRPC at (default --bind-host and the "
      "gRPC port; the host's name when bound to every interface)"),
+    ("--role", str, DEFAULT_ROLE,
+     "ingester pool: all (takes writes, owns what it claims, answers queries), ingester (answers no user "
+     "query) or querier (claims nothing; answers queries with the owners' rows); ingester and querier need "
+     "--pool-member"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
      "storage of the embedded broker: durable (the default: acknowledged writes on disk under "
@@ -329,7 +333,7 @@ def _config_from_args(a) -> ServerConfig:
                         max_columns_per_table=a.max_columns_per_table,
                         prune_delay_s=a.prune_delay_s, memory_limit_bytes=a.memory_limit_bytes,
                         memory_soft_fraction=a.memory_soft_fraction, freeze_at_percent=a.freeze_at_percent,
-                        pool_member=a.pool_member or None, pool_address=a.pool_address or None,
+                        pool_member=a.pool_member or None, pool_address=a.pool_address or None, role=a.role,
                         spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,

@@ -90,7 +90,7 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(broker, session_tmp, sp
     a, ca = start_server(cfg_a)
     b, cb = start_server(dataclasses.replace(cfg_a, data_dir=root + "-b", pool_member="b", grpc_port=0))
     c = ServerProcess(root + "-c", extra=["--kafka-bootstrap", broker.bootstrap, "--partitions", str(PARTITIONS),
-                                          "--object-store", store, "--pool-member", "c",
+                                          "--object-store", store, "--pool-member", "c", "--role", "ingester",
                                           "--persist-row-threshold", "10000000",
                                           "--persist-age-threshold-s", "3600", "--late-arrive-window-s", "3600"])
     addr = {"a": f"127.0.0.1:{a.grpc_port}", "b": f"127.0.0.1:{b.grpc_port}"}
@@ -107,6 +107,9 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(broker, session_tmp, sp
         _round_until(assigner, lambda: [_owned(clients[m], db) for m in "abc"] == [{0, 3}, {1}, {2}], 60,
                      "every partition claimed")
         assert assigner.run_once().claims == []  # nothing moves without cause
+        with pytest.raises(grpc.RpcError) as info:  # c's role is ingester: no user queries
+            c.client.query(db, f"SELECT * FROM {TABLES[2]}")
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "role is ingester" in info.value.details()
 
         for client in (ca, cb, c.client, ca, cb, c.client):  # writes spread over the pool
             w.write_all(client)

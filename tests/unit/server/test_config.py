@@ -212,3 +212,14 @@ def test_memory_and_retention_options_reach_the_config():
     cfg = _config_from_args(a)
     assert (cfg.memory_limit_bytes, cfg.memory_soft_fraction, cfg.prune_delay_s) == (6 << 30, 0.7, 60.0)
     assert ServerConfig().memory_limit_bytes == 0  # off by default
+
+
+def test_a_role_other_than_all_needs_a_pool_member():
+    from server.config import InvalidConfig, ServerConfig
+
+    assert ServerConfig().role == "all"
+    assert ServerConfig(pool_member="m", role="querier").role == "querier"
+    with pytest.raises(InvalidConfig, match="set --pool-member"):
+        ServerConfig(role="ingester")
+    with pytest.raises(InvalidConfig, match="must be one of all, ingester, querier"):
+        ServerConfig(pool_member="m", role="router")

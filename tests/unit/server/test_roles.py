@@ -1,0 +1,25 @@
+"""--role: what a server refuses before doing anything (a querier claims nothing, an ingester
+answers no user query). The server is not started: the refusal comes first."""
+from __future__ import annotations
+
+import pytest
+
+from server.config import ServerConfig
+from server.errors import RoleRefuses
+
+
+def _server(role: str):
+    from server.app import IoxServer
+
+    return IoxServer(ServerConfig(pool_member="m", role=role))
+
+
+def test_a_querier_claims_no_partition():
+    with pytest.raises(RoleRefuses, match="role is querier: it does not claim partitions") as info:
+        _server("querier").claim_partitions("db", [0])
+    assert (info.value.role, info.value.what) == ("querier", "claim partitions")
+
+
+def test_an_ingester_answers_no_user_query():
+    with pytest.raises(RoleRefuses, match="role is ingester: it does not answer queries"):
+        _server("ingester").query("db", "SELECT 1")
