@@ -84,7 +84,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp,
         written: dict = {}
         tokens = {kp: _write(ca, db, written, TABLES[kp], 3) for kp in range(PARTITIONS)}  # all through a
         for kp, owner in ((0, ca), (1, ca), (2, cb), (3, cb)):
-            wait_for(lambda: _applied(owner, db, kp) >= tokens[kp][kp], 30, f"partition {kp} applied by its owner")
+            wait_for(lambda: _applied(owner, db, kp) >= tokens[kp][kp], 60, f"partition {kp} applied by its owner")
         # a non-owner applies nothing of a partition
         assert _applied(ca, db, 2) == -1 and _applied(cb, db, 0) == -1
         # scatter-gather: a query through a reads b's unpersisted rows of the tables b owns, and the
@@ -106,7 +106,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp,
         other = db + "_x"
         _write(ca, other, {}, TABLES[2], 2)
         later = _write(ca, db, written, TABLES[2], 1)
-        wait_for(lambda: _applied(cb, db, 2) >= later[2], 30, "b to apply a later write")
+        wait_for(lambda: _applied(cb, db, 2) >= later[2], 60, "b to apply a later write")
         assert other in _names(cb)
         assert set(cb.applied(other).values()) == {-1} and set(ca.applied(other).values()) == {-1}
         assert _rows(cb, other, TABLES[2]) == [] and _rows(ca, other, TABLES[2]) == []
@@ -116,17 +116,17 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp,
         # each reads what the other persisted
         for client in (ca, cb):
             for kp in range(PARTITIONS):
-                wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 30,
+                wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 60,
                          f"table of partition {kp} readable everywhere")
 
         # rows of partition 1 a applied but did not persist: the new owner replays them
         t1 = _write(ca, db, written, TABLES[1], 2)
-        wait_for(lambda: _applied(ca, db, 1) >= t1[1], 30, "a applies the new rows")
+        wait_for(lambda: _applied(ca, db, 1) >= t1[1], 60, "a applies the new rows")
         got = cb.claim_partitions(db, [1])
         assert got["claimed"][0]["epoch"] == 2
         # b resumes right after what a persisted (its checkpoint), so it replays exactly the 2 rows
         assert got["claimed"][0]["resume_offset"] <= t1[1]
-        wait_for(lambda: 1 not in ca.status(db)["databases"][0]["owned_partitions"], 30, "a to see the claim")
+        wait_for(lambda: 1 not in ca.status(db)["databases"][0]["owned_partitions"], 60, "a to see the claim")
         # a's later commit touching the partition is refused
         pc = a.lifecycle.preserved[db]
         with pytest.raises(PartitionsNotOwned):
@@ -134,14 +134,14 @@ def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp,
                                   size_bytes=1, min_time_ns=0, max_time_ns=0, min_seq=0, max_seq=0,
                                   schema=[["v", "field", "float"], ["time", "time", "time"]])], 1e9)
         t2 = _write(ca, db, written, TABLES[1], 2)  # written through a, applied by b
-        wait_for(lambda: _applied(cb, db, 1) >= t2[1], 30, "b applies partition 1")
+        wait_for(lambda: _applied(cb, db, 1) >= t2[1], 60, "b applies partition 1")
         assert _applied(ca, db, 1) < t2[1]
 
         ca.persist(db)
         cb.persist(db)
         for client in (ca, cb):
             for kp in range(PARTITIONS):
-                wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 30,
+                wait_for(lambda: _rows(client, db, TABLES[kp]) == written[TABLES[kp]], 60,
                          f"every acknowledged row of partition {kp}, exactly once")
         # the members' files and catalog are in S3
         bucket = s3_store["object_store"][len("s3://"):].split("/")[0]
