@@ -109,6 +109,7 @@ def _advertised(bind_host: str, port: int) -> str:
     host = socket.getfqdn() if bind_host in ("0.0.0.0", "::", "") else bind_host
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
+
 class IoxServer:
     def __init__(self, config: ServerConfig):
         self.config = config
