@@ -727,7 +727,8 @@ class IoxServer:
         if self.pool is not None:  # the other members' unpersisted rows of the tables they own
             remote = self.pool.gather_for_query(database, sql, passage.token.offsets if passage.token else {},
                                                 max(0.1, timeout_s - (time.monotonic() - t0)))
-        res = self.query_engine.run(database, sql, remote=remote)
+        res = self.query_engine.run(database, sql) if remote is None else \
+            self.query_engine.run(database, sql, remote=remote)
         db = self.catalog.peek_database(database)
         if passage.token is not None and not covered(passage.token.offsets, res.visible_hi_inclusive):
             # cannot happen while watermarks only grow; never answer without the write

@@ -150,7 +150,7 @@ def test_bad_reads_fail_with_the_cause(spark, persisted):
     db, url, _first, _rev, _c = persisted
     from pyspark.errors import PySparkException
 
-    cases = [({"assigner": "127.0.0.1:9000"}, "not available in this version"),
+    cases = [({"assigner": "127.0.0.1:9000"}, "the assigner serves no reads"),
              ({"table": "nope"}, "persisted tables: 'cpu'"),
              ({"revision": "999999"}, "has no catalog revision 999999"),
              ({"colour": "red"}, "unknown option")]
