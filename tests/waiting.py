@@ -6,9 +6,10 @@ checks. Used by the integration tests; pure Python, no fixture.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 
-__all__ = ["wait_for"]
+__all__ = ["wait_for", "accepts_connections"]
 
 
 _log = logging.getLogger(__name__)
@@ -29,3 +30,17 @@ def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.1):
             return v
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         time.sleep(poll_s)
+
+
+def accepts_connections(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on `host`:`port` (a TCP connect, closed at once).
+
+    A gRPC client waiting for a starting server calls this before its first call: a call made
+    before the server listens fails and puts the client's channel in gRPC's reconnect backoff
+    (1 s, then 1.6 times longer each time), so the channel would find the server only up to
+    several seconds after it started listening."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from server.api.client import IoxClient
 from server.runtime.broker import free_port
+from tests.waiting import accepts_connections
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
@@ -75,6 +76,10 @@ def srv(tmp_path_factory):
             deadline = time.monotonic() + 240
             while True:
                 assert s.proc.poll() is None, s.log()
+                if not accepts_connections(s.grpc_port):  # no call before it listens (see accepts_connections)
+                    assert time.monotonic() < deadline, s.log()
+                    time.sleep(0.05)
+                    continue
                 try:
                     c.wait_ready(2)
                     break
