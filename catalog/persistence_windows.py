@@ -17,7 +17,9 @@ Invariants kept here:
   :meth:`offset_ranges` never claims an unpersisted offset is persisted.
 * A :class:`FlushHandle` freezes the persistable window: writes continue (to
   the open window) but nothing joins the persistable window until the handle is
-  flushed or aborted; at most one handle is outstanding.
+  flushed or aborted; at most one handle is outstanding. A flush persists the
+  rows with time <= its flush timestamp of the windows present when its handle
+  was taken, never of a window that came later (whatever its rows' times).
 * Offsets per Kafka partition strictly increase across ``add_range`` calls.
 
 Wall time is never read here: every method that needs it takes ``now``
@@ -496,15 +498,20 @@ class PersistenceWindows:
     def _offset_ranges(self, skip_persistable: bool) -> dict[int, UnpersistedOffsets]:
         windows = list(self._windows())
         flush_time: int | None = None
+        #: windows (after the persistable one) a flush at `flush_time` persists when they end at or
+        #: before it: those present when its handle was taken (the closed ones it counted). A
+        #: window that came later holds writes no chunk of that persist reads, whatever their time
+        covered = 0
         if skip_persistable and self._persistable is not None:
             windows = windows[1:]
             flush_time = self._persistable.max_time_ns
+            covered = self._handle.closed_count if self._handle is not None else len(self._closed)
         out: dict[int, UnpersistedOffsets] = {}
         for kp, max_offset in sorted(self._max_offsets.items()):
             lo: int | None = None
-            for w in windows:
-                # windows entirely at or before the flush timestamp will be persisted by it
-                if flush_time is not None and w.max_time_ns <= flush_time:
+            for i, w in enumerate(windows):
+                # windows of the handle's time entirely at or before the flush timestamp are persisted by it
+                if flush_time is not None and i < covered and w.max_time_ns <= flush_time:
                     continue
                 r = w.offsets.get(kp)
                 if r is not None:
@@ -517,7 +524,9 @@ class PersistenceWindows:
     def offset_ranges_after_flush(self) -> dict[int, UnpersistedOffsets]:
         """While a flush handle is outstanding: what stays unpersisted once it is flushed,
         including writes added after the handle was taken (unlike ``FlushHandle.checkpoint``,
-        which is frozen at handle time). Without a handle: ``offset_ranges()``."""
+        which is frozen at handle time). Such a write stays unpersisted whatever its rows'
+        times: the persist reads only the chunks present when its handle was taken. Without a
+        handle: ``offset_ranges()``."""
         return self._offset_ranges(skip_persistable=self._handle is not None)
 
     def minimum_unpersisted_offsets(self) -> dict[int, OffsetRange] | None:
