@@ -123,6 +123,9 @@ class IoxServer:
         self._health = None
         self.authenticator = None
         self._stopped = threading.Event()
+        #: SIGTERM / SIGINT came (`install_signal_handlers`): `wait` stops the server, also one that
+        #: was still starting when the signal came
+        self._stop_requested = threading.Event()
         self._stop_lock = threading.Lock()
         self.started_at = None
         self.lifecycle = None
@@ -347,11 +350,14 @@ class IoxServer:
         """Re-reads `--auth-tokens-file` (SIGHUP); an invalid file is logged and the tokens in use stay."""
         return self.authenticator.reload() if self.authenticator is not None else False
 
-    def wait(self) -> None:
-        """Blocks until SIGTERM/SIGINT (main thread only), then stops; SIGHUP re-reads the tokens file."""
+    def install_signal_handlers(self) -> None:
+        """SIGTERM / SIGINT ask `wait` to stop the server; SIGHUP re-reads the tokens file. Main
+        thread only; `iox serve` installs them before `start`, so a signal that comes while the
+        server starts (its health already SERVING, or not yet) is a clean stop once it started,
+        never the signal's default death."""
         def _on_signal(signum, _frame):
             log.info("signal %s: shutting down", signum)
-            threading.Thread(target=self.stop, name="shutdown").start()
+            self._stop_requested.set()
 
         def _on_hup(_signum, _frame):
             threading.Thread(target=self.reload_tokens, name="reload-tokens").start()
@@ -359,8 +365,13 @@ class IoxServer:
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
         signal.signal(signal.SIGHUP, _on_hup)
-        while not self._stopped.wait(0.5):
-            pass
+
+    def wait(self) -> None:
+        """Blocks until SIGTERM/SIGINT (main thread only; see `install_signal_handlers`), then stops."""
+        self.install_signal_handlers()
+        while not self._stopped.is_set():
+            if self._stop_requested.wait(0.5):
+                self.stop()
 
     def stop(self) -> None:
         with self._stop_lock:

@@ -22,6 +22,7 @@ import os
 import sys
 
 from server.cli.output import print_table
+from server.errors import ServerError
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
@@ -510,7 +511,12 @@ def main(argv=None) -> int:
             except InvalidTokensFile as e:
                 build_parser().error(f"--auth-tokens-file: {e}")
         srv = IoxServer(cfg)
-        srv.start()
+        srv.install_signal_handlers()  # a SIGTERM while it starts stops it cleanly once started
+        try:
+            srv.start()
+        except ServerError as e:  # a start refused for a reason the operator acts on: one line, no traceback
+            sys.stderr.write(f"error: {e}\n")
+            return 1
         from server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
 
         GcPauseRecorder(srv.router.metrics.observe_gc_pause).install()
