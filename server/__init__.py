@@ -6,7 +6,8 @@ and `lifecycle`, never one after it):
 `runtime/` (Spark, the embedded broker, process tuning), `config.py`,
 `consume/` (micro-batches into the catalog, recovery), `write/` (line protocol,
 router, deletes), `query/` (SQL, the write buffer's tail), `api/` (gRPC, HTTP,
-the client), the admin operations the app composes (`retention_admin.py`, `freeze_admin.py`, `pool_admin.py`),
+the client), the admin operations the app composes (`retention_admin.py`, `freeze_admin.py`, `pool_admin.py`,
+`verify_admin.py`),
 `app.py` (the composition root) and `cli/` (the `iox` command).
 tests/unit/test_import_layers.py checks it.
 

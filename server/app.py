@@ -66,6 +66,7 @@ from server.runtime.memory_guard import MemoryGuard
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
 from server.pool_admin import PoolControl
+from server.verify_admin import VerifyControl
 from server.write_buffer.freeze import cap_replay_until
 from server.api.buckets import BucketsApi
 
@@ -289,6 +290,8 @@ class IoxServer:
         self.lifecycle.memory_pressure = self.memory_guard.pressure
         self.lifecycle.frozen = lambda: self.freeze.frozen
         self.pool = PoolControl(self, cfg.pool_member) if cfg.pool_member is not None else None
+        self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.has_table_view,
+                                      self.read_barrier, self.write_buffer, self.pool)
         if self.pool is not None:
             self.lifecycle.on_partitions_lost = self.pool.lose
             self.lifecycle.on_catalog_refreshed = self.pool.take_state
@@ -464,6 +467,12 @@ class IoxServer:
         if self.pool is None:
             raise NotAPoolMember(f"claiming partitions of {database!r}")
         return self.pool.claim(database, partitions)
+
+    def verify(self, database: str, table: str = "", max_differences: int = 0, here_only: bool = False):
+        """`iox verify`: see server/verify_admin.py and server/query/verify.py."""
+        from server.query.verify import DEFAULT_MAX_DIFFERENCES
+
+        return self.verifier.verify(database, table, max_differences or DEFAULT_MAX_DIFFERENCES, here_only)
 
     def set_retention(self, database: str, period_s: int):
         """`iox retention` / the buckets API: see server/retention_admin.py."""

@@ -353,6 +353,10 @@ class PoolControl:
             self._addresses[member] = addr
         return addr
 
+    def client_for(self, addr: str):
+        """The (cached) client of the member at `addr`, with this server's token."""
+        return self._client(addr)
+
     def _client(self, addr: str):
         from server.api.client import IoxClient
 

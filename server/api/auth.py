@@ -63,6 +63,7 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/Freeze": ADMIN,
     "/iox.management.ManagementService/Unfreeze": ADMIN,
     "/iox.management.ManagementService/ClaimPartitions": ADMIN,
+    "/iox.management.ManagementService/Verify": ADMIN,
 }
 
 

@@ -201,6 +201,25 @@ class IoxClient:
         req = management_pb2.ClaimPartitionsRequest(database=database, partitions=list(partitions))
         return _as_dict(self.mgmt_stub.ClaimPartitions(req, timeout=timeout_s))
 
+    def verify(self, database: str, table: str = "", max_differences: int = 0, timeout_s: float = 900.0,
+               here_only: bool = False) -> dict:
+        """`iox verify`: the server checks its answers against its write buffer; returns the report
+        ({database, partitions: [...], difference_count, ok}; each difference's `want` and `got` as
+        dicts, None for no row)."""
+        import json
+
+        out = _as_dict(self.verify_proto(database, table, max_differences, timeout_s, here_only))
+        for p in out["partitions"]:
+            for d in p["differences"]:
+                d["want"], d["got"] = json.loads(d.pop("want_json")), json.loads(d.pop("got_json"))
+        return out
+
+    def verify_proto(self, database: str, table: str = "", max_differences: int = 0, timeout_s: float = 900.0,
+                     here_only: bool = False) -> management_pb2.VerifyResponse:
+        req = management_pb2.VerifyRequest(database=database, table=table, max_differences=max_differences,
+                                           here_only=here_only)
+        return self.mgmt_stub.Verify(req, timeout=timeout_s)
+
     def unfreeze(self, timeout_s: float = 60.0) -> dict:
         """Ends frozen mode; returns {frozen, reason, since_s, offsets} as it is now."""
         return _as_dict(self.mgmt_stub.Unfreeze(management_pb2.UnfreezeRequest(), timeout=timeout_s))

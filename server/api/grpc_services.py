@@ -271,6 +271,15 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
         except Exception as e:
             _abort(context, e)
 
+    def Verify(self, request, context):
+        from server.query.verify import report_to_proto
+
+        try:
+            return report_to_proto(self.server.verify(request.database, request.table, request.max_differences,
+                                                      request.here_only))
+        except Exception as e:
+            _abort(context, e)
+
     def ListDatabases(self, request, context):
         return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()])
 

@@ -1,5 +1,5 @@
 """The `iox` command line: serve, broker, write, sql, status, persist, compact, delete, poison,
-accept-lost-writes, retention, demo.
+accept-lost-writes, retention, verify, demo.
 
 Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
 (e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from server.cli.output import print_table
+from server.cli.output import format_verify_report, print_table
 from server.errors import ServerError
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
@@ -249,6 +249,16 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--db", required=True)
     rt.add_argument("--period", required=True, type=_duration_s,
                     help="e.g. 30d, 12h, 90m, 3600s (or a number of seconds); 0 removes the retention")
+
+    ve = sub.add_parser("verify", help="the server checks what queries answer against its write buffer (every "
+                                       "message Kafka still holds); exits 1 on any difference")
+    _add_addr(ve)
+    ve.add_argument("--db", required=True)
+    ve.add_argument("--table", default="", help="only this table (default: every table)")
+    ve.add_argument("--max-differences", type=int, default=20, help="differences listed per Kafka partition "
+                                                                    "(all are counted)")
+    ve.add_argument("--format", choices=("text", "json"), default="text")
+    ve.add_argument("--timeout-s", type=float, default=3600.0)
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
@@ -602,6 +612,12 @@ def main(argv=None) -> int:
         call = (lambda: client.freeze(a.reason)) if a.cmd == "freeze" else client.unfreeze
         print(json.dumps(_client_call(call), indent=2))
         return 0
+    if a.cmd == "verify":
+        if a.max_differences < 1:
+            build_parser().error("verify: --max-differences must be at least 1")
+        r = _client_call(lambda: client.verify(a.db, a.table, a.max_differences, a.timeout_s))
+        print(json.dumps(r, indent=2) if a.format == "json" else format_verify_report(r))
+        return 0 if r["ok"] else 1
     if a.cmd == "status":
         if a.wait_replay:
             _client_call(lambda: _replay_progress(client, a.db))

@@ -1,4 +1,4 @@
-"""Query results as people and scripts read them: a table, CSV, or JSON lines.
+"""Query results as people and scripts read them: a table, CSV, or JSON lines; and `iox verify`'s report.
 
 Invariant (`--format json`): one JSON object per row, and every number a JSON number, exact
 (int64, uint64, decimals, floats); see `json_value`. Used by `iox sql` and `iox demo`.
@@ -12,7 +12,7 @@ import math
 import sys
 from decimal import Decimal
 
-__all__ = ["print_table", "json_value"]
+__all__ = ["print_table", "json_value", "format_verify_report"]
 
 
 def json_value(v) -> str:
@@ -64,3 +64,32 @@ def print_table(table, fmt: str, out=sys.stdout) -> None:
     for row in cells:
         out.write("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |\n")
     out.write(sep + f"\n{len(rows)} row(s)\n")
+
+
+def format_verify_report(r: dict) -> str:
+    """`iox verify`'s report (the client's dict of a VerifyResponse) as text: per Kafka partition what
+    was read and compared, then each difference listed, then a verdict line."""
+    lines = []
+    for p in r["partitions"]:
+        kp = p["partition"]
+        if p["not_verified"]:
+            lines.append(f"partition {kp}: NOT CHECKED: {p['not_verified']}")
+            continue
+        by = f" by {p['verified_by']}" if p["verified_by"] else ""
+        hist = "" if p["complete"] else " (Kafka no longer holds the start of the history: older rows checked " \
+                                         "only where later messages decide them)"
+        lines.append(f"partition {kp}{by}: offsets [{p['from_offset']}, {p['to_exclusive']}), answers at "
+                     f"{p['visible_hi_inclusive']}; {p['messages']} message(s) ({p['messages_skipped']} skipped as "
+                     f"the consumer skips them), {len(p['tables'])} table(s), {p['rows_compared']} row(s) equal, "
+                     f"{p['rows_unjudged']} not judged, {p['difference_count']} difference(s){hist}")
+        for d in p["differences"]:
+            tags = ",".join(f"{k}={v}" for k, v in sorted(d["tags"].items()))
+            lines.append(f"  {d['kind']:9} {d['table']}{',' + tags if tags else ''} time_ns={d['time_ns']}: "
+                         f"write buffer {json.dumps(d['want'])}, answer {json.dumps(d['got'])}; offsets {d['offsets']}")
+        if p["difference_count"] > len(p["differences"]):
+            lines.append(f"  ... and {p['difference_count'] - len(p['differences'])} more")
+    verdict = "OK: the answers equal the write buffer" if r["ok"] else \
+        f"FAILED: {r['difference_count']} difference(s)" + \
+        (", some partitions not checked" if any(p["not_verified"] for p in r["partitions"]) else "")
+    lines.append(f"{r['database']}: {verdict}")
+    return "\n".join(lines)

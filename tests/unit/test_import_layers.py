@@ -37,6 +37,7 @@ LAYERS = [
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "server.freeze_admin",  # frozen mode of a running server
     "server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
+    "server.verify_admin",  # `iox verify`: which partitions a server checks, the pool's owners the rest
     "server.app",           # the composition root
     "server.cli",           # the command line
 ]
