@@ -91,7 +91,10 @@ class PoolControl:
                                     resume_offset=db.applied_hi_inclusive.get(kp, -1) + 1)
                 out.catalog_revision = state.revision
 
-            srv.consumer.restart(between)
+            # no persist or compaction runs meanwhile: one of a partition claimed again would commit
+            # from windows and chunks `_adopt` drops
+            with srv.lifecycle.paused():
+                srv.consumer.restart(between)
         log.info("pool member %s claimed %s partitions %s", self.member, database, kps)
         return out
 
