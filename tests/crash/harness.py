@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import grpc
 from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
 from server.runtime.broker import free_port
 from server.api.client import IoxClient
+from tests.waiting import accepts_connections
 
 T0 = 1_700_000_000_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,28 +44,24 @@ def _memory_broker_unless_asked(extra: list) -> list:
 _LISTEN_POLL_S = 0.05
 
 
-def _accepts_connections(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:`port` (a TCP connect, closed at once)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 class ServerProcess:
     def __init__(self, data_dir: str, crash_at: CrashPoint | None = None, extra: list | None = None,
-                 env: dict | None = None):
-        """`extra`: more `iox serve` arguments; `env`: more environment variables of the server."""
+                 env: dict | None = None, port: int | None = None):
+        """`extra`: more `iox serve` arguments; `env`: more environment variables of the server;
+        `port`: its gRPC port (default: a free one; a pool member restarted on its port keeps
+        the address the assigner knows it by)."""
         self.data_dir = data_dir
         self._crash_at = CrashPoint(crash_at) if crash_at else None
+        #: the crash point it is armed at (None: none)
+        self.crash_at = self._crash_at
         self._extra = extra
         self._env = dict(env or {})
+        self._port = port
         self._spawn()
 
     def _spawn(self) -> None:
         data_dir, crash_at, extra = self.data_dir, self._crash_at, self._extra
-        self.port = free_port()
+        self.port = self._port or free_port()
         env = dict(os.environ)
         env.pop(CRASH_ENV, None)
         env.update(self._env)
@@ -88,17 +84,15 @@ class ServerProcess:
         retries = 2
         while True:
             if self.proc.poll() is not None:
-                if retries and "Address already in use" in self.tail(200_000):
+                if retries and self._port is None and "Address already in use" in self.tail(200_000):
                     # the free port was taken by another process (e.g. Spark) before gRPC bound it
                     retries -= 1
                     self.client.close()
                     self._spawn()
                     continue
                 raise AssertionError(f"server exited with {self.proc.returncode}: {self.tail()}")
-            # the client's channel connects at its first call only once the port accepts connections:
-            # a call before that fails and puts the channel in gRPC's reconnect backoff (1 s, then
-            # x1.6 each time), so it would find the started server only seconds after it listened
-            if _accepts_connections(self.port):
+            # the client's first call only once the port accepts connections (see accepts_connections)
+            if accepts_connections(self.port):
                 try:
                     self.client.wait_ready(2)
                     return self
@@ -193,7 +187,8 @@ class Writer:
         server.client.close()
 
     def check(self, client: IoxClient, timeout_s: float = 180.0, wait_tokens: bool = True) -> list:
-        """Waits until every acknowledged write is applied, then checks exactly-once.
+        """Waits until every acknowledged write is applied, then checks exactly-once, and that `iox
+        verify` finds the answers equal to the write buffer.
 
         wait_tokens=False after a write-buffer reset: the old tokens' offsets belong to
         the previous epoch (everything of it was persisted)."""
@@ -211,4 +206,6 @@ class Writer:
         assert not missing, f"{len(missing)} acknowledged writes lost, e.g. {sorted(missing)[:10]}"
         extra = got - self.acked - self.unacked
         assert not extra, f"rows nobody wrote: {sorted(extra)[:10]}"
+        report = client.verify(self.db, table=self.table, timeout_s=timeout_s)  # the server's own check agrees
+        assert report["ok"], f"iox verify: {report}"
         return ids
