@@ -13,6 +13,7 @@ __all__ = [
     "InvalidStoreUrl",
     "ObjectNotFound",
     "AlreadyExists",
+    "NotDurable",
     "RevisionConflict",
     "PartitionsNotOwned",
     "FormatVersionMismatch",
@@ -77,6 +78,18 @@ class AlreadyExists(CatalogError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"object already exists: {key!r}")
+
+
+class NotDurable(CatalogError):
+    """The local store could not make a directory entry durable (fsync of the directory failed):
+    the file written in it may not survive a power loss, so what needed it (a catalog commit, a
+    persisted file) fails."""
+
+    def __init__(self, path: str, errno_: int | None, reason: str) -> None:
+        self.path = path
+        self.errno = errno_
+        self.reason = reason
+        super().__init__(f"cannot make the directory entry of {path!r} durable: {reason}")
 
 
 class RevisionConflict(CatalogError):

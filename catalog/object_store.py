@@ -49,7 +49,7 @@ from urllib.parse import quote, urlsplit
 
 import pyarrow.fs
 
-from catalog.errors import AlreadyExists, InvalidKey, InvalidStoreUrl, ObjectNotFound
+from catalog.errors import AlreadyExists, InvalidKey, InvalidStoreUrl, NotDurable, ObjectNotFound
 
 __all__ = [
     "DEFAULT_S3_CONNECT_TIMEOUT_S",
@@ -423,16 +423,26 @@ def _makedirs_durable(directory: str) -> None:
         _fsync_dir(os.path.dirname(path))
 
 
+#: errors of opening or fsyncing a directory that mean the file system does not do it at all (as
+#: PostgreSQL's fsync_fname counts them), not that it failed: the entry is as durable as it gets there
+_DIR_FSYNC_UNSUPPORTED = frozenset({errno.EBADF, errno.EINVAL, errno.EACCES, errno.EISDIR})
+
+
 def _fsync_dir(directory: str) -> None:
-    """Make a directory entry durable (no-op where directories cannot be opened)."""
+    """Make the entries of `directory` durable. Raises NotDurable when the fsync fails (an I/O
+    error: the files just linked or renamed into it may not survive a power loss); a file system
+    that cannot fsync directories at all (_DIR_FSYNC_UNSUPPORTED) is left as it is."""
     try:
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError as e:
+        if e.errno in _DIR_FSYNC_UNSUPPORTED:
+            return
+        raise NotDurable(directory, e.errno, f"open: {e.strerror or e}") from e
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as e:
+        if e.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise NotDurable(directory, e.errno, f"fsync: {e.strerror or e}") from e
     finally:
         os.close(fd)
 

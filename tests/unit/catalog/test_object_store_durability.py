@@ -90,3 +90,31 @@ def test_the_s3_store_finishes_a_write_without_any_request():
     store = S3ObjectStore(S3Config(bucket="bucket", endpoint_url="http://127.0.0.1:1"))
     store.arrow_finish_write(["db/data/cpu/p/1.parquet"])
     assert store._client is None  # no client created: an uploaded object is durable
+
+
+@pytest.mark.parametrize("code, fails", [(5, True), (28, True), (22, False), (9, False)])  # EIO, ENOSPC | EINVAL, EBADF
+def test_a_failed_fsync_of_the_directory_fails_the_write_one_it_cannot_do_at_all_does_not(root, monkeypatch, code,
+                                                                                          fails):
+    """A catalog commit (put_if_absent) whose directory entry cannot be made durable fails with
+    NotDurable, the OSError chained; a file system that does not fsync directories at all
+    (EINVAL, EBADF) is left as it is."""
+    from catalog.errors import NotDurable
+
+    store = LocalObjectStore(root)
+    store.put("db/catalog/x", b"made before")  # the directories exist: only the entry's fsync is left
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    if fails:
+        with pytest.raises(NotDurable) as ei:
+            store.put_if_absent("db/catalog/00000000000000000001.txn", b"{}")
+        assert ei.value.errno == code and ei.value.path == _p(root, "db/catalog")
+        assert isinstance(ei.value.__cause__, OSError)
+    else:
+        store.put_if_absent("db/catalog/00000000000000000001.txn", b"{}")
+    assert store.get("db/catalog/00000000000000000001.txn") == b"{}"
