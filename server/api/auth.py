@@ -15,14 +15,22 @@ Tokens file (JSON, or TOML when the name ends in `.toml`):
 
     {"tokens": [{"name": "grafana", "token": "s3cr3t-2", "databases": ["*"], "permissions": ["query"]}]}
 
-Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, GetStatus of one
-database), `delete` (Delete), `admin` (Persist, Compact, RetryPoisoned, AcceptPoisoned,
-AcceptLostWrites, GetStatus of every database, ListDatabases, Freeze, Unfreeze, ClaimPartitions, `/metrics`). A request names one
-database; a token whose databases do not include it is refused (PERMISSION_DENIED / HTTP 403
-naming the database). `RPC_PERMISSIONS` maps each RPC to what it needs.
+Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, GetStatus, ListDatabases),
+`delete` (Delete), `admin` (Persist, Compact, RetryPoisoned, AcceptPoisoned, AcceptLostWrites,
+SetRetention, ClaimPartitions, Verify, the buckets API; Freeze, Unfreeze and `/metrics` on the whole
+server). `RPC_PERMISSIONS` maps each RPC to what it needs.
+
+Scope (invariant: a token never acts beyond its databases): a request that names a database needs
+the permission on that database; a request that acts on the whole server (`SERVER_WIDE`: Freeze,
+Unfreeze, `/metrics`), or that names no database where one is expected, needs a token for every
+database (`*`); a listing (`LISTINGS`: ListDatabases, GetStatus without a database, the buckets
+list) answers only the databases the token may use (`TokenScope.allows`). The gRPC interceptor
+fails closed: a method of the server's own services that is not in `RPC_PERMISSIONS` is refused,
+so an RPC added without a scope check cannot be called; health and reflection stay open.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import hmac
 import json
@@ -35,7 +43,8 @@ from server.errors import ServerError
 
 __all__ = ["PERMISSIONS", "ALL_DATABASES", "RPC_PERMISSIONS", "TokenScope", "TokenTable", "Authenticator",
            "Unauthenticated", "PermissionDenied", "InvalidTokensFile", "load_tokens_file", "parse_tokens",
-           "token_from_authorization", "AuthInterceptor", "required_permission"]
+           "token_from_authorization", "AuthInterceptor", "required_permission", "SERVER_WIDE", "LISTINGS",
+           "is_open", "current_scope"]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +52,8 @@ WRITE, QUERY, DELETE, ADMIN = "write", "query", "delete", "admin"
 PERMISSIONS = (WRITE, QUERY, DELETE, ADMIN)
 ALL_DATABASES = "*"
 
-#: full gRPC method -> the permission it needs; GetStatus needs `query` for one database and
-#: `admin` for all of them (database ""), see `required_permission`. A method not listed here
-#: (health, reflection) is open.
+#: full gRPC method -> the permission it needs (on the request's database, see the module docstring).
+#: A method of the server's own services not listed here is refused; health and reflection are open.
 RPC_PERMISSIONS = {
     "/iox.write.WriteService/Write": WRITE,
     "/iox.write.WriteService/WriteArrow": WRITE,
@@ -59,7 +67,7 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/AcceptPoisoned": ADMIN,
     "/iox.management.ManagementService/AcceptLostWrites": ADMIN,
     "/iox.management.ManagementService/SetRetention": ADMIN,
-    "/iox.management.ManagementService/ListDatabases": ADMIN,
+    "/iox.management.ManagementService/ListDatabases": QUERY,
     "/iox.management.ManagementService/Freeze": ADMIN,
     "/iox.management.ManagementService/Unfreeze": ADMIN,
     "/iox.management.ManagementService/ClaimPartitions": ADMIN,
@@ -67,12 +75,23 @@ RPC_PERMISSIONS = {
 }
 
 
+#: RPCs (by RPC_PERMISSIONS key) that act on the whole server: a token for every database only
+SERVER_WIDE = frozenset({"/iox.management.ManagementService/Freeze", "/iox.management.ManagementService/Unfreeze"})
+#: RPCs that, without a database, list the databases: they answer only the token's (`TokenScope.allows`)
+LISTINGS = frozenset({"/iox.management.ManagementService/ListDatabases", "/iox.management.ManagementService/GetStatus"})
+#: services that stay open (no token): health checks and reflection
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
+                 "/grpc.reflection.v1.ServerReflection/")
+
+
 def required_permission(method: str, database: str | None) -> str | None:
     """The permission `method` needs for `database` (None: the method is open)."""
-    perm = RPC_PERMISSIONS.get(method)
-    if perm == QUERY and method.endswith("/GetStatus") and not database:
-        return ADMIN  # the status of every database
-    return perm
+    return RPC_PERMISSIONS.get(method)
+
+
+def is_open(method: str) -> bool:
+    """Whether a gRPC method needs no token (health and reflection)."""
+    return method.startswith(OPEN_SERVICES)
 
 
 class Unauthenticated(ServerError):
@@ -101,14 +120,23 @@ class TokenScope:
     databases: frozenset
     permissions: frozenset
 
-    def check(self, permission: str, database: str | None) -> None:
-        """Raises PermissionDenied unless this token has `permission` on `database` (None or
-        "": a request naming no database, which only `admin` may make)."""
+    def check(self, permission: str, database: str | None, listing: bool = False) -> None:
+        """Raises PermissionDenied unless this token has `permission` on `database`. None or "" is
+        the whole server, which needs a token for every database, unless the request is a
+        `listing` (its answer is then cut to what `allows` says)."""
         if permission not in self.permissions:
             what = f" on database {database!r}" if database else ""
             raise PermissionDenied(f"token {self.name!r} lacks the {permission} permission{what}", database)
-        if database and ALL_DATABASES not in self.databases and database not in self.databases:
-            raise PermissionDenied(f"token {self.name!r} may not use database {database!r}", database)
+        if database:
+            if not self.allows(permission, database):
+                raise PermissionDenied(f"token {self.name!r} may not use database {database!r}", database)
+        elif not listing and ALL_DATABASES not in self.databases:
+            raise PermissionDenied(f"token {self.name!r} may use only database(s) {', '.join(sorted(self.databases))}: "
+                                   f"this acts on the whole server and needs a token for every database (\"*\")")
+
+    def allows(self, permission: str, database: str) -> bool:
+        """Whether this token has `permission` on `database` (what a listing shows)."""
+        return permission in self.permissions and (ALL_DATABASES in self.databases or database in self.databases)
 
 
 class TokenTable:
@@ -225,14 +253,15 @@ class Authenticator:
         log.info("tokens file %s reloaded: %d scoped token(s)", self.tokens_file, len(scoped))
         return True
 
-    def authorize(self, presented: str | None, permission: str | None, database: str | None) -> TokenScope | None:
-        """The token's scope when it may make the request; raises Unauthenticated or PermissionDenied.
-        None when authentication is off."""
+    def authorize(self, presented: str | None, permission: str | None, database: str | None,
+                  listing: bool = False) -> TokenScope | None:
+        """The token's scope when it may make the request (`TokenScope.check`); raises
+        Unauthenticated or PermissionDenied. None when authentication is off."""
         if not self.enabled:
             return None
         scope = self.table.authenticate(presented)
         if permission is not None:
-            scope.check(permission, database)
+            scope.check(permission, database, listing)
         return scope
 
 
@@ -255,7 +284,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
-        if not self.auth.enabled or method not in RPC_PERMISSIONS:
+        if not self.auth.enabled or is_open(method):
             return continuation(handler_call_details)
         presented = None
         for k, v in handler_call_details.invocation_metadata or ():
@@ -265,15 +294,18 @@ class AuthInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        if method not in RPC_PERMISSIONS:  # fails closed: no scope check is known for it
+            return _refusing(handler, grpc.StatusCode.PERMISSION_DENIED,
+                             f"{method} is not open to tokens (no permission is defined for it)")
         try:
             scope = self.auth.authorize(presented, None, None)  # the token, before the request is parsed
         except Unauthenticated as e:
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
 
         def check(request, context) -> None:
-            database = getattr(request, "database", None)
+            database = "" if method in SERVER_WIDE else getattr(request, "database", "")
             try:
-                scope.check(required_permission(method, database), database)
+                scope.check(required_permission(method, database), database, listing=method in LISTINGS)
             except PermissionDenied as e:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
 
@@ -282,7 +314,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
             def unary_unary(request, context):
                 check(request, context)
-                return inner(request, context)
+                token = _SCOPE.set(scope)
+                try:
+                    return inner(request, context)
+                finally:
+                    _SCOPE.reset(token)
 
             return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
                                                        handler.response_serializer)
@@ -291,11 +327,25 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
             def unary_stream(request, context):
                 check(request, context)
-                yield from inner_s(request, context)
+                token = _SCOPE.set(scope)
+                try:
+                    yield from inner_s(request, context)
+                finally:
+                    _SCOPE.reset(token)
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
                                                         handler.response_serializer)
-        return handler  # no streaming-request RPC is served
+        return _refusing(handler, grpc.StatusCode.UNIMPLEMENTED, "streaming requests are not served")
+
+
+#: the scope of the token of the RPC a gRPC handler thread serves (None: no tokens configured)
+_SCOPE: contextvars.ContextVar = contextvars.ContextVar("iox_token_scope", default=None)
+
+
+def current_scope() -> TokenScope | None:
+    """The token scope of the RPC being served in this thread (None: the server has no tokens);
+    what a listing handler cuts its answer with."""
+    return _SCOPE.get()
 
 
 def _refusing(handler, code, message: str):

@@ -12,7 +12,8 @@ an org's id is the first 16 hex digits of SHA-256 of `org:` + its name, a bucket
 restarts and servers. An org is known once named (by a lookup or a write path); a bucket is any
 database whose name starts with a known org's name and `_` (or, without one, splits at its first `_`).
 
-Invariant: every answer is JSON; bad input is 400 (`{"code": "invalid", ...}`), an unknown bucket or
+Invariant: a token only sees and changes the buckets of databases it may administer (`may`);
+every answer is JSON; bad input is 400 (`{"code": "invalid", ...}`), an unknown bucket or
 org 404, an existing bucket 422 (`conflict`), as InfluxDB answers; no request changes anything
 unless the retention commit succeeded. Called from the HTTP API's worker threads (driver).
 """
@@ -111,14 +112,22 @@ class BucketsApi:
                 if period else [], "createdAt": created, "updatedAt": created, "labels": [],
                 "links": {"self": f"{BUCKETS_PATH}/{bid}", "org": f"{ORGS_PATH}/{self._org(org)}"}}
 
-    def handle(self, method: str, route: str, query: str, body: bytes) -> tuple[int, dict]:
-        """(HTTP status, JSON body) of one request."""
+    def handle(self, method: str, route: str, query: str, body: bytes, may=None) -> tuple[int, dict]:
+        """(HTTP status, JSON body) of one request. `may(database)`: whether the request's token may
+        administer that database (None: every one): a bucket it may not is not listed, and reading,
+        creating or changing it is 403."""
         try:
-            return self._handle(method, route, parse_qs(query, keep_blank_values=True), body)
+            return self._handle(method, route, parse_qs(query, keep_blank_values=True), body,
+                                may if may is not None else (lambda _database: True))
         except _HttpError as e:
             return e.status, {"code": e.code, "message": e.message}
 
-    def _handle(self, method: str, route: str, qs: dict, body: bytes) -> tuple[int, dict]:
+    @staticmethod
+    def _allowed(may, database: str) -> None:
+        if not may(database):
+            raise _HttpError(403, "forbidden", f"the token may not administer database {database!r}")
+
+    def _handle(self, method: str, route: str, qs: dict, body: bytes, may) -> tuple[int, dict]:
         arg = lambda k: (qs.get(k) or [""])[0]  # noqa: E731
         if route == ORGS_PATH:
             if method != "GET":
@@ -138,8 +147,10 @@ class BucketsApi:
             if bucket_id:
                 if not found:
                     raise _HttpError(404, "not found", f"bucket {bucket_id} not found")
+                self._allowed(may, found[0][2])
                 return 200, self._bucket_json(*found[0])
-            return 200, {"links": {"self": BUCKETS_PATH}, "buckets": [self._bucket_json(*b) for b in found]}
+            return 200, {"links": {"self": BUCKETS_PATH},
+                         "buckets": [self._bucket_json(*b) for b in found if may(b[2])]}
         req = self._json(body)
         if method == "POST" and not bucket_id:
             name, org_id = req.get("name"), req.get("orgID")
@@ -151,6 +162,7 @@ class BucketsApi:
                 raise _HttpError(404, "not found", f"organization {org_id!r} not found (look it up by name at "
                                                    f"{ORGS_PATH}?org=NAME first)")
             database = self.database_for(org, name)
+            self._allowed(may, database)
             period = _period_of(req.get("retentionRules"))
             if self.server.catalog.peek_database(database) is not None:
                 raise _HttpError(422, "conflict", f"bucket with name {name} already exists")
@@ -162,6 +174,7 @@ class BucketsApi:
             if not match:
                 raise _HttpError(404, "not found", f"bucket {bucket_id} not found")
             org, name, database = match[0]
+            self._allowed(may, database)
             if req.get("name") not in (None, name):
                 raise _HttpError(400, "invalid", "renaming a bucket is not supported (it names its database)")
             if "retentionRules" in req:

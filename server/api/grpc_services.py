@@ -35,6 +35,7 @@ from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, W
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
 from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
+from server.api.auth import current_scope
 from server.write.router import ArrowTableWrite
 from server.write_buffer.write_token import format_token, token_for
 
@@ -209,9 +210,15 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
 
     def GetStatus(self, request, context):
         try:
-            return self.server.status(request.database)
+            resp = self.server.status(request.database)
         except Exception as e:
             _abort(context, e)
+        scope = current_scope()
+        if scope is not None and not request.database:  # a listing: the token's databases only
+            kept = [d for d in resp.databases if scope.allows("query", d.name)]
+            del resp.databases[:]
+            resp.databases.extend(kept)
+        return resp
 
     def Persist(self, request, context):
         try:
@@ -281,7 +288,9 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
             _abort(context, e)
 
     def ListDatabases(self, request, context):
-        return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()])
+        scope = current_scope()  # a listing: the token's databases only
+        return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()
+                                                           if scope is None or scope.allows("query", d.name)])
 
 
 def _optional(request, name: str):

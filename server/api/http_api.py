@@ -433,16 +433,20 @@ class _Handler(BaseHTTPRequestHandler):
                        close=not self._drain_any())
 
     def _buckets(self, method: str) -> None:
-        """The InfluxDB v2 buckets and orgs API (server/api/buckets.py); needs the `admin` permission."""
+        """The InfluxDB v2 buckets and orgs API (server/api/buckets.py): any valid token; a bucket
+        (its database) is listed, read, created or changed only with the `admin` permission on it."""
         body = self._read_body(MAX_BUCKETS_BODY_BYTES) if method != "GET" else b""
-        if not self._authorized("admin", None):
+        if not self._authorized(None, None):
             return
         api = getattr(self.server, "buckets", None)
         if api is None:
             self._send(404, {"code": "not found", "message": "no buckets API on this server"})
             return
+        auth = getattr(self.server, "authenticator", None)
+        scope = auth.table.authenticate(self._presented_token()) if auth is not None and auth.enabled else None
+        may = (lambda database: scope is None or scope.allows("admin", database))  # noqa: E731
         try:
-            status, out = api.handle(method, self._route(), urlsplit(self.path).query, body)
+            status, out = api.handle(method, self._route(), urlsplit(self.path).query, body, may)
         except Exception as e:
             self._send_error(e)
             return

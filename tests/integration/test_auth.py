@@ -30,6 +30,7 @@ MAIN = "main-" + uuid.uuid4().hex
 WRITER = "writer-" + uuid.uuid4().hex
 READER = "reader-" + uuid.uuid4().hex
 NEW = "new-" + uuid.uuid4().hex
+ADMIN_B = "admin-bucket-" + uuid.uuid4().hex
 DB = "metrics"
 
 TOKENS = f"""
@@ -44,6 +45,12 @@ name = "reader"
 token = "{READER}"
 databases = ["*"]
 permissions = ["query"]
+
+[[tokens]]
+name = "admin-of-one-bucket"
+token = "{ADMIN_B}"
+databases = ["org_bucket"]
+permissions = ["write", "query", "delete", "admin"]
 """
 
 
@@ -145,12 +152,50 @@ def test_grpc_scoped_tokens(srv):
     with IoxClient(srv.addr, token=READER) as r:
         assert r.query(DB, "SELECT 1 AS x").to_pylist() == [{"x": 1}]
         assert r.status(DB)["databases"][0]["name"] == DB  # one database: query
-        for admin_call in (lambda: r.status(), lambda: r.persist(DB), lambda: r.compact(DB, "cpu", "p"),
+        assert DB in {d["name"] for d in r.status()["databases"]}  # a listing: every database it may query
+        for admin_call in (lambda: r.persist(DB), lambda: r.compact(DB, "cpu", "p"),
                            lambda: r.retry_poisoned(DB), lambda: r.accept_poisoned(DB),
                            lambda: r.accept_lost_writes(DB)):
             code, details = _code(admin_call)
             assert code == grpc.StatusCode.PERMISSION_DENIED and "admin" in details
         assert _code(lambda: r.write(DB, f"cpu v=1 {T0}"))[0] == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_an_admin_token_of_one_database_never_acts_beyond_it(srv):
+    """Server-wide operations need a token for every database; listings show its databases only;
+    another database's retention cannot be set, by RPC or through the buckets API."""
+    from iox import management_pb2
+
+    with IoxClient(srv.addr, token=MAIN) as m:
+        m.write("org_other", f"cpu v=1 {T0}")
+        m.write("org_bucket", f"cpu v=1 {T0}")
+    with IoxClient(srv.addr, token=ADMIN_B) as a:
+        for server_wide in (lambda: a.freeze("x"), lambda: a.unfreeze()):
+            code, details = _code(server_wide)
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "whole server" in details
+        assert [d["name"] for d in a.status()["databases"]] == ["org_bucket"]
+        names = a.mgmt_stub.ListDatabases(management_pb2.ListDatabasesRequest(), timeout=30).names
+        assert list(names) == ["org_bucket"]
+        assert _code(lambda: a.status("org_other"))[0] == grpc.StatusCode.PERMISSION_DENIED
+        assert _code(lambda: a.set_retention("org_other", 3600))[0] == grpc.StatusCode.PERMISSION_DENIED
+        assert a.set_retention("org_bucket", 0)["database"] == "org_bucket"
+    auth = {"Authorization": f"Token {ADMIN_B}", "Content-Type": "application/json"}
+    assert _http(srv.http_port, "GET", "/metrics", headers=auth)[0] == 403
+    assert _http(srv.http_port, "GET", "/api/v2/orgs?org=org", headers=auth)[0] == 200
+    st, raw = _http(srv.http_port, "GET", "/api/v2/buckets", headers=auth)
+    assert st == 200 and [b["name"] for b in json.loads(raw)["buckets"]] == ["bucket"]
+    st, raw = _http(srv.http_port, "GET", "/api/v2/buckets", headers={"Authorization": f"Token {MAIN}"})
+    everything = {b["name"]: b["id"] for b in json.loads(raw)["buckets"]}
+    assert {"bucket", "other"} <= set(everything)
+    rule = json.dumps({"retentionRules": [{"type": "expire", "everySeconds": 3600}]}).encode()
+    st, raw = _http(srv.http_port, "PATCH", f"/api/v2/buckets/{everything['other']}", rule, auth)
+    assert st == 403 and "org_other" in json.loads(raw)["message"]
+    with IoxClient(srv.addr, token=MAIN) as m:
+        assert not m.status("org_other")["databases"][0].get("retention_period_s")  # untouched
+    assert _http(srv.http_port, "GET", f"/api/v2/buckets/{everything['other']}", headers=auth)[0] == 403
+    st, _raw = _http(srv.http_port, "PATCH", f"/api/v2/buckets/{everything['bucket']}",
+                     json.dumps({"retentionRules": []}).encode(), auth)
+    assert st == 200
 
 
 # -- HTTP ---------------------------------------------------------------------------------

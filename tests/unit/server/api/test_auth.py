@@ -25,6 +25,12 @@ name = "grafana"
 token = "tok-read"
 databases = ["*"]
 permissions = ["query"]
+
+[[tokens]]
+name = "ops-metrics"
+token = "tok-admin-metrics"
+databases = ["metrics"]
+permissions = ["write", "query", "delete", "admin"]
 """
 
 
@@ -44,11 +50,11 @@ def test_every_rpc_of_every_service_has_a_permission():
     assert set(RPC_PERMISSIONS.values()) <= set(PERMISSIONS)
 
 
-def test_admin_rpcs_and_status_of_all_databases_need_admin():
-    for m in ("Persist", "Compact", "RetryPoisoned", "AcceptPoisoned", "AcceptLostWrites", "ListDatabases"):
+def test_permissions_of_some_rpcs():
+    for m in ("Persist", "Compact", "RetryPoisoned", "AcceptPoisoned", "AcceptLostWrites", "Freeze", "Verify"):
         assert required_permission(f"/iox.management.ManagementService/{m}", "db") == ADMIN
-    assert required_permission("/iox.management.ManagementService/GetStatus", "") == ADMIN
-    assert required_permission("/iox.management.ManagementService/GetStatus", "db") == "query"
+    assert required_permission("/iox.management.ManagementService/GetStatus", "") == "query"
+    assert required_permission("/iox.management.ManagementService/ListDatabases", "") == "query"
     assert required_permission("/iox.write.WriteService/Write", "db") == "write"
     assert required_permission("/iox.delete.DeleteService/Delete", "db") == "delete"
     assert required_permission("/grpc.health.v1.Health/Check", None) is None
@@ -63,6 +69,17 @@ def test_scope_checks_database_and_permission():
     with pytest.raises(PermissionDenied, match="query"):
         s.check("query", "a")
     TokenScope("all", "y", frozenset({ALL_DATABASES}), frozenset({"query"})).check("query", "anything")
+
+
+def test_scope_of_the_whole_server_needs_every_database():
+    admin_a = TokenScope("admin-a", "x", frozenset({"a"}), frozenset(PERMISSIONS))
+    with pytest.raises(PermissionDenied, match="whole server"):
+        admin_a.check(ADMIN, None)
+    with pytest.raises(PermissionDenied, match="whole server"):
+        admin_a.check(ADMIN, "")
+    admin_a.check("query", "", listing=True)  # a listing: cut to its databases
+    assert admin_a.allows("query", "a") and not admin_a.allows("query", "b")
+    TokenScope("all", "y", frozenset({ALL_DATABASES}), frozenset({ADMIN})).check(ADMIN, None)
 
 
 def test_table_authenticates_known_tokens_only():
@@ -85,7 +102,7 @@ def test_authorization_header_schemes():
 
 def test_toml_and_json_files(tmp_path):
     scopes = load_tokens_file(_write(tmp_path, "t.toml", TOML))
-    assert [(s.name, s.databases, s.permissions) for s in scopes] == [
+    assert [(s.name, s.databases, s.permissions) for s in scopes][:2] == [
         ("telegraf", frozenset({"metrics"}), frozenset({"write"})),
         ("grafana", frozenset({"*"}), frozenset({"query"}))]
     doc = {"tokens": [{"token": "j", "databases": "*", "permissions": ["write", "admin"]}]}
@@ -131,7 +148,7 @@ def test_authenticator_main_token_and_reload_keeps_old_set_on_error(tmp_path, ca
     _write(tmp_path, "t.toml", "[[tokens]]\ntoken = 1\n")
     with caplog.at_level(logging.ERROR, logger="server.api.auth"):
         assert a.reload() is False
-    assert "keeping the 3 token(s)" in caplog.text
+    assert "keeping the 4 token(s)" in caplog.text
     assert a.authorize("tok-write", "write", "metrics")
     # a valid one replaces them
     _write(tmp_path, "t.toml", '[[tokens]]\ntoken = "new"\ndatabases = ["x"]\npermissions = ["query"]\n')
@@ -273,6 +290,7 @@ def test_http_tokens(http_auth):
     assert st == 403 and "'other'" in body["error"]
     assert req("GET", "/metrics")[0] == 401
     assert req("GET", "/metrics", headers={"Authorization": "Token tok-read"})[0] == 403
+    assert req("GET", "/metrics", headers={"Authorization": "Token tok-admin-metrics"})[0] == 403  # one database
     assert req("GET", "/metrics", headers={"Authorization": "Token main"})[0] == 200
     assert router.calls == ["o_b", "o_b", "metrics", "metrics"]
 
@@ -316,10 +334,95 @@ def test_grpc_interceptor(tmp_path):
         assert code(None, lambda c: c.status("metrics")) == grpc.StatusCode.UNAUTHENTICATED
         assert code("bad", lambda c: c.status("metrics")) == grpc.StatusCode.UNAUTHENTICATED
         assert code("tok-read", lambda c: c.status("metrics")) == grpc.StatusCode.OK
-        assert code("tok-read", lambda c: c.status()) == grpc.StatusCode.PERMISSION_DENIED
+        assert code("tok-read", lambda c: c.status()) == grpc.StatusCode.OK  # a listing, cut to its databases
         assert code("tok-read", lambda c: c.persist("metrics")) == grpc.StatusCode.PERMISSION_DENIED
         assert code("tok-write", lambda c: c.status("metrics")) == grpc.StatusCode.PERMISSION_DENIED
         assert code("main", lambda c: c.status()) == grpc.StatusCode.OK
         assert code("main", lambda c: c.persist("x")) == grpc.StatusCode.OK
     finally:
+        g.stop(0)
+
+
+def _services():
+    """{full method: (request class, streams an answer)} of every RPC of the server's own services."""
+    out = {}
+    for mod, svc in ((write_pb2, "WriteService"), (query_pb2, "QueryService"),
+                     (management_pb2, "ManagementService"), (delete_pb2, "DeleteService")):
+        sd = mod.DESCRIPTOR.services_by_name[svc]
+        for m in sd.methods:
+            req_cls = getattr(mod, m.input_type.name, None) or _message_class(m.input_type)
+            out[f"/{sd.full_name}/{m.name}"] = (req_cls, m.server_streaming)
+    return out
+
+
+def _message_class(descriptor):
+    from google.protobuf import message_factory
+
+    return message_factory.GetMessageClass(descriptor)
+
+
+def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
+    """The matrix from RPC_PERMISSIONS: a token with every permission on database `a` only may call
+    each RPC for `a`, never for `b`, never one acting on the whole server (Freeze, Unfreeze, or a
+    database left empty), except a listing (answered with its databases only, by the handler);
+    a method of our services the table does not name is refused (the interceptor fails closed)."""
+    from concurrent import futures
+
+    import grpc
+
+    from server.api.auth import LISTINGS, SERVER_WIDE, AuthInterceptor
+
+    auth = Authenticator("main", _write(tmp_path, "t.json", json.dumps(
+        {"tokens": [{"name": "a-all", "token": "tok-a", "databases": ["a"], "permissions": list(PERMISSIONS)}]})))
+    methods = _services()
+
+    def answer(request, context):
+        return management_pb2.ListDatabasesResponse()  # any message: the client does not parse it
+
+    def stream(request, context):
+        yield management_pb2.ListDatabasesResponse()
+
+    handlers = {}
+    for full, (req_cls, streams) in list(methods.items()) + [("/iox.management.ManagementService/NotInTable",
+                                                                (management_pb2.ListDatabasesRequest, False))]:
+        svc, name = full[1:].split("/")
+        h = (grpc.unary_stream_rpc_method_handler(stream, req_cls.FromString, lambda m: m.SerializeToString())
+             if streams else
+             grpc.unary_unary_rpc_method_handler(answer, req_cls.FromString, lambda m: m.SerializeToString()))
+        handlers.setdefault(svc, {})[name] = h
+    g = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(auth)])
+    g.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(svc, hs) for svc, hs in handlers.items()])
+    port = g.add_insecure_port("127.0.0.1:0")
+    g.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        def call(method, req_cls, streams, database, token="tok-a"):
+            req = req_cls()
+            if "database" in req_cls.DESCRIPTOR.fields_by_name:
+                req.database = database
+            md = [("authorization", f"Token {token}")]
+            try:
+                if streams:
+                    list(channel.unary_stream(method, req_cls.SerializeToString, lambda b: b)(req, metadata=md,
+                                                                                              timeout=10))
+                else:
+                    channel.unary_unary(method, req_cls.SerializeToString, lambda b: b)(req, metadata=md, timeout=10)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+        ok, denied = grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED
+        for method, (req_cls, streams) in sorted(methods.items()):
+            names_db = "database" in req_cls.DESCRIPTOR.fields_by_name
+            assert names_db or method in SERVER_WIDE | LISTINGS, f"{method}: no database, no listing, not server-wide"
+            want_a = denied if method in SERVER_WIDE else ok
+            assert call(method, req_cls, streams, "a") == want_a, method
+            if names_db and method not in SERVER_WIDE:
+                assert call(method, req_cls, streams, "b") == denied, method
+                assert call(method, req_cls, streams, "") == (ok if method in LISTINGS else denied), method
+            assert call(method, req_cls, streams, "b", token="main") == ok, method  # a token for every database
+        assert call("/iox.management.ManagementService/NotInTable", management_pb2.ListDatabasesRequest, False,
+                    "a", token="main") == denied
+    finally:
+        channel.close()
         g.stop(0)
