@@ -63,6 +63,7 @@ from catalog.sharding import topic_for
 from server.query.tail import WriteBufferTail
 from server.runtime.write_path_priority import raise_write_path_priority
 from server.runtime.memory_guard import MemoryGuard
+from server.runtime.ports import check_ports_free
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
 from server.pool_admin import PoolControl
@@ -160,6 +161,13 @@ class IoxServer:
         self.authenticator = Authenticator(cfg.auth_token, cfg.auth_tokens_file)
         if not self.authenticator.enabled and not is_loopback(cfg.bind_host):
             log.warning("serving on %s WITHOUT authentication (--insecure)", cfg.bind_host)
+        from pyspark.sql import SparkSession
+
+        # a server stops only the Spark application it created (tests run several servers on one)
+        self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
+        # a port another process holds stops the start here, in one line naming its option
+        check_ports_free(cfg.bind_host, [(cfg.grpc_port, "--grpc-port"), (cfg.http_port, "--http-port")] + (
+            [(cfg.spark_connect_port, "--spark-connect-port")] if self._owns_spark and cfg.role != "ingester" else []))
         data_dir = cfg.abs_data_dir
         os.makedirs(data_dir, exist_ok=True)
         t0 = time.monotonic()
@@ -180,10 +188,6 @@ class IoxServer:
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
                                         cfg.replication_factor if cfg.kafka_bootstrap else 1)
         scratch = os.path.join(data_dir, "spark")
-        from pyspark.sql import SparkSession
-
-        # a server stops only the Spark application it created (tests run several servers on one)
-        self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch,
                                  0 if cfg.role == "ingester" else cfg.spark_connect_port,  # it answers no query
                                  cfg.extra_spark_conf, cfg.bind_host, cfg.auth_token)

@@ -323,7 +323,12 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
     names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, g)
     host = f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind  # an IPv6 address
-    bound = g.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = g.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises it when the port cannot be bound
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind gRPC to {bind}:{port}")
+        from server.runtime.ports import PortTaken
+
+        raise PortTaken(bind, port, "--grpc-port", "gRPC could not bind it")
     return g, health_servicer, bound

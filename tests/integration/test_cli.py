@@ -160,3 +160,29 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
             srv.stop()
     finally:
         broker.stop()
+
+
+def test_serve_on_a_taken_port_exits_at_once_naming_the_port_and_its_option(tmp_path):
+    """Another process holds the gRPC, HTTP or Spark Connect port: one line, exit 1, before Spark
+    or a broker starts (a second server on one host used to die in a traceback around Spark
+    Connect's BindException)."""
+    import socket
+    import time
+
+    from server.runtime.broker import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOX_")}
+    for option in ("--grpc-port", "--http-port", "--spark-connect-port"):
+        ports = {o: free_port() for o in ("--grpc-port", "--http-port", "--spark-connect-port")}
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", ports[option]))
+            holder.listen()
+            t0 = time.monotonic()
+            args = [IOX, "serve", "--data-dir", str(tmp_path / option.strip("-")), "--broker-storage", "memory"]
+            for o, p in ports.items():
+                args += [o, str(p)]
+            r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 1, (option, r.stderr[-2000:])
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"port {ports[option]}" in errors[0] and option in errors[0], r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
