@@ -226,6 +226,19 @@ class Database:
                 out[r.partition] = min(r.offset, out.get(r.partition, r.offset))
         return out
 
+    def hold_reasons(self) -> dict:
+        """{kp: [(offset, why)]}: each hold `held_offsets` merges, with why it holds ("fenced",
+        "frozen", "not owned", "poisoned message"), lowest offset first. Caller holds Catalog.lock."""
+        out: dict = {}
+        for holds, why in ((self.fence_holds, "fenced"), (self.freeze_holds, "frozen"),
+                           (self.pool_holds, "not owned")):
+            for kp, off in holds.items():
+                out.setdefault(kp, []).append((off, why))
+        for r in self.poisoned:
+            if r.state == HELD and r.epoch == self.epoch:
+                out.setdefault(r.partition, []).append((r.offset, "poisoned message"))
+        return {kp: sorted(v) for kp, v in sorted(out.items())}
+
     def accepted_offsets(self) -> set:
         """{(kp, offset)} of the ACCEPTED messages of the current epoch: never applied."""
         return {(r.partition, r.offset) for r in self.poisoned if r.state == ACCEPTED and r.epoch == self.epoch}

@@ -579,6 +579,9 @@ def main(argv=None) -> int:
     if a.cmd == "persist":
         r = _client_call(lambda: client.persist(a.db, a.table, a.partition))
         print(json.dumps(r, indent=2))
+        for s in r.get("skipped", []):
+            where = f"{s['table']}/{s['partition_key']}" if s["table"] else f"Kafka partition {s['kafka_partition']}"
+            sys.stderr.write(f"warning: not persisted: {where}: {s['reason']}\n")
         return 0
     if a.cmd == "delete":
         r = _client_call(lambda: client.delete_response(a.db, a.start, a.stop, a.predicate, a.table))

@@ -69,6 +69,11 @@ def test_freeze_persist_restart_unfreeze_and_freeze_by_usage(broker, session_tmp
         assert high["applied_hi_inclusive"] == applied[kp]
         assert _rows(c, db) == [("a", float(i), T0 + i * US) for i in range(3)]
         assert c.status()["freeze"]["frozen"]
+        # `iox persist` says what it cannot cover: every Kafka partition, frozen after what it applied
+        skipped = c.persist(db)["skipped"]
+        assert sorted(s["kafka_partition"] for s in skipped) == list(range(4))
+        assert all(s["table"] == "" and s["reason"].startswith("frozen: its writes from offset") for s in skipped)
+        assert f"from offset {applied[kp] + 1} on" in next(s["reason"] for s in skipped if s["kafka_partition"] == kp)
     finally:
         c.close()
         srv.stop()
