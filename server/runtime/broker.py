@@ -3,7 +3,10 @@
 Invariant: the broker runs as its own process in its own session, recorded in
 `<data_dir>/broker.json`, so a SIGKILL of the server leaves it (and the write
 buffer it holds) running; the next server on the same data directory reuses it.
-Only the server that started it stops it, on a clean shutdown.
+Only the server that started it stops it, on a clean shutdown. The record
+keeps each process's start time too (`process_start`): a recorded pid is
+signalled, reused or given a priority only while it still names that process,
+never a process that got the pid later (after a reboot).
 
 Storage (`--broker-storage`): `durable` (the default) keeps every acknowledged
 message on disk: Tansu's s3:// storage engine on a local S3 server, SeaweedFS
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 from server.errors import ServerError
 
 __all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port",
+           "process_start",
            "map_count_warning", "MAP_COUNT_FOR_MEMORY_STORAGE", "STORAGE_DURABLE", "STORAGE_MEMORY",
            "DEFAULT_BROKER_STORAGE", "MEMORY_BROKER_MAX_PERSIST_AGE_S", "object_server_binary", "BrokerStoreMissing"]
 
@@ -174,6 +178,39 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, /proc/<pid>/stat field 22); None when it
+    cannot be read (gone). With the pid it names one process: a pid the kernel gives again later
+    (after a reboot, or once the broker exited) has another start."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_ours(pid: int | None, start: int | None, binary=None) -> bool:
+    """Whether `pid` is still the process this server (or an earlier run on its data directory)
+    started: the same start time, or, for a record written without one, a command line that runs
+    the executable `binary()` names. Checked before any signal is sent to a recorded pid."""
+    if pid is None or not _alive(pid):
+        return False
+    if start is not None:
+        return process_start(pid) == start
+    if binary is None:
+        return False
+    try:
+        binary = binary()
+    except Exception:  # noqa: BLE001 - its executable is not installed: the process cannot be it
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return False
+    return os.path.basename(argv0) == os.path.basename(binary)
+
+
 def _command(port: int, storage: str) -> list[str]:
     url = f"tcp://127.0.0.1:{port}"
     return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
@@ -196,6 +233,10 @@ class BrokerHandle:
     store_pid: int | None = None
     store_port: int | None = None
     store_dir: str | None = None
+    #: when the broker and its store started (`process_start`): a recorded pid is signalled only
+    #: while it still names that process (None: a record of an older version; its command is checked)
+    pid_start: int | None = None
+    store_pid_start: int | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -206,19 +247,28 @@ class BrokerHandle:
         """Tansu keeps its messages in memory only: they are gone once it stops."""
         return self.storage.startswith("memory://")
 
+    def broker_is_ours(self) -> bool:
+        """Whether `pid` still names the broker this handle started (see `_is_ours`)."""
+        return _is_ours(self.pid, self.pid_start, broker_binary)
+
+    def store_is_ours(self) -> bool:
+        return _is_ours(self.store_pid, self.store_pid_start, object_server_binary)
+
     def is_running(self) -> bool:
-        if self.store_pid is not None and not (_alive(self.store_pid) and _reachable(self.store_port)):
+        if self.store_pid is not None and not (self.store_is_ours() and _reachable(self.store_port)):
             return False
-        return _alive(self.pid) and _reachable(self.port)
+        return self.broker_is_ours() and _reachable(self.port)
 
     def stop(self) -> None:
-        """Stops the broker and removes its record.
+        """Stops the broker and removes its record; a recorded pid that names another process now
+        (recycled after a reboot) is never signalled.
 
         A broker on durable storage gets SIGTERM and up to ``STOP_TIMEOUT_S`` to exit (then
         SIGKILL). An in-memory broker is killed at once: it has nothing to flush, its messages go
         either way, and Tansu's graceful stop waits ~5 s for connected clients to leave."""
-        _stop_process(self.pid, signal.SIGKILL if self.in_memory else signal.SIGTERM)
-        if self.store_pid is not None:  # after the broker: it may still write while it stops
+        if self.broker_is_ours():
+            _stop_process(self.pid, signal.SIGKILL if self.in_memory else signal.SIGTERM)
+        if self.store_pid is not None and self.store_is_ours():  # after the broker: it may still write
             _stop_process(self.store_pid, signal.SIGTERM)
         if self.record_path and os.path.exists(self.record_path):
             os.unlink(self.record_path)
@@ -358,7 +408,9 @@ def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | N
     return BrokerHandle(pid=proc.pid, port=port, storage=url, owned=True,
                         store_pid=store.pid if store is not None else None,
                         store_port=store_port if store is not None else None,
-                        store_dir=store_dir if store is not None else None)
+                        store_dir=store_dir if store is not None else None,
+                        pid_start=process_start(proc.pid),
+                        store_pid_start=process_start(store.pid) if store is not None else None)
 
 
 def start_or_reuse(data_dir: str, port: int = 0, storage: str = DEFAULT_BROKER_STORAGE) -> BrokerHandle:
@@ -378,13 +430,16 @@ def start_or_reuse(data_dir: str, port: int = 0, storage: str = DEFAULT_BROKER_S
                 rec = json.load(f)
             handle = BrokerHandle(pid=int(rec["pid"]), port=int(rec["port"]), storage=rec["storage"],
                                   owned=False, record_path=record, store_pid=rec.get("store_pid"),
-                                  store_port=rec.get("store_port"), store_dir=rec.get("store_dir"))
+                                  store_port=rec.get("store_port"), store_dir=rec.get("store_dir"),
+                                  pid_start=rec.get("pid_start"), store_pid_start=rec.get("store_pid_start"))
             if handle.is_running():
                 return handle
-            # what is left of it goes: a durable broker starts again on its store's directory
-            for pid in (handle.pid, handle.store_pid):
-                if pid is not None and _alive(pid):
-                    _stop_process(pid, signal.SIGTERM)
+            # what is left of it goes (only processes it still names): a durable broker starts again
+            # on its store's directory
+            if handle.broker_is_ours():
+                _stop_process(handle.pid, signal.SIGTERM)
+            if handle.store_is_ours():
+                _stop_process(handle.store_pid, signal.SIGTERM)
             if not _reachable(handle.port, 0.2):
                 port = port or handle.port
         except (OSError, ValueError, KeyError, TypeError):
@@ -395,7 +450,8 @@ def start_or_reuse(data_dir: str, port: int = 0, storage: str = DEFAULT_BROKER_S
     tmp = record + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"pid": handle.pid, "port": handle.port, "storage": handle.storage, "store_pid": handle.store_pid,
-                   "store_port": handle.store_port, "store_dir": handle.store_dir}, f)
+                   "store_port": handle.store_port, "store_dir": handle.store_dir, "pid_start": handle.pid_start,
+                   "store_pid_start": handle.store_pid_start}, f)
     os.replace(tmp, record)
     return handle
 

@@ -25,6 +25,7 @@ def test_an_in_memory_broker_is_killed_at_once_a_durable_one_asked_to_stop(monke
     sent = []
     monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "_is_ours", lambda pid, start, binary=None: True)
     monkeypatch.setattr(broker, "_reap", lambda pid: None)
     broker.BrokerHandle(pid=11, port=1, storage=broker._storage_url("memory"), owned=True).stop()
     broker.BrokerHandle(pid=12, port=1, storage="sqlite://tansu.db", owned=True).stop()
@@ -39,6 +40,7 @@ def test_a_durable_broker_is_asked_to_stop_before_its_store(monkeypatch):
     sent = []
     monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "_is_ours", lambda pid, start, binary=None: True)
     monkeypatch.setattr(broker, "_reap", lambda pid: None)
     broker.BrokerHandle(pid=21, port=1, storage="s3://tansu/", owned=True, store_pid=22, store_port=2,
                         store_dir="/x").stop()
@@ -78,3 +80,37 @@ def test_the_memory_broker_bounds_the_persist_age_and_a_durable_one_does_not():
         .persist_age_threshold_s > MEMORY_BROKER_MAX_PERSIST_AGE_S
     with pytest.raises(InvalidConfig, match="durable or memory"):
         ServerConfig(broker_storage="disk")
+
+
+def test_a_recorded_pid_that_names_another_process_now_is_never_signalled(tmp_path):
+    """broker.json of a run before a reboot: its pids now belong to other processes. A clean stop
+    and a start on that data directory leave them alone (and the start runs a broker of its own)."""
+    import json
+    import subprocess
+    import sys
+
+    from server.runtime import broker
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = broker.process_start(other.pid)
+        assert start is not None and broker._is_ours(other.pid, start)
+        assert not broker._is_ours(other.pid, start + 1)  # same pid, another process
+        assert not broker._is_ours(other.pid, None, broker.broker_binary)  # an old record: not Tansu's command
+        h = broker.BrokerHandle(pid=other.pid, port=1, storage=broker._storage_url("memory"), owned=True,
+                                pid_start=start + 1, store_pid=other.pid, store_port=2, store_dir="/x",
+                                store_pid_start=start + 7)
+        h.stop()
+        with open(tmp_path / "broker.json", "w") as f:
+            json.dump({"pid": other.pid, "port": broker.free_port(), "storage": "memory://tansu/",
+                       "store_pid": other.pid, "store_port": 1, "store_dir": str(tmp_path), "pid_start": start - 1,
+                       "store_pid_start": None}, f)
+        mine = broker.start_or_reuse(str(tmp_path), storage="memory")
+        try:
+            assert mine.pid != other.pid and mine.broker_is_ours() and mine.pid_start is not None
+        finally:
+            mine.stop()
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()
