@@ -600,7 +600,7 @@ class LifecycleWorker:
         micro-batch not applied again yet); raises what the commit raises."""
         from catalog.preserved_catalog import RemoveParquet
 
-        with self._action_lock:
+        with self._action_lock:  # no other commit of the lifecycle meanwhile
             pc = self.preserved_for(db.name, now)
             with self.catalog.lock:
                 part = db.partitions.get(table, {}).get(partition_key)
@@ -618,11 +618,21 @@ class LifecycleWorker:
                 actions += [RemoveParquet(key=k) for k in keys]
                 if unpersisted:
                     actions.append(db.checkpoint_action(_checkpoint_without(db, part)))
+                part.persisting = True  # no persist or compaction of it while it is committed
+            # the commit (an object-store write, retried on S3) outside the catalog lock: micro-batches
+            # and queries go on meanwhile; what they add after the checkpoint was built has later offsets
+            try:
                 if actions:
                     pc.commit(actions, now)
+            except BaseException:
+                with self.catalog.lock:
+                    part.persisting = False
+                raise
+            with self.catalog.lock:
                 db.deletes.mark_recorded(flushed)
                 chunks = list(part.chunks)
-                del db.partitions[table][partition_key]
+                if db.partitions.get(table, {}).get(partition_key) is part:
+                    del db.partitions[table][partition_key]
             self.refresh_view(db, table)
             self.catalog.retire(chunks, now)
             self.catalog.query_pins.retire(keys)

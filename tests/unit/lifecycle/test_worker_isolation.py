@@ -59,3 +59,44 @@ def test_a_failing_housekeeping_step_leaves_the_later_ones_running(worker, monke
     worker._last_mailbox_flush = worker._last_cleanup = float("-inf")
     assert worker.run_once(NOW_S) == []
     assert ran == ["flush", "cleanup"] and "store unreachable" in worker.last_error
+
+
+def test_a_prune_commits_outside_the_catalog_lock(worker, monkeypatch):
+    """Retention drops a partition in one preserved-catalog transaction; while that object-store
+    write takes its time (an S3 PUT with retries), micro-batches and queries still take the
+    catalog's lock, and the partition is gone once it committed."""
+    import threading
+
+    db = worker.catalog.database("db_a")
+    worker.catalog.partition(db, "cpu", "2020-01-01")
+    worker.refresh_view = lambda db, table: None
+    from catalog.preserved_catalog import AddParquet
+
+    key = "db_a/data/cpu/2020-01-01/f.parquet"  # a file of the partition: the prune removes it
+    worker.preserved["db_a"].commit([AddParquet(key=key, table="cpu", partition_key="2020-01-01", row_count=1,
+                                                size_bytes=1, min_time_ns=0, max_time_ns=0, min_seq=0, max_seq=0,
+                                                schema=(("v", "field", "float"), ("time", "time", "time")))], NOW_S)
+    store = worker.store
+    entered, release = threading.Event(), threading.Event()
+    put = store.put_if_absent
+
+    def slow_put(key, data):
+        if "/catalog/" in key:
+            entered.set()
+            assert release.wait(30)
+        return put(key, data)
+
+    monkeypatch.setattr(store, "put_if_absent", slow_put)
+    result = []
+    t = threading.Thread(target=lambda: result.append(worker.prune_partition(db, "cpu", "2020-01-01", NOW_S)))
+    t.start()
+    try:
+        assert entered.wait(30)
+        assert worker.catalog.lock.acquire(timeout=5)  # not held by the commit
+        worker.catalog.lock.release()
+        assert "2020-01-01" in db.partitions["cpu"]  # not dropped before it committed
+    finally:
+        release.set()
+        t.join(30)
+    assert result == [True] and "2020-01-01" not in db.partitions["cpu"]
+    assert key not in worker.preserved["db_a"].state.files
