@@ -62,7 +62,7 @@ from server.write_buffer.producer import WriteBuffer
 from catalog.sharding import topic_for
 from server.query.tail import WriteBufferTail
 from server.runtime.write_path_priority import raise_write_path_priority
-from server.runtime.memory_guard import MemoryGuard
+from server.runtime.memory_guard import MemoryGuard, process_tree_rss_bytes
 from server.runtime.ports import check_ports_free
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
@@ -274,9 +274,14 @@ class IoxServer:
             cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file,
             self.acked_marks.directory, holds_file)
         # RSS of the process tree against --memory-limit-bytes (server/runtime/memory_guard.py)
+        # the embedded broker and its store count too, also when reused from an earlier run (no
+        # children of this process then); read at each sample: the supervisor may restart them
+        broker_pids = lambda: [p for p in ((self.broker.pid, self.broker.store_pid)  # noqa: E731
+                                           if self.broker is not None else ()) if p]
         self.memory_guard = MemoryGuard(cfg.memory_limit_bytes, cfg.memory_soft_fraction,
                                         cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
-                                        cfg.max_messages_per_partition_per_batch)
+                                        cfg.max_messages_per_partition_per_batch,
+                                        measure=lambda: process_tree_rss_bytes(extra_pids=broker_pids()))
         self.consumer.throttle_file = self.memory_guard.throttle_file
         self.consumer.freeze_file = self.freeze.path
         self.memory_guard.start()

@@ -1,9 +1,13 @@
 """Memory guard: the RSS of the server's whole process tree against `--memory-limit-bytes`.
 
-What it measures: the resident memory (RSS) of the server process and every process below it
-(the Spark JVM, its Python workers, the streaming source's worker, an embedded broker started
-by this process), read from /proc (Linux); elsewhere through psutil when installed. Not the
-catalog's size estimate: everything the kernel would count against the host.
+What it measures: the resident memory of the server process and every process below it (the
+Spark JVM, its Python workers, the streaming source's worker, an embedded broker started by this
+process), plus the embedded broker and its store when the server reuses them from an earlier run
+(they are not its children then), read from /proc (Linux); elsewhere through psutil when
+installed. Each page is counted once: a process's proportional share (PSS, from
+/proc/<pid>/smaps_rollup) splits a page its forked workers share among them, where the sum of
+their RSS counted it once per worker (RSS where smaps_rollup cannot be read). Not the catalog's
+size estimate: everything the kernel would count against the host.
 
 States (`state`), re-evaluated at every sample:
 - NORMAL: below `soft_fraction * limit`.
@@ -56,7 +60,15 @@ def _children_map() -> dict[int, list[int]]:
     return out
 
 
-def _rss_of(pid: int, page: int) -> int:
+def _resident_of(pid: int, page: int) -> int:
+    """The resident bytes of `pid`: its proportional share (PSS), else its RSS; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * page
@@ -64,14 +76,21 @@ def _rss_of(pid: int, page: int) -> int:
         return 0
 
 
-def process_tree_rss_bytes(root_pid: int | None = None) -> int:
-    """RSS (bytes) of `root_pid` (default: this process) and all its descendants."""
+def process_tree_rss_bytes(root_pid: int | None = None, extra_pids=()) -> int:
+    """Resident bytes (each page once, see the module docstring) of `root_pid` (default: this
+    process), all its descendants, and each of `extra_pids` with its descendants."""
     root = os.getpid() if root_pid is None else root_pid
     if not os.path.isdir("/proc"):
         import psutil  # not Linux: psutil (optional dependency) reads the platform's tables
 
         p = psutil.Process(root)
         procs = [p] + p.children(recursive=True)
+        for pid in extra_pids:
+            try:
+                e = psutil.Process(pid)
+                procs += [e] + e.children(recursive=True)
+            except psutil.Error:
+                pass
         total = 0
         for q in procs:
             try:
@@ -81,13 +100,13 @@ def process_tree_rss_bytes(root_pid: int | None = None) -> int:
         return total
     page = os.sysconf("SC_PAGE_SIZE")
     children = _children_map()
-    total, stack, seen = 0, [root], set()
+    total, stack, seen = 0, [root, *[p for p in extra_pids if p]], set()
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        total += _rss_of(pid, page)
+        total += _resident_of(pid, page)
         stack.extend(children.get(pid, ()))
     return total
 

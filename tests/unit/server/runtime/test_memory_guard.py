@@ -51,3 +51,47 @@ def test_process_tree_rss_counts_children() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+_FORKED = """
+import os, sys, time
+b = bytearray(b"\\x01") * (128 << 20)  # 128 MiB, every page touched
+for _ in range(3):
+    if os.fork() == 0:  # a worker sharing those pages (copy on write, none written)
+        time.sleep(60)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_pages_forked_workers_share_count_once_and_reused_processes_count_too() -> None:
+    """The sum of RSS counted 128 MiB four times (a parent and three forked workers sharing it);
+    proportional shares count it once. A process given as an extra root (a broker reused from an
+    earlier run: not a child) counts with its own children."""
+    import subprocess
+    import sys
+
+    from server.runtime.memory_guard import _children_map
+
+    parent = subprocess.Popen([sys.executable, "-c", _FORKED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        pids = [parent.pid] + _children_map().get(parent.pid, [])
+        assert len(pids) == 4
+        rss = sum(int(open(f"/proc/{p}/statm").read().split()[1]) * 4096 for p in pids)
+        tree = process_tree_rss_bytes(parent.pid)
+        assert rss > 4 * (120 << 20)  # what the RSS sum said
+        assert (120 << 20) < tree < 2 * (128 << 20), tree  # once, plus each interpreter's own pages
+        other = subprocess.Popen(["sleep", "60"])  # a tree the forked workers are not in
+        try:
+            alone = process_tree_rss_bytes(other.pid)
+            assert process_tree_rss_bytes(other.pid, extra_pids=[parent.pid]) >= alone + (120 << 20)
+        finally:
+            other.kill()
+            other.wait()
+    finally:
+        for pid in _children_map().get(parent.pid, []):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
