@@ -204,6 +204,8 @@ class Ingestor:
         self.metrics = metrics
         #: (topic, kp, offset) -> isolations in a row in which the message failed on its own
         self._suspects: dict = {}
+        #: micro-batches in a row that failed for their infrastructure (`_back_off`)
+        self._infrastructure_failures = 0
 
     # foreachBatch entry point
     def apply_batch(self, df, batch_id: int) -> None:
@@ -246,12 +248,17 @@ class Ingestor:
                     if self.quiescing.is_set():
                         raise
                     if _executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
-                        log.error("micro-batch %s failed: an executor was lost (%s); retrying the batch", batch_id,
-                                  _first_line(e))
+                        self._back_off(batch_id, e)
                         raise
                     log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
                               type(e).__name__, e, exc_info=True)
-                    self._isolate(raw, meta, accepted, batch_id, t0, e, F)
+                    try:
+                        self._isolate(raw, meta, accepted, batch_id, t0, e, F)
+                    except Exception as e2:
+                        if _executor_lost(e2) and not self.quiescing.is_set():
+                            self._back_off(batch_id, e2)
+                        raise
+                self._infrastructure_failures = 0
                 with self._applied:
                     self.batches_applied += 1
                     self._applied.notify_all()
@@ -260,6 +267,16 @@ class Ingestor:
                     op.micro_batch(len(meta), sum(m["nbytes"] or 0 for m in meta), time.perf_counter() - t0)
         finally:
             release_df(checkpointed)
+
+    def _back_off(self, batch_id: int, e: BaseException) -> None:
+        """A micro-batch failed for its infrastructure (an executor lost, and with it the batch's
+        blocks): waits `infrastructure_backoff_s` of the failures in a row before the stream
+        retries it whole. No message is blamed (server/write_buffer/poison.py)."""
+        self._infrastructure_failures += 1
+        delay = infrastructure_backoff_s(self._infrastructure_failures)
+        log.error("micro-batch %s failed: an executor was lost (%s); retrying the batch in %.1f s (%d in a row)",
+                  batch_id, _first_line(e), delay, self._infrastructure_failures)
+        self.quiescing.wait(delay)  # a stop does not wait it out
 
     def _apply(self, raw, meta: list, accepted: set, batch_id: int, t0: float, F) -> None:
         """Applies the messages `meta` (metadata rows of `raw`, which holds them and no other
@@ -388,6 +405,8 @@ class Ingestor:
             try:
                 self._apply(raw.filter(_ranges_condition(msgs, F)), msgs, accepted, batch_id, t0, F)
             except Exception as e:
+                if _executor_lost(e):  # the infrastructure, not these messages: the isolation stops here
+                    raise
                 log.info("micro-batch %s: %d message(s) of %s fail together (%s: %s)", batch_id, len(msgs),
                          sorted({(m["topic"], m["kp"]) for m in msgs}), type(e).__name__, e)
                 return e
@@ -950,6 +969,18 @@ class _ChunkBuild:
 
 #: what Spark says when a job needed blocks of a lost executor, or lost the executor running it
 _EXECUTOR_LOST_MARKERS = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure")
+
+
+#: the first wait before a micro-batch that failed for its infrastructure is retried; it doubles with
+#: each failure in a row, up to INFRASTRUCTURE_BACKOFF_MAX_S
+INFRASTRUCTURE_BACKOFF_S = 0.5
+INFRASTRUCTURE_BACKOFF_MAX_S = 30.0
+
+
+def infrastructure_backoff_s(failures_in_a_row: int) -> float:
+    """How long to wait before retrying a micro-batch after its `failures_in_a_row`-th infrastructure
+    failure in a row: 0.5 s, 1 s, 2 s, ... at most 30 s. Pure."""
+    return min(INFRASTRUCTURE_BACKOFF_MAX_S, INFRASTRUCTURE_BACKOFF_S * 2 ** max(0, failures_in_a_row - 1))
 
 
 def _executor_lost(e: BaseException) -> bool:

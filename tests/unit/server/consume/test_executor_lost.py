@@ -23,3 +23,41 @@ def test_other_failures_are_not():
     e = ValueError("a")
     e.__context__ = e  # a cycle ends the walk
     assert not _executor_lost(e)
+
+
+def test_infrastructure_failures_are_retried_after_a_doubling_wait():
+    from server.consume.ingest import infrastructure_backoff_s
+
+    assert [infrastructure_backoff_s(n) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+
+
+def test_an_executor_lost_while_looking_for_a_poisoned_message_blames_none(monkeypatch):
+    """The whole batch failed; while its messages are applied one partition at a time, an executor
+    is lost: the search stops, the loss is raised (the stream retries the batch after a wait), and
+    no message is set aside."""
+    import pytest
+
+    import server.consume.ingest as ingest
+    from catalog.catalog import Catalog
+
+    catalog = Catalog()
+    db = catalog.ensure_database("d", "iox.d", 2)
+    ing = ingest.Ingestor(None, catalog, 2)
+    monkeypatch.setattr(ingest, "_ranges_condition", lambda msgs, F: None)
+    lost = RuntimeError("Job aborted: ExecutorLostFailure (executor 1 exited)")
+    calls = []
+
+    def apply(raw, msgs, accepted, batch_id, t0, F):
+        calls.append([m["offset"] for m in msgs])
+        raise lost if len(calls) == 1 else ValueError("a bad message")
+
+    monkeypatch.setattr(ing, "_apply", apply)
+
+    class Raw:
+        def filter(self, _cond):
+            return self
+
+    meta = [{"topic": "iox.d", "kp": kp, "offset": off, "tbl": "t", "kind": "write"} for kp in (0, 1) for off in (5, 6)]
+    with pytest.raises(RuntimeError, match="ExecutorLostFailure"):
+        ing._isolate(Raw(), meta, set(), 7, 0.0, ValueError("the whole batch failed"), None)
+    assert len(calls) == 1 and db.poisoned == [] and ing._suspects == {}
