@@ -64,6 +64,7 @@ from server.query.tail import WriteBufferTail
 from server.runtime.write_path_priority import raise_write_path_priority
 from server.runtime.memory_guard import MemoryGuard, process_tree_rss_bytes
 from server.runtime.ports import check_ports_free
+from server.runtime import spark_connect
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
 from server.pool_admin import PoolControl
@@ -188,9 +189,15 @@ class IoxServer:
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
                                         cfg.replication_factor if cfg.kafka_bootstrap else 1)
         scratch = os.path.join(data_dir, "spark")
-        self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch,
-                                 0 if cfg.role == "ingester" else cfg.spark_connect_port,  # it answers no query
-                                 cfg.extra_spark_conf, cfg.bind_host, cfg.auth_token)
+        sc_port = 0 if cfg.role == "ingester" else cfg.spark_connect_port  # an ingester answers no query
+        #: the token Spark Connect requires (never none: server/runtime/spark_connect.py); None when it is off
+        self.spark_connect_token = spark_connect.token_for(data_dir, sc_port, cfg.auth_token) \
+            if sc_port and self._owns_spark else None
+        self.spark = build_spark(cfg.spark_master, cfg.driver_memory, scratch, sc_port, cfg.extra_spark_conf,
+                                 cfg.bind_host, self.spark_connect_token)
+        if self.spark_connect_token is not None:
+            log.info("Spark Connect on port %d needs its token: `iox spark-connect-url --data-dir %s` prints "
+                     "sc://localhost:%d/;token=...", sc_port, data_dir, sc_port)
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)

@@ -264,9 +264,6 @@ class ServerConfig:
             raise InvalidConfig("bind_host", self.bind_host,
                                 "binding beyond loopback needs --auth-token or --auth-tokens-file (or --insecure "
                                 "to serve without authentication)")
-        if self.auth_tokens_file and not self.auth_token and self.spark_connect_port:
-            raise InvalidConfig("auth_tokens_file", self.auth_tokens_file,
-                                "Spark Connect takes one token: set --auth-token too (or --spark-connect-port 0)")
 
         if not _int_in(self.memory_limit_bytes, 0):
             raise InvalidConfig("memory_limit_bytes", self.memory_limit_bytes,

@@ -69,8 +69,9 @@ def run_demo(data_dir: str | None, grpc_port: int, keep_running: bool) -> int:
                 print(f"\n-- {title}\n   {sql}", flush=True)
                 print_table(client.query("demo", sql), "table")
         if keep_running:
-            print(f"\n== serving on 127.0.0.1:{port} (Spark Connect on sc://127.0.0.1:{DEFAULT_SPARK_CONNECT_PORT});"
-                  " Ctrl-C stops", flush=True)
+            print(f"\n== serving on 127.0.0.1:{port}; Spark Connect: "
+                  f"sc://localhost:{DEFAULT_SPARK_CONNECT_PORT}/;token={server.spark_connect_token}"
+                  f" (also printed by `iox spark-connect-url --data-dir {data_dir}`); Ctrl-C stops", flush=True)
             server.wait()
     finally:
         server.stop()

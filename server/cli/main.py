@@ -1,5 +1,5 @@
 """The `iox` command line: serve, broker, write, sql, status, persist, compact, delete, poison,
-accept-lost-writes, retention, verify, demo.
+accept-lost-writes, retention, verify, spark-connect-url, demo.
 
 Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
 (e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
@@ -259,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                     "(all are counted)")
     ve.add_argument("--format", choices=("text", "json"), default="text")
     ve.add_argument("--timeout-s", type=float, default=3600.0)
+
+    sc = sub.add_parser("spark-connect-url", help="print the Spark Connect URL of the server on a data directory, "
+                                                  "with its token (sc://localhost:PORT/;token=...)")
+    sc.add_argument("--data-dir", default=os.environ.get("IOX_DATA_DIR", "./data"))
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker alone, in the foreground")
     b.add_argument("--port", type=int, default=9092)
@@ -534,6 +538,15 @@ def main(argv=None) -> int:
         logging.getLogger("server").info("%d objects of the start frozen out of garbage collection", frozen)
         print(f"iox serving gRPC on port {srv.grpc_port}", flush=True)
         srv.wait()
+        return 0
+    if a.cmd == "spark-connect-url":
+        from server.runtime.spark_connect import connect_url
+
+        try:
+            print(connect_url(os.path.abspath(a.data_dir)))
+        except ServerError as e:
+            sys.stderr.write(f"error: {e}\n")
+            return 1
         return 0
     if a.cmd == "broker":
         from server.runtime.broker import run_foreground

@@ -111,8 +111,13 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
             v = f"{java_opts} {v}"
         b = b.config(k, v)
-    _launch_jvm_in_own_session(b)
-    spark = b.getOrCreate()
+    try:
+        _launch_jvm_in_own_session(b)
+        spark = b.getOrCreate()
+    finally:
+        # the JVM read it at its launch; gone from this process, it reaches no later subprocess (a
+        # PySpark Connect client started from here would take it for its own token)
+        os.environ.pop(SPARK_CONNECT_TOKEN_ENV, None)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(IoxKafkaDataSource)
     from lifecycle.parquet_source import IoxParquetDataSource

@@ -727,7 +727,8 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_se
     # a Spark Connect client reads the unloaded (Parquet-only) chunks too, local or S3
     from tests.integration.test_spark_connect import _remote
 
-    remote = _remote(iox_server.config.spark_connect_port, {"q": Q2.replace("FROM cpu", f"FROM global_temp.`{db}__cpu`")})
+    remote = _remote(iox_server.config.spark_connect_port, {"q": Q2.replace("FROM cpu", f"FROM global_temp.`{db}__cpu`")},
+                     iox_server.spark_connect_token)
     assert remote["q"] == expect
 
 

@@ -24,8 +24,9 @@ _CLIENT = textwrap.dedent('''
 ''')
 
 
-def _remote(port: int, queries: dict) -> dict:
-    r = subprocess.run([sys.executable, "-c", _CLIENT, f"sc://127.0.0.1:{port}", json.dumps(queries)],
+def _remote(port: int, queries: dict, token: str) -> dict:
+    url = f"sc://localhost:{port}/;token={token}"
+    r = subprocess.run([sys.executable, "-c", _CLIENT, url, json.dumps(queries)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -54,7 +55,7 @@ def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
     w.start()
     try:
         remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`"),
-                                "mem": q2.format(f"global_temp.`{db2}__mem`")})
+                                "mem": q2.format(f"global_temp.`{db2}__mem`")}, iox_server.spark_connect_token)
     finally:
         stop.set()
         w.join()
@@ -66,7 +67,7 @@ def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
 
     # after a persist (the view is swapped to the persisted chunk) the answer is the same
     client.persist(db)
-    remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`")})
+    remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`")}, iox_server.spark_connect_token)
     assert remote["cpu"] == ours_cpu
 
 
@@ -81,7 +82,7 @@ def test_remote_query_running_across_a_view_swap_completes_consistently(iox_serv
     result = {}
 
     def run():
-        result.update(_remote(port, {"slow": slow}))
+        result.update(_remote(port, {"slow": slow}, iox_server.spark_connect_token))
 
     t = threading.Thread(target=run)
     t.start()
@@ -96,3 +97,25 @@ def test_remote_query_running_across_a_view_swap_completes_consistently(iox_serv
     t.join(300)
     assert result["slow"] == [{"n": 30 * 20_000_000, "s": float(sum(range(30))) * 20_000_000}]
     assert client.query(db, "SELECT count(*) AS n FROM cpu").to_pylist() == [{"n": 30}]
+
+
+def test_spark_connect_is_never_served_without_a_token(iox_server, tmp_path):
+    """The session's server has no --auth-token: it generated one, kept (0600) in its data directory;
+    `iox spark-connect-url` prints the URL with it; a client without it is refused."""
+    import os
+    import stat
+
+    data_dir = iox_server.config.abs_data_dir
+    path = os.path.join(data_dir, "spark-connect.json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    iox = os.path.join(os.path.dirname(sys.executable), "iox")
+    r = subprocess.run([iox, "spark-connect-url", "--data-dir", data_dir], capture_output=True, text=True, timeout=60)
+    port = iox_server.config.spark_connect_port
+    assert r.returncode == 0 and r.stdout.strip() == f"sc://localhost:{port}/;token={iox_server.spark_connect_token}"
+    assert len(iox_server.spark_connect_token) >= 32
+    r = subprocess.run([sys.executable, "-c", _CLIENT, f"sc://127.0.0.1:{port}", json.dumps({"x": "SELECT 1 AS x"})],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and ("UNAUTHENTICATED" in r.stderr or "nvalid" in r.stderr), r.stderr[-2000:]
+    r = subprocess.run([iox, "spark-connect-url", "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith("error: no Spark Connect record")

@@ -183,10 +183,24 @@ def test_bind_beyond_loopback_needs_a_token_or_insecure():
     assert "t0ken" not in repr(ServerConfig(auth_token="t0ken"))
 
 
-def test_tokens_file_alone_with_spark_connect_is_refused():
-    with pytest.raises(InvalidConfig, match="Spark Connect"):
-        ServerConfig(auth_tokens_file="f.toml", spark_connect_port=15002)
-    ServerConfig(auth_tokens_file="f.toml", auth_token="t", spark_connect_port=15002)
+def test_spark_connect_always_gets_a_token_kept_by_its_owner_only(tmp_path):
+    """Without --auth-token (a tokens file alone, or no token at all) Spark Connect gets a token of
+    its own, generated once per data directory (0600), the same at the next start."""
+    import os
+    import stat
+
+    from server.runtime import spark_connect
+
+    ServerConfig(auth_tokens_file="f.toml", spark_connect_port=15002)  # no longer refused
+    t1 = spark_connect.token_for(str(tmp_path), 15002, None)
+    assert len(t1) >= 32 and stat.S_IMODE(os.stat(tmp_path / spark_connect.RECORD).st_mode) == 0o600
+    assert spark_connect.token_for(str(tmp_path), 15003, None) == t1  # kept across starts, port updated
+    assert spark_connect.connect_url(str(tmp_path)) == f"sc://localhost:15003/;token={t1}"
+    assert spark_connect.token_for(str(tmp_path), 15002, "main-token") == "main-token"
+    assert "main-token" not in (tmp_path / spark_connect.RECORD).read_text()
+    assert spark_connect.connect_url(str(tmp_path)) == "sc://localhost:15002/;token=<the server's --auth-token>"
+    with pytest.raises(spark_connect.NoSparkConnectRecord):
+        spark_connect.connect_url(str(tmp_path / "elsewhere"))
 
 
 def test_cli_serve_refuses_wide_bind_without_token(capsys, monkeypatch):
