@@ -262,7 +262,7 @@ class IoxServer:
         self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
         self.write_buffer.on_acked = self._on_acked
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view,
-                                        cfg.max_query_rows, cfg.max_query_bytes)
+                                        cfg.max_query_rows, cfg.max_query_bytes, cfg.query_timeout_s)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         self.router.max_columns_per_table = cfg.max_columns_per_table
         for name, n in self._lost_at_start.items():

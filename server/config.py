@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_MAX_QUERY_ROWS",
     "DEFAULT_MAX_COLUMNS_PER_TABLE",
     "DEFAULT_MAX_QUERY_BYTES",
+    "DEFAULT_QUERY_TIMEOUT_S",
     "DEFAULT_PRUNE_DELAY_S",
     "DEFAULT_MEMORY_LIMIT_BYTES",
     "DEFAULT_MEMORY_SOFT_FRACTION",
@@ -99,6 +100,8 @@ DEFAULT_MAX_COLUMNS_PER_TABLE = 200
 DEFAULT_MAX_QUERY_ROWS = 0
 #: Arrow bytes of one query result; a larger result is answered RESOURCE_EXHAUSTED. 0 = no limit.
 DEFAULT_MAX_QUERY_BYTES = 1024 * 1024 * 1024
+#: Seconds one query's Spark job may run before it is cancelled and answered DEADLINE_EXCEEDED; 0 = none.
+DEFAULT_QUERY_TIMEOUT_S = 300.0
 #: Address gRPC, HTTP and Spark Connect bind to: loopback only unless `--bind-host` widens it.
 DEFAULT_BIND_HOST = "127.0.0.1"
 #: RSS bound of the server's process tree (driver, Spark JVM, Python workers, the embedded broker);
@@ -187,6 +190,7 @@ class ServerConfig:
     http_workers: int = DEFAULT_HTTP_WORKERS
     max_query_rows: int = DEFAULT_MAX_QUERY_ROWS
     max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES
+    query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
     max_columns_per_table: int = DEFAULT_MAX_COLUMNS_PER_TABLE
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
     #: retention: the pruner's delay behind reader_lo (catalog/retention.py, lifecycle/prune_policy.py)
@@ -259,6 +263,9 @@ class ServerConfig:
         for name in ("max_query_rows", "max_query_bytes", "max_columns_per_table"):
             if not _int_in(getattr(self, name), 0):
                 raise InvalidConfig(name, getattr(self, name), "must be an integer >= 0 (0 = no limit)")
+        if isinstance(self.query_timeout_s, bool) or not isinstance(self.query_timeout_s, (int, float)) \
+                or not self.query_timeout_s >= 0:
+            raise InvalidConfig("query_timeout_s", self.query_timeout_s, "must be a number of seconds >= 0 (0 = none)")
 
         if not (self.auth_token or self.auth_tokens_file or self.insecure or is_loopback(self.bind_host)):
             raise InvalidConfig("bind_host", self.bind_host,

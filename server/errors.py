@@ -8,6 +8,7 @@ __all__ = [
     "ServerError",
     "InvalidDatabaseName",
     "DatabaseNotFound",
+    "QueryTimedOut",
     "BadLines",
     "RequestTooLarge",
     "DecompressedRequestTooLarge",
@@ -108,6 +109,15 @@ class QueryResultTooLarge(RequestTooLarge):
                                    f"narrow the query (WHERE, LIMIT, aggregates)")
         self.size_bytes = limit + 1
         self.limit_bytes = limit
+
+
+class QueryTimedOut(ServerError):
+    """A query's Spark job ran past --query-timeout-s: it was cancelled (DEADLINE_EXCEEDED / HTTP 504)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        super().__init__(f"the query ran longer than {timeout_s:g} s (--query-timeout-s) and was cancelled; "
+                         f"narrow it (WHERE on time, fewer columns, aggregates)")
 
 
 class DecompressedRequestTooLarge(RequestTooLarge):

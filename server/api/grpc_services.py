@@ -34,7 +34,7 @@ from catalog.errors import PartitionsNotOwned
 from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
-from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
+from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.api.auth import current_scope
 from server.write.router import ArrowTableWrite
 from server.write_buffer.write_token import format_token, token_for
@@ -89,7 +89,7 @@ def _abort(context, err: Exception):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
     if isinstance(err, DatabaseNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-    if isinstance(err, (CatchUpTimedOut, WriteTokenNotVisible)):
+    if isinstance(err, (CatchUpTimedOut, WriteTokenNotVisible, QueryTimedOut)):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
     if isinstance(err, WriteTokenOfOtherIncarnation):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))

@@ -62,7 +62,7 @@ from server.write.line_protocol import ALL_PRECISIONS
 from server.metrics import CONTENT_TYPE_LATEST
 from server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
 from server.api.buckets import handles as handles_buckets
-from server.errors import OlderThanRetention
+from server.errors import OlderThanRetention, QueryTimedOut
 from server.write_buffer.write_token import format_token, token_for
 from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
@@ -183,7 +183,7 @@ def error_response(err: Exception) -> tuple[int, list, dict]:
         return 400, [], {"code": "invalid", "message": str(err)}
     if isinstance(err, QueryRefused):
         return 403, [], {"code": "forbidden", "message": str(err)}
-    if isinstance(err, WriteTokenNotVisible):
+    if isinstance(err, (WriteTokenNotVisible, QueryTimedOut)):
         return 504, [], {"code": "deadline exceeded", "message": str(err)}
     if isinstance(err, RequestTooLarge):
         return 413, [], {"code": "request too large", "message": str(err)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -37,7 +38,7 @@ from catalog.retention import reader_lo_ns
 from catalog.catalog import Catalog, DatabaseNotFoundError
 from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
-from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge
+from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge, QueryTimedOut
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
 from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
 
@@ -110,8 +111,10 @@ class QueryResult:
 
 class QueryEngine:
     def __init__(self, spark, catalog: Catalog, tail=None, has_table_view=None, max_rows: int = 0,
-                 max_bytes: int = 0):
+                 max_bytes: int = 0, timeout_s: float = 0.0):
         self.spark = spark
+        #: --query-timeout-s: a query's Spark job running longer is cancelled (QueryTimedOut); 0 = none
+        self.timeout_s = timeout_s
         #: result limits (--max-query-rows, --max-query-bytes); 0 = none. Past one: QueryResultTooLarge
         self.max_rows = max_rows
         self.max_bytes = max_bytes
@@ -232,7 +235,7 @@ class QueryEngine:
             t_sql = time.perf_counter()
             if self.max_rows:
                 df = df.limit(self.max_rows + 1)  # one more row than allowed tells a result over the limit
-            schema, batches = arrow_batches(df, self.max_bytes, self.max_rows)
+            schema, batches = arrow_batches(df, self.max_bytes, self.max_rows, self.timeout_s)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("query on %s: cut %.3f s, views %.3f s (%d table(s), %d from the tail), planned %.3f s "
                           "(analysis %.3f s)", database, t_cut - t0, t_views - t_cut, len(reads), n_tail,
@@ -411,7 +414,7 @@ def _close(it) -> None:
         close()
 
 
-def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0):
+def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0, timeout_s: float = 0.0):
     """(schema, batches): `df`'s result as Arrow record batches in the order `df.toArrow()` has them,
     streamed while Spark runs the query. Driver side.
 
@@ -421,7 +424,8 @@ def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0):
     task slot, behind the micro-batches' tasks under load). Any other plan runs as one Spark job
     (`_partition_ordered`). `max_bytes`, `max_rows` (0 = no limit): the batches are counted as they
     arrive; past a limit the query stops (QueryResultTooLarge naming --max-query-bytes or
-    --max-query-rows), so the driver never holds more than the limit and a batch."""
+    --max-query-rows), so the driver never holds more than the limit and a batch. `timeout_s` (0 =
+    none): a Spark job still running that long after it started is cancelled (QueryTimedOut)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -437,7 +441,7 @@ def arrow_batches(df, max_bytes: int = 0, max_rows: int = 0):
     if opt.nodeName() == "Project":
         opt = opt.children().apply(0)
     if opt.nodeName() != "LocalRelation":
-        return schema, _conformed(_partition_ordered(tagged), schema, max_bytes, max_rows)
+        return schema, _conformed(_partition_ordered(tagged, timeout_s, max_bytes), schema, max_bytes, max_rows)
     plan = df._jdf.queryExecution().executedPlan()
     if plan.nodeName() != "LocalTableScan":  # not expected; tags folded into a relation are all 0: Spark's own order
         return schema, _conformed(iter(df.toArrow().to_batches()), schema, max_bytes, max_rows)
@@ -477,7 +481,7 @@ _PARTITION_COLUMN = "__iox_result_partition"
 _QUERY_JOB_TAGS = itertools.count(1)
 
 
-def _partition_ordered(tagged):
+def _partition_ordered(tagged, timeout_s: float = 0.0, max_bytes: int = 0):
     """The result batches of `tagged` (a DataFrame whose last column, `_PARTITION_COLUMN`, is each
     row's `spark_partition_id()`) without that column, in partition order, each yielded as soon as
     every earlier partition is done.
@@ -488,7 +492,10 @@ def _partition_ordered(tagged):
     batches of the next partition due stream through at once and later partitions wait in memory
     until it is done (a partition is done when another one's batches arrive; an empty partition sends
     nothing, so the ones after it wait until the end). Closing the generator early (a client gone, a
-    limit passed) closes the socket and cancels the job (its job tag), so its tasks free their slots."""
+    limit passed) closes the socket and cancels the job (its job tag), so its tasks free their slots.
+    A job still running `timeout_s` after it started is cancelled the same way (a timer), and the
+    result ends with QueryTimedOut. `max_bytes` (0 = none) counts every batch as it arrives, also
+    one parked behind an earlier partition: past it, QueryResultTooLarge."""
     from pyspark.serializers import read_int
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.traceback_utils import SCCallSiteSync
@@ -504,10 +511,29 @@ def _partition_ordered(tagged):
         sc.removeJobTag(job_tag)
     sockfile, sock = _create_local_socket((port, auth_secret))
     complete = False
+    timed_out, finished = threading.Event(), threading.Event()
+
+    def time_out():
+        if finished.wait(timeout_s):
+            return
+        timed_out.set()
+        # again and again until the stream ends: a cancel before the job was submitted (it is, once
+        # the socket is read) would miss it
+        while not finished.is_set():
+            sc.cancelJobsWithTag(job_tag)
+            finished.wait(0.5)
+
+    timer = threading.Thread(target=time_out, name=f"{job_tag}-timeout", daemon=True) if timeout_s else None
+    if timer is not None:
+        timer.start()
 
     def tagged_batches():
         nonlocal complete
+        arrived = 0
         for b in ArrowStreamSerializer().load_stream(sockfile):
+            arrived += b.nbytes
+            if max_bytes and arrived > max_bytes:  # what is parked counts as much as what was sent on
+                raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
             if b.num_rows:
                 yield b.column(b.num_columns - 1)[0].as_py(), \
                     pa.RecordBatch.from_arrays(b.columns[:-1], schema=b.schema.remove(b.num_columns - 1))
@@ -522,9 +548,18 @@ def _partition_ordered(tagged):
 
     try:
         yield from in_partition_order(tagged_batches())
+        if timed_out.is_set():  # a cancelled job's stream may end as if it were complete, with rows missing
+            raise QueryTimedOut(timeout_s)
+    except Exception as e:
+        if timed_out.is_set() and not isinstance(e, QueryTimedOut):
+            raise QueryTimedOut(timeout_s) from e
+        raise
     finally:
+        finished.set()
         sockfile.close()
         sock.close()
+        if timed_out.is_set():
+            complete = False  # never taken as a result: only the (redundant) cancel remains
         if complete:
             from pyspark.errors.exceptions.captured import unwrap_spark_exception
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 from iox import query_pb2
 
-from server.errors import InvalidArgument, QueryResultTooLarge
+from server.errors import InvalidArgument, QueryResultTooLarge, QueryTimedOut
 from server.query.engine import arrow_batches
 from tests.waiting import wait_for
 
@@ -66,6 +66,17 @@ def test_a_result_past_the_byte_limit_stops_with_resource_exhausted(spark):
     assert got <= 1 << 20
 
 
+def test_batches_waiting_behind_an_earlier_partition_count_toward_the_byte_limit(spark):
+    """Partition 0 (10 small rows) sleeps 5 s; the others (about 1 MiB each) arrive first and wait
+    for it: with a limit of 1 MiB the query stops before its first batch (partition 0's, far under
+    the limit) is yielded; counted only when yielded, it would stop at the second one."""
+    df = spark.sql("SELECT id, repeat('x', 100) AS s, CASE WHEN id = 0 THEN reflect('java.lang.Thread', 'sleep', "
+                   "5000L) END AS z FROM range(0, 80000, 1, 8) WHERE id < 10 OR id >= 10000")
+    _schema, batches = arrow_batches(df, max_bytes=1 << 20)
+    with pytest.raises(QueryResultTooLarge, match="--max-query-bytes"):
+        next(batches)
+
+
 def test_closing_the_stream_early_stops_the_job(spark):
     # partition 0 (100,000 rows, past the sender's 64 KB buffer) at once; each later one sleeps 3 s first
     df = spark.sql("SELECT id, CASE WHEN id > 0 AND id % 100000 = 0 THEN reflect('java.lang.Thread', 'sleep', 3000L) "
@@ -83,6 +94,38 @@ def test_closing_the_stream_early_stops_the_job(spark):
     # cancelled: its tasks still sleeping free their slots instead of running on for seconds
     wait_for(lambda: tracker.getJobInfo(job).status == "FAILED", 30, "the closed query's job to be cancelled")
     assert spark.sql("SELECT 1 AS one").toArrow().to_pylist() == [{"one": 1}]
+
+
+def test_a_query_past_its_timeout_is_cancelled_and_answered_deadline_exceeded(spark, iox_server, client, db):
+    """--query-timeout-s: the job of a query still running then is cancelled (its tasks free their
+    slots) and the answer is QueryTimedOut, DEADLINE_EXCEEDED over gRPC."""
+    import grpc
+
+    sleepy = ("SELECT id, CASE WHEN id % 1000 = 0 THEN reflect('java.lang.Thread', 'sleep', 3000L) END AS s "
+              "FROM range(0, 8000, 1, 8)")  # every partition sleeps 3 s at each of its 1,000th rows
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    sc.setJobGroup("iox-test-timeout", "a query past its timeout")
+    try:
+        _schema, batches = arrow_batches(spark.sql(sleepy), timeout_s=1.0)
+        with pytest.raises(QueryTimedOut, match="--query-timeout-s"):
+            list(batches)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    (job,) = tracker.getJobIdsForGroup("iox-test-timeout")
+    wait_for(lambda: tracker.getJobInfo(job).status == "FAILED", 30, "the timed-out query's job to be cancelled")
+
+    lines = "".join(f"cpu,host=h{i % 7} v={i} {T0 + i}\n" for i in range(40_000))
+    client.wait_applied(db, client.write(db, lines))
+    engine = iox_server.query_engine
+    before, engine.timeout_s = engine.timeout_s, 1.0
+    try:
+        with pytest.raises(grpc.RpcError) as e:  # 1.6 billion pairs: many seconds on any machine
+            client.query(db, "SELECT a.host, sum(a.v * b.v) AS s FROM cpu a CROSS JOIN cpu b GROUP BY a.host")
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "--query-timeout-s" in e.value.details()
+    finally:
+        engine.timeout_s = before
+    assert client.query(db, "SELECT count(*) AS n FROM cpu").to_pylist() == [{"n": 40_000}]
 
 
 def test_grpc_query_streams_many_messages_with_every_row_once_in_order(iox_server, client, db):
