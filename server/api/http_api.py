@@ -23,7 +23,8 @@ are 1.x's `{"error": "..."}`. `/ping` answers 204
 with `X-Influxdb-Version` and `X-Influxdb-Build`, or 200 `{"version": ...}` with `verbose=true`
 (as 1.x: any value but empty, 0 and false).
 
-SQL queries (server/api/http_query.py): `GET /api/v3/query_sql?db=D&q=SQL`, JSON rows; the request
+SQL queries (server/api/http_query.py): `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv]`, rows
+streamed as they arrive; the request
 header `X-Iox-After` takes a write token, the answer's `X-Iox-*` headers say what it reflects.
 
 InfluxDB v2 buckets (server/api/buckets.py): `GET|POST /api/v2/buckets`, `GET|PATCH
@@ -45,6 +46,7 @@ by `IoxServer.stop()`.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -66,7 +68,7 @@ from server.errors import OlderThanRetention, QueryTimedOut
 from server.write_buffer.write_token import format_token, token_for
 from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
-from server.api.http_query import QUERY_PATH, answer as query_answer, query_request
+from server.api.http_query import QUERY_PATH, answer_headers, encoded_rows, query_request
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
            "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
@@ -405,25 +407,56 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404)
 
     def _query(self) -> None:
-        """`GET /api/v3/query_sql` (server/api/http_query.py); needs the `query` permission on the database."""
+        """`GET /api/v3/query_sql` (server/api/http_query.py); needs the `query` permission on the database.
+        The first batch is read before the status is sent, so what refuses a query maps to its status."""
         try:
-            database, sql, after, allow_partial, timeout_s = query_request(
-                parse_qs(urlsplit(self.path).query, keep_blank_values=True), self.headers)
+            req = query_request(parse_qs(urlsplit(self.path).query, keep_blank_values=True), self.headers)
         except InvalidArgument as e:
             self._send_error(e)
             return
-        if not self._authorized("query", database):
+        if not self._authorized("query", req.database):
             return
         run = getattr(self.server, "query", None)
         if run is None:
             self._send(404, {"code": "not found", "message": "no query API on this server"})
             return
         try:
-            headers, body = query_answer(run(database, sql, after, allow_partial, deadline_s=timeout_s))
+            res = run(req.database, req.sql, req.after, req.allow_partial, deadline_s=req.timeout_s)
+            batches = res.batches()
+            first = next(batches, None)
         except Exception as e:
             self._send_error(e)
             return
-        self._send(200, body, headers)
+        rest = itertools.chain(() if first is None else (first,), batches)
+        try:
+            self._send_chunked(answer_headers(res), req.content_type, encoded_rows(req.format, res.schema, rest))
+        finally:
+            batches.close()
+
+    def _send_chunked(self, headers: list, content_type: str, pieces) -> None:
+        """A 200 answer whose body is `pieces` (bytes), sent as they come in HTTP/1.1 chunks. An error
+        while the pieces are made ends the connection without the last chunk (the client sees the
+        answer cut off, never a shorter answer that looks whole)."""
+        self.send_response(200)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Influxdb-Version", SERVER_VERSION)
+        self.send_header("X-Influxdb-Build", "OSS")
+        self.end_headers()
+        try:
+            for piece in pieces:
+                if piece:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away: the rest is not read
+            return
+        except Exception as e:  # noqa: BLE001 - the status is sent: the answer can only be cut off
+            log.warning("HTTP query failed after its first rows were sent (answer cut off): %s", e)
+            self.close_connection = True
+            return
+        self.wfile.write(b"0\r\n\r\n")
 
     def do_PATCH(self):
         if handles_buckets(self._route()):

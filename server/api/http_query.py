@@ -1,4 +1,12 @@
-"""HTTP SQL queries: `GET /api/v3/query_sql?db=D&q=SQL`, answered as JSON (an array of row objects).
+"""HTTP SQL queries: `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv]`, streamed as the rows arrive.
+
+`format` (InfluxDB 3's names): `json` (the default) an array of row objects, `jsonl` one row object per line,
+`csv` a header line and one line per row (RFC 4180; NULL an empty field; nested values as JSON text).
+The answer streams (HTTP/1.1 chunked transfer encoding): rows are encoded batch by batch as Spark
+returns them, never as Python objects of the whole result. Everything a query can refuse before its
+first batch maps to a status; an error after the first rows were sent (the result grew over
+`--max-query-bytes`, the query timed out) ends the connection without the chunked body's last chunk,
+so a client never takes a cut-off answer for a whole one.
 
 Invariant: an HTTP query goes through the same read barrier as gRPC Query (server/query/read_barrier.py,
 `IoxServer.query`) and says what it reflects the same way, in response headers:
@@ -15,14 +23,17 @@ Runs in an HTTP worker thread (driver); the caller checks the `query` permission
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import json
 import math
+from dataclasses import dataclass
 from decimal import Decimal
 
 from server.errors import InvalidArgument
 
 __all__ = ["QUERY_PATH", "AFTER_HEADER", "ALLOW_PARTIAL_HEADER", "TIMEOUT_HEADER", "DEFAULT_TIMEOUT_S",
-           "MAX_TIMEOUT_S", "query_request", "answer"]
+           "MAX_TIMEOUT_S", "FORMATS", "QueryRequest", "query_request", "answer_headers", "encoded_rows"]
 
 QUERY_PATH = "/api/v3/query_sql"
 AFTER_HEADER = "X-Iox-After"
@@ -34,14 +45,38 @@ DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 300.0
 
 
-def query_request(qs: dict, headers) -> tuple[str, str, str, bool, float]:
-    """(database, sql, after, allow_partial, timeout_s) of a request; InvalidArgument naming what is wrong."""
+#: the answer formats of `format=` and their content types (json is the default)
+FORMATS = {"json": "application/json; charset=utf-8", "jsonl": "application/jsonl; charset=utf-8",
+           "csv": "text/csv; charset=utf-8"}
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    """An HTTP query's parameters, checked."""
+
+    database: str
+    sql: str
+    after: str
+    allow_partial: bool
+    timeout_s: float
+    format: str = "json"
+
+    @property
+    def content_type(self) -> str:
+        return FORMATS[self.format]
+
+
+def query_request(qs: dict, headers) -> QueryRequest:
+    """The checked parameters of a request; InvalidArgument naming what is wrong."""
     database = (qs.get("db") or [""])[0]
     sql = (qs.get("q") or [""])[0]
     if not database:
         raise InvalidArgument("the db query parameter is required")
     if not sql.strip():
         raise InvalidArgument("the q query parameter (the SQL statement) is required")
+    fmt = (qs.get("format") or ["json"])[0].strip().lower() or "json"
+    if fmt not in FORMATS:
+        raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     partial = (headers.get(ALLOW_PARTIAL_HEADER) or "false").strip().lower()
     if partial not in ("true", "false"):
         raise InvalidArgument(f"{ALLOW_PARTIAL_HEADER} must be true or false, got {partial!r}")
@@ -52,17 +87,62 @@ def query_request(qs: dict, headers) -> tuple[str, str, str, bool, float]:
         timeout_s = -1.0
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise InvalidArgument(f"{TIMEOUT_HEADER} must be seconds in (0, {MAX_TIMEOUT_S:g}], got {raw!r}")
-    return database, sql, (headers.get(AFTER_HEADER) or "").strip(), partial == "true", timeout_s
+    return QueryRequest(database, sql, (headers.get(AFTER_HEADER) or "").strip(), partial == "true", timeout_s, fmt)
 
 
-def answer(res) -> tuple[list, bytes]:
-    """(response headers, JSON body) of a QueryResult."""
-    headers = [("X-Iox-Applied-Hi-Inclusive", _offsets(res.applied_hi_inclusive)),
-               ("X-Iox-Visible-Hi-Inclusive", _offsets(res.visible_hi_inclusive)),
-               ("X-Iox-Partial", "true" if res.partial else "false"), ("X-Iox-Topic", res.topic),
-               ("X-Iox-Topic-Id", res.topic_id), ("X-Iox-Epoch", str(res.epoch))]
-    rows = [{k: _jsonable(v) for k, v in r.items()} for r in res.table.to_pylist()]
-    return headers, json.dumps(rows, allow_nan=False).encode()
+def answer_headers(res) -> list:
+    """The response headers of a QueryResult: what the answer reflects."""
+    return [("X-Iox-Applied-Hi-Inclusive", _offsets(res.applied_hi_inclusive)),
+            ("X-Iox-Visible-Hi-Inclusive", _offsets(res.visible_hi_inclusive)),
+            ("X-Iox-Partial", "true" if res.partial else "false"), ("X-Iox-Topic", res.topic),
+            ("X-Iox-Topic-Id", res.topic_id), ("X-Iox-Epoch", str(res.epoch))]
+
+
+def encoded_rows(fmt: str, schema, batches):
+    """The answer's body in `fmt`, as pieces of bytes, one per record batch (json's opening bracket
+    and closing bracket, csv's header line are pieces of their own). Errors of `batches` propagate."""
+    names = list(schema.names)
+    if fmt == "csv":
+        yield _csv_line(names)
+    elif fmt == "json":
+        yield b"["
+    first = True
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        rows = b.to_pylist()
+        if fmt == "csv":
+            out = io.StringIO()
+            w = csv.writer(out, lineterminator="\r\n")
+            w.writerows([[_csv_value(r[n]) for n in names] for r in rows])
+            yield out.getvalue().encode()
+            continue
+        text = [json.dumps({k: _jsonable(v) for k, v in r.items()}, allow_nan=False) for r in rows]
+        if fmt == "jsonl":
+            yield ("\n".join(text) + "\n").encode()
+        else:
+            yield (("" if first else ",") + ",".join(text)).encode()
+        first = False
+    if fmt == "json":
+        yield b"]"
+
+
+def _csv_line(values: list) -> bytes:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow(values)
+    return out.getvalue().encode()
+
+
+def _csv_value(v):
+    """A result value as a CSV field: NULL empty, nested values as JSON text, the rest as JSON has them."""
+    v = _jsonable(v)
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, allow_nan=False)
+    return v
 
 
 def _offsets(offsets: dict) -> str:

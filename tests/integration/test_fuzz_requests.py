@@ -1,6 +1,9 @@
 """Random and mutated requests through HTTP and gRPC: line protocol, gzip bodies and Arrow IPC
 streams. Every answer is a 2xx/4xx (HTTP) or OK / INVALID_ARGUMENT / RESOURCE_EXHAUSTED (gRPC),
-never a 500, UNKNOWN, INTERNAL or a crash, and the server's resident memory stays bounded.
+never a 500, UNKNOWN, INTERNAL or a crash, the server's resident memory stays bounded, and no
+HTTP request costs the server more than `REQUEST_CPU_BOUND_S` of CPU (a bound on the work a
+body up to the size cap can cause, e.g. a gzip body of hundreds of thousands of members, not a
+speed: CPU time does not grow when the machine is busy).
 
 Runs about a minute with a fixed seed (derandomized); IOX_FUZZ_EXAMPLES=N runs N examples per test
 (randomized when IOX_FUZZ_RANDOM=1) for a longer search."""
@@ -10,6 +13,7 @@ import collections
 import gzip
 import http.client
 import os
+import time
 import uuid
 
 import grpc
@@ -26,6 +30,10 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=os.environ.get
                 suppress_health_check=list(HealthCheck), database=None)
 #: growth of the server's (this process's) resident memory allowed over a whole test
 RSS_GROWTH_BOUND_BYTES = 1024 * 1024 * 1024
+#: CPU (of the process serving the requests, all its threads) one HTTP request may take: linear
+#: work on a body up to the 10 MiB cap takes a small part of it; quadratic work on a gzip body of
+#: many members took 8.6 s at 200,000 members
+REQUEST_CPU_BOUND_S = 3.0
 GRPC_OK = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 DB = f"fuzz_{uuid.uuid4().hex[:8]}"
 #: answers seen per test: both accepted and refused requests must occur
@@ -129,12 +137,16 @@ def arrow_ipc(draw) -> tuple[bytes, list]:
 
 
 def _http(port: int, body: bytes, gz: bool, path: str) -> int:
+    """The status of one request; asserts the CPU it cost this process (the server's) is bounded."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {"Content-Encoding": "gzip"} if gz else {}
+    cpu0 = time.process_time()
     conn.request("POST", path, body=body, headers=headers)
     r = conn.getresponse()
     r.read()
+    cpu_s = time.process_time() - cpu0
     conn.close()
+    assert cpu_s < REQUEST_CPU_BOUND_S, (cpu_s, len(body), path)
     return r.status
 
 
@@ -155,6 +167,28 @@ def _fuzz_http(port, body, gz, path):
 def test_fuzz_http_line_protocol_and_gzip(fuzz_server, rss_bound):
     _fuzz_http(fuzz_server[0].http.port)
     assert SEEN["http"][2] and SEEN["http"][4], SEEN["http"]
+
+
+#: one gzip member with nothing in it (20 bytes), and the most of them a body under the cap holds
+_EMPTY_MEMBER = gzip.compress(b"")
+_MAX_MEMBERS = (10 * 1024 * 1024) // len(_EMPTY_MEMBER)
+
+
+@settings(FUZZ, max_examples=max(6, EXAMPLES // 250))
+@given(members=st.integers(1, _MAX_MEMBERS), lines=st.lists(st.sampled_from(VALID_LINES), max_size=4),
+       at=st.floats(0, 1), tail=st.sampled_from([b"", b"\x1f\x8b", b"junk"]))
+def _fuzz_gzip_members(port, members, lines, at, tail):
+    """A body of many gzip members (empty ones, valid lines in one of them, maybe a bad tail)."""
+    i = int(at * members)
+    body = _EMPTY_MEMBER * i + gzip.compress(b"".join(lines)) + _EMPTY_MEMBER * (members - i) + tail
+    status = _http(port, body, True, f"/api/v2/write?org=fuzz&bucket={DB}")
+    SEEN["gzip members"][status // 100] += 1
+    assert 200 <= status < 500, status
+
+
+def test_fuzz_http_gzip_bodies_of_many_members(fuzz_server, rss_bound):
+    _fuzz_gzip_members(fuzz_server[0].http.port)
+    assert SEEN["gzip members"][2] and SEEN["gzip members"][4], SEEN["gzip members"]
 
 
 @FUZZ

@@ -2,8 +2,10 @@
 handler against a fake router (no broker, no Spark)."""
 from __future__ import annotations
 
+import csv
 import gzip
 import http.client
+import io
 import json
 import random
 import socket
@@ -367,12 +369,26 @@ def test_v1_ping_204_or_verbose_200(served):
 # -- SQL queries (server/api/http_query.py), against a fake query function ------------------
 
 class _Result:
-    def __init__(self, rows):
+    """A QueryResult's surface: `rows` in batches of `per_batch`; `fail_after` batches, then `fail` raised."""
+
+    def __init__(self, rows, per_batch=1000, fail_after=None, fail=None):
         import pyarrow as pa
 
         self.table = pa.Table.from_pylist(rows)
+        self.schema = self.table.schema
+        self._per_batch, self._fail_after, self._fail = per_batch, fail_after, fail
         self.applied_hi_inclusive, self.visible_hi_inclusive = {0: 4, 1: -1}, {0: 6, 1: -1}
         self.partial, self.topic, self.topic_id, self.epoch = True, "iox_d", "id-1", 3
+        self.closed = False
+
+    def batches(self):
+        try:
+            for i, b in enumerate(self.table.to_batches(max_chunksize=self._per_batch)):
+                if i == self._fail_after:
+                    raise self._fail
+                yield b
+        finally:
+            self.closed = True
 
 
 def test_a_query_answers_json_rows_and_says_what_it_reflects_in_headers():
@@ -407,6 +423,71 @@ def test_a_query_answers_json_rows_and_says_what_it_reflects_in_headers():
                            ("/api/v3/query_sql?db=d&q=x", {"X-Iox-Timeout-S": "-1"}),
                            ("/api/v3/query_sql?db=d&q=x", {"X-Iox-Allow-Partial": "yes"})):
             assert _req(conn, "GET", path, headers=hdrs)[0] == 400, path
+        conn.close()
+    finally:
+        srv.stop()
+
+
+def test_a_query_streams_json_jsonl_or_csv_batch_by_batch_and_an_error_after_the_first_rows_cuts_it_off():
+    from server.errors import InvalidArgument, QueryResultTooLarge
+
+    rows = [{"host": f"h{i}", "v": i / 2, "ok": i % 2 == 0, "n": None if i % 3 == 0 else i, "tags": {"i": i, "s": "x"}}
+            for i in range(2500)]
+    results = []
+
+    def query(database, sql, after, allow_partial, deadline_s):
+        if sql == "refused":
+            r = _Result(rows, fail_after=0, fail=InvalidArgument("query failed: no such column"))
+        elif sql == "grows":
+            r = _Result(rows, per_batch=1000, fail_after=2, fail=QueryResultTooLarge("bytes", 5, "--max-query-bytes"))
+        else:
+            r = _Result(rows if sql != "empty" else [], per_batch=1000)
+            if sql == "empty":
+                import pyarrow as pa
+
+                r.schema = pa.schema([("host", pa.string()), ("v", pa.float64())])
+        results.append(r)
+        return r
+
+    srv = HttpWriteServer(FakeRouter(), "127.0.0.1", free_port())
+    srv.query = query
+    srv.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        expect = rows
+        for fmt in ("", "&format=json", "&format=JSON"):
+            st, h, body = _req(conn, "GET", f"/api/v3/query_sql?db=d&q=all{fmt}")
+            assert (st, h["transfer-encoding"], h["content-type"]) == (200, "chunked", "application/json; charset=utf-8")
+            assert json.loads(body) == expect and results[-1].closed
+        st, h, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=all&format=jsonl")
+        assert (st, h["content-type"]) == (200, "application/jsonl; charset=utf-8")
+        assert [json.loads(line) for line in body.decode().splitlines()] == expect and body.endswith(b"\n")
+        st, h, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=all&format=csv")
+        assert (st, h["content-type"]) == (200, "text/csv; charset=utf-8")
+        lines = list(csv.reader(io.StringIO(body.decode(), newline="")))
+        assert lines[0] == ["host", "v", "ok", "n", "tags"] and len(lines) == 2501
+        assert lines[1] == ["h0", "0.0", "true", "", '{"i": 0, "s": "x"}'] and lines[2] == ["h1", "0.5", "false", "1", '{"i": 1, "s": "x"}']
+        assert [ln[0] for ln in lines[1:]] == [f"h{i}" for i in range(2500)]
+        assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty")[::2] == (200, b"[]")
+        assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty&format=csv")[::2] == (200, b"host,v\r\n")
+        assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty&format=jsonl")[::2] == (200, b"")
+        # refused before the first batch: a status the user can act on
+        st, _, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=refused")
+        assert st == 400 and b"no such column" in body
+        st, _, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=all&format=xml")
+        assert st == 400 and b"format must be one of json, jsonl, csv" in body
+        # the keep-alive connection still serves after those
+        assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty")[0] == 200
+        # an error after the first rows: the answer is cut off, never a shorter one that looks whole
+        for fmt in ("json", "jsonl", "csv"):
+            conn.request("GET", f"/api/v3/query_sql?db=d&q=grows&format={fmt}")
+            r = conn.getresponse()
+            assert r.status == 200
+            with pytest.raises(http.client.IncompleteRead):
+                r.read()
+            assert results[-1].closed
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         conn.close()
     finally:
         srv.stop()
