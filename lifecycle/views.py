@@ -29,7 +29,7 @@ from catalog import time_spans
 from catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
 
 __all__ = ["ChunkSource", "deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql",
-           "empty_table_view_sql", "overlap_groups", "table_view_sql", "spark_struct_for"]
+           "empty_table_view_sql", "overlap_groups", "table_view_sql", "spark_struct_for", "retained_view_sql"]
 
 
 class ChunkSource(NamedTuple):
@@ -86,6 +86,16 @@ def quote(name: str) -> str:
 
 def table_view_name(database: str, table: str) -> str:
     return f"{database}__{table}"
+
+
+def retained_view_sql(view_sql: str, period_s: int | None) -> str:
+    """`view_sql` without the rows older than a retention of `period_s` seconds (None or 0: all of
+    them), judged by the clock when the view is read (Spark's `current_timestamp()`, one value per
+    query), as every query path judges it (catalog/retention.py `reader_lo_ns`)."""
+    if not period_s:
+        return view_sql
+    return (f"SELECT * FROM ({view_sql}) WHERE {quote(TIME_NS_COLUMN)} >= "
+            f"unix_micros(current_timestamp()) * 1000 - {int(period_s) * 1_000_000_000}")
 
 
 def chunk_view_name(chunk_id: int) -> str:

@@ -261,7 +261,7 @@ class IoxServer:
             self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
         self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
         self.write_buffer.on_acked = self._on_acked
-        self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.has_table_view,
+        self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                         cfg.max_query_rows, cfg.max_query_bytes, cfg.query_timeout_s)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         self.router.max_columns_per_table = cfg.max_columns_per_table
@@ -306,7 +306,7 @@ class IoxServer:
         self.lifecycle.memory_pressure = self.memory_guard.pressure
         self.lifecycle.frozen = lambda: self.freeze.frozen
         self.pool = PoolControl(self, cfg.pool_member) if cfg.pool_member is not None else None
-        self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.has_table_view,
+        self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                       self.read_barrier, self.write_buffer, self.pool)
         if self.pool is not None:
             self.lifecycle.on_partitions_lost = self.pool.lose

@@ -13,7 +13,9 @@ not persist is skipped. Losing a partition (`lose`: a commit refused, or the cat
 finding a claim) holds it again and drops its tables' unpersisted rows here (its new owner
 replays them from Kafka). After every refresh of a pool catalog, the other members' new files
 are registered and their removed files dropped (`take_state`), so a query here reads what every
-member persisted.
+member persisted. A state older than one taken already is not taken (it would drop the files of
+a newer one); a query takes the catalog up to the revision the owners' answers go with unless a
+state at least as new was taken (a catalog refreshed, its state not yet taken, does not count).
 
 When it runs: created by `IoxServer.start` when --pool-member is set; `claim` in gRPC threads,
 `lose` and `take_state` in the lifecycle's threads. Driver side.
@@ -52,6 +54,8 @@ class PoolControl:
         #: one `take_state` at a time (the catalog probe, a claim and queries call it): a file is
         #: registered once
         self._state_lock = threading.Lock()
+        #: database -> revision of the newest catalog state taken (`take_state`)
+        self._taken_revision: dict[str, int] = {}
         #: gRPC clients of the other members by address, and their addresses by member name
         self._clients: dict = {}
         self._addresses: dict = {}
@@ -198,13 +202,21 @@ class PoolControl:
         """Registers the files and delete predicates of `state` (a pool catalog's newest) of the
         tables this server does not own, and drops the chunks of their files `state` removed."""
         with self._state_lock:
-            self._take_state(database, state)
+            if state.revision < self._taken_revision.get(database, -1):
+                return  # a newer state was taken: its files are the ones to read
+            if self._take_state(database, state):
+                self._taken_revision[database] = state.revision
 
-    def _take_state(self, database: str, state) -> None:
+    def taken_revision(self, database: str) -> int:
+        """The revision of the newest state of `database`'s catalog taken here (-1: none)."""
+        with self._state_lock:
+            return self._taken_revision.get(database, -1)
+
+    def _take_state(self, database: str, state) -> bool:
         srv = self.server
         db = srv.catalog.peek_database(database)
         if db is None:
-            return
+            return False
         now = time.time()
         changed, retired = set(), []
         with srv.catalog.lock:
@@ -236,6 +248,7 @@ class PoolControl:
             srv.catalog.retire(retired, now)
         for table in changed:
             srv.ingestor.refresh_table_view(db, table)
+        return True
 
     # -- scatter-gather (server/query/pool_rows.py) --------------------------------------------
     def answer_rows(self, database: str, tables: list, wait_applied: dict, timeout_s: float):
@@ -321,8 +334,9 @@ class PoolControl:
                 raise PoolMemberUnavailable(name, f"{member} ({addr})", f"{e.code().name}: {e.details()}") from None
 
         rows, applied, revision = gather(db, tables, owners, wait, fetch, timeout_s)
-        if revision > pc.revision:  # files the owners persisted by then: read them before the query
-            pc.refresh()
+        if revision > self.taken_revision(database):  # files the owners persisted by then: take them first
+            if revision > pc.revision:  # (the catalog probe may have read them, and not taken them yet)
+                pc.refresh()
             self.take_state(database, pc.state)
         return rows, applied
 

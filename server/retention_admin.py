@@ -43,12 +43,29 @@ def set_retention(server, database: str, period_s: int) -> management_pb2.SetRet
         db.retention_period_s = period_s or None
         db.reader_lo_ns = reader_lo_ns(period_s, now)
     log.info("database %s: retention %s", database, format_duration_s(period_s) if period_s else "removed")
+    _refresh_views(server, db)
     resp = management_pb2.SetRetentionResponse(database=database, period_s=period_s)
     if db.reader_lo_ns is not None:
         resp.reader_lo_ns = db.reader_lo_ns
     if db.pruner_hi_ns is not None:
         resp.pruner_hi_ns = db.pruner_hi_ns
     return resp
+
+
+def _refresh_views(server, db) -> None:
+    """The database's table views (what Spark Connect clients read) with the new period; a view that
+    fails to refresh keeps the old one until its table's next change (logged, not raised: the
+    period is committed and every other query path applies it already)."""
+    ingestor = getattr(server, "ingestor", None)
+    if ingestor is None:
+        return
+    for table in db.table_names():
+        if not ingestor.has_table_view(db.name, table):
+            continue
+        try:
+            ingestor.refresh_table_view(db, table)
+        except Exception:  # noqa: BLE001 - logged; the next change of the table refreshes it again
+            log.exception("database %s: refreshing the view of %s after a retention change", db.name, table)
 
 
 def fill_retention_status(d, db, now_s: float) -> None:

@@ -30,13 +30,13 @@ _REPLAY_WAIT_S = 300.0
 class VerifyControl:
     """The Verify RPC of one server. `pool`: the server's PoolControl, or None outside a pool."""
 
-    def __init__(self, spark, catalog, tail, has_table_view, read_barrier, write_buffer, pool=None):
+    def __init__(self, spark, catalog, tail, table_view_sql_of, read_barrier, write_buffer, pool=None):
         self.catalog = catalog
         self.read_barrier = read_barrier
         self.write_buffer = write_buffer
         self.pool = pool
         #: the same views and tail as user queries, without their result limits
-        self.engine = QueryEngine(spark, catalog, tail, has_table_view)
+        self.engine = QueryEngine(spark, catalog, tail, table_view_sql_of)
 
     def verify(self, database: str, table: str = "", max_differences: int = DEFAULT_MAX_DIFFERENCES,
                here_only: bool = False) -> VerifyReport:

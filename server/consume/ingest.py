@@ -56,7 +56,8 @@ from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point
 from catalog.delete_predicate import from_json
 from server.write_buffer.poison import holds_of, isolate, select, set_aside, settle_retried, write_holds
 from server.consume.recovery import keep_mask_fn
-from lifecycle.views import chunk_view_name, quote, spark_struct_for, table_view_name, table_view_sql
+from lifecycle.views import (chunk_view_name, quote, retained_view_sql, spark_struct_for, table_view_name,
+                             table_view_sql)
 from server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, WireFormatMismatch, encode_decision, encode_marker, header_problem)
 from catalog.partition_keys import NS_PER_DAY, day_numbers
 from catalog.sharding import database_of_topic, partition_for
@@ -188,8 +189,10 @@ class Ingestor:
         self._applied = threading.Condition()
         #: (topic, kp, offset) -> (metadata dict, payload): transaction parts read, not yet decided
         self._stash: dict = {}
-        #: (database, table) of every table view created (see has_table_view)
-        self._table_views: set = set()
+        #: (database, table) -> the SQL of its table view as last created, without retention (see
+        #: table_view_sql_of): the query path reads this server's view, whatever else (a Spark
+        #: Connect client, another server in the same Spark application) did to the global one
+        self._table_views: dict = {}
         self._views_lock = threading.Lock()
         #: (database, table) -> lock serialising that table's view refreshes (see refresh_table_view)
         self._refresh_locks: dict = defaultdict(threading.Lock)
@@ -779,7 +782,9 @@ class Ingestor:
         Called by the micro-batch thread and the lifecycle worker after they changed the
         table's chunks. One refresh of a table at a time, each reading the chunks once it holds
         the table's lock: the view created last names the chunks of the latest change, never
-        ones a compaction replaced while an earlier refresh was being built."""
+        ones a compaction replaced while an earlier refresh was being built. The view applies the
+        database's retention (rows older than the period hide when the view is read), as every
+        query path does; a change of the period refreshes the database's views."""
         with self._views_lock:
             lock = self._refresh_locks[(db.name, table)]
         with lock:
@@ -792,22 +797,32 @@ class Ingestor:
                 if had_view and schema is not None:  # every chunk went (retention): an empty table
                     from lifecycle.views import empty_table_view_sql
 
+                    sql = empty_table_view_sql(schema)
                     self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {quote(table_view_name(db.name, table))} "
-                                   f"AS {empty_table_view_sql(schema)}")
+                                   f"AS {sql}")
+                    with self._views_lock:
+                        self._table_views[(db.name, table)] = sql
                 return
             deletes = table_deletes(db, table)
             sql = table_view_sql(schema, sources, deletes=deletes,
                                  merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes)
                                  if arrow_merge else None)
             name = quote(table_view_name(db.name, table))
-            self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS {sql}")
-        with self._views_lock:
-            self._table_views.add((db.name, table))
+            self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS "
+                           f"{retained_view_sql(sql, db.retention_period_s)}")
+            with self._views_lock:
+                self._table_views[(db.name, table)] = sql
 
     def has_table_view(self, database: str, table: str) -> bool:
         """Whether the table's global temp view exists (created by `refresh_table_view`, never dropped)."""
         with self._views_lock:
             return (database, table) in self._table_views
+
+    def table_view_sql_of(self, database: str, table: str) -> str | None:
+        """The SQL of the table's view as `refresh_table_view` last created it, without retention (the
+        query path applies the retention of its cut), or None when it has none. Any driver thread."""
+        with self._views_lock:
+            return self._table_views.get((database, table))
 
     def wait_applied(self, database: str, target: dict, timeout_s: float) -> dict | None:
         """Waits until the database's `applied_hi_inclusive` reaches `target` ({kp: offset}) on every

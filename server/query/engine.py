@@ -110,7 +110,7 @@ class QueryResult:
 
 
 class QueryEngine:
-    def __init__(self, spark, catalog: Catalog, tail=None, has_table_view=None, max_rows: int = 0,
+    def __init__(self, spark, catalog: Catalog, tail=None, table_view_sql_of=None, max_rows: int = 0,
                  max_bytes: int = 0, timeout_s: float = 0.0):
         self.spark = spark
         #: --query-timeout-s: a query's Spark job running longer is cancelled (QueryTimedOut); 0 = none
@@ -121,8 +121,11 @@ class QueryEngine:
         self.catalog = catalog
         #: the write buffer's tail (server/query/tail.py), or None: queries reflect the applied watermark
         self.tail = tail
-        #: (database, table) -> whether its global temp view exists (the ingestor's registry); None: ask Spark
-        self.has_table_view = has_table_view
+        #: (database, table) -> the SQL of its table view, or None (the ingestor's `table_view_sql_of`):
+        #: a query reads the view this server made, never a global view by name (another Spark Connect
+        #: session or server in the Spark application may have replaced or dropped that); None: read
+        #: the global views by name
+        self.table_view_sql_of = table_view_sql_of
 
     def run(self, *args, **kwargs) -> QueryResult:
         """Plans a query (`_run`) holding a query pin (catalog/query_pins.py) until its result is read
@@ -205,12 +208,13 @@ class QueryEngine:
             db.queried_at[table] = now
         t_cut = time.perf_counter()
         use_query_pool(self.spark)
-        if self.has_table_view is not None:
-            has_view = lambda t: self.has_table_view(database, t)  # noqa: E731
+        if self.table_view_sql_of is not None:
+            view_of = lambda t: self.table_view_sql_of(database, t)  # noqa: E731
         else:
             existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
                         self.spark.sql("SHOW VIEWS IN global_temp").collect()}
-            has_view = lambda t: table_view_name(database, t) in existing  # noqa: E731
+            view_of = lambda t: (f"SELECT * FROM global_temp.{quote(table_view_name(database, t))}"  # noqa: E731
+                                 if table_view_name(database, t) in existing else None)
         try:
             n_tail = 0
             made = set()  # the tables with a view in the session
@@ -220,12 +224,11 @@ class QueryEngine:
                     _retained(_tail_view(session, table, db.seq_origin, r), lo).createOrReplaceTempView(quote(table))
                     made.add(table)
                     continue
-                if has_view(table):
-                    view_sql = f"SELECT * FROM global_temp.{quote(table_view_name(database, table))}"
-                elif db.schemas.get(table) is not None:  # columns known, no row yet: an empty table
-                    view_sql = empty_table_view_sql(db.schemas.get(table))
-                else:
-                    continue
+                view_sql = view_of(table)
+                if view_sql is None:
+                    if db.schemas.get(table) is None:
+                        continue
+                    view_sql = empty_table_view_sql(db.schemas.get(table))  # columns known, no row yet
                 session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(_retained_sql(view_sql, lo), r.rows)}")
                 made.add(table)
             # a name without a view of ours would be looked up among the catalog's tables

@@ -5,11 +5,14 @@ The client runs in a subprocess (a real remote Spark Connect client, pyspark[con
 """
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
 import textwrap
 import threading
+
+from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
 
@@ -119,3 +122,66 @@ def test_spark_connect_is_never_served_without_a_token(iox_server, tmp_path):
     r = subprocess.run([iox, "spark-connect-url", "--data-dir", str(tmp_path)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and r.stderr.startswith("error: no Spark Connect record")
+
+
+def test_the_views_apply_retention_like_iox_sql(iox_server, client, db):
+    """A database's retention hides the same rows from a Spark Connect client as from `iox sql`, in
+    memory and persisted, from the moment it is set; removing it shows them again."""
+    import time
+
+    port, day_ns = iox_server.config.spark_connect_port, 86_400 * 10**9
+    now = time.time_ns()
+    tok = client.write(db, f"cpu,host=a v=1 {now - 3 * day_ns}\ncpu,host=b v=2 {now - 3600 * 10**9}\n")
+    client.wait_applied(db, tok, timeout_s=90)
+    client.persist(db)
+    tok = client.write(db, f"cpu,host=c v=3 {now - 2 * day_ns}\ncpu,host=d v=4 {now - 60 * 10**9}\n")
+    client.wait_applied(db, tok, timeout_s=90)
+    q = "SELECT host, v FROM {} ORDER BY host"
+    view = f"global_temp.`{db}__cpu`"
+    everything = [{"host": h, "v": float(i + 1)} for i, h in enumerate("abcd")]
+    assert _remote(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == everything
+    lifecycle = iox_server.lifecycle
+    lifecycle.prune_delay_s = 10 * 86_400.0  # hidden, not pruned: removing the retention shows them again
+    try:
+        client.set_retention(db, 86_400)
+        recent = [{"host": "b", "v": 2.0}, {"host": "d", "v": 4.0}]
+        assert client.query(db, q.format("cpu")).to_pylist() == recent
+        assert _remote(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == recent
+        client.set_retention(db, 0)
+    finally:
+        lifecycle.prune_delay_s = iox_server.config.prune_delay_s
+    assert client.query(db, q.format("cpu")).to_pylist() == everything
+    assert _remote(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == everything
+
+
+def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what_queries_read(
+        iox_server, client, db):
+    """The gRPC and HTTP query path reads the views this server made, not the global ones by name: a
+    Spark Connect client that replaces or drops `global_temp.<database>__<table>` changes what it
+    reads itself, until the table's next change, and nothing else."""
+    port = iox_server.config.spark_connect_port
+    tok = client.write(db, "\n".join(f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)) + "\n"
+                           f"mem,host=a used=7i {T0}")
+    client.wait_applied(db, tok, timeout_s=90)
+    client.persist(db)  # persisted chunks: queries read the table views, not the local rows
+    q_cpu, q_mem = "SELECT host, sum(v) AS s FROM cpu GROUP BY host ORDER BY host", "SELECT used FROM mem"
+    expect_cpu, expect_mem = [{"host": "h0", "s": 20.0}, {"host": "h1", "s": 25.0}], [{"used": 7}]
+    assert client.query(db, q_cpu).to_pylist() == expect_cpu and client.query(db, q_mem).to_pylist() == expect_mem
+    remote = _remote(port, {
+        "replace": f"CREATE OR REPLACE GLOBAL TEMP VIEW `{db}__cpu` AS SELECT 'x' AS host, CAST(1 AS DOUBLE) AS v",
+        "drop": f"DROP VIEW global_temp.`{db}__mem`",
+        "cpu": f"SELECT host, sum(v) AS s FROM global_temp.`{db}__cpu` GROUP BY host"},
+        iox_server.spark_connect_token)
+    assert remote["cpu"] == [{"host": "x", "s": 1.0}]  # the client reads what it made
+    assert client.query(db, q_cpu).to_pylist() == expect_cpu
+    assert client.query(db, q_mem).to_pylist() == expect_mem
+    conn = http.client.HTTPConnection("127.0.0.1", iox_server.config.http_port, timeout=60)
+    conn.request("GET", f"/api/v3/query_sql?db={db}&q=SELECT%20used%20FROM%20mem&format=jsonl")
+    r = conn.getresponse()
+    assert (r.status, r.read()) == (200, b'{"used": 7}\n')
+    conn.close()
+    # the table's next change makes its view again
+    client.wait_applied(db, client.write(db, f"cpu,host=h0 v=100 {T0 + 100}"), timeout_s=90)
+    client.persist(db)
+    wait_for(lambda: _remote(port, {"cpu": f"SELECT sum(v) AS s FROM global_temp.`{db}__cpu`"},
+                             iox_server.spark_connect_token)["cpu"] == [{"s": 145.0}], 60, "the view made again")
