@@ -54,7 +54,7 @@ DRIVE_STEPS = 4
 #: where the server's write buffer is: "session" (a Tansu broker of the test module, --kafka-bootstrap:
 #: it outlives every server of the run) or "durable" (the server's durable embedded broker, its default)
 BROKER = os.environ.get("IOX_MODEL_BROKER", "session")
-EXAMPLES = int(os.environ.get("IOX_MODEL_EXAMPLES", "3"))
+EXAMPLES = int(os.environ.get("IOX_MODEL_EXAMPLES", "2"))
 STEPS = int(os.environ.get("IOX_MODEL_STEPS", "14"))
 SEED = int(os.environ.get("IOX_MODEL_SEED", "20261128"))
 
