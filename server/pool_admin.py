@@ -313,8 +313,15 @@ class PoolControl:
         n = db.kafka_partitions
         with srv.catalog.lock:
             owned = set(db.owned_partitions)
+        read = srv.query_engine.tables_read(db, sql)
+        needed = {partition_for(t, n) for t in read} | set(wait_applied)
+        if any(kp not in owned and kp not in pc.state.owners for kp in needed):
+            # a partition with no owner known here: a claim the fence probe has not read yet
+            # (else its owner's rows would be missing from the answer, not waited for)
+            pc.refresh()
+            self.take_state(database, pc.state)
         owners = {kp: o.owner for kp, o in pc.state.owners.items() if kp not in owned and o.owner != self.member}
-        tables = [t for t in srv.query_engine.tables_read(db, sql) if partition_for(t, n) in owners]
+        tables = [t for t in read if partition_for(t, n) in owners]
         wait = {kp: off for kp, off in wait_applied.items() if kp in owners}
         if not tables and not wait:
             return None

@@ -22,7 +22,7 @@ from tests.crash.harness import T0, ServerProcess, stop_embedded_broker
 
 #: how long the restarted server holds each micro-batch before applying it: its replay stays observable for
 #: seconds
-_BATCH_DELAY_S = 6
+_BATCH_DELAY_S = 12
 
 
 @pytest.fixture

@@ -164,7 +164,9 @@ def test_grpc_beyond_max_concurrent_rpcs_is_resource_exhausted(small):
             t.start()
         # the pool has 2 threads: 2 RPCs run, the third waits for a thread (still in progress)
         assert entered.acquire(timeout=30) and entered.acquire(timeout=30)
-        time.sleep(0.5)
+        # the third is admitted (counted against --max-concurrent-rpcs) once grpc counts it active
+        state = srv.grpc._state  # grpc's own count: the one maximum_concurrent_rpcs is checked against
+        wait_for(lambda: state.active_rpc_count >= MAX_RPCS, 30, "the third RPC admitted")
         e = _code(lambda: list(c.query_stub.Query(query_pb2.QueryRequest(database="slow", sql="SELECT 1"),
                                                   timeout=30)))
         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from catalog.schema import Column
 from server.write_buffer.wire_format import encode_write
 from catalog.sharding import partition_for
+from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
 
@@ -33,11 +34,12 @@ def _rows(client, db, sql):
 
 
 def _hold_consumer(srv):
-    """Creates the pause file, then waits until a micro-batch that may have started before it is
-    applied: a write made after that is not applied while the file exists."""
+    """Creates the pause file, then waits until the stream's current trigger (which may have asked
+    for the ends before the file existed) ended: a write made after that is not applied while the
+    file exists."""
     open(srv.pause_file, "w").close()
-    n = srv.ingestor.batches_applied
-    srv.ingestor.wait_for_batches(n + 1, timeout_s=3)  # a batch in flight ends (or none was)
+    query = srv.consumer._query
+    wait_for(lambda: not query.status["isTriggerActive"], 30, "the stream's current trigger to end")
 
 
 def test_unapplied_writes_deletes_and_transactions_are_queryable_from_the_tail(iox_server, client, db):
