@@ -306,7 +306,8 @@ class PoolControl:
         if db is None or db.owned_partitions is None or srv.lifecycle is None:
             return None
         pc = srv.lifecycle.preserved.get(database)
-        if pc is None:  # a database this member never persisted nor claimed (a querier's): read its catalog
+        fresh = pc is None
+        if fresh:  # a database this member never persisted nor claimed (a querier's): read its catalog
             pc = srv.lifecycle.preserved_for(database, time.time())
             pc.refresh()
             self.take_state(database, pc.state)
@@ -315,7 +316,7 @@ class PoolControl:
             owned = set(db.owned_partitions)
         read = srv.query_engine.tables_read(db, sql)
         needed = {partition_for(t, n) for t in read} | set(wait_applied)
-        if any(kp not in owned and kp not in pc.state.owners for kp in needed):
+        if not fresh and any(kp not in owned and kp not in pc.state.owners for kp in needed):
             # a partition with no owner known here: a claim the fence probe has not read yet
             # (else its owner's rows would be missing from the answer, not waited for)
             pc.refresh()

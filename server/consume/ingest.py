@@ -794,21 +794,17 @@ class Ingestor:
             if not sources:
                 with self._views_lock:
                     had_view = (db.name, table) in self._table_views
-                if had_view and schema is not None:  # every chunk went (retention): an empty table
-                    from lifecycle.views import empty_table_view_sql
+                if not had_view or schema is None:
+                    return
+                from lifecycle.views import empty_table_view_sql
 
-                    sql = empty_table_view_sql(schema)
-                    self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {quote(table_view_name(db.name, table))} "
-                                   f"AS {sql}")
-                    with self._views_lock:
-                        self._table_views[(db.name, table)] = sql
-                return
-            deletes = table_deletes(db, table)
-            sql = table_view_sql(schema, sources, deletes=deletes,
-                                 merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes)
-                                 if arrow_merge else None)
-            name = quote(table_view_name(db.name, table))
-            self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {name} AS "
+                sql = empty_table_view_sql(schema)  # every chunk went (retention): an empty table
+            else:
+                deletes = table_deletes(db, table)
+                sql = table_view_sql(schema, sources, deletes=deletes,
+                                     merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes)
+                                     if arrow_merge else None)
+            self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {quote(table_view_name(db.name, table))} AS "
                            f"{retained_view_sql(sql, db.retention_period_s)}")
             with self._views_lock:
                 self._table_views[(db.name, table)] = sql

@@ -40,7 +40,7 @@ from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSche
 
 from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge, QueryTimedOut
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
-from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_name, table_view_sql
+from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
 
 __all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows"]
 
@@ -110,7 +110,7 @@ class QueryResult:
 
 
 class QueryEngine:
-    def __init__(self, spark, catalog: Catalog, tail=None, table_view_sql_of=None, max_rows: int = 0,
+    def __init__(self, spark, catalog: Catalog, tail, table_view_sql_of, max_rows: int = 0,
                  max_bytes: int = 0, timeout_s: float = 0.0):
         self.spark = spark
         #: --query-timeout-s: a query's Spark job running longer is cancelled (QueryTimedOut); 0 = none
@@ -123,8 +123,7 @@ class QueryEngine:
         self.tail = tail
         #: (database, table) -> the SQL of its table view, or None (the ingestor's `table_view_sql_of`):
         #: a query reads the view this server made, never a global view by name (another Spark Connect
-        #: session or server in the Spark application may have replaced or dropped that); None: read
-        #: the global views by name
+        #: session or server in the Spark application may have replaced or dropped that)
         self.table_view_sql_of = table_view_sql_of
 
     def run(self, *args, **kwargs) -> QueryResult:
@@ -208,13 +207,6 @@ class QueryEngine:
             db.queried_at[table] = now
         t_cut = time.perf_counter()
         use_query_pool(self.spark)
-        if self.table_view_sql_of is not None:
-            view_of = lambda t: self.table_view_sql_of(database, t)  # noqa: E731
-        else:
-            existing = {r.viewName if hasattr(r, "viewName") else r[1] for r in
-                        self.spark.sql("SHOW VIEWS IN global_temp").collect()}
-            view_of = lambda t: (f"SELECT * FROM global_temp.{quote(table_view_name(database, t))}"  # noqa: E731
-                                 if table_view_name(database, t) in existing else None)
         try:
             n_tail = 0
             made = set()  # the tables with a view in the session
@@ -224,7 +216,7 @@ class QueryEngine:
                     _retained(_tail_view(session, table, db.seq_origin, r), lo).createOrReplaceTempView(quote(table))
                     made.add(table)
                     continue
-                view_sql = view_of(table)
+                view_sql = self.table_view_sql_of(database, table)
                 if view_sql is None:
                     if db.schemas.get(table) is None:
                         continue

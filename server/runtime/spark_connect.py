@@ -19,7 +19,7 @@ import secrets
 
 from server.errors import ServerError
 
-__all__ = ["RECORD", "token_for", "record_port", "connect_url", "NoSparkConnectRecord"]
+__all__ = ["RECORD", "token_for", "connect_url", "NoSparkConnectRecord"]
 
 #: the record in the data directory: {"port": P, "token": T}
 RECORD = "spark-connect.json"
@@ -69,11 +69,6 @@ def token_for(data_dir: str, port: int, auth_token: str | None) -> str:
     os.makedirs(data_dir, exist_ok=True)
     _write(data_dir, {"port": port, "token": generated, "uses_auth_token": bool(auth_token)})
     return auth_token or generated
-
-
-def record_port(data_dir: str) -> int | None:
-    rec = _read(data_dir)
-    return int(rec["port"]) if rec and isinstance(rec.get("port"), int) else None
 
 
 def connect_url(data_dir: str) -> str:
