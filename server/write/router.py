@@ -168,7 +168,7 @@ class Router:
                 batches.append(b)
             return pa.Table.from_batches(batches, schema=reader.schema), used
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError,
-                pa.ArrowKeyError, OSError, _BadMessage) as e:
+                pa.ArrowKeyError, OSError, UnicodeDecodeError, _BadMessage) as e:  # a name that is not UTF-8
             raise InvalidArgument(f"table {t.table!r}: arrow_ipc is not a readable Arrow IPC stream: {e}") from None
 
     def _check_retention(self, database: str, batches: dict, body: bytes | None = None,
