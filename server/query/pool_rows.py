@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from catalog.delete_mailbox import Delete
-from catalog.schema import TableSchema
 from catalog.sharding import partition_for
 
 __all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_to_json", "deletes_from_json"]
