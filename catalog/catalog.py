@@ -166,6 +166,11 @@ class Database:
     lost_writes: list = field(default_factory=list)
     #: the topic was deleted and created again while this server ran (writes refused until a restart)
     topic_replaced: bool = False
+    #: {kp: Kafka's end offset when found} of partitions whose broker lost its tail (came back with
+    #: fewer offsets than this server knew were written): offsets are given out again, so writes are
+    #: refused until what was applied is persisted and the database continues in a new write-buffer
+    #: epoch from Kafka's end (server/app.py); None while Kafka keeps every offset. Under Catalog.lock.
+    tail_truncated: dict | None = None
     #: messages the consumer skipped as unreadable (server/write_buffer/wire_format.py header_problem), since this
     #: server started: {kp: (count, last offset, last reason)}
     skipped_messages: dict = field(default_factory=dict)

@@ -47,10 +47,11 @@ from server.config import ServerConfig, is_loopback
 from server.api.auth import Authenticator
 from server.consume.consumer import WriteBufferConsumer
 from server.write_buffer.end_polls import AckMarks
-from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferUnavailable,
-                     WritesLost)
+from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferTruncated,
+                           WriteBufferUnavailable, WritesLost)
 from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
 from server.errors import InvalidArgument, NotAPoolMember, NothingToAccept, RoleRefuses, NotReadyToAccept, PoisonedMessageNotFound
+from server.write_buffer.ack_log import AckLog
 from server.consume.ingest import Ingestor
 from server.write_buffer.poison import select
 from server.query.engine import QueryEngine
@@ -85,6 +86,11 @@ _ANSWER_MARGIN_S = 0.25
 BROKER_CHECK_INTERVAL_S = 1.0
 #: How often the transaction-repair thread looks for markers and aborts to write.
 TXN_REPAIR_INTERVAL_S = 1.0
+#: How often the server compares Kafka's end offsets with the offsets it knows were written (a broker
+#: that lost its tail: `_check_tails`); one reader asks for every database's topic
+TAIL_CHECK_INTERVAL_S = 5.0
+#: How long a database whose broker lost its tail waits between tries to continue in a new epoch
+_TAIL_RETRY_S = 1.0
 #: How often a start that replays the write buffer logs its progress (offsets done / to do per database)
 REPLAY_LOG_INTERVAL_S = 5.0
 #: How long a query waits at most (less when its deadline is nearer) for a replay to catch up or for its
@@ -188,6 +194,8 @@ class IoxServer:
         self.bootstrap = bootstrap
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
                                         cfg.replication_factor if cfg.kafka_bootstrap else 1)
+        # what earlier runs acknowledged, and where this one records what it acknowledges
+        self.ack_log = AckLog(data_dir)
         scratch = os.path.join(data_dir, "spark")
         sc_port = 0 if cfg.role == "ingester" else cfg.spark_connect_port  # an ingester answers no query
         #: the token Spark Connect requires (never none: server/runtime/spark_connect.py); None when it is off
@@ -231,7 +239,8 @@ class IoxServer:
         self.catalog.pool_member = cfg.pool_member is not None
         rec = recover(self.spark, self.catalog, self.store, cfg.partitions, t_recover,
                       self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
-                      cfg.skip_lost_writes, self.parquet_cache_dir, pool_member=cfg.pool_member)
+                      cfg.skip_lost_writes, self.parquet_cache_dir, pool_member=cfg.pool_member,
+                      acked=self.ack_log.at_start)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
         # losses found by this start (the preserved catalog also lists those of earlier runs)
@@ -318,7 +327,12 @@ class IoxServer:
             log.warning("frozen since %.0f (%s): no new write-buffer offsets are consumed until `iox unfreeze`",
                         self.freeze.record.since_s, self.freeze.record.reason)
         self.write_buffer.guard = self._guard_writes
+        self.write_buffer.confirm = self._confirm_acked
         self.write_buffer.on_topic = self._on_topic
+        for db in self.catalog.databases():
+            if db.tail_truncated is not None:  # found by recovery: continues once its replay is persisted
+                self._after_tail_lost(db, lost=False)
+        threading.Thread(target=self._tail_check_loop, name="tail-check", daemon=True).start()
         self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
         self._txn_repair.start()
         self.router.overload_check = self._overloaded
@@ -419,6 +433,8 @@ class IoxServer:
                 self.consumer.stop()
             if self.write_buffer is not None:
                 self.write_buffer.close()
+            if getattr(self, "ack_log", None) is not None:
+                self.ack_log.close()
             if self.spark is not None and getattr(self, "_owns_spark", False):
                 try:
                     self.spark.stop()
@@ -620,11 +636,30 @@ class IoxServer:
                              100.0 * done / todo)
 
     # -- write-buffer losses and fencing ------------------------------------------------
-    def _guard_writes(self, database: str) -> None:
+    def _guard_writes(self, database: str) -> dict | None:
         """The write buffer's guard (every produce of a write or a delete): refuses a fenced database,
-        then one whose write buffer lost writes (see both checks)."""
+        then one whose write buffer lost writes (see both checks). Returns {kp: highest offset applied}
+        of the database (None when new here): an offset Kafka gives this request at or below it was
+        given out before (`_confirm_acked`)."""
         self._refuse_writes_when_fenced(database)
         self._refuse_writes_after_a_loss(database)
+        db = self.catalog.peek_database(database)
+        return None if db is None else dict(db.applied_hi_inclusive)  # one copy under the GIL: no lock
+
+    def _confirm_acked(self, database: str, topic: str, token: dict, taken: dict) -> None:
+        """The write buffer's confirmation (every produce Kafka acknowledged, before it is answered; gRPC/HTTP
+        threads): an offset Kafka gave out again (at or below one `taken` before the request was sent) means
+        its broker lost the tail: the request fails and the loss is recorded (`_tail_lost`); else the token
+        is made durable in the ack log, so a later start knows what was acknowledged."""
+        db = self.catalog.peek_database(database)
+        reused = {kp: off for kp, off in token.items() if off <= taken.get(kp, -1)}
+        if reused and db is not None:
+            log.error("database %s: Kafka acknowledged offsets %s, given out before (up to %s were): its broker "
+                      "lost the tail of %s", database, reused, {kp: taken[kp] for kp in reused}, topic)
+            self._check_tail(db, ends_at_most=reused)
+            self._refuse_writes_after_a_loss(database)
+            raise WriteBufferTruncated(database, reused)  # the check found another state: refuse this one anyway
+        self.ack_log.record(topic, None if db is None else db.topic_id, 0 if db is None else db.epoch, token)
 
     def _refuse_writes_when_fenced(self, database: str) -> None:
         """Raises DatabaseFenced when another server committed a newer revision of the database's
@@ -639,15 +674,18 @@ class IoxServer:
         to a database whose write buffer lost acknowledged writes not accepted yet, or whose topic
         was replaced under this server."""
         db = self.catalog.peek_database(database)
-        if db is None or (not db.lost_writes and not db.topic_replaced):  # every write passes here: no lock
-            return
+        if db is None or (not db.lost_writes and not db.topic_replaced and db.tail_truncated is None):
+            return  # every write passes here: no lock
         with self.catalog.lock:
             open_ranges = [r for r in db.lost_writes if not r.accepted]
             replaced = db.topic_replaced
+            truncated = db.tail_truncated
         if open_ranges:
             raise WritesLost(database, open_ranges)
         if replaced:
             raise TopicReplaced(database, db.topic)
+        if truncated is not None:
+            raise WriteBufferTruncated(database, truncated)
 
     def _on_topic(self, database: str, topic: str, topic_id: str | None) -> None:
         """The write buffer ensured `topic` (first write of this process to it, or after a produce
@@ -695,6 +733,120 @@ class IoxServer:
                       "accept-lost-writes --db %s, or a restart)", db.name, reason, db.name)
         t = threading.Thread(target=self._persist_after_replacement, args=(db, not ranges), daemon=True,
                              name=f"persist-after-loss-{db.name}")
+        self._after_replacement[db.name] = t
+        t.start()
+
+    def _tail_check_loop(self) -> None:
+        """Runs from start to stop: every TAIL_CHECK_INTERVAL_S, `_check_tails`. A broker away is
+        checked again next round; a stopping server is not an error."""
+        while not self._stopped.wait(TAIL_CHECK_INTERVAL_S):
+            try:
+                self._check_tails(self.catalog.databases())
+            except Exception as e:  # broker away, or the write buffer closing: next round
+                log.debug("checking the write buffer's ends: %s", e)
+
+    def _check_tail(self, db, ends_at_most: dict | None = None) -> None:
+        """`_check_tails` of one database; `ends_at_most`: {kp: offset} Kafka's end was at most when the
+        broker lost the tail (an offset it gave out again), when known."""
+        self._check_tails([db], {db.name: ends_at_most or {}})
+
+    def _check_tails(self, dbs: list, ends_at_most: dict | None = None) -> None:
+        """Compares Kafka's end offsets of `dbs`' topics with the offsets this server knows were written
+        (applied, or acknowledged to a client): an end at or below one of them means the broker lost
+        its tail (`_tail_lost`); a topic whose Kafka id changed was replaced (`_topic_replaced`). What is
+        known is read before Kafka's ends, so a write landing meanwhile never looks like a loss."""
+        fenced = self.lifecycle.fenced_revision if self.lifecycle is not None else (lambda _n: None)
+        known: dict = {}
+        with self.catalog.lock:
+            for db in dbs:
+                if db.tail_truncated is None and not db.topic_replaced and db.topic_id is not None:
+                    known[db.name] = (db, db.epoch, dict(db.applied_hi_inclusive))
+        known = {n: k for n, k in known.items() if fenced(n) is None}
+        if not known:
+            return
+        for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
+            for db, _epoch, hi in known.values():
+                if db.topic == topic:
+                    hi[kp] = max(hi.get(kp, -1), off)
+        topics = sorted({db.topic for db, _e, _h in known.values()})
+        ids = self.write_buffer.describe_topic_ids(topics)
+        # one request for every watermark; a topic whose watermark is not past what is known (Tansu may
+        # report one short of the end) is read to its true end
+        marks = self.write_buffer.high_watermarks(topics, self.config.partitions)
+        behind = sorted({db.topic for n, (db, _e, hi) in known.items() if (ends_at_most or {}).get(n) or
+                         any(hw <= hi.get(kp, -1) for kp, hw in marks[db.topic].items())})
+        bounds = self.write_buffer.partition_bounds_of(behind, self.config.partitions) if behind else {}
+        for name, (db, epoch, hi) in known.items():
+            if not marks[db.topic]:
+                continue  # no such topic (a broker that came back empty): the next write finds the new one
+            if ids[db.topic] is not None and ids[db.topic] != db.topic_id:
+                self._topic_replaced(db, ids[db.topic])
+                continue
+            given_again = (ends_at_most or {}).get(name, {})
+            ends = {kp: min(end, given_again.get(kp, end)) for kp, (_lo, end) in bounds.get(db.topic, {}).items()
+                    if end <= hi.get(kp, -1) or kp in given_again}
+            if ends:
+                self._tail_lost(db, ends, epoch)
+
+    def _tail_lost(self, db, ends: dict, epoch: int) -> None:
+        """The broker lost the tail of `db`'s topic (`ends`: {kp: Kafka's end now}) while the server ran, in
+        write-buffer `epoch`: the acknowledged writes past what was applied and past Kafka's end are
+        recorded lost; writes are refused (WritesLost until the loss is accepted, then
+        WriteBufferTruncated) until what was applied is persisted and the database continues in a new
+        epoch from Kafka's end (`_after_tail_lost`)."""
+        now = time.time()
+        acked = {kp: off for (t, kp), off in dict(self.write_buffer.acked_hi_inclusive).items() if t == db.topic}
+        with self.catalog.lock:
+            if db.epoch != epoch or db.tail_truncated is not None or db.topic_replaced:
+                return  # a new epoch since the ends were read, or found already
+            applied = dict(db.applied_hi_inclusive)
+            ranges = []
+            for kp, end in sorted(ends.items()):
+                first = max(end, applied.get(kp, -1) + 1)
+                if acked.get(kp, -1) >= first:
+                    ranges.append(LostWriteRange(kp, first, acked[kp] + 1, now,
+                                                 f"the broker lost the tail of Kafka partition {kp}: it ended at "
+                                                 f"offset {end}, below offsets this server had acknowledged",
+                                                 epoch=db.epoch))
+            db.tail_truncated = dict(ends)
+            db.lost_writes.extend(ranges)
+        if ranges:
+            self.router.metrics.lost_writes(db.name, len(ranges))
+            log.error("database %s: the write buffer LOST acknowledged writes (its broker lost the tail of %s): %s; "
+                      "writes are refused until the loss is accepted (iox accept-lost-writes --db %s, or a restart "
+                      "with --skip-lost-writes)", db.name, db.topic,
+                      ", ".join(f"partition {r.partition} [{r.from_offset}, {r.to_exclusive})" for r in ranges), db.name)
+        else:
+            log.error("database %s: the broker lost the tail of %s (Kafka partition ends %s), below what this "
+                      "server applied; nothing acknowledged was lost; writes are refused until what was applied is "
+                      "persisted and the database continues in a new write-buffer epoch", db.name, db.topic, ends)
+        self._after_tail_lost(db, lost=bool(ranges))
+
+    def _after_tail_lost(self, db, lost: bool) -> None:
+        """In the background: records a loss in the preserved catalog (a restart keeps the record); with
+        nothing lost, or once the loss is accepted, persists what was applied and continues in a new
+        write-buffer epoch from Kafka's end (`_continue_in_new_epoch`), trying again until it could (a
+        replay or a failed micro-batch still to apply) or the server stops."""
+        def run():
+            if lost:
+                try:
+                    self._record_lost_writes(db, time.time())
+                except Exception:
+                    log.exception("database %s: recording the loss of the broker's tail", db.name)
+                return  # `iox accept-lost-writes` continues
+            while not self._stopped.is_set() and db.tail_truncated is not None:
+                try:
+                    if not self.database_replaying(db):
+                        self._continue_in_new_epoch(db, time.time())
+                        return
+                except NotReadyToAccept as e:
+                    log.info("database %s: not continuing in a new epoch yet: %s", db.name, e)
+                except Exception:
+                    log.exception("database %s: continuing in a new write-buffer epoch after the broker lost "
+                                  "the tail (tried again)", db.name)
+                self._stopped.wait(_TAIL_RETRY_S)
+
+        t = threading.Thread(target=run, daemon=True, name=f"after-tail-lost-{db.name}")
         self._after_replacement[db.name] = t
         t.start()
 
@@ -1018,7 +1170,8 @@ class IoxServer:
     def accept_lost_writes(self, database: str):
         """`iox accept-lost-writes`: accepts the database's lost writes without a restart (as
         --skip-lost-writes does at start). A database whose topic was replaced continues on the new
-        topic in a new write-buffer epoch (`_continue_on_new_topic`). The loss stays recorded,
+        topic in a new write-buffer epoch (`_continue_in_new_epoch`); one whose broker lost the tail continues
+        from Kafka's end once what was applied is persisted. The loss stays recorded,
         marked accepted with the time, in the preserved catalog too."""
         from catalog.preserved_catalog import RecordLostWrites
 
@@ -1029,20 +1182,23 @@ class IoxServer:
         with self.catalog.lock:
             open_ranges = [r for r in db.lost_writes if not r.accepted]
             replaced = db.topic_replaced
+            truncated = db.tail_truncated is not None
         if not open_ranges and not replaced:
-            raise NothingToAccept(database)
+            raise NothingToAccept(database)  # a lost tail with nothing lost continues by itself
         persisting = self._after_replacement.get(db.name)
         if persisting is not None:  # the background persist after the replacement: let it finish
             persisting.join(CATCH_UP_TIMEOUT_S)
         now = time.time()
         if replaced:
-            self._continue_on_new_topic(db, now)
+            self._continue_in_new_epoch(db, now)
         else:
             with self.catalog.lock:
                 lost = [_accepted(r, now) for r in db.lost_writes]
             self.lifecycle.commit_records(db, [RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
             with self.catalog.lock:
                 db.lost_writes = [_accepted(r, now) for r in db.lost_writes]
+            if truncated:  # continues in a new epoch from Kafka's end once what was applied is persisted
+                self._after_tail_lost(db, lost=False)
         log.warning("database %s: lost writes ACCEPTED (iox accept-lost-writes): %s; writes are taken again%s",
                     db.name, ", ".join(f"partition {r.partition} from {r.from_offset}" for r in open_ranges) or "none",
                     f" on the new topic, in write-buffer epoch {db.epoch}" if replaced else "")
@@ -1054,14 +1210,16 @@ class IoxServer:
                     _lost_status(resp.accepted.add(), r)
         return resp
 
-    def _continue_on_new_topic(self, db, now: float) -> None:
-        """The database's topic was replaced while the server ran: once everything it applied is
-        persisted, it continues on the new topic in a new write-buffer epoch (offsets start over;
-        its seq origin is above every seq it has), as recovery does at a start with
-        --skip-lost-writes. The new epoch's database checkpoint and the accepted loss are committed
-        in one transaction before anything changes in memory; the stream then restarts from the new
-        topic's start. Raises NotReadyToAccept (nothing changed) when something is still
-        unpersisted, RevisionConflict when the database is fenced."""
+    def _continue_in_new_epoch(self, db, now: float) -> None:
+        """The database's topic was replaced, or its broker lost the tail, while the server ran: once
+        everything it applied is persisted, it continues in a new write-buffer epoch (its seq origin is
+        above every seq it has), as recovery does at a start with --skip-lost-writes: on a new topic from
+        its start (offsets start over), on a cut-short topic from Kafka's end (offsets below it are of the
+        old epoch and applied; those from it on are given out again). The new epoch's database checkpoint
+        and the accepted loss are committed in one transaction before anything changes in memory; the
+        stream then restarts from there. Raises NotReadyToAccept (nothing changed) when something is
+        still unpersisted or, on a cut-short topic, not applied; RevisionConflict when the database is
+        fenced."""
         from catalog.preserved_catalog import RecordDatabaseCheckpoint, RecordLostWrites
         from catalog.seq_layout import next_seq_origin, seq_base
         from catalog.transactions import TxnLog
@@ -1074,6 +1232,10 @@ class IoxServer:
         except Exception as e:  # KafkaException, or the write buffer closing
             raise WriteBufferUnavailable(f"cannot read topic {db.topic}: {e}") from e
 
+        cut_short = not db.topic_replaced and db.tail_truncated is not None
+        # the new epoch's first offsets: a new topic's start, or a cut-short topic's end
+        first = {kp: bounds.get(kp, (0, 0))[1 if cut_short else 0] for kp in range(db.kafka_partitions)}
+
         def switch():  # while no micro-batch runs
             with lc.paused():
                 with self.catalog.lock:
@@ -1082,20 +1244,28 @@ class IoxServer:
                     if busy or db.failed_batch_hi:
                         raise NotReadyToAccept(db.name, f"table partitions {busy} still hold unpersisted rows"
                                                if busy else "a failed micro-batch is not applied again yet")
+                    behind = {kp: (db.applied_hi_inclusive.get(kp, -1), off) for kp, off in first.items()
+                              if cut_short and db.applied_hi_inclusive.get(kp, -1) < off - 1 and
+                              (db.owned_partitions is None or kp in db.owned_partitions)}
+                    if behind:
+                        raise NotReadyToAccept(db.name, "what Kafka still holds is not applied yet "
+                                                        f"(partition: (applied, end) {behind})")
                     applied_hi = max(db.applied_hi_inclusive.values(), default=-1)
                     epoch = db.epoch + 1
                     lost = [_accepted(r, now) for r in db.lost_writes]
                 pc = lc.preserved_for(db.name, now)
                 # above every seq of the old epoch: the catalog's, and every offset applied in memory
                 origin = max(next_seq_origin(pc.state, db.seq_origin), seq_base(db.seq_origin, applied_hi + 1))
-                checkpoint = RecordDatabaseCheckpoint(topic=db.topic, kafka_partitions=db.kafka_partitions,
-                                                      sequencer_numbers={}, epoch=epoch, topic_id=topic_id,
-                                                      seq_origin=origin)
+                checkpoint = RecordDatabaseCheckpoint(
+                    topic=db.topic, kafka_partitions=db.kafka_partitions, epoch=epoch, topic_id=topic_id,
+                    sequencer_numbers={kp: (None, off - 1) for kp, off in first.items() if off > 0} if cut_short else {},
+                    seq_origin=origin)
                 lc.commit_records(db, [checkpoint, RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
                 with self.catalog.lock:
                     db.epoch, db.seq_origin, db.topic_id, db.topic_replaced = epoch, origin, topic_id, False
+                    db.tail_truncated = None
                     db.lost_writes = lost
-                    db.applied_hi_inclusive = {kp: bounds.get(kp, (0, 0))[0] - 1 for kp in range(db.kafka_partitions)}
+                    db.applied_hi_inclusive = {kp: off - 1 for kp, off in first.items()}
                     db.txns = TxnLog()
                     db.failed_batch_hi = {}
                     # held or retried messages were of the old topic: gone with it
@@ -1114,8 +1284,9 @@ class IoxServer:
                     self.write_buffer.acked_hi_inclusive.pop(key, None)
                 if self.tail is not None:
                     self.tail.forget_topic(db.topic)
-                log.warning("database %s: continues on the new topic %s (id %s) in write-buffer epoch %d (seq origin "
-                            "%d)", db.name, db.topic, topic_id, epoch, origin)
+                log.warning("database %s: continues %s %s (id %s) in write-buffer epoch %d (seq origin %d) from "
+                            "offsets %s", db.name, "on the cut-short topic" if cut_short else "on the new topic",
+                            db.topic, topic_id, epoch, origin, first)
 
         self.consumer.restart(switch)
 

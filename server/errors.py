@@ -14,6 +14,7 @@ __all__ = [
     "DecompressedRequestTooLarge",
     "QueryResultTooLarge",
     "WriteBufferUnavailable",
+    "WriteBufferTruncated",
     "WriteBufferOverloaded",
     "MemoryLimitReached",
     "OlderThanRetention",
@@ -194,6 +195,21 @@ class TopicReplaced(ServerError):
             "server ran; no acknowledged write was lost (what was applied is persisted), but writes are refused "
             f"until the database continues on the new topic: `iox accept-lost-writes --db {database}`, or a restart "
             "of the server")
+
+
+class WriteBufferTruncated(WriteBufferUnavailable):
+    """The database's broker lost the tail of its topic, and no acknowledged write was lost with it
+    (those are WritesLost): writes are refused, UNAVAILABLE, until what was applied is persisted and
+    the database continues in a new write-buffer epoch, which the server does by itself."""
+
+    def __init__(self, database: str, ends: dict):
+        self.database = database
+        self.ends = dict(ends)
+        super().__init__(
+            f"database {database!r}: the broker lost the tail of the write buffer (Kafka partition end offsets now "
+            + ", ".join(f"{kp}: {end}" for kp, end in sorted(self.ends.items()))
+            + "); nothing acknowledged was lost; writes are taken again once what was applied is persisted",
+            retry_after_s=5.0)
 
 
 class DatabaseFenced(ServerError):

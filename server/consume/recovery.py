@@ -33,7 +33,7 @@ from catalog.sharding import topic_for
 from server.errors import ServerError
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
-           "lost_offsets", "replay_progress", "merge_lost_writes", "register_persisted_file", "add_recorded_delete",
+           "lost_offsets", "truncated_tail", "replay_progress", "merge_lost_writes", "register_persisted_file", "add_recorded_delete",
            "day_number"]
 
 log = logging.getLogger(__name__)
@@ -106,30 +106,84 @@ def replay_progress(replay_from: dict, replay_until: dict, applied: dict) -> tup
     return done, todo
 
 
+def truncated_tail(start: int, replay_hi_inclusive: int | None, seen_hi_inclusive: int | None,
+                   acked_hi_inclusive: int | None, end_exclusive: int) -> tuple[bool, tuple[int, int] | None]:
+    """Decides, for one Kafka partition of the topic incarnation the catalog was written for, whether
+    the broker lost its tail: it came back with fewer offsets than were written (a store that did
+    not fsync, an unclean leader election, a restored backup).
+
+    Pure (driver, at start). ``start``: the replay plan's first offset to read (0 without a
+    checkpoint); ``replay_hi_inclusive``: the last offset replay must reach, None when nothing
+    unpersisted is known; ``seen_hi_inclusive``: the highest offset the catalog's checkpoints name,
+    persisted or not (None: none); ``acked_hi_inclusive``: the highest offset this server
+    acknowledged to a client (server/write_buffer/ack_log.py; None: none known);
+    ``end_exclusive``: Kafka's end now.
+
+    Returns ``(truncated, lost)``: ``truncated`` when Kafka's end is at or below an offset known
+    written (Kafka gives those offsets out again); ``lost`` = ``(from, to_exclusive)`` of the
+    offsets acknowledged or checkpointed unpersisted that neither Parquet nor Kafka holds, or None.
+    """
+    known = [x for x in (replay_hi_inclusive, seen_hi_inclusive, acked_hi_inclusive) if x is not None]
+    if not known or end_exclusive > max(known):
+        return False, None
+    hi = max(-1 if replay_hi_inclusive is None else replay_hi_inclusive,
+             -1 if acked_hi_inclusive is None else acked_hi_inclusive)
+    first = max(end_exclusive, start)
+    return True, ((first, hi + 1) if hi >= first else None)
+
+
 def lost_offsets(start: int, replay_hi_inclusive: int | None, low_watermark: int, end_exclusive: int,
-                 topic_gone: bool, checkpoint_complete: bool) -> tuple[bool, tuple[int, int | None] | None]:
+                 topic_gone: bool, checkpoint_complete: bool,
+                 acked_hi_inclusive: int | None = None) -> tuple[bool, tuple[int, int | None] | None]:
     """Decides, for one Kafka partition, whether the write buffer lost offsets replay needs.
 
     Pure (driver, at start).  ``start``: the replay plan's first offset to read;
     ``replay_hi_inclusive``: the last offset replay must reach, None when nothing
     unpersisted is known; ``low_watermark`` / ``end_exclusive``: what Kafka holds now;
     ``topic_gone``: the checkpoint's topic incarnation no longer exists;
-    ``checkpoint_complete``: the checkpoint was written by a drained clean stop.
+    ``checkpoint_complete``: the checkpoint was written by a drained clean stop;
+    ``acked_hi_inclusive``: the highest offset of the checkpoint's topic incarnation that this
+    server acknowledged (server/write_buffer/ack_log.py), None when unknown: when known, it bounds
+    what a reset topic lost exactly.
 
     Returns ``(reset, lost)``: ``reset`` when the topic's offsets started over (a new
     write-buffer epoch begins), ``lost`` = ``(from, to_exclusive)`` of offsets that are
     neither persisted nor in Kafka any more (``to_exclusive`` None: unknown end), or None.
     """
     if topic_gone or end_exclusive < start:  # the topic was reset (or the broker lost data)
-        if replay_hi_inclusive is not None:
-            return True, (start, replay_hi_inclusive + 1)
-        if not checkpoint_complete:
+        hi = max(-1 if replay_hi_inclusive is None else replay_hi_inclusive,
+                 -1 if acked_hi_inclusive is None else acked_hi_inclusive)
+        if hi >= start:
+            return True, (start, hi + 1)
+        if not checkpoint_complete and acked_hi_inclusive is None:
             # writes acknowledged after the last checkpoint were at `start` and above: unknown how many
             return True, (start, None)
         return True, None
     if low_watermark > start:  # retention dropped offsets replay needs
         return False, (start, low_watermark)
     return False, None
+
+
+def _acked_of(acked: dict | None, topic: str, epoch: int, topic_id: str | None) -> dict:
+    """{kp: highest offset acknowledged} of `topic` in the ack log when it is of `epoch` and of the
+    incarnation `topic_id` (an unknown id on either side matches), else {}."""
+    a = (acked or {}).get(topic)
+    if a is None or a.epoch != epoch or (a.topic_id is not None and topic_id is not None and a.topic_id != topic_id):
+        return {}
+    return dict(a.hi_inclusive)
+
+
+def _skip_or_refuse(db, name: str, kp: int, lost: tuple, reason: str, skip_lost_writes: bool, now: float,
+                    epoch: int) -> None:
+    """Raises LostWrites for `lost` ((from, to_exclusive)) of Kafka partition `kp`; with
+    --skip-lost-writes, records it accepted in `db.lost_writes` instead."""
+    if not skip_lost_writes:
+        raise LostWrites(name, kp, *lost, reason=reason)
+    log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s (--skip-lost-writes)",
+              name, kp, _offset_range(*lost), f" ({reason})" if reason else "")
+    db.lost_writes = merge_lost_writes(db.lost_writes, LostWriteRange(
+        kp, lost[0], lost[1], now, reason or "Kafka no longer holds offsets the replay needed",
+        accepted=True, accepted_at_s=now, epoch=epoch), now)
 
 
 def merge_lost_writes(records: list, found: LostWriteRange, now: float) -> list:
@@ -175,11 +229,18 @@ def day_number(partition_key: str) -> int:
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             transactions_until_checkpoint: int, databases: list[str], write_buffer,
             skip_lost_writes: bool = False, cache_dir: str | None = None,
-            pool_member: str | None = None) -> RecoveryResult:
+            pool_member: str | None = None, acked: dict | None = None) -> RecoveryResult:
     """`pool_member`: this server's name in an ingester pool (catalog/ownership.py). It claims
     again the Kafka partitions the catalog says it owns (fencing the process it replaces) and
     recovers only those; every other partition is held (`Database.pool_holds`): its owner applies
-    it. The files of every partition are registered, so queries read what every owner persisted."""
+    it. The files of every partition are registered, so queries read what every owner persisted.
+
+    `acked`: {topic: AckedOffsets} this server acknowledged in earlier runs (server/write_buffer/
+    ack_log.py). A broker that lost the tail of a topic (`truncated_tail`) is refused with
+    LostWrites naming the acknowledged offsets it lost; with nothing lost, or the loss accepted
+    (--skip-lost-writes), the database continues in a new write-buffer epoch from Kafka's end:
+    at once when Kafka holds nothing unpersisted of it, else `Database.tail_truncated` is set and
+    the server switches once the replay is applied and persisted (server/app.py)."""
     out = RecoveryResult()
     cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
     for name in databases:
@@ -245,38 +306,66 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             planner.register_database_checkpoint(DatabaseCheckpoint(
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items()}))
         plan = planner.build()
-        bounds = write_buffer.partition_bounds(topic, kafka_partitions) if dbck is not None else {}
-        starts, until, reset = {}, {}, False
+        # what this server acknowledged of the topic incarnation and epoch the catalog was written for
+        ack = _acked_of(acked, topic, epoch, dbck.topic_id if gone else db.topic_id)
+        # the topic the catalog was written for is still there: Kafka ending below an offset known
+        # written means its broker lost the tail (Kafka without topic ids: a reset, as before)
+        same_topic = not gone and db.topic_id is not None
+        bounds = write_buffer.partition_bounds(topic, kafka_partitions) if dbck is not None or ack else {}
+        starts, until, reset, truncated = {}, {}, False, {}
         planned = set(plan.kafka_partitions())
-        for kp in sorted(planned | (set(range(kafka_partitions)) if gone else set())):
+        for kp in sorted(planned | set(ack) | (set(range(kafka_partitions)) if gone else set())):
             if owned is not None and kp not in owned:
                 continue  # another pool member's: its owner recovers it
             s = plan.start_offset(kp) if kp in planned else None
             rng = plan.replay_range(kp) if kp in planned else None
+            needs_replay = rng is not None and rng.min_unpersisted_offset is not None
+            lo, end = bounds.get(kp, (0, 0))
+            replay_hi = rng.max_seen_offset if needs_replay else None
+            if same_topic:
+                kp_truncated, lost = truncated_tail(0 if s is None else s, replay_hi,
+                                                    None if rng is None else rng.max_seen_offset, ack.get(kp), end)
+                if kp_truncated:
+                    truncated[kp] = end
+                    reason = (f"the broker lost the tail of Kafka partition {kp}: it ends at offset {end}, "
+                              f"below offsets this server acknowledged or checkpointed")
+                    if lost is not None:
+                        _skip_or_refuse(db, name, kp, lost, reason, skip_lost_writes, now, epoch)
+                    if s is not None:  # else nothing of it was checkpointed: replay from Kafka's start
+                        starts[kp] = s
+                        if needs_replay and s <= min(rng.max_seen_offset, end - 1):
+                            until[kp] = min(rng.max_seen_offset, end - 1)  # what Kafka still holds of it
+                        db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+                    continue
             if s is None:
                 if not gone:
                     continue
                 s = 0  # no checkpointed offset: whatever the lost topic held for it
-            needs_replay = rng is not None and rng.min_unpersisted_offset is not None
-            lo, end = bounds.get(kp, (0, 0))
-            kp_reset, lost = lost_offsets(s, rng.max_seen_offset if needs_replay else None, lo, end, gone,
-                                          dbck is not None and dbck.complete)
+            kp_reset, lost = lost_offsets(s, replay_hi, lo, end, gone, dbck is not None and dbck.complete,
+                                          ack.get(kp, -1) if ack and owned is None else None)
             reset = reset or kp_reset
             if lost is not None:
-                if not skip_lost_writes:
-                    raise LostWrites(name, kp, *lost, reason=gone_reason)
-                log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s "
-                          "(--skip-lost-writes)", name, kp, _offset_range(*lost),
-                          f" ({gone_reason})" if gone_reason else "")
-                db.lost_writes = merge_lost_writes(db.lost_writes, LostWriteRange(
-                    kp, lost[0], lost[1], now, gone_reason or "Kafka no longer holds offsets the replay needed",
-                    accepted=True, accepted_at_s=now, epoch=epoch), now)
+                _skip_or_refuse(db, name, kp, lost, gone_reason, skip_lost_writes, now, epoch)
                 s = lo
             starts[kp] = s
             if needs_replay and s <= rng.max_seen_offset:
                 until[kp] = rng.max_seen_offset
             db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
         reset = reset or gone
+        first_offsets = None  # of a new epoch: {kp: first offset}
+        if reset:
+            first_offsets = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions)
+                             if owned is None or kp in owned}
+        elif truncated:
+            # Kafka's offsets below its end are of the old epoch; those from it on are given out again
+            ends = {kp: bounds.get(kp, (0, 0))[1] for kp in range(kafka_partitions) if owned is None or kp in owned}
+            if all(starts.get(kp, bounds.get(kp, (0, 0))[0]) >= end for kp, end in ends.items()):
+                first_offsets = ends  # Kafka holds nothing unpersisted: the new epoch starts now
+            else:
+                db.tail_truncated = dict(truncated)  # after the replay (server/app.py)
+                log.error("database %s: the broker lost the tail of its write buffer (Kafka partition ends %s); "
+                          "writes are refused until the replay of what Kafka still holds is persisted, then the "
+                          "database continues in a new write-buffer epoch", name, truncated)
         if skip_lost_writes:  # a loss recorded while a server ran, not accepted then, is accepted now
             db.lost_writes = [r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
                               for r in db.lost_writes]
@@ -284,19 +373,22 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         mine_lost = [r for r in db.lost_writes if owned is None or r.partition in owned]
         lost_actions = [RecordLostWrites(ranges=tuple(r.entry() for r in mine_lost))] \
             if db.lost_writes != lost_before else []
-        if reset:
-            # offsets start over: a new epoch keeps write-buffer order (its seq origin is above every
-            # seq the catalog knows) and ignores old checkpoints
+        if first_offsets is not None:
+            # offsets start over (a reset topic) or are given out again (a lost tail): a new epoch keeps
+            # write-buffer order (its seq origin is above every seq the catalog knows) and ignores old
+            # checkpoints; what Kafka holds below its first offsets is of the old epoch, all persisted
             db.seq_origin = next_seq_origin(state, db.seq_origin)
             db.epoch = epoch + 1
-            starts = {kp: bounds.get(kp, (0, 0))[0] for kp in range(kafka_partitions) if owned is None or kp in owned}
+            starts = dict(first_offsets)
             until = {}
             filters = {}
             db.applied_hi_inclusive = {**db.applied_hi_inclusive, **{kp: s - 1 for kp, s in starts.items()}}
-            pc.commit([db.checkpoint_action({})] + lost_actions, now)
+            pc.commit([db.checkpoint_action({kp: (None, s - 1) for kp, s in starts.items() if s > 0 and not reset})]
+                      + lost_actions, now)
             lost_actions = []
-            log.warning("database %s: the write buffer topic was reset; everything was persisted, "
-                        "continuing in write-buffer epoch %d (seq origin %d)", name, db.epoch, db.seq_origin)
+            log.warning("database %s: the write buffer topic was %s; everything was persisted, continuing in "
+                        "write-buffer epoch %d (seq origin %d) from offsets %s", name,
+                        "reset" if reset else "cut short (its broker lost the tail)", db.epoch, db.seq_origin, starts)
         if lost_actions:
             pc.commit(lost_actions, now)
         # replay counts as caught up once everything Kafka held at start is applied

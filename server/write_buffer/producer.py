@@ -127,8 +127,14 @@ class WriteBuffer:
         #: (topic, kafka partition) -> highest offset this process got acknowledged
         self.acked_hi_inclusive: dict = {}
         #: called with the database at the start of every produce (the server refuses writes to a
-        #: database whose write buffer lost acknowledged writes: it raises)
+        #: database whose write buffer lost acknowledged writes: it raises); returns {kafka partition:
+        #: highest offset the server applied} of the database (None: nothing known)
         self.guard = None
+        #: called with (database, topic, write token, {kafka partition: highest offset known taken
+        #: before this request was produced}) once Kafka acknowledged a request, before it is answered:
+        #: the server refuses an offset Kafka gave out again (its broker lost its tail) and makes the
+        #: token durable (server/write_buffer/ack_log.py); it raises to answer the request an error
+        self.confirm = None
         #: called with (database, topic, Kafka topic id) each time this process ensures a topic,
         #: before anything is produced to it (the server records a new database's topic in its
         #: preserved catalog and detects a topic replaced under it: it raises to refuse the write)
@@ -199,15 +205,27 @@ class WriteBuffer:
         return self._describe_topic_id(topic)
 
     def _describe_topic_id(self, topic: str) -> str | None:
+        return self.describe_topic_ids([topic])[topic]
+
+    def describe_topic_ids(self, topics: list[str]) -> dict[str, str | None]:
+        """{topic: Kafka's id of its current incarnation, asked now} (None: no such topic, or a broker
+        without topic ids)."""
         from confluent_kafka import TopicCollection
 
+        if not topics:
+            return {}
         try:
-            desc = self._admin.describe_topics(TopicCollection([topic]),
-                                               request_timeout=ADMIN_TIMEOUT_S)[topic].result(timeout=ADMIN_TIMEOUT_S + 1)
-        except Exception:  # unknown topic, or a broker without DescribeTopics
-            return None
-        tid = desc.topic_id
-        return None if tid is None else str(tid)
+            futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=ADMIN_TIMEOUT_S)
+        except Exception:  # a broker without DescribeTopics
+            return {t: None for t in topics}
+        out: dict[str, str | None] = {}
+        for t in topics:
+            try:
+                tid = futures[t].result(timeout=ADMIN_TIMEOUT_S + 1).topic_id
+            except Exception:  # unknown topic
+                tid = None
+            out[t] = None if tid is None else str(tid)
+        return out
 
     def _wait_partitions(self, topic: str) -> int:
         deadline = time.monotonic() + ADMIN_TIMEOUT_S
@@ -222,21 +240,47 @@ class WriteBuffer:
 
     def partition_bounds(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
         """{kafka partition: (low watermark, true end = last offset + 1)} of a topic ({} if absent)."""
+        return self.partition_bounds_of([topic], partitions)[topic]
+
+    def partition_bounds_of(self, topics: list[str], partitions: int) -> dict[str, dict[int, tuple[int, int]]]:
+        """`partition_bounds` of several topics, with one reader ({} for a topic that is absent)."""
         from confluent_kafka import TopicPartition
 
         from server.write_buffer.kafka_source import reader_consumer, true_ends
 
         md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
-        if topic not in md.topics or md.topics[topic].error is not None:
-            return {}
+        out: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics}
+        present = [t for t in topics if t in md.topics and md.topics[t].error is None]
+        if not present:
+            return out
         c = reader_consumer(self.bootstrap)
         try:
-            marks = {kp: c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
-                     for kp in range(partitions)}
-            ends = true_ends(c, topic, {kp: hi for kp, (_lo, hi) in marks.items()})
-            return {kp: (max(lo, 0), ends[kp]) for kp, (lo, _hi) in marks.items()}
+            for topic in present:
+                marks = {kp: c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
+                         for kp in range(partitions)}
+                ends = true_ends(c, topic, {kp: hi for kp, (_lo, hi) in marks.items()})
+                out[topic] = {kp: (max(lo, 0), ends[kp]) for kp, (lo, _hi) in marks.items()}
+            return out
         finally:
             c.close()
+
+    def high_watermarks(self, topics: list[str], partitions: int) -> dict[str, dict[int, int]]:
+        """{topic: {kafka partition: high watermark}} of `topics`, in one request per broker ({} for a
+        topic that is absent). A watermark is at most the true end (`partition_bounds`): Tansu may
+        report one short of it."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
+        out: dict[str, dict[int, int]] = {t: {} for t in topics}
+        tps = [TopicPartition(t, kp) for t in topics if t in md.topics and md.topics[t].error is None
+               for kp in range(partitions)]
+        if not tps:
+            return out
+        futures = self._admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=ADMIN_TIMEOUT_S)
+        for tp, fut in futures.items():
+            out[tp.topic][tp.partition] = fut.result(timeout=ADMIN_TIMEOUT_S + 1).offset
+        return out
 
     def commit_resumption_offsets(self, database: str, offsets: dict[int, int]) -> None:
         """Bounded input reliance: records, for the database's consumer group, where replay
@@ -281,12 +325,20 @@ class WriteBuffer:
         whole or not at all. Returns the write token: {kafka partition: highest offset
         written}. Raises WriteBufferUnavailable when the request was not committed.
         """
-        if self.guard is not None:
-            self.guard(database)
+        applied = self.guard(database) if self.guard is not None else None
         topic = self.ensure_topic(database)
+        # offsets taken before this request was sent: a healthy broker never gives one out again
+        with self._lock:
+            taken = {kp: off for (t, kp), off in self.acked_hi_inclusive.items() if t == topic}
+        for kp, off in (applied or {}).items():
+            taken[kp] = max(taken.get(kp, -1), off)
         if len(writes) == 1:
-            return self._token(topic, self._send_all(topic, writes))
-        return self._produce_transaction(topic, writes)
+            token = self._token(topic, self._send_all(topic, writes))
+        else:
+            token = self._produce_transaction(topic, writes)
+        if self.confirm is not None:
+            self.confirm(database, topic, token, taken)
+        return token
 
     def _partition_of(self, w: EncodedWrite) -> int:
         return w.partition if w.partition is not None else partition_for(w.table, self.partitions)

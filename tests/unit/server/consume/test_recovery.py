@@ -1,5 +1,6 @@
-"""Recovery (server/consume/recovery.py): the lost-offsets decision (`lost_offsets`), one case per cause,
-and the seq origin a start gives each database (`recover`, with its Parquet views stubbed)."""
+"""Recovery (server/consume/recovery.py): the lost-offsets decisions (`lost_offsets`, `truncated_tail`), one
+case per cause, and the seq origin and epoch a start gives each database (`recover`, with its Parquet views
+stubbed)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,8 @@ from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, Preserved
                                        RecordPartitionCheckpoint)
 from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset
 from server.consume import recovery
-from server.consume.recovery import LostWrites, lost_offsets
+from server.consume.recovery import LostWrites, lost_offsets, truncated_tail
+from server.write_buffer.ack_log import AckedOffsets
 from catalog.sharding import topic_for
 
 
@@ -51,6 +53,33 @@ def test_topic_gone_even_when_its_new_incarnation_is_longer():
                         checkpoint_complete=False) == (True, (1, 4))
     assert lost_offsets(1, None, low_watermark=0, end_exclusive=40, topic_gone=True,
                         checkpoint_complete=True) == (True, None)
+
+
+def test_a_reset_topic_loses_exactly_what_this_server_acknowledged_past_the_checkpoint():
+    # the ack log knows the end the catalog does not: [start, highest acknowledged + 1)
+    assert lost_offsets(10, None, low_watermark=0, end_exclusive=0, topic_gone=True, checkpoint_complete=False,
+                        acked_hi_inclusive=17) == (True, (10, 18))
+    assert lost_offsets(10, 14, low_watermark=0, end_exclusive=0, topic_gone=True, checkpoint_complete=False,
+                        acked_hi_inclusive=12) == (True, (10, 15))
+    # every acknowledged write is persisted: nothing lost, although the stop was not a clean one
+    assert lost_offsets(10, None, low_watermark=0, end_exclusive=0, topic_gone=True, checkpoint_complete=False,
+                        acked_hi_inclusive=9) == (True, None)
+
+
+def test_a_broker_that_lost_its_tail():
+    # Kafka ends at 5; the server acknowledged up to 9, nothing persisted: [5, 10) lost
+    assert truncated_tail(0, None, None, acked_hi_inclusive=9, end_exclusive=5) == (True, (5, 10))
+    # persisted up to 6 (replay starts at 7), acknowledged up to 9: only the unpersisted part is lost
+    assert truncated_tail(7, 9, 9, acked_hi_inclusive=9, end_exclusive=5) == (True, (7, 10))
+    # checkpointed unpersisted offsets count as written, also without the ack log
+    assert truncated_tail(3, 8, 8, acked_hi_inclusive=None, end_exclusive=5) == (True, (5, 9))
+    # everything persisted: offsets are given out again, nothing acknowledged is lost
+    assert truncated_tail(10, None, 9, acked_hi_inclusive=9, end_exclusive=5) == (True, None)
+    # Kafka holds every offset known written (exactly, or more)
+    assert truncated_tail(0, None, None, acked_hi_inclusive=9, end_exclusive=10) == (False, None)
+    assert truncated_tail(7, 9, 9, acked_hi_inclusive=12, end_exclusive=20) == (False, None)
+    # nothing known written: nothing to compare
+    assert truncated_tail(0, None, None, acked_hi_inclusive=None, end_exclusive=0) == (False, None)
 
 
 @pytest.mark.parametrize("to, text", [(12, "[10, 12)"), (None, "from 10 on")])
@@ -212,3 +241,61 @@ def test_recorded_losses_and_accepted_messages_come_back_and_skip_lost_writes_ac
     state = PreservedCatalog.create_or_load(store, DB, NOW)[1]
     assert [e.accepted_at_s for e in state.lost_writes] == [NOW + 1]
     assert [e.offset for e in state.accepted_poison] == [11]
+
+
+# --------------------------------------------------------------------------- a broker that lost its tail
+
+
+def _acked(hi: int, epoch: int = 0) -> dict:
+    return {topic_for(DB): AckedOffsets(TOPIC_ID, epoch, {0: hi})}
+
+
+def _recorded(store) -> None:
+    """The database recorded at its first write (a checkpoint of nothing, topic id known)."""
+    pc, _state = PreservedCatalog.create_or_load(store, DB, NOW)
+    pc.commit([RecordDatabaseCheckpoint(topic=topic_for(DB), kafka_partitions=1, sequencer_numbers={}, epoch=0,
+                                        topic_id=TOPIC_ID)], NOW)
+
+
+def test_a_lost_tail_with_acknowledged_writes_refuses_to_start_naming_them(store):
+    _recorded(store)
+    with pytest.raises(LostWrites) as ei:
+        recovery.recover(None, Catalog(), store, 1, NOW, 100, [DB], _WriteBuffer(5), acked=_acked(9))
+    assert (ei.value.partition, ei.value.from_offset, ei.value.to_exclusive) == (0, 5, 10)
+    assert "the broker lost the tail of Kafka partition 0" in str(ei.value)
+    # an ack log of an earlier epoch or another topic incarnation says nothing about this one
+    for other in (_acked(9, epoch=1), {topic_for(DB): AckedOffsets("another-id", 0, {0: 9})}):
+        out = recovery.recover(None, Catalog(), store, 1, NOW, 100, [DB], _WriteBuffer(5), acked=other)
+        assert out.replay_until[topic_for(DB)] == {0: 4}
+
+
+def test_an_accepted_lost_tail_replays_what_kafka_holds_then_waits_to_continue_in_a_new_epoch(store):
+    _recorded(store)
+    catalog = Catalog()
+    out = recovery.recover(None, catalog, store, 1, NOW, 100, [DB], _WriteBuffer(5), skip_lost_writes=True,
+                           acked=_acked(9))
+    db = catalog.database(DB)
+    assert [(r.partition, r.from_offset, r.to_exclusive, r.accepted) for r in db.lost_writes] == [(0, 5, 10, True)]
+    assert db.tail_truncated == {0: 5} and db.epoch == 0  # the server switches once offsets 0..4 are persisted
+    assert out.replay_until[topic_for(DB)] == {0: 4} and out.start_offsets[topic_for(DB)] == {}
+    state = PreservedCatalog.create_or_load(store, DB, NOW)[1]
+    assert [(e.from_offset, e.to_exclusive, e.accepted_at_s) for e in state.lost_writes] == [(5, 10, NOW)]
+
+
+def test_a_lost_tail_of_persisted_offsets_continues_at_once_in_a_new_epoch_from_kafkas_end(store):
+    origin = legacy_seq_origin(255) + 42 * SEQ_ROWS_PER_OFFSET
+    seqs = _persisted(store, 256, origin, origin, seen=9, n=0, delete_at=3)  # offsets 0..9 persisted
+    catalog = Catalog()
+    out = recovery.recover(None, catalog, store, 1, NOW, 100, [DB], _WriteBuffer(6), acked=_acked(9, epoch=256))
+    db = catalog.database(DB)
+    assert (db.epoch, db.tail_truncated, db.lost_writes) == (257, None, [])
+    assert db.seq_origin > max(seqs)
+    # offsets 0..5 are of the old epoch (persisted); 6 on are given out again, in the new epoch
+    assert out.start_offsets[topic_for(DB)] == {0: 6} and out.replay_until[topic_for(DB)] == {}
+    assert db.applied_hi_inclusive == {0: 5}
+    ck = PreservedCatalog.create_or_load(store, DB, NOW)[1].database_checkpoint
+    assert (ck.epoch, ck.sequencer_numbers, ck.seq_origin) == (257, {0: (None, 5)}, db.seq_origin)
+    # the next start keeps the new epoch and starts where it began
+    catalog = Catalog()
+    out = recovery.recover(None, catalog, store, 1, NOW, 100, [DB], _WriteBuffer(6), acked=_acked(9, epoch=256))
+    assert catalog.database(DB).epoch == 257 and out.start_offsets[topic_for(DB)] == {0: 6}
