@@ -12,27 +12,15 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import uuid
 
 import grpc
-import pytest
 
 from catalog.sharding import partition_for
-from tests.conftest import passed
 from tests.waiting import wait_for
-from tests.crash.harness import T0, ServerProcess, broker_record, stop_embedded_broker
+from tests.crash.harness import T0, ServerProcess, broker_record
 
 DURABLE = ["--broker-storage", "durable"]
-
-
-@pytest.fixture
-def data_dir(request):
-    d = tempfile.mkdtemp(prefix="iox-lost-tail-")
-    yield d
-    stop_embedded_broker(d)
-    if passed(request.node):
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _gone(pid: int) -> bool:

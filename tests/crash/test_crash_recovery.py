@@ -6,32 +6,18 @@ killed server and is reused by the next one on the same data directory).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 import uuid
 
 import pytest
 
 from catalog.crash_points import CrashPoint
-from tests.conftest import passed
 from tests.waiting import wait_for
 from tests.crash.harness import T0, ServerProcess, Writer, broker_record, stop_embedded_broker
 
 # persist and compact quickly so the crash points are reached within seconds
 LIFECYCLE = ["--persist-row-threshold", "150", "--late-arrive-window-s", "1", "--persist-age-threshold-s", "2",
              "--persisted-compaction-cold-s", "1", "--worker-backoff-ms", "200"]
-
-
-@pytest.fixture
-def data_dir(request):
-    """The servers' data directory; removed after a test that passed, kept (with the servers'
-    logs) after one that failed."""
-    d = tempfile.mkdtemp(prefix="iox-crash-")
-    yield d
-    stop_embedded_broker(d)
-    if passed(request.node):
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("point", [CrashPoint.CONSUME_BEFORE_APPLIED, CrashPoint.COMPACT_BEFORE_SWAP,

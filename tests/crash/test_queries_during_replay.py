@@ -8,8 +8,6 @@ marked partial and says which offsets it reflects; once the replay caught up, th
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import uuid
 
@@ -17,21 +15,11 @@ import grpc
 import pytest
 
 from catalog.crash_points import DELAY_ENV
-from tests.conftest import passed
-from tests.crash.harness import T0, ServerProcess, stop_embedded_broker
+from tests.crash.harness import T0, ServerProcess
 
 #: how long the restarted server holds each micro-batch before applying it: its replay stays observable for
 #: seconds
 _BATCH_DELAY_S = 12
-
-
-@pytest.fixture
-def data_dir(request):
-    d = tempfile.mkdtemp(prefix="iox-replay-query-")
-    yield d
-    stop_embedded_broker(d)
-    if passed(request.node):
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_query_at_once_after_a_restart_answers_all_acknowledged_rows_or_unavailable(data_dir, monkeypatch):
