@@ -1,5 +1,5 @@
 """An ingester pool under an assigner, with real processes: three ingesters (two in this process,
-one its own process) on one broker and one object store. Writes go through every member; one is
+one its own process) on one broker (the module's own) and one object store. Writes go through every member; one is
 frozen mid-stream and its partitions are handed over; another is killed with SIGKILL and the
 assigner hands its partitions over once it stayed unreachable; the frozen one's later commit to a
 partition it lost is refused. Afterwards every acknowledged write is answered exactly once through
@@ -79,7 +79,10 @@ def _round_until(assigner, cond, timeout_s: float, what: str):
     return wait_for(step, timeout_s, what, poll_s=0.5)
 
 
-def test_three_ingesters_an_assigner_a_freeze_and_a_kill(broker, session_tmp, spark_session_for_pool):
+def test_three_ingesters_an_assigner_a_freeze_and_a_kill(own_broker, session_tmp, spark_session_for_pool):
+    # a broker of its own: on the session's, every member would claim, replay and hand over every
+    # database the session's earlier tests left there
+    broker = own_broker
     db = f"pl_{uuid.uuid4().hex[:8]}"
     root = os.path.join(session_tmp, f"pool3-{uuid.uuid4().hex[:6]}")
     store = root + "-objects"
@@ -106,8 +109,7 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(broker, session_tmp, sp
         # fewest first, in pool order: a gets 0 and 3, b 1, c 2
         _round_until(assigner, lambda: [_owned(clients[m], db) for m in "abc"] == [{0, 3}, {1}, {2}], 60,
                      "every partition claimed")
-        # nothing moves without cause (databases other tests left on the session broker may be
-        # assigned to these members too: only this database's claims are judged)
+        # nothing moves without cause
         assert [c for c in assigner.run_once().claims if c.database == db] == []
         with pytest.raises(grpc.RpcError) as info:  # c's role is ingester: no user queries
             c.client.query(db, f"SELECT * FROM {TABLES[2]}")
