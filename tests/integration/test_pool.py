@@ -65,7 +65,10 @@ def s3_store(moto_s3, monkeypatch):  # noqa: F811
     return {"object_store": f"s3://{bucket}/prefix", "s3_endpoint": moto_s3}
 
 
-def test_two_members_split_the_partitions_and_hand_one_over(broker, session_tmp, s3_store):
+def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_tmp, s3_store):
+    # a broker of its own: on the session's, both members' streams would read every topic the
+    # session's earlier tests left there
+    broker = own_broker
     db = f"pool_{uuid.uuid4().hex[:8]}"
     root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
     # no persist unless asked; the fence probe reads the others' commits every 2 s
