@@ -711,7 +711,7 @@ class IoxServer:
         in memory) and persists what was applied, in the background; with nothing lost, the last
         database checkpoint is then marked complete, so the next start continues on the new topic."""
         now = time.time()
-        acked = {kp: off for (t, kp), off in dict(self.write_buffer.acked_hi_inclusive).items() if t == db.topic}
+        acked = self.write_buffer.acked_of(db.topic)
         reason = f"topic {db.topic} was deleted and created again (its id is now {new_topic_id}, was {db.topic_id})"
         with self.catalog.lock:
             if db.topic_replaced:
@@ -764,10 +764,9 @@ class IoxServer:
         known = {n: k for n, k in known.items() if fenced(n) is None}
         if not known:
             return
-        for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
-            for db, _epoch, hi in known.values():
-                if db.topic == topic:
-                    hi[kp] = max(hi.get(kp, -1), off)
+        for db, _epoch, hi in known.values():
+            for kp, off in self.write_buffer.acked_of(db.topic).items():
+                hi[kp] = max(hi.get(kp, -1), off)
         topics = sorted({db.topic for db, _e, _h in known.values()})
         ids = self.write_buffer.describe_topic_ids(topics)
         # one request for every watermark; a topic whose watermark is not past what is known (Tansu may
@@ -795,7 +794,7 @@ class IoxServer:
         WriteBufferTruncated) until what was applied is persisted and the database continues in a new
         epoch from Kafka's end (`_after_tail_lost`)."""
         now = time.time()
-        acked = {kp: off for (t, kp), off in dict(self.write_buffer.acked_hi_inclusive).items() if t == db.topic}
+        acked = self.write_buffer.acked_of(db.topic)
         with self.catalog.lock:
             if db.epoch != epoch or db.tail_truncated is not None or db.topic_replaced:
                 return  # a new epoch since the ends were read, or found already

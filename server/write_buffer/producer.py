@@ -328,8 +328,7 @@ class WriteBuffer:
         applied = self.guard(database) if self.guard is not None else None
         topic = self.ensure_topic(database)
         # offsets taken before this request was sent: a healthy broker never gives one out again
-        with self._lock:
-            taken = {kp: off for (t, kp), off in self.acked_hi_inclusive.items() if t == topic}
+        taken = self.acked_of(topic)
         for kp, off in (applied or {}).items():
             taken[kp] = max(taken.get(kp, -1), off)
         if len(writes) == 1:
@@ -339,6 +338,11 @@ class WriteBuffer:
         if self.confirm is not None:
             self.confirm(database, topic, token, taken)
         return token
+
+    def acked_of(self, topic: str) -> dict[int, int]:
+        """{kafka partition: highest offset this process got acknowledged} of `topic` (a copy)."""
+        with self._lock:
+            return {kp: off for (t, kp), off in self.acked_hi_inclusive.items() if t == topic}
 
     def _partition_of(self, w: EncodedWrite) -> int:
         return w.partition if w.partition is not None else partition_for(w.table, self.partitions)
