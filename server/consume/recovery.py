@@ -106,6 +106,11 @@ def replay_progress(replay_from: dict, replay_until: dict, applied: dict) -> tup
     return done, todo
 
 
+def _highest(*offsets: int | None) -> int:
+    """The highest of `offsets` that are known (not None); -1 when none is."""
+    return max((o for o in offsets if o is not None), default=-1)
+
+
 def truncated_tail(start: int, replay_hi_inclusive: int | None, seen_hi_inclusive: int | None,
                    acked_hi_inclusive: int | None, end_exclusive: int) -> tuple[bool, tuple[int, int] | None]:
     """Decides, for one Kafka partition of the topic incarnation the catalog was written for, whether
@@ -126,8 +131,7 @@ def truncated_tail(start: int, replay_hi_inclusive: int | None, seen_hi_inclusiv
     known = [x for x in (replay_hi_inclusive, seen_hi_inclusive, acked_hi_inclusive) if x is not None]
     if not known or end_exclusive > max(known):
         return False, None
-    hi = max(-1 if replay_hi_inclusive is None else replay_hi_inclusive,
-             -1 if acked_hi_inclusive is None else acked_hi_inclusive)
+    hi = _highest(replay_hi_inclusive, acked_hi_inclusive)
     first = max(end_exclusive, start)
     return True, ((first, hi + 1) if hi >= first else None)
 
@@ -151,8 +155,7 @@ def lost_offsets(start: int, replay_hi_inclusive: int | None, low_watermark: int
     neither persisted nor in Kafka any more (``to_exclusive`` None: unknown end), or None.
     """
     if topic_gone or end_exclusive < start:  # the topic was reset (or the broker lost data)
-        hi = max(-1 if replay_hi_inclusive is None else replay_hi_inclusive,
-                 -1 if acked_hi_inclusive is None else acked_hi_inclusive)
+        hi = _highest(replay_hi_inclusive, acked_hi_inclusive)
         if hi >= start:
             return True, (start, hi + 1)
         if not checkpoint_complete and acked_hi_inclusive is None:
