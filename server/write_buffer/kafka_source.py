@@ -66,7 +66,8 @@ from server.write_buffer.end_polls import AckMarks, EndPolls
 from server.write_buffer.freeze import source_holds
 from server.write_buffer.poison import held_end, read_holds
 
-__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "reader_consumer",
+__all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "EndNotConfirmed", "TRUE_END_WAIT_S",
+           "reader_consumer",
            "consumer_positions", "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S"]
 
 SOURCE_NAME = "iox_kafka"
@@ -175,7 +176,24 @@ def consumer_positions(consumer, topic: str, partitions) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in consumer.position([TopicPartition(topic, p) for p in partitions])}
 
 
-def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int, int]:
+#: How long `true_ends` waits for a partition's last batch before it ends with its watermark
+TRUE_END_WAIT_S = 2.0
+
+
+class EndNotConfirmed(Exception):
+    """`true_ends(exact=True)` heard neither a message nor a position past the watermark of
+    `partitions` of `topic` within `waited_s`: each ends at its watermark or later, exactly where is
+    not known (a busy broker answers fetches late)."""
+
+    def __init__(self, topic: str, partitions: list, waited_s: float):
+        self.topic = topic
+        self.partitions = list(partitions)
+        self.waited_s = waited_s
+        super().__init__(f"the end of {topic} partition(s) {self.partitions} was not confirmed within {waited_s:g} s")
+
+
+def true_ends(consumer, topic: str, high_watermarks: dict[int, int], wait_s: float = TRUE_END_WAIT_S,
+              exact: bool = False) -> dict[int, int]:
     """{partition: last offset + 1} of a topic's partitions whose broker reported `high_watermarks`.
 
     Tansu reports the base offset of the last record batch + 1: read that batch
@@ -185,8 +203,10 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int
     partition's wait instead, and the position counts toward its end (the end
     includes the control record, as a watermark does). Every partition is
     probed at once (one fetch round trip, not one per partition); a partition
-    heard from neither way ends with its watermark after 2 s. Uses (and then
-    unassigns) `consumer`.
+    heard from neither way ends with its watermark after `wait_s` (at most its
+    true end: right for a reader, which reads the rest later), or, when `exact`,
+    raises EndNotConfirmed (what decides a loss or a read barrier must not take a
+    watermark for the end). Uses (and then unassigns) `consumer`.
     """
     from confluent_kafka import TopicPartition
 
@@ -195,7 +215,7 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int
     if not todo:
         return out
     consumer.assign([TopicPartition(topic, p, high_watermarks[p] - 1) for p in sorted(todo)])
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + wait_s
     # a position read before any consume is an earlier assignment's (see consumer_positions): such a
     # partition's position proves nothing, it ends by a message or the deadline
     fresh = {p for p, pos in consumer_positions(consumer, topic, sorted(todo)).items() if pos < 0}
@@ -223,8 +243,12 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int]) -> dict[int
             wait = not msgs and len(waiting) == heard
         for p, pos in consumer_positions(consumer, topic, sorted(fresh)).items():
             out[p] = max(out[p], pos)  # control records after the last message count too
+            if pos >= high_watermarks[p]:
+                waiting.discard(p)
     finally:
         consumer.unassign()
+    if exact and waiting:
+        raise EndNotConfirmed(topic, sorted(waiting), wait_s)
     return out
 
 

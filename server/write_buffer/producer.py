@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: How long topic creation / metadata calls may take before the broker counts as unavailable.
 ADMIN_TIMEOUT_S = 10.0
+#: How long `partition_bounds` waits for the broker to deliver each partition's last record batch
+#: (a busy broker answers a fetch late) before it answers WriteBufferUnavailable
+END_CONFIRM_WAIT_S = 10.0
 #: Replicas of each partition of a database topic (Kafka's usual production setting; with
 #: acks=all and the cluster's min.insync.replicas, an acknowledged write survives a broker's loss).
 DEFAULT_REPLICATION_FACTOR = 3
@@ -239,14 +242,17 @@ class WriteBuffer:
             time.sleep(0.05)
 
     def partition_bounds(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
-        """{kafka partition: (low watermark, true end = last offset + 1)} of a topic ({} if absent)."""
+        """{kafka partition: (low watermark, true end = last offset + 1)} of a topic ({} if absent).
+        Each end is confirmed (`true_ends` exact): what decides a loss, a read barrier or a new epoch's
+        start never takes a watermark for the end. WriteBufferUnavailable when Kafka cannot be asked or
+        an end is not confirmed within END_CONFIRM_WAIT_S."""
         return self.partition_bounds_of([topic], partitions)[topic]
 
     def partition_bounds_of(self, topics: list[str], partitions: int) -> dict[str, dict[int, tuple[int, int]]]:
         """`partition_bounds` of several topics, with one reader ({} for a topic that is absent)."""
         from confluent_kafka import TopicPartition
 
-        from server.write_buffer.kafka_source import reader_consumer, true_ends
+        from server.write_buffer.kafka_source import EndNotConfirmed, reader_consumer, true_ends
 
         md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
         out: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics}
@@ -258,7 +264,11 @@ class WriteBuffer:
             for topic in present:
                 marks = {kp: c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
                          for kp in range(partitions)}
-                ends = true_ends(c, topic, {kp: hi for kp, (_lo, hi) in marks.items()})
+                try:
+                    ends = true_ends(c, topic, {kp: hi for kp, (_lo, hi) in marks.items()},
+                                     wait_s=END_CONFIRM_WAIT_S, exact=True)
+                except EndNotConfirmed as e:
+                    raise WriteBufferUnavailable(str(e)) from e
                 out[topic] = {kp: (max(lo, 0), ends[kp]) for kp, (lo, _hi) in marks.items()}
             return out
         finally:

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_INVALID, TopicPartition
 
 from catalog.schema import Column
 from server.write_buffer import kafka_source
-from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange, true_ends
+from server.write_buffer.kafka_source import EndNotConfirmed, IoxKafkaStreamReader, _TopicPartitionRange, true_ends
 from server.write_buffer.wire_format import encode_write
 
 TOPIC = "iox.db"
@@ -294,6 +294,19 @@ def test_a_reused_consumer_with_an_earlier_assignments_position_is_replaced(read
     assert t.column("offset").to_pylist() == list(range(10))
     assert stale.closed and stale.calls == []
     assert kafka_source._idle_consumers["fake:9092"][0] is fresh and not fresh.closed
+
+
+def test_a_last_batch_that_never_arrives_ends_at_the_watermark_for_a_reader_and_is_no_end_when_exact():
+    # a busy broker answers the fetch of partition 0's last batch (5-7) after the wait: a reader may
+    # take the watermark (it reads the rest later); what decides a loss must not (8 acknowledged
+    # offsets are not lost because a fetch came late)
+    log = {0: [_Msg(0, off) for off in range(8)], 1: [_Msg(1, off) for off in range(4)]}
+    assert true_ends(_Consumer(log, slow=10**9), TOPIC, {0: 6, 1: 4}, wait_s=0.2) == {0: 6, 1: 4}
+    with pytest.raises(EndNotConfirmed) as ei:
+        true_ends(_Consumer(log, slow=10**9), TOPIC, {0: 6, 1: 4}, wait_s=0.2, exact=True)
+    assert (ei.value.topic, ei.value.partitions, ei.value.waited_s) == (TOPIC, [0, 1], 0.2)
+    # once it arrives within the wait, exact answers the true ends
+    assert true_ends(_Consumer(log, slow=3), TOPIC, {0: 6, 1: 4}, wait_s=5, exact=True) == {0: 8, 1: 4}
 
 
 @pytest.mark.parametrize("fetch", [None, 1])
