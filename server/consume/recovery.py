@@ -31,6 +31,7 @@ from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 
 from catalog.sharding import topic_for
 from server.errors import ServerError
+from server.write_buffer.tail_loss import settled_bounds
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
            "lost_offsets", "truncated_tail", "replay_progress", "merge_lost_writes", "register_persisted_file", "add_recorded_delete",
@@ -315,6 +316,10 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         # written means its broker lost the tail (Kafka without topic ids: a reset, as before)
         same_topic = not gone and db.topic_id is not None
         bounds = write_buffer.partition_bounds(topic, kafka_partitions) if dbck is not None or ack else {}
+        if same_topic and ack and bounds:  # an end short only of acknowledged offsets may be a late read
+            seen = {kp: r.max_seen_offset for kp in plan.kafka_partitions()
+                    if (r := plan.replay_range(kp)) is not None and r.max_seen_offset is not None}
+            bounds = settled_bounds(lambda: write_buffer.partition_bounds(topic, kafka_partitions), bounds, ack, seen)
         starts, until, reset, truncated = {}, {}, False, {}
         planned = set(plan.kafka_partitions())
         for kp in sorted(planned | set(ack) | (set(range(kafka_partitions)) if gone else set())):

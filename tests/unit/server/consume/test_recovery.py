@@ -3,6 +3,8 @@ case per cause, and the seq origin and epoch a start gives each database (`recov
 stubbed)."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from catalog.catalog import Catalog
@@ -12,6 +14,7 @@ from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, Preserved
 from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset
 from server.consume import recovery
 from server.consume.recovery import LostWrites, lost_offsets, truncated_tail
+from server.write_buffer import tail_loss
 from server.write_buffer.ack_log import AckedOffsets
 from catalog.sharding import topic_for
 
@@ -257,7 +260,37 @@ def _recorded(store) -> None:
                                         topic_id=TOPIC_ID)], NOW)
 
 
-def test_a_lost_tail_with_acknowledged_writes_refuses_to_start_naming_them(store):
+@pytest.fixture
+def settles_at_once(monkeypatch):
+    """An end short of acknowledged offsets counts as settled at its first read (no 5 s wait)."""
+    monkeypatch.setattr(recovery, "settled_bounds", functools.partial(tail_loss.settled_bounds, stable_s=0.0))
+
+
+class _LateBroker(_WriteBuffer):
+    """Shows its acknowledged offsets to readers late: ends at `end` for the first `late_reads` reads."""
+
+    def __init__(self, end: int, caught_up: int, late_reads: int):
+        super().__init__(end)
+        self.caught_up, self.late_reads, self.reads = caught_up, late_reads, 0
+
+    def partition_bounds(self, topic, partitions):
+        self.reads += 1
+        if self.reads > self.late_reads:
+            self.end = self.caught_up
+        return super().partition_bounds(topic, partitions)
+
+
+def test_an_end_short_of_acknowledged_offsets_that_catches_up_at_start_is_no_loss(store):
+    _recorded(store)
+    wb = _LateBroker(5, caught_up=10, late_reads=2)
+    catalog = Catalog()
+    out = recovery.recover(None, catalog, store, 1, NOW, 100, [DB], wb, acked=_acked(9))
+    db = catalog.database(DB)
+    assert (db.lost_writes, db.tail_truncated) == ([], None) and wb.reads >= 3
+    assert out.replay_until[topic_for(DB)] == {0: 9}
+
+
+def test_a_lost_tail_with_acknowledged_writes_refuses_to_start_naming_them(store, settles_at_once):
     _recorded(store)
     with pytest.raises(LostWrites) as ei:
         recovery.recover(None, Catalog(), store, 1, NOW, 100, [DB], _WriteBuffer(5), acked=_acked(9))
@@ -269,7 +302,7 @@ def test_a_lost_tail_with_acknowledged_writes_refuses_to_start_naming_them(store
         assert out.replay_until[topic_for(DB)] == {0: 4}
 
 
-def test_an_accepted_lost_tail_replays_what_kafka_holds_then_waits_to_continue_in_a_new_epoch(store):
+def test_an_accepted_lost_tail_replays_what_kafka_holds_then_waits_to_continue_in_a_new_epoch(store, settles_at_once):
     _recorded(store)
     catalog = Catalog()
     out = recovery.recover(None, catalog, store, 1, NOW, 100, [DB], _WriteBuffer(5), skip_lost_writes=True,
