@@ -763,23 +763,23 @@ class IoxServer:
         with self.catalog.lock:
             for db in dbs:
                 if db.tail_truncated is None and not db.topic_replaced and db.topic_id is not None:
-                    known[db.name] = (db, db.epoch, dict(db.applied_hi_inclusive), dict(db.applied_hi_inclusive))
+                    known[db.name] = (db, db.epoch, dict(db.applied_hi_inclusive))
         known = {n: k for n, k in known.items() if fenced(n) is None}
         if not known:
             return
-        for db, _epoch, _applied, hi in known.values():
+        for db, _epoch, hi in known.values():
             for kp, off in self.write_buffer.acked_of(db.topic).items():
                 hi[kp] = max(hi.get(kp, -1), off)
-        topics = sorted({db.topic for db, _e, _a, _h in known.values()})
+        topics = sorted({db.topic for db, _e, _h in known.values()})
         ids = self.write_buffer.describe_topic_ids(topics)
         # one request for every watermark; a topic whose watermark is not past what is known (Tansu may
         # report one short of the end) is read to its true end
         marks = self.write_buffer.high_watermarks(topics, self.config.partitions)
-        behind = sorted({db.topic for n, (db, _e, _a, hi) in known.items() if (ends_at_most or {}).get(n) or
+        behind = sorted({db.topic for n, (db, _e, hi) in known.items() if (ends_at_most or {}).get(n) or
                          any(hw <= hi.get(kp, -1) for kp, hw in marks[db.topic].items())})
         bounds = self.write_buffer.partition_bounds_of(behind, self.config.partitions) if behind else {}
         now = time.time()
-        for name, (db, epoch, applied, hi) in known.items():
+        for name, (db, epoch, hi) in known.items():
             if not marks[db.topic]:
                 continue  # no such topic (a broker that came back empty): the next write finds the new one
             if ids[db.topic] is not None and ids[db.topic] != db.topic_id:
@@ -792,8 +792,7 @@ class IoxServer:
                     ends[kp] = min(bounds.get(db.topic, {}).get(kp, (0, given_again[kp]))[1], given_again[kp])
                 elif kp not in bounds.get(db.topic, {}):
                     self._tail_watch.clear((name, epoch, kp))
-                elif self._tail_watch.lost((name, epoch, kp), bounds[db.topic][kp][1], applied.get(kp, -1),
-                                           hi.get(kp, -1), now):
+                elif self._tail_watch.lost((name, epoch, kp), bounds[db.topic][kp][1], hi.get(kp, -1), now):
                     ends[kp] = bounds[db.topic][kp][1]
             if ends:
                 self._tail_lost(db, ends, epoch)

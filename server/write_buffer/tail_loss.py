@@ -1,17 +1,17 @@
 """When Kafka's end below offsets the server knows is a lost tail, and when it is a late read.
 
-A broker may acknowledge a produce before a reader sees it: Tansu on object storage, loaded, shows
-acknowledged offsets to fetches and offset lists seconds later. Such an end is short for a while,
-never for good. A broker that lost its tail (a store that did not fsync, an unclean leader
-election, a restored backup) stays short until it gives the offsets out again.
+A broker may show less than it holds for a while: Tansu on object storage, loaded, shows
+acknowledged offsets to readers seconds late, and its watermark can lag the log, so the end read at
+it stops at a batch that is not the last. Such an end is short for a while, never for good. A broker
+that lost its tail (a store that did not fsync, an unclean leader election, a restored backup)
+stays short until it gives the offsets out again.
 
-Invariant: a Kafka partition's tail counts as lost when its end is at or below an offset the server
-read from it (applied: the broker held it, and a broker's reads do not go back), at once; when its
-end stays at or below an offset Kafka only acknowledged for `grace_s` in a row (`TailWatch`, while
-the server runs) or stops moving below it (`settled_bounds`, at start, where nothing else is
-written); and when Kafka gives an offset out again (the caller's evidence, at once: the write
-buffer's confirmation). Pure but for `settled_bounds`, which waits with the clock and sleep it is
-given.
+Invariant: a Kafka partition's tail counts as lost when Kafka gives an offset out again (the
+caller's evidence, at once: the write buffer's confirmation); while the server runs, when its end
+stays at or below an offset known written (applied or acknowledged) for `grace_s` in a row
+(`TailWatch`); at start, where nothing else writes, when its end lies at or below an offset the
+checkpoints name as read, or stops moving below one only acknowledged (`settled_bounds`). Pure but
+for `settled_bounds`, which waits with the clock and sleep it is given.
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ import time
 
 __all__ = ["TAIL_LOSS_GRACE_S", "SETTLE_STABLE_S", "TailWatch", "settled_bounds"]
 
-#: How long Kafka's end may stay at or below an acknowledged offset that was not read yet before the
-#: tail counts as lost
+#: How long Kafka's end may stay at or below an offset known written before the tail counts as lost
 TAIL_LOSS_GRACE_S = 30.0
 #: At start: how long an end below an acknowledged offset must stay unchanged to count as settled
 SETTLE_STABLE_S = 5.0
@@ -34,33 +33,25 @@ class TailWatch:
 
     def __init__(self, grace_s: float = TAIL_LOSS_GRACE_S):
         self.grace_s = grace_s
-        #: key -> (when the end was first seen short, the acknowledged offset it was short of)
+        #: key -> (when the end was first seen short, the offset it was short of)
         self._short: dict = {}
         self._lock = threading.Lock()
 
-    def lost(self, key, end_exclusive: int, applied_hi_inclusive: int, acked_hi_inclusive: int,
-             now: float) -> bool:
+    def lost(self, key, end_exclusive: int, known_hi_inclusive: int, now: float) -> bool:
         """Whether Kafka's end `end_exclusive` of partition `key` is a lost tail, given the highest
-        offsets the server applied and got acknowledged."""
+        offset known written (applied or acknowledged)."""
         with self._lock:
-            return self._lost(key, end_exclusive, applied_hi_inclusive, acked_hi_inclusive, now)
-
-    def _lost(self, key, end_exclusive: int, applied_hi_inclusive: int, acked_hi_inclusive: int,
-              now: float) -> bool:
-        if end_exclusive <= applied_hi_inclusive:
-            self._short.pop(key, None)
-            return True
-        if end_exclusive > acked_hi_inclusive:
-            self._short.pop(key, None)
+            if end_exclusive > known_hi_inclusive:
+                self._short.pop(key, None)
+                return False
+            first = self._short.get(key)
+            if first is None or end_exclusive > first[1]:  # what it was short of then is there: a late read
+                self._short[key] = (now, known_hi_inclusive)
+                return False
+            if now - first[0] >= self.grace_s:
+                self._short.pop(key, None)
+                return True
             return False
-        first = self._short.get(key)
-        if first is None or end_exclusive > first[1]:  # what it was short of then is there: a late read
-            self._short[key] = (now, acked_hi_inclusive)
-            return False
-        if now - first[0] >= self.grace_s:
-            self._short.pop(key, None)
-            return True
-        return False
 
     def clear(self, key) -> None:
         """Partition `key`'s end was seen past every known offset (no longer short)."""

@@ -6,29 +6,27 @@ from server.write_buffer.tail_loss import TailWatch, settled_bounds
 K = ("db", 0, 0)
 
 
-def test_an_end_at_or_below_an_applied_offset_is_lost_at_once():
+def test_an_end_short_of_known_offsets_is_lost_after_the_grace_unless_it_catches_up():
     w = TailWatch(grace_s=30)
-    assert w.lost(K, 5, applied_hi_inclusive=5, acked_hi_inclusive=9, now=0.0)
-    assert w.lost(K, 3, applied_hi_inclusive=5, acked_hi_inclusive=5, now=0.0)
-
-
-def test_an_end_short_only_of_acknowledged_offsets_is_lost_after_the_grace_unless_it_catches_up():
+    # short of 9 (applied or acknowledged): a late read for 29 s, lost at 30 s
+    assert not w.lost(K, 6, 9, now=0.0)
+    assert not w.lost(K, 6, 9, now=29.0)
+    assert w.lost(K, 6, 9, now=30.0)
+    assert not w.lost(K, 6, 9, now=31.0)  # reported: a new shortfall from here
+    # under load: always short of the newest offsets, but past what it was short of before: never lost
     w = TailWatch(grace_s=30)
-    # short of 9 (acknowledged, not read yet): late for 29 s, lost at 30 s
-    assert not w.lost(K, 6, 5, 9, now=0.0)
-    assert not w.lost(K, 6, 5, 9, now=29.0)
-    assert w.lost(K, 6, 5, 9, now=30.0)
-    # under load: always short of the newest ack, but past what it was short of before: never lost
-    w = TailWatch(grace_s=30)
-    for t, (end, acked) in enumerate([(6, 9), (10, 14), (15, 20), (21, 25)]):
-        assert not w.lost(K, end, 5, acked, now=t * 20.0)
+    for t, (end, known) in enumerate([(6, 9), (10, 14), (15, 20), (21, 25)]):
+        assert not w.lost(K, end, known, now=t * 20.0)
     # an end past every known offset forgets the earlier shortfall
     w = TailWatch(grace_s=30)
-    assert not w.lost(K, 6, 5, 9, now=0.0)
-    assert not w.lost(K, 10, 5, 9, now=10.0)
-    assert not w.lost(K, 6, 5, 9, now=35.0)
+    assert not w.lost(K, 6, 9, now=0.0)
+    assert not w.lost(K, 10, 9, now=10.0)
+    assert not w.lost(K, 6, 9, now=35.0)
     w.clear(K)
-    assert not w.lost(K, 6, 5, 9, now=100.0)  # a new shortfall from 100 s
+    assert not w.lost(K, 6, 9, now=100.0)  # a new shortfall from 100 s
+    assert w.lost(K, 2, 9, now=130.0)  # still short of 9 (and shorter): lost
+    # partitions are judged apart
+    assert not w.lost(("db", 0, 1), 2, 9, now=130.0)
 
 
 class _Clock:
