@@ -128,12 +128,11 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
 
 def _launch_jvm_in_own_session(builder) -> None:
     """Starts the Spark JVM (PySpark's gateway) in a session of its own, unless this process
-    already has one. On Linux with autogroup scheduling a session is a scheduling group: the
-    nice value of threads only weighs against threads of the same session, so a JVM in the
-    server's session competes with the server's own threads as a whole group. In its own
-    session, `lower_spark_priority` gives the whole JVM (and the Python workers it starts) a
-    lower weight against the server AND the broker. The JVM still exits with the server: it
-    stops on end of file on its stdin, a pipe from this process."""
+    already has one. On Linux with autogroup scheduling a session is a scheduling group: a JVM
+    in the server's session would compete with the broker and other processes as one group with
+    the server, taking CPU from the write path. In its own session it is a group of its own, of
+    the same weight. The JVM still exits with the server: it stops on end of file on its stdin,
+    a pipe from this process."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
@@ -153,29 +152,18 @@ def use_query_pool(spark) -> None:
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", QUERY_POOL)
 
 
-def _lower_session_weight(pid: int, nice: int) -> bool:
-    """Sets the autogroup nice value of `pid`'s session when it is not this process's session
-    (the JVM launched by `_launch_jvm_in_own_session`). False where autogroups are off or absent."""
-    try:
-        if os.getsid(pid) == os.getsid(0):
-            return False  # the server's own session: never lower the server itself
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
-        return True
-    except OSError:
-        return False
-
-
 def lower_spark_priority(spark, nice: int) -> int:
     """Sets the nice value of every thread of the Spark application's JVM; returns how many.
 
     Called by the server right after it started its Spark application (driver). Threads and
     processes the JVM creates later (executor threads, Python workers) inherit the value, so
-    the whole consume path, lifecycle and query execution run below the server's own threads
-    (gRPC handlers, the Kafka producer). When the JVM runs in a session of its own (Linux
-    autogroup scheduling), that session's nice value is set too, so the JVM as a whole also
-    yields to other sessions (the embedded broker, clients on the machine). Linux only;
-    elsewhere, or without a JVM process of our own, nothing changes (returns 0).
+    where threads of the server and the JVM compete by nice value (no autogroup scheduling:
+    containers, systemd services) the consume path, lifecycle and query execution run below the
+    server's own threads (gRPC handlers, the Kafka producer). The session the JVM runs in keeps
+    its autogroup weight: a lower one yields Spark to every busy process of the host, and Spark
+    needs CPU at once to start a Python worker (it must connect back within 10 s, or the
+    write-buffer stream or the query that asked for it fails). Linux only; elsewhere, or
+    without a JVM process of our own, nothing changes (returns 0).
     """
     gw = getattr(spark.sparkContext, "_gateway", None)
     proc = getattr(gw, "proc", None)
@@ -183,7 +171,6 @@ def lower_spark_priority(spark, nice: int) -> int:
     tasks = f"/proc/{pid}/task"
     if not nice or pid is None or not os.path.isdir(tasks):
         return 0
-    _lower_session_weight(pid, nice)
     done: set = set()
     for _ in range(2):  # a thread started during the first pass by a thread not yet lowered
         for tid in os.listdir(tasks):
