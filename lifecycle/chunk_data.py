@@ -14,6 +14,7 @@ import json
 import pickle
 
 from catalog import time_spans
+from lifecycle import chunk_views
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
 from lifecycle.cluster import parts_for, task_slots
@@ -58,7 +59,8 @@ def schema_bytes(rows: int, schema: TableSchema) -> int:
 
 
 def chunk_source_sql(chunk: Chunk) -> str:
-    return f"global_temp.{quote(chunk.view)}"
+    """How SQL names the chunk's view: a temp view of the server's session (lifecycle/chunk_views.py)."""
+    return quote(chunk.view)
 
 
 def chunk_source(chunk: Chunk) -> ChunkSource:
@@ -270,12 +272,12 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
         # named for its chunks only: a new delete or column replaces the view in place, as it
         # replaces the table view (a query already planned keeps what it resolved)
         name = f"iox_merge_{hashlib.sha1(json.dumps([c.id for c in cs]).encode()).hexdigest()[:20]}"
-        arrow_merged_df(spark, schema, cs, plan, deletes, segment_lists,
-                        arrow_merge_parts(cs, task_slots(spark))).createOrReplaceGlobalTempView(name)
+        chunk_views.register(spark, name, arrow_merged_df(spark, schema, cs, plan, deletes, segment_lists,
+                                                          arrow_merge_parts(cs, task_slots(spark))))
         for c in cs:
             c.merge_views.add(name)
         lo, hi = min(c.min_time_ns for c in cs), max(c.max_time_ns for c in cs)
-        return ChunkSource(f"global_temp.{quote(name)}", {c.name for c in schema.columns if c.role != "time"},
+        return ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"},
                            lo, hi, True, merged_spans(cs, lo, hi))
 
     return relation
@@ -288,11 +290,10 @@ def table_deletes(db, table: str) -> list:
     return db.deletes.for_table(table, partition_for(table, db.kafka_partitions))
 
 
-def register_df_chunk(df, chunk_id: int) -> str:
-    """Registers an (already checkpointed) DataFrame as the chunk's view; returns the view name."""
-    view = chunk_view_name(chunk_id)
-    df.createOrReplaceGlobalTempView(view)
-    return view
+def register_df_chunk(spark, df, chunk_id: int) -> str:
+    """Registers an (already checkpointed) DataFrame as the chunk's view in `spark`'s session;
+    returns the view name."""
+    return chunk_views.register(spark, chunk_view_name(chunk_id), df)
 
 
 def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id: int,
@@ -321,8 +322,7 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
         df = (spark.read.format(PARQUET_SOURCE_NAME).option("schema", struct.json())
               .option("store", base64.b64encode(pickle.dumps(store)).decode())
               .option("keys", json.dumps(keys)).load())
-    df.createOrReplaceGlobalTempView(view)
-    return view
+    return chunk_views.register(spark, view, df)
 
 
 def _cached_copy(store, key: str, cache_dir: str) -> str:
@@ -343,9 +343,9 @@ def release_chunk_data(spark, chunk: Chunk) -> None:
     """Drops a chunk's view (and the Arrow merge views it is part of) and frees its checkpointed
     blocks (both forms). Driver only."""
     if chunk.view is not None:
-        spark.catalog.dropGlobalTempView(chunk.view)
+        chunk_views.drop(spark, chunk.view)
     for v in list(chunk.merge_views):
-        spark.catalog.dropGlobalTempView(v)
+        chunk_views.drop(spark, v)
     chunk.merge_views.clear()
     release_df(chunk.df)
     for seg in chunk.segments:

@@ -130,7 +130,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     if local is not None and df is None:
         view = register_local_chunk(spark, local, columns, cid)
     else:
-        view = register_segments_chunk(segments, columns, cid) if as_segments else register_df_chunk(df, cid)
+        view = register_segments_chunk(spark, segments, columns, cid) if as_segments else register_df_chunk(spark, df, cid)
     with catalog.lock:
         offsets: dict = {}
         for c in chunks:

@@ -127,7 +127,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         for f in added:
             cid = catalog.next_chunk_id()
             if in_memory:
-                view, df = register_df_chunk(merged, cid), merged
+                view, df = register_df_chunk(spark, merged, cid), merged
             else:
                 view, df = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache_dir), None
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state=state,

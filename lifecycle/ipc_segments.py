@@ -154,8 +154,9 @@ def segments_df(segments: list):
     return df
 
 
-def register_segments_chunk(segments: list, columns, chunk_id: int) -> str:
-    """Registers the view of a chunk held as segments (`columns`: [[name, role, type]]); returns its name.
+def register_segments_chunk(spark, segments: list, columns, chunk_id: int) -> str:
+    """Registers the view of a chunk held as segments (`columns`: [[name, role, type]]) in `spark`'s
+    session; returns its name.
 
     The view decodes the segments on the executors each time it is read.
     """
@@ -169,9 +170,10 @@ def register_segments_chunk(segments: list, columns, chunk_id: int) -> str:
     slots = task_slots(df.sparkSession)
     if len(segments) > slots:
         df = df.coalesce(slots)
-    view = chunk_view_name(chunk_id)
-    df.mapInArrow(decode_fn(value_columns_of(columns)), spark_struct_for(schema)).createOrReplaceGlobalTempView(view)
-    return view
+    from lifecycle import chunk_views
+
+    return chunk_views.register(spark, chunk_view_name(chunk_id),
+                                df.mapInArrow(decode_fn(value_columns_of(columns)), spark_struct_for(schema)))
 
 
 def encode_ipc(table) -> bytes:

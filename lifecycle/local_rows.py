@@ -88,9 +88,9 @@ def register_local_chunk(spark, rows, columns: list, chunk_id: int) -> str:
     """Registers a local chunk's view: a local relation of its `rows`. Returns the view name."""
     from lifecycle.views import chunk_view_name
 
-    view = chunk_view_name(chunk_id)
-    local_df(spark, rows, columns).createOrReplaceGlobalTempView(view)
-    return view
+    from lifecycle import chunk_views
+
+    return chunk_views.register(spark, chunk_view_name(chunk_id), local_df(spark, rows, columns))
 
 
 def merged_local_rows(chunks: list, schema, deletes: list):

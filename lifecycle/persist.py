@@ -673,7 +673,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         db.txns.forget_persisted_parts(unpersisted_lo, applied)
         new_chunks = []
         if rows:
-            view = register_df_chunk(w.persisted_df, pid) if w.persisted_df is not None else parquet_view
+            view = register_df_chunk(spark, w.persisted_df, pid) if w.persisted_df is not None else parquet_view
             new_chunks.append(Chunk(id=pid, table=table, partition_key=partition_key, order=0, state="persisted",
                                     rows=rows, size_bytes=schema_bytes(rows, schema),
                                     min_time_ns=min(f.min_time_ns for f in files),
@@ -688,7 +688,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
                                     rows=st["n"], size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"],
                                     max_time_ns=st["hi"], columns=schema.to_json(),
-                                    view=register_df_chunk(w.remainder_df, cid), offsets={}, df=w.remainder_df,
+                                    view=register_df_chunk(spark, w.remainder_df, cid), offsets={}, df=w.remainder_df,
                                     created_at=now, deduplicated=True,
                                     time_spans=merged_spans(chunks, st["lo"], st["hi"])))
         if w.remainder_segment is not None:
@@ -696,7 +696,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
                                     rows=w.remainder_rows, size_bytes=w.remainder_bytes, min_time_ns=w.remainder_min_t,
                                     max_time_ns=w.remainder_max_t, columns=schema.to_json(),
-                                    view=register_segments_chunk([w.remainder_segment], schema.to_json(), cid),
+                                    view=register_segments_chunk(spark, [w.remainder_segment], schema.to_json(), cid),
                                     offsets={}, created_at=max(c.created_at for c in chunks), deduplicated=True,
                                     segments=[w.remainder_segment], segments_deduplicated=True,
                                     segment_bytes=w.remainder_bytes,

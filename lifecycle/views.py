@@ -18,8 +18,9 @@ one Arrow task over the write-buffer form for large groups,
 lifecycle/chunk_data.py `arrow_merge_relations`). Two groups never share a
 (tags, time) key, since their spans are disjoint.
 
-Naming (stable, documented in the README): chunk data `global_temp.iox_chunk_<id>`;
-table view `global_temp.<database>__<table>` (backtick-quoted when needed).
+Naming: chunk data `iox_chunk_<id>`, a temp view of the server's session (lifecycle/chunk_views.py);
+table view `global_temp.<database>__<table>` (backtick-quoted when needed; stable, documented in
+the README).
 """
 from __future__ import annotations
 

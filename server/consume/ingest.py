@@ -45,8 +45,8 @@ from catalog.seq_layout import SEQ_ROW_BITS, max_seq_offset, seq_base
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, release_df, row_stats,
-                                  table_deletes)
+from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, register_df_chunk, release_df,
+                                  row_stats, table_deletes)
 from lifecycle.chunk_checkpoint import checkpoint
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
 from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
@@ -56,8 +56,7 @@ from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point
 from catalog.delete_predicate import from_json
 from server.write_buffer.poison import holds_of, isolate, select, set_aside, settle_retried, write_holds
 from server.consume.recovery import keep_mask_fn
-from lifecycle.views import (chunk_view_name, quote, retained_view_sql, spark_struct_for, table_view_name,
-                             table_view_sql)
+from lifecycle.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql
 from server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, WireFormatMismatch, encode_decision, encode_marker, header_problem)
 from catalog.partition_keys import NS_PER_DAY, day_numbers
 from catalog.sharding import database_of_topic, partition_for
@@ -713,7 +712,7 @@ class Ingestor:
             if b.segment is not None or b.local_rows is not None:  # the write-buffer form
                 local = b.local_rows
                 view = (register_local_chunk(self.spark, local, b.columns, cid) if local is not None
-                        else register_segments_chunk([b.cdf], b.columns, cid))
+                        else register_segments_chunk(self.spark, [b.cdf], b.columns, cid))
                 chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
                               state="open", rows=b.rows,
                               size_bytes=b.segment_bytes + (local.nbytes if local is not None else 0),
@@ -723,8 +722,7 @@ class Ingestor:
                               segments_deduplicated=b.deduplicated, segment_bytes=b.segment_bytes,
                               time_spans=b.time_spans)
             else:
-                view = chunk_view_name(cid)
-                b.cdf.createOrReplaceGlobalTempView(view)
+                view = register_df_chunk(self.spark, b.cdf, cid)
                 chunk = Chunk(id=cid, table=b.table, partition_key=b.partition_key, order=self.catalog.next_order(),
                               state="open", rows=b.rows, size_bytes=estimate_bytes(b.rows, b.value_columns),
                               min_time_ns=b.min_time_ns, max_time_ns=b.max_time_ns, columns=b.columns, view=view,
@@ -804,8 +802,10 @@ class Ingestor:
                 sql = table_view_sql(schema, sources, deletes=deletes,
                                      merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes)
                                      if arrow_merge else None)
-            self.spark.sql(f"CREATE OR REPLACE GLOBAL TEMP VIEW {quote(table_view_name(db.name, table))} AS "
-                           f"{retained_view_sql(sql, db.retention_period_s)}")
+            # for Spark Connect: made from a DataFrame, the view holds its analysed plan, not the names
+            # of the chunk views (temp views of this session, which Spark Connect sessions do not see)
+            self.spark.sql(retained_view_sql(sql, db.retention_period_s)).createOrReplaceGlobalTempView(
+                quote(table_view_name(db.name, table)))
             with self._views_lock:
                 self._table_views[(db.name, table)] = sql
 

@@ -40,6 +40,7 @@ from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSche
 
 from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge, QueryTimedOut
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
+from lifecycle.chunk_views import hide_chunk_views, query_session
 from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
 
 __all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows"]
@@ -167,7 +168,9 @@ class QueryEngine:
             db = self.catalog.database(database)
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
-        session = self.spark.newSession()
+        # a clone of the server's session: it sees the chunk views (lifecycle/chunk_views.py) until
+        # the table views are built, then only those
+        session = query_session(self.spark)
         checked = _checked(session, database, sql)
         known = set(db.table_names()) | set(db.schemas.tables())
         reads: dict = {}  # table -> _TableRead, all read in one cut
@@ -209,20 +212,22 @@ class QueryEngine:
         use_query_pool(self.spark)
         try:
             n_tail = 0
-            made = set()  # the tables with a view in the session
+            views = {}  # table -> its view's DataFrame (an analysed plan: no name of a chunk view in it)
             for table, r in sorted(reads.items()):
                 if r.from_tail or r.local:
                     n_tail += r.from_tail
-                    _retained(_tail_view(session, table, db.seq_origin, r), lo).createOrReplaceTempView(quote(table))
-                    made.add(table)
+                    views[table] = _retained(_tail_view(session, table, db.seq_origin, r), lo)
                     continue
                 view_sql = self.table_view_sql_of(database, table)
                 if view_sql is None:
                     if db.schemas.get(table) is None:
                         continue
                     view_sql = empty_table_view_sql(db.schemas.get(table))  # columns known, no row yet
-                session.sql(f"CREATE OR REPLACE TEMP VIEW {quote(table)} AS {_small(_retained_sql(view_sql, lo), r.rows)}")
-                made.add(table)
+                views[table] = session.sql(_small(_retained_sql(view_sql, lo), r.rows))
+            hide_chunk_views(session)
+            for table, df in views.items():
+                df.createOrReplaceTempView(quote(table))
+            made = set(views)  # the tables with a view in the session
             # a name without a view of ours would be looked up among the catalog's tables
             require_tables(database, checked.tables, made)
             t_views = time.perf_counter()

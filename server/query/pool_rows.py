@@ -64,6 +64,7 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows:
     chunk layout with its deletes applied. `catalog_revision()`: the preserved catalog's revision,
     read after the chunks (see the module docstring)."""
     from lifecycle.chunk_data import merged_df, table_deletes
+    from lifecycle.chunk_views import query_session
 
     with catalog.lock:
         schema = db.schemas.get(table)
@@ -72,7 +73,7 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows:
         deletes = table_deletes(db, table)
     out = OwnerRows(table, schema.to_json() if schema is not None else [], None, deletes)
     if chunks and schema is not None:
-        out.rows = merged_df(spark.newSession(), schema, chunks, deletes).toArrow()
+        out.rows = merged_df(query_session(spark), schema, chunks, deletes).toArrow()
     out.catalog_revision = catalog_revision()
     return out
 

@@ -22,7 +22,7 @@ def _chunks(srv, db, table):
 
 def _view_rows(srv, chunk):
     cols = [c[0] for c in chunk.columns if c[1] != "time"] + ["time_ns", "_iox_seq"]
-    return sorted(tuple(r[c] for c in cols) for r in srv.spark.table(f"global_temp.`{chunk.view}`").collect())
+    return sorted(tuple(r[c] for c in cols) for r in srv.spark.table(f"`{chunk.view}`").collect())
 
 
 def _local_rows(chunk):
@@ -131,7 +131,7 @@ def test_local_chunks_move_to_the_read_buffer_on_the_driver_and_queries_of_them_
     (moved,) = _chunks(srv, db, "cpu")
     assert moved.local_rows is not None and moved.df is not None and moved.rows == 2
     assert moved.local_rows.num_rows == 4  # the rows its segments decode to, kept as they are
-    assert sorted(r["host"] for r in srv.spark.table(f"global_temp.`{moved.view}`").collect()) == ["a", "c"]
+    assert sorted(r["host"] for r in srv.spark.table(f"`{moved.view}`").collect()) == ["a", "c"]
     expected = [{"host": "a", "v": 5.0, "w": 10}, {"host": "c", "v": 3.0, "w": None}]
 
     def no_job(self):

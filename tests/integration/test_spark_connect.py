@@ -185,3 +185,42 @@ def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what
     client.persist(db)
     wait_for(lambda: _remote(port, {"cpu": f"SELECT sum(v) AS s FROM global_temp.`{db}__cpu`"},
                              iox_server.spark_connect_token)["cpu"] == [{"s": 145.0}], 60, "the view made again")
+
+
+def test_a_remote_client_neither_sees_nor_changes_the_chunk_views_queries_read(iox_server, client, db):
+    """The chunk views the gRPC and HTTP query path reads are temp views of the server's own session
+    (lifecycle/chunk_views.py): a Spark Connect client finds none of them, in its session or in
+    `global_temp`, and dropping or replacing one by name changes only its own session."""
+    port = iox_server.config.spark_connect_port
+    tok = client.write(db, "\n".join(f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)))
+    client.wait_applied(db, tok, timeout_s=90)
+    client.persist(db)  # persisted chunks: queries read the chunk views, not the local rows
+    dbo = iox_server.catalog.database(db)
+    with iox_server.catalog.lock:
+        names = sorted(c.view for c in iox_server.catalog.table_chunks(dbo, "cpu") if c.view is not None)
+    assert names
+    q = "SELECT host, sum(v) AS s FROM cpu GROUP BY host ORDER BY host"
+    expect = [{"host": "h0", "s": 20.0}, {"host": "h1", "s": 25.0}]
+    assert client.query(db, q).to_pylist() == expect
+    statements = {"global": "SHOW VIEWS IN global_temp", "own": "SHOW VIEWS"}
+    for i, name in enumerate(names):
+        statements[f"drop{i}"] = f"DROP VIEW IF EXISTS `{name}`"
+        statements[f"dropg{i}"] = f"DROP VIEW IF EXISTS global_temp.`{name}`"
+        statements[f"replace{i}"] = f"CREATE OR REPLACE TEMP VIEW `{name}` AS SELECT 'x' AS host"
+        statements[f"replaceg{i}"] = f"CREATE OR REPLACE GLOBAL TEMP VIEW `{name}` AS SELECT 'x' AS host"
+    remote = _remote(port, statements, iox_server.spark_connect_token)
+    seen = {r["viewName"] for r in remote["global"] + remote["own"]}
+    assert not {v for v in seen if v.startswith(("iox_chunk_", "iox_merge_"))}, seen
+    assert f"{db}__cpu" in seen  # the table view Spark Connect reads
+    assert client.query(db, q).to_pylist() == expect
+    conn = http.client.HTTPConnection("127.0.0.1", iox_server.config.http_port, timeout=60)
+    conn.request("GET", f"/api/v3/query_sql?db={db}&q=SELECT%20count(*)%20AS%20n%20FROM%20cpu&format=jsonl")
+    r = conn.getresponse()
+    assert (r.status, r.read()) == (200, b'{"n": 10}\n')
+    conn.close()
+    # the global views the client made under those names are its own, and the server's table view
+    # still reads the server's chunks
+    assert _remote(port, {"cpu": f"SELECT count(*) AS n FROM global_temp.`{db}__cpu`"},
+                   iox_server.spark_connect_token)["cpu"] == [{"n": 10}]
+    for name in names:
+        iox_server.spark.catalog.dropGlobalTempView(name)  # the client's
