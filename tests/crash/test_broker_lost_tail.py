@@ -2,6 +2,8 @@
 back to an older copy, as a store that did not fsync or a restored backup would): every acknowledged
 write it lost is reported with its exact offsets, at start and while the server runs, before and
 after a persist; nothing is applied twice, and the database continues in a new write-buffer epoch.
+Before the first loss, the same store survives kills whole: of the broker alone while the server
+runs, and of the server, the broker and its store at once.
 
 Real processes: `iox serve` with the durable embedded broker (Tansu on its SeaweedFS store); the
 broker and its store are SIGKILLed while the server is stopped (SIGSTOP), so the copy is taken and
@@ -119,17 +121,35 @@ def test_a_broker_that_lost_its_tail_is_found_at_start_and_while_running(data_di
     servers = []
     try:
         # 1. nothing persisted, the server killed: found at the next start from the acknowledged offsets
+        # (after a start on the intact store that finds them all)
         s1 = ServerProcess(data_dir, extra=DURABLE).wait_ready()
         servers.append(s1)
+        rec = broker_record(data_dir)
+        assert rec["storage"].startswith("s3://") and rec["store_pid"]
         s1.client.wait_applied(db, pts.write_n(s1.client, kp, 5), timeout_s=60)  # offsets 0..4
         with _Stopped(s1) as store:
             shutil.copytree(store, store_copy)  # holds offsets 0..4
         pts.write_once_taken(s1.client, kp)  # the server started the broker again
-        last = pts.write_n(s1.client, kp, 4)[kp]
-        s1.client.wait_applied(db, {kp: last}, timeout_s=60)
+        # the broker alone SIGKILLed while the server runs: the server starts it again, writes go on
+        os.kill(broker_record(data_dir)["pid"], signal.SIGKILL)
+        pts.write_once_taken(s1.client, kp)
+        pts.write_n(s1.client, kp, 3)
         pts.check(s1.client)
+        assert s1.client.status(db)["databases"][0]["tables"][0]["partitions"][0]["files"] == []
         s1.kill()
         _kill_broker(data_dir)
+        # the server, the broker and its store SIGKILLed at once, the store intact: the next server
+        # finds every acknowledged write there, exactly once
+        s1b = ServerProcess(data_dir, extra=DURABLE).wait_ready()
+        servers.append(s1b)
+        s1b.client.wait_caught_up(db, 120)
+        pts.check(s1b.client)
+        last = pts.write_n(s1b.client, kp, 1)[kp]
+        s1b.client.wait_applied(db, {kp: last}, timeout_s=60)
+        pts.check(s1b.client)
+        s1b.kill()
+        _kill_broker(data_dir)
+        # then the store put back to the copy: offsets 5..last are gone
         _put_back(store_copy, os.path.join(data_dir, "broker-store"))
         s2 = ServerProcess(data_dir, extra=DURABLE)
         servers.append(s2)

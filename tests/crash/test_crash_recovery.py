@@ -12,7 +12,6 @@ import uuid
 import pytest
 
 from catalog.crash_points import CrashPoint
-from tests.waiting import wait_for
 from tests.crash.harness import T0, ServerProcess, Writer, broker_record, stop_embedded_broker
 
 # persist and compact quickly so the crash points are reached within seconds
@@ -205,41 +204,6 @@ def test_a_delete_never_removes_a_later_write_across_restarts(data_dir):
         c = servers[-1].client
         c.wait_caught_up(db, 120)
         assert c.query(db, q).to_pylist() == want
-    finally:
-        for s in servers:
-            s.kill()
-
-
-def test_the_durable_embedded_broker_loses_no_acknowledged_write_when_everything_is_killed(data_dir):
-    """The durable embedded broker (--broker-storage durable) keeps the write buffer on disk: SIGKILL of the broker alone (the
-    server starts it again and writes go on), then of the server, the broker and its store at once;
-    the next server starts them on the same directory and every acknowledged write is there,
-    exactly once (nothing was persisted: the default thresholds do not act within the test)."""
-    w = Writer(f"db_{uuid.uuid4().hex[:8]}")
-    durable = ["--broker-storage", "durable"]
-    s1 = ServerProcess(data_dir, extra=durable).wait_ready()
-    servers = [s1]
-    try:
-        rec = broker_record(data_dir)
-        assert rec["storage"].startswith("s3://") and rec["store_pid"]
-        for _ in range(5):
-            assert w.write_batch(s1.client)
-        os.kill(rec["pid"], 9)  # the broker alone: the server starts it again on its port and store
-        wait_for(lambda: w.write_batch(s1.client), 30, "writes to succeed again after the broker was killed")
-        assert broker_record(data_dir)["pid"] != rec["pid"]
-        for _ in range(5):
-            assert w.write_batch(s1.client)
-        w.check(s1.client)
-        assert s1.client.status(w.db)["databases"][0]["tables"][0]["partitions"][0]["files"] == []
-        rec = broker_record(data_dir)
-        s1.kill()
-        for pid in (rec["pid"], rec["store_pid"]):
-            os.kill(pid, 9)
-        s2 = ServerProcess(data_dir, extra=durable).wait_ready()
-        servers.append(s2)
-        w.check(s2.client)
-        assert w.write_batch(s2.client)
-        w.check(s2.client)
     finally:
         for s in servers:
             s.kill()
