@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import urllib.parse
 
 from tests.waiting import wait_for
 
@@ -33,6 +34,17 @@ def _remote(port: int, queries: dict, token: str) -> dict:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _http_jsonl(server, db: str, sql: str) -> tuple:
+    """(status, body) of the HTTP query `sql` on `db`, answered as JSON lines."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.config.http_port, timeout=60)
+    try:
+        conn.request("GET", f"/api/v3/query_sql?{urllib.parse.urlencode({'db': db, 'q': sql, 'format': 'jsonl'})}")
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
 
 
 def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
@@ -175,11 +187,7 @@ def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what
     assert remote["cpu"] == [{"host": "x", "s": 1.0}]  # the client reads what it made
     assert client.query(db, q_cpu).to_pylist() == expect_cpu
     assert client.query(db, q_mem).to_pylist() == expect_mem
-    conn = http.client.HTTPConnection("127.0.0.1", iox_server.config.http_port, timeout=60)
-    conn.request("GET", f"/api/v3/query_sql?db={db}&q=SELECT%20used%20FROM%20mem&format=jsonl")
-    r = conn.getresponse()
-    assert (r.status, r.read()) == (200, b'{"used": 7}\n')
-    conn.close()
+    assert _http_jsonl(iox_server, db, "SELECT used FROM mem") == (200, b'{"used": 7}\n')
     # the table's next change makes its view again
     client.wait_applied(db, client.write(db, f"cpu,host=h0 v=100 {T0 + 100}"), timeout_s=90)
     client.persist(db)
@@ -213,11 +221,7 @@ def test_a_remote_client_neither_sees_nor_changes_the_chunk_views_queries_read(i
     assert not {v for v in seen if v.startswith(("iox_chunk_", "iox_merge_"))}, seen
     assert f"{db}__cpu" in seen  # the table view Spark Connect reads
     assert client.query(db, q).to_pylist() == expect
-    conn = http.client.HTTPConnection("127.0.0.1", iox_server.config.http_port, timeout=60)
-    conn.request("GET", f"/api/v3/query_sql?db={db}&q=SELECT%20count(*)%20AS%20n%20FROM%20cpu&format=jsonl")
-    r = conn.getresponse()
-    assert (r.status, r.read()) == (200, b'{"n": 10}\n')
-    conn.close()
+    assert _http_jsonl(iox_server, db, "SELECT count(*) AS n FROM cpu") == (200, b'{"n": 10}\n')
     # the global views the client made under those names are its own, and the server's table view
     # still reads the server's chunks
     assert _remote(port, {"cpu": f"SELECT count(*) AS n FROM global_temp.`{db}__cpu`"},
