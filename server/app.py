@@ -154,7 +154,7 @@ class IoxServer:
         self._kafka_ends_reading: dict = {}
         self._kafka_ends_lock = threading.Lock()
         #: judges Kafka ends short of acknowledged offsets: a late read or a lost tail (`_check_tails`)
-        self._tail_watch = TailWatch()
+        self._tail_watch = TailWatch(config.tail_loss_grace_s)
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -243,7 +243,7 @@ class IoxServer:
         rec = recover(self.spark, self.catalog, self.store, cfg.partitions, t_recover,
                       self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
                       cfg.skip_lost_writes, self.parquet_cache_dir, pool_member=cfg.pool_member,
-                      acked=self.ack_log.at_start)
+                      acked=self.ack_log.at_start, tail_loss_grace_s=cfg.tail_loss_grace_s)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
         # losses found by this start (the preserved catalog also lists those of earlier runs)
@@ -786,14 +786,15 @@ class IoxServer:
                 self._topic_replaced(db, ids[db.topic])
                 continue
             given_again = (ends_at_most or {}).get(name, {})
+            topic_ends = {kp: end for kp, (_lo, end) in bounds.get(db.topic, {}).items()}
             ends = {}
             for kp in range(db.kafka_partitions):
                 if kp in given_again:  # Kafka gave an offset out again: lost at once
-                    ends[kp] = min(bounds.get(db.topic, {}).get(kp, (0, given_again[kp]))[1], given_again[kp])
-                elif kp not in bounds.get(db.topic, {}):
+                    ends[kp] = min(topic_ends.get(kp, given_again[kp]), given_again[kp])
+                elif kp not in topic_ends:
                     self._tail_watch.clear((name, epoch, kp))
-                elif self._tail_watch.lost((name, epoch, kp), bounds[db.topic][kp][1], hi.get(kp, -1), now):
-                    ends[kp] = bounds[db.topic][kp][1]
+                elif self._tail_watch.lost((name, epoch, kp), topic_ends[kp], hi.get(kp, -1), now):
+                    ends[kp] = topic_ends[kp]
             if ends:
                 self._tail_lost(db, ends, epoch)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from server.errors import ServerError
+from server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S
 #: the retention pruner's delay behind reader_lo (declared with the prune policy)
 from lifecycle.prune_policy import DEFAULT_PRUNE_DELAY_S
 
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_SPARK_CONNECT_PORT",
     "DEFAULT_HTTP_PORT",
     "DEFAULT_TXN_TIMEOUT_S",
+    "TAIL_LOSS_GRACE_S",
     "DEFAULT_SPARK_NICE",
     "DEFAULT_WRITE_PATH_RT_PRIORITY",
     "DEFAULT_TAIL_MAX_BYTES",
@@ -239,6 +241,9 @@ class ServerConfig:
     object_store_shared: bool = False
     #: start even when Kafka lost offsets the replay plan needs (logged, counted in status)
     skip_lost_writes: bool = False
+    #: how long Kafka's end may stay at or below an offset this server knows was written (applied or
+    #: acknowledged) before its tail counts as lost (server/write_buffer/tail_loss.py)
+    tail_loss_grace_s: float = TAIL_LOSS_GRACE_S
     #: lifecycle rule overrides (LifecycleRules field -> value); absent = IOx defaults
     lifecycle: dict = field(default_factory=dict)
 
@@ -254,6 +259,8 @@ class ServerConfig:
             raise InvalidConfig("replication_factor", self.replication_factor, "must be an integer >= 1")
         if self.broker_storage not in (STORAGE_DURABLE, STORAGE_MEMORY):
             raise InvalidConfig("broker_storage", self.broker_storage, "must be durable or memory")
+        if not (isinstance(self.tail_loss_grace_s, (int, float)) and self.tail_loss_grace_s > 0):
+            raise InvalidConfig("tail_loss_grace_s", self.tail_loss_grace_s, "must be a number of seconds > 0")
         if not _int_in(self.tail_max_bytes, 0):
             raise InvalidConfig("tail_max_bytes", self.tail_max_bytes, "must be a number of bytes >= 0 (0 disables)")
 

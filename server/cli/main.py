@@ -30,7 +30,8 @@ from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_M
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, DEFAULT_PRUNE_DELAY_S,
-                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, DEFAULT_FREEZE_AT_PERCENT, DEFAULT_ROLE, InvalidConfig, ServerConfig, parse_memory_bytes)
+                     DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, DEFAULT_FREEZE_AT_PERCENT, DEFAULT_ROLE, TAIL_LOSS_GRACE_S, InvalidConfig, ServerConfig,
+                     parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
            "DEFAULT_WRITE_BATCH_BYTES"]
@@ -60,6 +61,9 @@ SERVE_OPTIONS = [
     ("--produce-timeout-ms", int, DEFAULT_PRODUCE_TIMEOUT_MS, "max wait for Kafka's ack before UNAVAILABLE"),
     ("--txn-timeout-s", float, DEFAULT_TXN_TIMEOUT_S,
      "abort a multi-message request whose commit has not appeared this long after its parts"),
+    ("--tail-loss-grace-s", float, TAIL_LOSS_GRACE_S,
+     "how long the broker's end may stay below offsets known written before they count as lost (a "
+     "loaded broker shows acknowledged writes late; an offset given out again counts at once)"),
     ("--trigger-interval-ms", int, DEFAULT_TRIGGER_INTERVAL_MS, "micro-batch trigger interval"),
     ("--spark-nice", int, DEFAULT_SPARK_NICE,
      "nice value (0-19) of the Spark JVM and its Python workers, so the write path keeps its CPU (0 = off)"),
@@ -343,6 +347,7 @@ def _config_from_args(a) -> ServerConfig:
     return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
                         partitions=a.partitions, replication_factor=a.replication_factor, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
+                        tail_loss_grace_s=a.tail_loss_grace_s,
                         trigger_interval_ms=a.trigger_interval_ms, spark_nice=a.spark_nice,
                         write_path_rt_priority=a.write_path_rt_priority,
                         max_request_bytes=a.max_request_bytes, grpc_workers=a.grpc_workers,

@@ -31,7 +31,7 @@ from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
 
 from catalog.sharding import topic_for
 from server.errors import ServerError
-from server.write_buffer.tail_loss import settled_bounds
+from server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S, settled_bounds
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
            "lost_offsets", "truncated_tail", "replay_progress", "merge_lost_writes", "register_persisted_file", "add_recorded_delete",
@@ -233,7 +233,8 @@ def day_number(partition_key: str) -> int:
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             transactions_until_checkpoint: int, databases: list[str], write_buffer,
             skip_lost_writes: bool = False, cache_dir: str | None = None,
-            pool_member: str | None = None, acked: dict | None = None) -> RecoveryResult:
+            pool_member: str | None = None, acked: dict | None = None,
+            tail_loss_grace_s: float = TAIL_LOSS_GRACE_S) -> RecoveryResult:
     """`pool_member`: this server's name in an ingester pool (catalog/ownership.py). It claims
     again the Kafka partitions the catalog says it owns (fencing the process it replaces) and
     recovers only those; every other partition is held (`Database.pool_holds`): its owner applies
@@ -244,7 +245,8 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
     LostWrites naming the acknowledged offsets it lost; with nothing lost, or the loss accepted
     (--skip-lost-writes), the database continues in a new write-buffer epoch from Kafka's end:
     at once when Kafka holds nothing unpersisted of it, else `Database.tail_truncated` is set and
-    the server switches once the replay is applied and persisted (server/app.py)."""
+    the server switches once the replay is applied and persisted (server/app.py). An end short only
+    of acknowledged offsets is read again until it stops moving (at most `tail_loss_grace_s`)."""
     out = RecoveryResult()
     cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
     for name in databases:
@@ -319,7 +321,8 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         if same_topic and ack and bounds:  # an end short only of acknowledged offsets may be a late read
             seen = {kp: r.max_seen_offset for kp in plan.kafka_partitions()
                     if (r := plan.replay_range(kp)) is not None and r.max_seen_offset is not None}
-            bounds = settled_bounds(lambda: write_buffer.partition_bounds(topic, kafka_partitions), bounds, ack, seen)
+            bounds = settled_bounds(lambda: write_buffer.partition_bounds(topic, kafka_partitions), bounds, ack, seen,
+                                    grace_s=tail_loss_grace_s)
         starts, until, reset, truncated = {}, {}, False, {}
         planned = set(plan.kafka_partitions())
         for kp in sorted(planned | set(ack) | (set(range(kafka_partitions)) if gone else set())):

@@ -22,7 +22,8 @@ from catalog.sharding import partition_for
 from tests.waiting import wait_for
 from tests.crash.harness import T0, ServerProcess, broker_record
 
-DURABLE = ["--broker-storage", "durable"]
+#: a short run-time grace (the default is 30 s), so the loss while running is found in seconds
+DURABLE = ["--broker-storage", "durable", "--tail-loss-grace-s", "10"]
 
 
 def _gone(pid: int) -> bool:

@@ -20,6 +20,17 @@ def test_serve_rejects_a_too_short_txn_timeout_as_a_usage_error(capsys):
     assert "--txn-timeout-s" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("grace", [0, -1.0, "10"])
+def test_tail_loss_grace_must_be_positive_seconds(grace, capsys):
+    with pytest.raises(InvalidConfig) as ei:
+        ServerConfig(tail_loss_grace_s=grace)
+    assert ei.value.field == "tail_loss_grace_s"
+    assert ServerConfig().tail_loss_grace_s == 30.0
+    with pytest.raises(SystemExit) as ei:
+        main(["serve", "--tail-loss-grace-s", "0"])
+    assert ei.value.code == 2 and "--tail-loss-grace-s" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("nice", [-1, 20, True, 2.5])
 def test_spark_nice_must_be_0_to_19(nice):
     with pytest.raises(InvalidConfig) as ei:
