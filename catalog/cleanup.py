@@ -5,7 +5,7 @@ in the given catalog state, (2) not in ``in_flight_keys`` (written by a persist
 that has not committed yet, or read by a query planned on an older state), (3)
 older than ``min_age_s`` by its store modification time — so a file whose
 writer has not even registered it as in flight yet is still safe — and (4) no
-other writer committed a revision newer than the caller's (DESIGN.md invariant
+other writer committed a revision newer than the caller's (docs/ARCHITECTURE.md invariant
 8, "One committer"): right before the first delete the store is probed for the
 next catalog revision; if another writer (a new owner of the database)
 committed it, the caller's state is stale and may miss that owner's files, so

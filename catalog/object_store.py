@@ -5,7 +5,7 @@ one complete ``put``; readers never observe a partially written object, and
 ``put_if_absent`` is an atomic create-if-absent (compare-and-swap on "absent"):
 of any number of concurrent ``put_if_absent`` calls on one key, at most one
 returns normally, all others raise :class:`AlreadyExists`.  The preserved
-catalog builds its single-committer fencing (DESIGN.md invariant 8) on this.
+catalog builds its single-committer fencing (docs/ARCHITECTURE.md invariant 8) on this.
 
 * Local directory: ``put`` writes a temporary file in the target directory and
   ``os.replace``-s it; ``put_if_absent`` writes a temporary file and

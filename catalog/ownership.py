@@ -1,6 +1,6 @@
 """Ownership of a database's Kafka partitions in an ingester pool.
 
-Invariant kept here (DESIGN.md invariant 8, "One committer", per partition):
+Invariant kept here (docs/ARCHITECTURE.md invariant 8, "One committer", per partition):
 in a pool, the unit of work is a (database, Kafka partition) pair, and each is
 owned by exactly one ingester at a time. Ownership lives in the database's
 preserved catalog itself: a :class:`ClaimPartitions` action gives Kafka

@@ -1,6 +1,6 @@
 """Preserved catalog: an append-only transaction log with exactly one committer.
 
-Invariant kept here (DESIGN.md invariant 8, "One committer"): revision ``N``
+Invariant kept here (docs/ARCHITECTURE.md invariant 8, "One committer"): revision ``N``
 of a database's catalog is the object ``<db>/catalog/<%020d N>.txn``, created
 with the store's atomic ``put_if_absent``.  Of any number of writers that try
 to commit revision ``N + 1`` on top of revision ``N`` exactly one succeeds; the

@@ -6,7 +6,7 @@ actions and executes them one at a time (compact in memory, persist, compact
 persisted files, unload, backpressure); it also releases retired chunk data after a grace period and
 deletes unreferenced Parquet files. It stops on server shutdown.
 
-Fencing (DESIGN.md invariant 8, "One committer") is per database. A database is
+Fencing (docs/ARCHITECTURE.md invariant 8, "One committer") is per database. A database is
 fenced when another writer (a second server on the same object store) committed
 a revision of its preserved catalog that this server did not: found when a
 commit of this server loses its revision (RevisionConflict), when cleanup finds

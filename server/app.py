@@ -5,7 +5,7 @@ When it runs: `iox serve` builds one `IoxServer`, calls `start()` and blocks in
 (gRPC stops taking requests, the stream stops, producers close, the embedded
 broker this data directory owns is stopped).
 
-Fencing (DESIGN.md invariant 8, "One committer") stops one database, not the
+Fencing (docs/ARCHITECTURE.md invariant 8, "One committer") stops one database, not the
 server: once another server committed a newer revision of a database's
 preserved catalog (found by the lifecycle worker: a lost commit, its fence
 probe within seconds, or cleanup's check; see lifecycle/worker.py), writes and

@@ -213,7 +213,7 @@ class WriteBufferTruncated(WriteBufferUnavailable):
 
 
 class DatabaseFenced(ServerError):
-    """Another server committed ``revision`` of the database's preserved catalog (DESIGN.md invariant 8,
+    """Another server committed ``revision`` of the database's preserved catalog (docs/ARCHITECTURE.md invariant 8,
     "One committer"): this server no longer owns the database, so its writes and deletes are refused
     (and it never commits to or cleans up the database again) until the server restarts."""
 

@@ -1,5 +1,5 @@
 """Cleanup on a local directory: it deletes nothing once another writer committed a revision newer
-than the one it decided from (DESIGN.md invariant 8), and its own later commits do not count."""
+than the one it decided from (docs/ARCHITECTURE.md invariant 8), and its own later commits do not count."""
 
 from __future__ import annotations
 
