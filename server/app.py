@@ -951,13 +951,14 @@ class IoxServer:
             vis = {**vis, **{kp: _OWNER_WAITS for kp in range(db.kafka_partitions) if kp not in owned}}
         return vis
 
-    def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None):
+    def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
+                         written_before: dict | None = None):
         """The UnpersistedRows RPC (server/query/pool_rows.py): this pool member's answer."""
         if self.pool is None:
             raise NotAPoolMember(f"unpersisted rows of {database!r}")
         timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else max(0.0, min(deadline_s - _ANSWER_MARGIN_S,
                                                                               QUERY_WAIT_MAX_S))
-        return self.pool.answer_rows(database, tables, wait_applied, timeout_s)
+        return self.pool.answer_rows(database, tables, wait_applied, timeout_s, written_before)
 
     def _visible(self, db) -> dict:
         """{kp: visible_hi_inclusive} of `db` now (applied, plus the write buffer's tail)."""

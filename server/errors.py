@@ -24,6 +24,8 @@ __all__ = [
     "NotAPoolMember",
     "RoleRefuses",
     "PoolMemberUnavailable",
+    "NotPartitionOwner",
+    "OwnerNotCaughtUp",
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
@@ -235,6 +237,34 @@ class PoolMemberUnavailable(ServerError):
         self.database, self.address, self.reason, self.retry_after_s = database, address, reason, retry_after_s
         super().__init__(f"database {database!r}: pool member {address} owns partitions this query reads and "
                          f"does not answer ({reason}); nothing was queried")
+
+
+class NotPartitionOwner(ServerError):
+    """An ingester pool member was asked for the unpersisted rows of Kafka partitions it does not own
+    (any more): the asking member's view of the owners is stale. FAILED_PRECONDITION; the asking
+    member reads the owners again and asks the new one. ``owners``: {partition: (member, epoch)}
+    as this member knows them (absent: no owner known here)."""
+
+    def __init__(self, database: str, member: str, partitions, owners: dict):
+        self.database, self.member, self.partitions = database, member, sorted(partitions)
+        self.owners = dict(owners)
+        now = ", ".join(f"{kp} by {o[0]!r} (epoch {o[1]})" for kp, o in sorted(self.owners.items())) or "unknown"
+        super().__init__(f"database {database!r}: pool member {member!r} does not own Kafka partitions "
+                         f"{self.partitions} (now: {now}); ask their owner")
+
+
+class OwnerNotCaughtUp(ServerError):
+    """An ingester pool member asked for its unpersisted rows has not applied, within the call's
+    deadline, every offset written before the query started (or its replay after a claim or a
+    restart): UNAVAILABLE, never an answer without those writes. ``behind``: {partition: (applied,
+    needed)}, inclusive offsets."""
+
+    def __init__(self, database: str, member: str, behind: dict, waited_s: float, retry_after_s: float = 1.0):
+        self.database, self.member, self.behind, self.waited_s = database, member, dict(behind), waited_s
+        self.retry_after_s = retry_after_s
+        super().__init__(f"database {database!r}: pool member {member!r} has not applied what was written before "
+                         f"the query after {waited_s:.1f} s (Kafka partition: applied / needed offset: "
+                         + ", ".join(f"{kp}: {a} / {n}" for kp, (a, n) in sorted(self.behind.items())) + ")")
 
 
 class RoleRefuses(ServerError):

@@ -39,6 +39,10 @@ __all__ = ["PoolControl"]
 
 log = logging.getLogger(__name__)
 
+#: after an owner answered that it no longer owns a partition: the pause before the pool catalog
+#: is read again and the new owner asked
+_OWNER_MOVED_RETRY_S = 0.2
+
 #: chunk states whose rows are in Parquet (kept when a partition is lost; the rest is dropped)
 _PERSISTED_STATES = ("persisted", "unloaded")
 
@@ -251,16 +255,20 @@ class PoolControl:
         return True
 
     # -- scatter-gather (server/query/pool_rows.py) --------------------------------------------
-    def answer_rows(self, database: str, tables: list, wait_applied: dict, timeout_s: float):
-        """This member's UnpersistedRows answer: once `wait_applied`'s offsets of its partitions are
-        applied (WriteTokenNotVisible past `timeout_s`), per table its unpersisted rows, its deletes
-        and the catalog revision they go with; one message without a table when none is asked."""
+    def answer_rows(self, database: str, tables: list, wait_applied: dict, timeout_s: float,
+                    written_before: dict | None = None):
+        """This member's UnpersistedRows answer (server/query/pool_rows.py), per table its unpersisted
+        rows, its deletes and the catalog revision they go with; one message without a table when
+        none is asked. NotPartitionOwner when it does not own a partition of `tables` or
+        `wait_applied` (also when it loses one before it read that table's rows). It answers once
+        `wait_applied`'s offsets (a write token's) are applied (WriteTokenNotVisible past
+        `timeout_s`) and `_barrier`'s are (OwnerNotCaughtUp past it)."""
         import json
 
         from catalog.catalog import DatabaseNotFoundError
         from iox import query_pb2
 
-        from server.errors import DatabaseNotFound, WriteTokenNotVisible
+        from server.errors import DatabaseNotFound, OwnerNotCaughtUp, WriteTokenNotVisible
         from server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
 
         srv = self.server
@@ -268,16 +276,25 @@ class PoolControl:
             db = srv.catalog.database(database)
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
+        n = db.kafka_partitions
+        asked = {partition_for(t, n) for t in tables} | set(wait_applied)
         with srv.catalog.lock:
             owned = set(db.owned_partitions or ())
-        wait = {kp: off for kp, off in wait_applied.items() if kp in owned}
-        if wait:
-            t0 = time.monotonic()
-            srv.ingestor.wait_applied(database, wait, timeout_s)
+        if asked - owned:
+            raise self._not_owner(database, asked - owned)
+        t0 = time.monotonic()
+        barrier = self._barrier(db, asked, written_before or {})
+        target = {kp: max(off, barrier.get(kp, -1)) for kp, off in wait_applied.items()}
+        target.update({kp: off for kp, off in barrier.items() if kp not in target})
+        if target:
+            srv.ingestor.wait_applied(database, target, timeout_s)
         with srv.catalog.lock:
             applied = {kp: db.applied_hi_inclusive.get(kp, -1) for kp in owned}
-        if any(applied.get(kp, -1) < off for kp, off in wait.items()):
-            raise WriteTokenNotVisible(database, wait, applied, time.monotonic() - t0)
+        if any(applied.get(kp, -1) < off for kp, off in wait_applied.items()):
+            raise WriteTokenNotVisible(database, wait_applied, applied, time.monotonic() - t0)
+        behind = {kp: (applied.get(kp, -1), off) for kp, off in barrier.items() if applied.get(kp, -1) < off}
+        if behind:
+            raise OwnerNotCaughtUp(database, self.member, behind, time.monotonic() - t0)
         pc = srv.lifecycle.preserved.get(database)
         revision = (lambda: pc.revision) if pc is not None else (lambda: -1)
         if not tables:
@@ -285,36 +302,137 @@ class PoolControl:
             return
         for table in tables:
             r = owner_rows(srv.spark, srv.catalog, db, table, revision)
+            if r is None:  # lost since the check above: its rows are its new owner's now
+                raise self._not_owner(database, {partition_for(table, n)})
             columns, deletes = json.dumps(r.columns), deletes_to_json(r.deletes)
             for part in rows_message_parts(r.rows):
                 yield query_pb2.UnpersistedRowsResponse(table=table, arrow_ipc=part, columns_json=columns,
                                                         deletes_json=deletes, catalog_revision=r.catalog_revision,
                                                         applied_hi_inclusive=applied)
 
-    def gather_for_query(self, database: str, sql: str, wait_applied: dict, timeout_s: float):
-        """For a query through this member: ({table: OwnerRows}, {kp: applied at its owner}) of the
-        tables it reads that other members own, and of the partitions of `wait_applied` (a write
-        token) they own; None when there are none. Reads the catalog up to the revision the owners'
-        answers go with first (server/query/pool_rows.py). Raises PoolMemberUnavailable."""
-        import grpc
+    def _barrier(self, db, partitions: set, written_before: dict) -> dict:
+        """{kp: offset} of `partitions` this owner applies before it answers: what the asking member
+        acknowledged before the query started (`written_before`), what this member acknowledged, and
+        its replay (after a restart or a claim), each only as far as the partition is not held here
+        (a poisoned message, a freeze): a held partition answers what it applied, as a query of a
+        server outside a pool does."""
+        srv = self.server
+        acked = srv.write_buffer.acked_of(db.topic)
+        until = dict(srv._replay_until.get(db.topic, {}))
+        with srv.catalog.lock:
+            held = db.held_offsets()
+        out = {}
+        for kp in partitions:
+            off = max(written_before.get(kp, -1), acked.get(kp, -1), until.get(kp, -1))
+            if kp in held:
+                off = min(off, held[kp] - 1)
+            if off >= 0:
+                out[kp] = off
+        return out
 
-        from server.errors import PoolMemberUnavailable, WriteTokenNotVisible
-        from server.query.pool_rows import gather
+    def _not_owner(self, database: str, partitions: set):
+        """NotPartitionOwner naming who owns `partitions` now, as far as this member's catalog knows."""
+        from server.errors import NotPartitionOwner
+
+        pc = self.server.lifecycle.preserved.get(database) if self.server.lifecycle is not None else None
+        owners = {kp: (o.owner, o.epoch) for kp, o in (pc.state.owners.items() if pc is not None else ())
+                  if kp in partitions}
+        return NotPartitionOwner(database, self.member, partitions, owners)
+
+    def gather_for_query(self, database: str, sql: str, wait_applied: dict, timeout_s: float):
+        """For a query through this member, before it runs: waits until what was written before it
+        (`written_before`) of the partitions it reads that this member owns is visible here, and
+        gathers ({table: OwnerRows}, {kp: applied at its owner}) of the tables it reads that other
+        members own, and of the partitions of `wait_applied` (a write token) they own; None when
+        there are none. Each owner answers once it applied what was written before the query. An
+        owner that no longer owns a partition says so: the owners are read again from the pool
+        catalog and asked again until `timeout_s` passed. Reads the catalog up to the revision the
+        owners' answers go with first (server/query/pool_rows.py). Raises PoolMemberUnavailable,
+        OwnerNotCaughtUp."""
+        from server.errors import PoolMemberUnavailable
+        from server.query.pool_rows import OwnerMoved
 
         srv = self.server
         db = srv.catalog.peek_database(database)
         if db is None or db.owned_partitions is None or srv.lifecycle is None:
             return None
+        deadline = time.monotonic() + timeout_s
+        read = srv.query_engine.tables_read(db, sql)
+        written_before = self.written_before(db, {partition_for(t, db.kafka_partitions) for t in read})
         pc = srv.lifecycle.preserved.get(database)
         fresh = pc is None
         if fresh:  # a database this member never persisted nor claimed (a querier's): read its catalog
             pc = srv.lifecycle.preserved_for(database, time.time())
             pc.refresh()
             self.take_state(database, pc.state)
-        n = db.kafka_partitions
+        moved = None
+        while True:
+            try:
+                self._wait_visible(db, written_before, deadline)
+                return self._gather_once(db, pc, fresh, read, wait_applied, written_before,
+                                         max(0.1, deadline - time.monotonic()))
+            except OwnerMoved as e:
+                moved = e
+            if time.monotonic() + _OWNER_MOVED_RETRY_S >= deadline:
+                raise PoolMemberUnavailable(database, moved.member, f"ownership moving: {moved.message}")
+            time.sleep(_OWNER_MOVED_RETRY_S)  # the claim is committed; let its new owner take it up
+            pc.refresh()
+            self.take_state(database, pc.state)
+            fresh = False
+
+    def written_before(self, db, partitions: set) -> dict:
+        """{kp: offset} of `partitions` written before now: the highest this member got acknowledged
+        and Kafka's end (another member's acknowledged writes; a Kafka that cannot be asked within
+        its admin timeout leaves this member's own). Kafka's end is its watermark: exact on Kafka;
+        Tansu on object storage, loaded, may show a write to readers late."""
+        srv = self.server
+        out = {kp: off for kp, off in srv.write_buffer.acked_of(db.topic).items() if kp in partitions}
+        if partitions:
+            try:
+                ends = srv.write_buffer.high_watermarks([db.topic], db.kafka_partitions).get(db.topic, {})
+            except Exception as e:  # noqa: BLE001  (Kafka away: what this member knows it wrote)
+                log.debug("pool query of %s: Kafka's ends unknown (%s)", db.name, e)
+                ends = {}
+            for kp, end in ends.items():
+                if kp in partitions and end - 1 > out.get(kp, -1):
+                    out[kp] = end - 1
+        return out
+
+    def _wait_visible(self, db, written_before: dict, deadline: float) -> None:
+        """Waits until this member's visible offsets (applied, or in the write buffer's tail) of the
+        partitions it owns reach `written_before`, as far as a partition is not held here;
+        OwnerNotCaughtUp past `deadline`."""
+        from server.errors import OwnerNotCaughtUp
+
+        srv = self.server
+        t0 = time.monotonic()
+        while True:
+            with srv.catalog.lock:
+                owned = set(db.owned_partitions or ())
+                held = db.held_offsets()
+            target = {kp: min(off, held[kp] - 1) if kp in held else off
+                      for kp, off in written_before.items() if kp in owned}
+            vis = srv._visible(db)
+            behind = {kp: (vis.get(kp, -1), off) for kp, off in target.items() if vis.get(kp, -1) < off}
+            if not behind:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OwnerNotCaughtUp(db.name, self.member, behind, time.monotonic() - t0)
+            srv.ingestor.wait_applied(db.name, {kp: off for kp, (_v, off) in behind.items()}, min(left, 0.05))
+
+    def _gather_once(self, db, pc, fresh: bool, read: list, wait_applied: dict, written_before: dict,
+                     timeout_s: float):
+        """One round of `gather_for_query` with the owners `pc` names now; OwnerMoved when one of
+        them answers that it does not own a partition asked."""
+        import grpc
+
+        from server.errors import PoolMemberUnavailable, WriteTokenNotVisible
+        from server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather
+
+        srv, database, n = self.server, db.name, db.kafka_partitions
         with srv.catalog.lock:
             owned = set(db.owned_partitions)
-        read = srv.query_engine.tables_read(db, sql)
         needed = {partition_for(t, n) for t in read} | set(wait_applied)
         if not fresh and any(kp not in owned and kp not in pc.state.owners for kp in needed):
             # a partition with no owner known here: a claim the fence probe has not read yet
@@ -331,10 +449,16 @@ class PoolControl:
             from iox import query_pb2
 
             addr = self.address_of(member, name)
-            req = query_pb2.UnpersistedRowsRequest(database=name, tables=ts, wait_applied=w)
+            kps = {kp for kp, a in owners.items() if a == member}
+            req = query_pb2.UnpersistedRowsRequest(database=name, tables=ts, wait_applied=w, written_before={
+                kp: off for kp, off in written_before.items() if kp in kps})
             try:
                 return list(self._client(addr).query_stub.UnpersistedRows(req, timeout=left_s))
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    not_owned = dict(e.trailing_metadata() or ()).get(NOT_OWNER_METADATA)
+                    if not_owned is not None:
+                        raise OwnerMoved(member, [int(p) for p in not_owned.split(",") if p], e.details()) from None
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and w:
                     raise WriteTokenNotVisible(name, w, {}, left_s) from None
                 with self._lock_clients:  # it may come back elsewhere: read its address again next time

@@ -33,10 +33,11 @@ from catalog.errors import RevisionConflict
 from catalog.errors import PartitionsNotOwned
 from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
-from server.errors import NothingToAccept, NotReadyToAccept, PoisonedMessageNotFound
+from server.errors import NothingToAccept, NotPartitionOwner, NotReadyToAccept, OwnerNotCaughtUp, PoisonedMessageNotFound
 from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.api.auth import current_scope
 from server.write.router import ArrowTableWrite
+from server.query.pool_rows import NOT_OWNER_METADATA
 from server.write_buffer.write_token import format_token, token_for
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
@@ -68,6 +69,12 @@ def _abort(context, err: Exception):
         err = DatabaseFenced(err.db, err.revision)
     if isinstance(err, PoisonedMessageNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+    if isinstance(err, NotPartitionOwner):  # the asking pool member reads the owners again (pool_admin.py)
+        context.set_trailing_metadata(((NOT_OWNER_METADATA, ",".join(map(str, err.partitions))),))
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+    if isinstance(err, OwnerNotCaughtUp):
+        context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     if isinstance(err, NothingToAccept):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, NotReadyToAccept):
@@ -150,7 +157,8 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
     def UnpersistedRows(self, request, context):
         try:
             for msg in self.server.unpersisted_rows(request.database, list(request.tables),
-                                                    dict(request.wait_applied), context.time_remaining()):
+                                                    dict(request.wait_applied), context.time_remaining(),
+                                                    dict(request.written_before)):
                 yield msg
         except Exception as e:
             _abort(context, e)

@@ -24,13 +24,26 @@ import pyarrow as pa
 from catalog.delete_mailbox import Delete
 from catalog.sharding import partition_for
 
-__all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_to_json", "deletes_from_json"]
+__all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_to_json", "deletes_from_json",
+           "NOT_OWNER_METADATA", "OwnerMoved"]
 
 log = logging.getLogger(__name__)
 
 _IN_MEMORY = ("persisted", "unloaded")  # states whose rows are in Parquet
 #: rows per Arrow IPC message of an answer (a message stays well under gRPC's message limit)
 ROWS_PER_MESSAGE = 200_000
+#: trailing metadata key of an UnpersistedRows answer "not the owner" (FAILED_PRECONDITION): the
+#: partitions, comma-separated
+NOT_OWNER_METADATA = "iox-not-owner"
+
+
+class OwnerMoved(Exception):
+    """Raised by `gather`'s `fetch` when the member asked answered that it does not own `partitions`
+    (any more): the asking member reads the owners again and asks once more (not an error to users)."""
+
+    def __init__(self, member: str, partitions, message: str):
+        self.member, self.partitions, self.message = member, tuple(partitions), message
+        super().__init__(message)
 
 
 @dataclass
@@ -59,17 +72,18 @@ def deletes_from_json(text: str) -> list:
     return out
 
 
-def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows:
-    """`table`'s rows this owner holds unpersisted (none when it does not own the table), in the
-    chunk layout with its deletes applied. `catalog_revision()`: the preserved catalog's revision,
+def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows | None:
+    """`table`'s rows this owner holds unpersisted, in the chunk layout with its deletes applied;
+    None when it does not own the table. `catalog_revision()`: the preserved catalog's revision,
     read after the chunks (see the module docstring)."""
     from lifecycle.chunk_data import merged_df, table_deletes
     from lifecycle.chunk_views import query_session
 
     with catalog.lock:
+        if not db.owns_table(table):
+            return None
         schema = db.schemas.get(table)
-        chunks = [c for c in catalog.table_chunks(db, table) if c.state not in _IN_MEMORY and c.view is not None] \
-            if db.owns_table(table) else []
+        chunks = [c for c in catalog.table_chunks(db, table) if c.state not in _IN_MEMORY and c.view is not None]
         deletes = table_deletes(db, table)
     out = OwnerRows(table, schema.to_json() if schema is not None else [], None, deletes)
     if chunks and schema is not None:

@@ -1,11 +1,13 @@
 """An ingester pool of two real servers on one broker and one S3 object store (moto): each applies and
 persists only the Kafka partitions claimed for it, reads what the other persisted, and a claim of
 one member's partition by the other hands it over exactly (the new owner resumes where the old
-one's checkpoint ends; the old owner's later commits touching it are refused)."""
+one's checkpoint ends; the old owner's later commits touching it are refused), and queries
+through either member during handoffs answer every acknowledged write or UNAVAILABLE."""
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import uuid
 
 import boto3
@@ -157,11 +159,78 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         assert sa["owned_partitions"] == [0] and sb["owned_partitions"] == [1, 2, 3]
         owners = {o["partition"]: (o["owner"], o["epoch"]) for o in sb["owners"]}
         assert owners == {0: ("ingester-a", 1), 1: ("ingester-b", 2), 2: ("ingester-b", 1), 3: ("ingester-b", 1)}
+
+        _queries_during_handoffs(db, ca, cb, written[TABLES[1]])
     finally:
         for c in (ca, cb):
             c.close()
         a.stop()
         b.stop()
+
+
+def _queries_during_handoffs(db: str, ca, cb, before: list, handoffs: int = 3) -> None:
+    """Partition 1 (b owns it) handed to the other member `handoffs` times while writes go through
+    both members and queries without a token through both: each answer holds every write
+    acknowledged before the query started, once, or is UNAVAILABLE; never an answer missing one."""
+    table, kp = TABLES[1], 1
+    sql = f"SELECT v, time FROM {table}"
+    acked, unknown, failures, answers = list(before), [], [], {"complete": 0, "unavailable": 0}
+    lock, stop = threading.Lock(), threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            v = 1000 + i
+            try:
+                (ca, cb)[i % 2].write(db, f"{table},host=h v={v} {T0 + v * US}")
+            except grpc.RpcError:
+                unknown.append((float(v), T0 + v * US))
+            else:
+                with lock:
+                    acked.append((float(v), T0 + v * US))
+            i += 1
+
+    def querier(client):
+        while not stop.is_set():
+            with lock:
+                expected = set(acked)
+            try:
+                t = client.query(db, sql, timeout_s=30)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    failures.append(f"{e.code().name}: {e.details()}")
+                with lock:
+                    answers["unavailable"] += 1
+                continue
+            rows = list(zip(t.column("v").to_pylist(),
+                            t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
+            if len(rows) != len(set(rows)) or not expected <= set(rows):
+                failures.append(f"an answer missed {sorted(expected - set(rows))[:5]} or repeated a row")
+            with lock:
+                answers["complete"] += 1
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=querier, args=(c,)) for c in (ca, cb)]
+    for th in threads:
+        th.start()
+    try:
+        owner, other, names = cb, ca, {ca: "ingester-a", cb: "ingester-b"}
+        for _ in range(handoffs):
+            with lock:
+                seen = answers["complete"]
+            other.claim_partitions(db, [kp])
+            wait_for(lambda: kp not in owner.status(db)["databases"][0]["owned_partitions"], 60,
+                     f"{names[owner]} to see the claim")
+            wait_for(lambda: answers["complete"] >= seen + 4 or failures, 60, "answers after the handoff")
+            owner, other = other, owner
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(60)
+    assert not failures, failures[:5]
+    assert answers["complete"] >= 4 * handoffs, answers
+    for client in (ca, cb):  # once it settled: every acknowledged row, exactly once
+        rows = _rows(client, db, table)
+        assert len(rows) == len(set(rows)) and set(acked) <= set(rows) <= set(acked) | set(unknown)
 
 
 def test_a_server_outside_a_pool_refuses_a_claim(client, db):

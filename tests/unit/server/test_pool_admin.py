@@ -1,0 +1,74 @@
+"""server/pool_admin.py's answer to another member (UnpersistedRows): it refuses partitions it does
+not own, and answers only once it applied what was written before the query, as far as a
+partition is not held. A real Catalog; the server's other parts are stand-ins that record calls (no
+Spark: the member holds no unpersisted chunk)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from catalog.catalog import Catalog
+from catalog.ownership import PartitionOwner
+from catalog.sharding import partition_for
+from server.errors import NotPartitionOwner, OwnerNotCaughtUp, WriteTokenNotVisible
+from server.pool_admin import PoolControl
+
+#: a table on Kafka partition 0 and one on 1 of a topic with 2 partitions
+T0 = next(f"t{i}" for i in range(100) if partition_for(f"t{i}", 2) == 0)
+T1 = next(f"t{i}" for i in range(100) if partition_for(f"t{i}", 2) == 1)
+
+
+def _member(owned, applied, acked=None, replay_until=None, owners=None):
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    db.owned_partitions = frozenset(owned)
+    db.applied_hi_inclusive.update(applied)
+    waits = []
+
+    def wait_applied(database, target, timeout_s):  # nothing more gets applied here
+        waits.append(dict(target))
+
+    pc = SimpleNamespace(state=SimpleNamespace(owners=owners or {}), revision=7)
+    srv = SimpleNamespace(catalog=cat, spark=None, write_buffer=SimpleNamespace(acked_of=lambda topic: dict(acked or {})),
+                          _replay_until={"iox.d": dict(replay_until or {})},
+                          ingestor=SimpleNamespace(wait_applied=wait_applied),
+                          lifecycle=SimpleNamespace(preserved={"d": pc}))
+    return PoolControl(srv, "a"), db, waits
+
+
+def test_a_member_that_does_not_own_a_partition_asked_says_who_does():
+    pool, _db, waits = _member({0}, {0: 4}, owners={1: PartitionOwner("b", 3)})
+    with pytest.raises(NotPartitionOwner) as ei:
+        list(pool.answer_rows("d", [T0, T1], {}, 1.0))
+    assert ei.value.partitions == [1] and ei.value.owners == {1: ("b", 3)}
+    assert "now: 1 by 'b' (epoch 3)" in str(ei.value)
+    assert waits == []
+    with pytest.raises(NotPartitionOwner) as ei:  # a write token's partition counts as asked
+        list(pool.answer_rows("d", [], {1: 2}, 1.0))
+    assert ei.value.partitions == [1]
+
+
+def test_it_answers_only_once_it_applied_what_was_written_before_and_its_own_acks_and_replay():
+    pool, _db, waits = _member({0, 1}, {0: 5, 1: 2}, acked={1: 3}, replay_until={0: 4})
+    with pytest.raises(OwnerNotCaughtUp) as ei:
+        list(pool.answer_rows("d", [T0, T1], {}, 1.0, written_before={0: 5}))
+    assert ei.value.behind == {1: (2, 3)} and ei.value.member == "a"
+    assert waits == [{0: 5, 1: 3}]
+
+
+def test_a_write_token_not_applied_is_deadline_exceeded_not_unavailable():
+    pool, _db, _waits = _member({0, 1}, {0: 5, 1: 2})
+    with pytest.raises(WriteTokenNotVisible):
+        list(pool.answer_rows("d", [], {1: 3}, 1.0))
+
+
+def test_a_held_partition_answers_what_it_applied():
+    pool, db, waits = _member({0, 1}, {0: 5, 1: 2}, acked={1: 9}, replay_until={1: 8})
+    db.freeze_holds[1] = 3  # frozen from offset 3 on: offsets 3.. wait in Kafka
+    msgs = list(pool.answer_rows("d", [T1], {}, 1.0, written_before={1: 7}))
+    assert [(m.table, m.arrow_ipc, dict(m.applied_hi_inclusive), m.catalog_revision) for m in msgs] == \
+        [(T1, b"", {0: 5, 1: 2}, 7)]
+    assert waits == [{1: 2}]
+    msgs = list(pool.answer_rows("d", [], {}, 1.0, written_before={1: 7}))  # nothing asked: nothing waited for
+    assert [(m.table, dict(m.applied_hi_inclusive)) for m in msgs] == [("", {0: 5, 1: 2})] and len(waits) == 1
