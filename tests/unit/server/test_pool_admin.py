@@ -72,3 +72,48 @@ def test_a_held_partition_answers_what_it_applied():
     assert waits == [{1: 2}]
     msgs = list(pool.answer_rows("d", [], {}, 1.0, written_before={1: 7}))  # nothing asked: nothing waited for
     assert [(m.table, dict(m.applied_hi_inclusive)) for m in msgs] == [("", {0: 5, 1: 2})] and len(waits) == 1
+
+
+def _asker(owned, applied, ends, acked=None):
+    pool, db, waits = _member(owned, applied, acked=acked)
+    srv = pool.server
+    srv.query_engine = SimpleNamespace(tables_read=lambda db, sql: [T0, T1])
+    srv.write_buffer.high_watermarks = lambda topics, n: {"iox.d": dict(ends)}
+    srv._visible = lambda db: dict(db.applied_hi_inclusive)
+    pc = srv.lifecycle.preserved["d"]
+    pc.refreshed = 0
+    pc.refresh = lambda: setattr(pc, "refreshed", pc.refreshed + 1)
+    pool.take_state = lambda database, state: None
+    return pool, db, waits, pc
+
+
+def test_a_query_asks_again_after_not_the_owner_and_is_unavailable_past_its_deadline(monkeypatch):
+    from server.errors import PoolMemberUnavailable
+    from server.query.pool_rows import OwnerMoved
+
+    pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9}, acked={1: 10})
+    rounds = []
+
+    def once(self, db, pc_, fresh, read, wait_applied, written_before, timeout_s):
+        rounds.append(dict(written_before))
+        if len(rounds) < 3:
+            raise OwnerMoved("ingester-b", [1], "not the owner")
+        return "answer"
+
+    monkeypatch.setattr(PoolControl, "_gather_once", once)
+    assert pool.gather_for_query("d", "SELECT 1", {}, 5.0) == "answer"
+    # Kafka's end of partition 0 (owned, applied) and of 1; what this member acknowledged of 1 (higher)
+    assert rounds == [{0: 4, 1: 10}] * 3 and pc.refreshed == 2
+
+    monkeypatch.setattr(PoolControl, "_gather_once",
+                        lambda *a: (_ for _ in ()).throw(OwnerMoved("ingester-b", [1], "not the owner")))
+    with pytest.raises(PoolMemberUnavailable) as ei:
+        pool.gather_for_query("d", "SELECT 1", {}, 0.5)
+    assert "ownership moving" in str(ei.value)
+
+
+def test_a_query_waits_for_what_was_written_before_it_on_the_partitions_it_owns():
+    pool, _db, waits, _pc = _asker({0, 1}, {0: 3, 1: 8}, ends={0: 6, 1: 9})
+    with pytest.raises(OwnerNotCaughtUp) as ei:
+        pool.gather_for_query("d", "SELECT 1", {}, 0.3)
+    assert ei.value.behind == {0: (3, 5)} and waits and waits[0] == {0: 5}
