@@ -139,6 +139,18 @@ class SchemaRegistry:
             for table, cols in batches.items():
                 self._tables.setdefault(table, TableSchema(table)).merge(cols)
 
+    def unknown_columns(self, batches: dict[str, list[Column]]) -> dict[str, list[Column]]:
+        """{table: [Column]} of `batches`' columns this registry does not hold yet (none checked)."""
+        with self._lock:
+            out: dict = {}
+            for table, cols in batches.items():
+                sch = self._tables.get(table)
+                have = set() if sch is None else {c.name for c in sch.columns}
+                new = [c for c in cols if c.name not in have]
+                if new:
+                    out[table] = new
+            return out
+
     def merge(self, table: str, cols: list[Column]) -> TableSchema:
         with self._lock:
             sch = self._tables.setdefault(table, TableSchema(table))

@@ -277,6 +277,8 @@ class IoxServer:
                                         cfg.max_query_rows, cfg.max_query_bytes, cfg.query_timeout_s)
         self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
         self.router.max_columns_per_table = cfg.max_columns_per_table
+        if cfg.pool_member is not None:  # column types are the pool's (catalog/pool_schema.py)
+            self.router.agree_columns = self._agree_columns
         for name, n in self._lost_at_start.items():
             self.router.metrics.lost_writes(name, n)
         self.ingestor.metrics = self.router.metrics
@@ -950,6 +952,17 @@ class IoxServer:
                 owned = set(db.owned_partitions)
             vis = {**vis, **{kp: _OWNER_WAITS for kp in range(db.kafka_partitions) if kp not in owned}}
         return vis
+
+    def _agree_columns(self, database: str, columns: dict) -> dict:
+        """The router's `agree_columns` in an ingester pool (request threads): the pool's columns of
+        `columns` (catalog/pool_schema.py); ColumnAgreementUnavailable when the store cannot be asked."""
+        from catalog.pool_schema import reserve_columns
+        from server.errors import ColumnAgreementUnavailable
+
+        try:
+            return reserve_columns(self.store, database, columns, self.config.pool_member)
+        except Exception as e:  # noqa: BLE001  (the object store's errors, an unreadable reservation)
+            raise ColumnAgreementUnavailable(database, f"{type(e).__name__}: {e}") from e
 
     def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
                          written_before: dict | None = None):

@@ -26,6 +26,7 @@ __all__ = [
     "PoolMemberUnavailable",
     "NotPartitionOwner",
     "OwnerNotCaughtUp",
+    "ColumnAgreementUnavailable",
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
@@ -265,6 +266,16 @@ class OwnerNotCaughtUp(ServerError):
         super().__init__(f"database {database!r}: pool member {member!r} has not applied what was written before "
                          f"the query after {waited_s:.1f} s (Kafka partition: applied / needed offset: "
                          + ", ".join(f"{kp}: {a} / {n}" for kp, (a, n) in sorted(self.behind.items())) + ")")
+
+
+class ColumnAgreementUnavailable(ServerError):
+    """In an ingester pool, a write with a column new to this member needs the pool's type of it
+    (catalog/pool_schema.py), and the object store did not answer: UNAVAILABLE, nothing written."""
+
+    def __init__(self, database: str, reason: str, retry_after_s: float = 1.0):
+        self.database, self.reason, self.retry_after_s = database, reason, retry_after_s
+        super().__init__(f"database {database!r}: the pool's column types cannot be read from the object store "
+                         f"({reason}); nothing written")
 
 
 class RoleRefuses(ServerError):

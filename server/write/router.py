@@ -97,6 +97,9 @@ class Router:
         #: called with the database first in `_produce`; raises to refuse every write to it
         #: (DatabaseFenced: another server committed a newer revision of its preserved catalog)
         self.database_check = lambda database: None
+        #: in an ingester pool: (database, {table: [Column]} new here) -> {table: [Column]} the pool
+        #: agreed on (catalog/pool_schema.py); None outside a pool (this process's registry decides)
+        self.agree_columns = None
 
     # -- line protocol -----------------------------------------------------------------
     def write_line_protocol(self, database: str, body: bytes, precision: str = "ns",
@@ -203,9 +206,13 @@ class Router:
         db = self.catalog.ensure_database(database, topic, self.kafka_partitions)
         if db.topic_id is None:
             db.topic_id = self.write_buffer.topic_id(topic)
+        columns = {name: cols for name, (cols, _data, _u) in batches.items()}
         try:
-            db.schemas.check_and_reserve({name: cols for name, (cols, _data, _u) in batches.items()},
-                                         self.max_columns_per_table)
+            if self.agree_columns is not None:  # the pool's types of columns new here, adopted first
+                new = db.schemas.unknown_columns(columns)
+                for table, cols in (self.agree_columns(database, new) if new else {}).items():
+                    db.schemas.merge(table, cols)
+            db.schemas.check_and_reserve(columns, self.max_columns_per_table)
         except ColumnTypeConflict as e:
             raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
         except ColumnLimitExceeded as e:

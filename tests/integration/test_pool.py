@@ -2,7 +2,8 @@
 persists only the Kafka partitions claimed for it, reads what the other persisted, and a claim of
 one member's partition by the other hands it over exactly (the new owner resumes where the old
 one's checkpoint ends; the old owner's later commits touching it are refused), and queries
-through either member during handoffs answer every acknowledged write or UNAVAILABLE."""
+through either member during handoffs answer every acknowledged write or UNAVAILABLE. Two members
+racing conflicting types of one new column agree on one: the other is refused, nothing reads NULL."""
 from __future__ import annotations
 
 import dataclasses
@@ -160,12 +161,46 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         owners = {o["partition"]: (o["owner"], o["epoch"]) for o in sb["owners"]}
         assert owners == {0: ("ingester-a", 1), 1: ("ingester-b", 2), 2: ("ingester-b", 1), 3: ("ingester-b", 1)}
 
+        _racing_column_types(db, ca, cb)
         _queries_during_handoffs(db, ca, cb, written[TABLES[1]])
     finally:
         for c in (ca, cb):
             c.close()
         a.stop()
         b.stop()
+
+
+def _racing_column_types(db: str, ca, cb, n: int = 5) -> None:
+    """Integer writes of a new column through a and string writes of it through b, at once: one
+    type wins pool-wide, every write of the other is refused whole, no acknowledged value is NULL."""
+    start, results = threading.Barrier(2), {}
+
+    def writes(client, name, value):
+        start.wait()
+        for i in range(n):
+            try:
+                tok = client.write(db, f"race,host={name} c={value(i)} {T0 + (i * 2 + (name == 'b')) * US}")
+                results[(name, i)] = tok
+            except grpc.RpcError as e:
+                results[(name, i)] = e
+
+    threads = [threading.Thread(target=writes, args=(ca, "a", lambda i: f"{i}i")),
+               threading.Thread(target=writes, args=(cb, "b", lambda i: f'"s{i}"'))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    acked = {k for k, r in results.items() if not isinstance(r, grpc.RpcError)}
+    assert len(results) == 2 * n and len({name for name, _i in acked}) == 1, results
+    winner = next(iter(acked))[0]
+    for (name, _i), r in results.items():
+        if name != winner:
+            assert r.code() == grpc.StatusCode.INVALID_ARGUMENT and "'c'" in r.details(), r
+    assert len(acked) == n
+    expected = sorted(i if winner == "a" else f"s{i}" for i in range(n))
+    for client in (ca, cb):  # without a token: a query holds what was acknowledged before it
+        got = client.query(db, "SELECT c FROM race").column("c").to_pylist()
+        assert len(got) == n and None not in got and sorted(got) == expected, got
 
 
 def _queries_during_handoffs(db: str, ca, cb, before: list, handoffs: int = 3) -> None:
