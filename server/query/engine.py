@@ -143,8 +143,9 @@ class QueryEngine:
 
     def tables_read(self, db, sql: str) -> list:
         """The tables of `db` a query of `sql` may read: those it names (also ones not known here
-        yet), every known table for a statement that lists them. A query the sandbox refuses
-        names none (the query itself then says why)."""
+        yet; none for a query that names none, such as `SELECT 1`), every known table for a
+        statement that lists them. A query the sandbox refuses or Spark cannot parse may read any
+        known table (the query itself then says why)."""
         known = sorted(set(db.table_names()) | set(db.schemas.tables()))
         if _lists_tables(sql):
             return known
@@ -152,8 +153,8 @@ class QueryEngine:
         try:
             named |= set(_checked(self.spark.newSession(), db.name, sql).tables)
         except Exception:  # noqa: BLE001 - refused or unparsable: the query's own run raises it
-            pass
-        return sorted(named) if named else known
+            return sorted(named) if named else known
+        return sorted(named)
 
     def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
         """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of

@@ -129,6 +129,12 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(own_broker, session_tmp
         # kill c: once unreachable past the grace its partitions go to b (a is frozen)
         c_owned = _owned(c.client, db)
         c.kill()
+        # while c is down and still owns its partitions: a query of one of its tables is
+        # UNAVAILABLE (never an answer without c's unpersisted rows); one naming no table answers
+        with pytest.raises(grpc.RpcError) as ei:
+            ca.query(db, f"SELECT count(*) FROM {TABLES[min(c_owned)]}", timeout_s=30)
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        assert ca.query(db, "SELECT 1 AS one").column("one").to_pylist() == [1]
         _round_until(assigner, lambda: _owned(cb, db) == {0, 1, 2, 3}, 90, "c's partitions handed over to b")
         for client in (ca, cb):
             w.write_all(client)
