@@ -30,8 +30,9 @@ __all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_t
 log = logging.getLogger(__name__)
 
 _IN_MEMORY = ("persisted", "unloaded")  # states whose rows are in Parquet
-#: rows per Arrow IPC message of an answer (a message stays well under gRPC's message limit)
-ROWS_PER_MESSAGE = 200_000
+#: bytes of rows per Arrow IPC message of an answer, about (a message stays well under gRPC's
+#: message limit however wide the rows are; a single row larger than this travels alone)
+MESSAGE_BYTES = 8 * 1024 * 1024
 #: trailing metadata key of an UnpersistedRows answer "not the owner" (FAILED_PRECONDITION): the
 #: partitions, comma-separated
 NOT_OWNER_METADATA = "iox-not-owner"
@@ -92,14 +93,16 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows | 
     return out
 
 
-def rows_message_parts(rows: pa.Table | None) -> list:
-    """The Arrow IPC streams of an answer: `rows` in slices of ROWS_PER_MESSAGE (one empty stream for none)."""
+def rows_message_parts(rows: pa.Table | None, message_bytes: int = MESSAGE_BYTES) -> list:
+    """The Arrow IPC streams of an answer: `rows` in slices of about `message_bytes` (by the
+    table's mean row size; one empty stream for none)."""
     if rows is None or rows.num_rows == 0:
         return [b""]
+    per = max(1, int(message_bytes * rows.num_rows // max(1, rows.nbytes)))
     parts = []
-    for off in range(0, rows.num_rows, ROWS_PER_MESSAGE):
+    for off in range(0, rows.num_rows, per):
         sink = pa.BufferOutputStream()
-        piece = rows.slice(off, ROWS_PER_MESSAGE)
+        piece = rows.slice(off, per)
         with pa.ipc.new_stream(sink, piece.schema) as w:
             w.write_table(piece)
         parts.append(sink.getvalue().to_pybytes())
