@@ -41,12 +41,15 @@ class DeleteMailbox:
     def __init__(self):
         self._lock = threading.Lock()
         self._all: list = []
+        #: the same deletes, to find one in constant time (a pool member adds every recorded one again)
+        self._seen: set = set()
         self._unrecorded: list = []
 
     def add(self, d: Delete, recorded: bool = False) -> None:
         with self._lock:
-            if d in self._all:
+            if d in self._seen:
                 return  # replayed from Kafka and also recorded in the catalog: apply once
+            self._seen.add(d)
             self._all.append(d)
             if not recorded:
                 self._unrecorded.append(d)

@@ -206,8 +206,8 @@ class PoolControl:
         """Registers the files and delete predicates of `state` (a pool catalog's newest) of the
         tables this server does not own, and drops the chunks of their files `state` removed."""
         with self._state_lock:
-            if state.revision < self._taken_revision.get(database, -1):
-                return  # a newer state was taken: its files are the ones to read
+            if state.revision <= self._taken_revision.get(database, -1):
+                return  # this state or a newer one was taken: its files are the ones to read
             if self._take_state(database, state):
                 self._taken_revision[database] = state.revision
 
@@ -230,7 +230,7 @@ class PoolControl:
                 for part in parts.values():
                     if db.owns_table(part.table):
                         continue
-                    stale = [c for c in part.chunks if c.parquet_keys and not set(c.parquet_keys) <= set(state.files)]
+                    stale = [c for c in part.chunks if c.parquet_keys and any(k not in state.files for k in c.parquet_keys)]
                     if stale:
                         part.chunks = [c for c in part.chunks if c not in stale]
                         part.files = [f for f in part.files if f.key in state.files]
@@ -424,7 +424,8 @@ class PoolControl:
     def _gather_once(self, db, pc, fresh: bool, read: list, wait_applied: dict, written_before: dict,
                      timeout_s: float):
         """One round of `gather_for_query` with the owners `pc` names now; OwnerMoved when one of
-        them answers that it does not own a partition asked."""
+        them answers that it does not own a partition asked, or when this member claimed one it
+        has not taken up yet (`claim` commits first, then resumes the partition here)."""
         import grpc
 
         from server.errors import PoolMemberUnavailable, WriteTokenNotVisible
@@ -439,6 +440,10 @@ class PoolControl:
             # (else its owner's rows would be missing from the answer, not waited for)
             pc.refresh()
             self.take_state(database, pc.state)
+        adopting = sorted(kp for kp in needed if kp not in owned and kp in pc.state.owners
+                          and pc.state.owners[kp].owner == self.member)
+        if adopting:  # claimed by this member, not taken up yet: neither here nor elsewhere are its rows
+            raise OwnerMoved(self.member, adopting, f"this member is taking over Kafka partitions {adopting}")
         owners = {kp: o.owner for kp, o in pc.state.owners.items() if kp not in owned and o.owner != self.member}
         tables = [t for t in read if partition_for(t, n) in owners]
         wait = {kp: off for kp, off in wait_applied.items() if kp in owners}

@@ -117,3 +117,13 @@ def test_a_query_waits_for_what_was_written_before_it_on_the_partitions_it_owns(
     with pytest.raises(OwnerNotCaughtUp) as ei:
         pool.gather_for_query("d", "SELECT 1", {}, 0.3)
     assert ei.value.behind == {0: (3, 5)} and waits and waits[0] == {0: 5}
+
+
+def test_a_partition_this_member_claimed_and_has_not_taken_up_is_waited_for_not_read_empty():
+    from server.errors import PoolMemberUnavailable
+
+    pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9})
+    pc.state.owners = {0: PartitionOwner("a", 1), 1: PartitionOwner("a", 2)}  # 1: claimed, not resumed here
+    with pytest.raises(PoolMemberUnavailable) as ei:
+        pool.gather_for_query("d", "SELECT 1", {}, 0.5)
+    assert "taking over Kafka partitions [1]" in str(ei.value) and pc.refreshed >= 1
