@@ -924,11 +924,19 @@ class IoxServer:
         t0 = time.monotonic()
         passage = self.read_barrier.pass_through(database, after, allow_partial, timeout_s)
         remote = None
+        losses = self.pool.losses if self.pool is not None else 0
         if self.pool is not None:  # the other members' unpersisted rows of the tables they own
             remote = self.pool.gather_for_query(database, sql, passage.token.offsets if passage.token else {},
                                                 max(0.1, timeout_s - (time.monotonic() - t0)))
         res = self.query_engine.run(database, sql) if remote is None else \
             self.query_engine.run(database, sql, remote=remote)
+        if self.pool is not None and self.pool.losses != losses:
+            # a partition read here as its owner's may have been handed over (its unpersisted rows
+            # dropped) before the query took its chunks: never an answer that may lack them
+            from server.errors import OwnershipMoving
+
+            res.close()
+            raise OwnershipMoving(database, f"member {self.pool.member!r} handed one over as the query started")
         db = self.catalog.peek_database(database)
         if passage.token is not None and not covered(passage.token.offsets, res.visible_hi_inclusive):
             # cannot happen while watermarks only grow; never answer without the write

@@ -27,6 +27,7 @@ __all__ = [
     "NotPartitionOwner",
     "OwnerNotCaughtUp",
     "ColumnAgreementUnavailable",
+    "OwnershipMoving",
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
@@ -266,6 +267,17 @@ class OwnerNotCaughtUp(ServerError):
         super().__init__(f"database {database!r}: pool member {member!r} has not applied what was written before "
                          f"the query after {waited_s:.1f} s (Kafka partition: applied / needed offset: "
                          + ", ".join(f"{kp}: {a} / {n}" for kp, (a, n) in sorted(self.behind.items())) + ")")
+
+
+class OwnershipMoving(ServerError):
+    """A query through an ingester pool member read a Kafka partition while it was being handed
+    over (an owner answered "not the owner" until the deadline, this member had not taken up a
+    partition it claimed, or it lost one while the query started): UNAVAILABLE, nothing queried."""
+
+    def __init__(self, database: str, reason: str, retry_after_s: float = 0.5):
+        self.database, self.reason, self.retry_after_s = database, reason, retry_after_s
+        super().__init__(f"database {database!r}: a Kafka partition this query reads is being handed over "
+                         f"({reason}); nothing was queried, retry")
 
 
 class ColumnAgreementUnavailable(ServerError):

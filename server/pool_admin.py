@@ -66,6 +66,8 @@ class PoolControl:
         self._lock_clients = threading.Lock()
         #: where the other members reach this one (`publish_address`)
         self.address: str | None = None
+        #: how many times this member lost partitions (`lose`): a query whose start saw a loss retries
+        self.losses = 0
 
     # -- claiming ----------------------------------------------------------------------------
     def claim(self, database: str, partitions) -> management_pb2.ClaimPartitionsResponse:
@@ -170,6 +172,7 @@ class PoolControl:
                     if not owned & kps:
                         return
                     db.owned_partitions = frozenset(owned - kps)
+                    self.losses += 1
                     for kp in kps:
                         db.pool_holds[kp] = db.applied_hi_inclusive.get(kp, -1) + 1
                 self._drop_unpersisted(db, kps)
@@ -348,8 +351,8 @@ class PoolControl:
         owner that no longer owns a partition says so: the owners are read again from the pool
         catalog and asked again until `timeout_s` passed. Reads the catalog up to the revision the
         owners' answers go with first (server/query/pool_rows.py). Raises PoolMemberUnavailable,
-        OwnerNotCaughtUp."""
-        from server.errors import PoolMemberUnavailable
+        OwnerNotCaughtUp, OwnershipMoving."""
+        from server.errors import OwnershipMoving
         from server.query.pool_rows import OwnerMoved
 
         srv = self.server
@@ -374,7 +377,7 @@ class PoolControl:
             except OwnerMoved as e:
                 moved = e
             if time.monotonic() + _OWNER_MOVED_RETRY_S >= deadline:
-                raise PoolMemberUnavailable(database, moved.member, f"ownership moving: {moved.message}")
+                raise OwnershipMoving(database, f"{moved.member}: {moved.message}")
             time.sleep(_OWNER_MOVED_RETRY_S)  # the claim is committed; let its new owner take it up
             pc.refresh()
             self.take_state(database, pc.state)

@@ -34,6 +34,7 @@ from catalog.errors import PartitionsNotOwned
 from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotPartitionOwner, NotReadyToAccept, OwnerNotCaughtUp,
+                           OwnershipMoving,
                            PoisonedMessageNotFound)
 from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.api.auth import current_scope
@@ -73,7 +74,7 @@ def _abort(context, err: Exception):
     if isinstance(err, NotPartitionOwner):  # the asking pool member reads the owners again (pool_admin.py)
         context.set_trailing_metadata(((NOT_OWNER_METADATA, ",".join(map(str, err.partitions))),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-    if isinstance(err, (OwnerNotCaughtUp, ColumnAgreementUnavailable)):
+    if isinstance(err, (OwnerNotCaughtUp, ColumnAgreementUnavailable, OwnershipMoving)):
         context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     if isinstance(err, NothingToAccept):

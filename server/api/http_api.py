@@ -57,7 +57,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, PoolMemberUnavailable, RoleRefuses
+from server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, OwnershipMoving, PoolMemberUnavailable, RoleRefuses
 from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
 from server.write.line_protocol import ALL_PRECISIONS
@@ -190,7 +190,7 @@ def error_response(err: Exception) -> tuple[int, list, dict]:
     if isinstance(err, RequestTooLarge):
         return 413, [], {"code": "request too large", "message": str(err)}
     if isinstance(err, (WriteBufferUnavailable, WriteBufferOverloaded, ReplayNotCaughtUp, PoolMemberUnavailable,
-                        OwnerNotCaughtUp, ColumnAgreementUnavailable)):
+                        OwnerNotCaughtUp, ColumnAgreementUnavailable, OwnershipMoving)):
         retry = max(1, math.ceil(err.retry_after_s))
         return 503, [("Retry-After", str(retry))], {"code": "unavailable", "message": str(err)}
     return 500, [], {"code": "internal error", "message": f"internal error: {err}"}

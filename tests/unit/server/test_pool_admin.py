@@ -11,7 +11,7 @@ import pytest
 from catalog.catalog import Catalog
 from catalog.ownership import PartitionOwner
 from catalog.sharding import partition_for
-from server.errors import NotPartitionOwner, OwnerNotCaughtUp, WriteTokenNotVisible
+from server.errors import NotPartitionOwner, OwnerNotCaughtUp, OwnershipMoving, WriteTokenNotVisible
 from server.pool_admin import PoolControl
 
 #: a table on Kafka partition 0 and one on 1 of a topic with 2 partitions
@@ -88,7 +88,6 @@ def _asker(owned, applied, ends, acked=None):
 
 
 def test_a_query_asks_again_after_not_the_owner_and_is_unavailable_past_its_deadline(monkeypatch):
-    from server.errors import PoolMemberUnavailable
     from server.query.pool_rows import OwnerMoved
 
     pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9}, acked={1: 10})
@@ -107,9 +106,9 @@ def test_a_query_asks_again_after_not_the_owner_and_is_unavailable_past_its_dead
 
     monkeypatch.setattr(PoolControl, "_gather_once",
                         lambda *a: (_ for _ in ()).throw(OwnerMoved("ingester-b", [1], "not the owner")))
-    with pytest.raises(PoolMemberUnavailable) as ei:
+    with pytest.raises(OwnershipMoving) as ei:
         pool.gather_for_query("d", "SELECT 1", {}, 0.5)
-    assert "ownership moving" in str(ei.value)
+    assert "ingester-b: not the owner" in str(ei.value)
 
 
 def test_a_query_waits_for_what_was_written_before_it_on_the_partitions_it_owns():
@@ -120,10 +119,8 @@ def test_a_query_waits_for_what_was_written_before_it_on_the_partitions_it_owns(
 
 
 def test_a_partition_this_member_claimed_and_has_not_taken_up_is_waited_for_not_read_empty():
-    from server.errors import PoolMemberUnavailable
-
     pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9})
     pc.state.owners = {0: PartitionOwner("a", 1), 1: PartitionOwner("a", 2)}  # 1: claimed, not resumed here
-    with pytest.raises(PoolMemberUnavailable) as ei:
+    with pytest.raises(OwnershipMoving) as ei:
         pool.gather_for_query("d", "SELECT 1", {}, 0.5)
     assert "taking over Kafka partitions [1]" in str(ei.value) and pc.refreshed >= 1

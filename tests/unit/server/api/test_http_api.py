@@ -102,6 +102,12 @@ def test_error_response_mapping():
     st, headers, body = error_response(WriteBufferUnavailable("down", retry_after_s=2.5))
     assert st == 503 and ("Retry-After", "3") in headers and body["code"] == "unavailable"
     assert ("Retry-After", "1") in error_response(WriteBufferUnavailable("down", retry_after_s=0.1))[1]
+    from server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, OwnershipMoving
+
+    for err in (OwnerNotCaughtUp("d", "a", {1: (3, 5)}, 2.0), OwnershipMoving("d", "b: not the owner"),
+                ColumnAgreementUnavailable("d", "timeout")):  # an ingester pool's: retry
+        st, headers, body = error_response(err)
+        assert st == 503 and ("Retry-After", "1") in headers and body["code"] == "unavailable", err
     assert error_response(RuntimeError("boom"))[0] == 500
 
 
