@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 #: is read again and the new owner asked
 _OWNER_MOVED_RETRY_S = 0.2
 
+#: a query's read of Kafka's ends (`written_before`) waits at most this long; after a failed read,
+#: queries rely on this member's own acknowledged writes for this long before they ask Kafka again
+_ENDS_TIMEOUT_S = 2.0
+_ENDS_RETRY_AFTER_S = 5.0
+
 #: chunk states whose rows are in Parquet (kept when a partition is lost; the rest is dropped)
 _PERSISTED_STATES = ("persisted", "unloaded")
 
@@ -68,6 +73,8 @@ class PoolControl:
         self.address: str | None = None
         #: how many times this member lost partitions (`lose`): a query whose start saw a loss retries
         self.losses = 0
+        #: time.monotonic() of the last failed read of Kafka's ends (`written_before`)
+        self._ends_failed_at: float | None = None
 
     # -- claiming ----------------------------------------------------------------------------
     def claim(self, database: str, partitions) -> management_pb2.ClaimPartitionsResponse:
@@ -386,19 +393,25 @@ class PoolControl:
     def written_before(self, db, partitions: set) -> dict:
         """{kp: offset} of `partitions` written before now: the highest this member got acknowledged
         and Kafka's end (another member's acknowledged writes; a Kafka that cannot be asked within
-        its admin timeout leaves this member's own). Kafka's end is its watermark: exact on Kafka;
-        Tansu on object storage, loaded, may show a write to readers late."""
+        _ENDS_TIMEOUT_S leaves this member's own, for _ENDS_RETRY_AFTER_S). Kafka's end is its
+        watermark: exact on Kafka; Tansu on object storage, loaded, may show a write to readers late."""
         srv = self.server
         out = {kp: off for kp, off in srv.write_buffer.acked_of(db.topic).items() if kp in partitions}
-        if partitions:
+        failed = self._ends_failed_at
+        if partitions and (failed is None or time.monotonic() - failed > _ENDS_RETRY_AFTER_S):
             try:
-                ends = srv.write_buffer.high_watermarks([db.topic], db.kafka_partitions).get(db.topic, {})
+                ends = srv.write_buffer.high_watermarks([db.topic], db.kafka_partitions,
+                                                        timeout_s=_ENDS_TIMEOUT_S).get(db.topic, {})
+                self._ends_failed_at = None
             except Exception as e:  # noqa: BLE001  (Kafka away: what this member knows it wrote)
                 log.debug("pool query of %s: Kafka's ends unknown (%s)", db.name, e)
+                self._ends_failed_at = time.monotonic()
                 ends = {}
-            for kp, end in ends.items():
-                if kp in partitions and end - 1 > out.get(kp, -1):
-                    out[kp] = end - 1
+        else:
+            ends = {}
+        for kp, end in ends.items():
+            if kp in partitions and end - 1 > out.get(kp, -1):
+                out[kp] = end - 1
         return out
 
     def _wait_visible(self, db, written_before: dict, deadline: float) -> None:

@@ -274,22 +274,23 @@ class WriteBuffer:
         finally:
             c.close()
 
-    def high_watermarks(self, topics: list[str], partitions: int) -> dict[str, dict[int, int]]:
+    def high_watermarks(self, topics: list[str], partitions: int,
+                        timeout_s: float = ADMIN_TIMEOUT_S) -> dict[str, dict[int, int]]:
         """{topic: {kafka partition: high watermark}} of `topics`, in one request per broker ({} for a
         topic that is absent). A watermark is at most the true end (`partition_bounds`): Tansu may
-        report one short of it."""
+        report one short of it. Each of its two requests waits at most `timeout_s`."""
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
-        md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
+        md = self._admin.list_topics(timeout=timeout_s)  # naming the topic would auto-create it
         out: dict[str, dict[int, int]] = {t: {} for t in topics}
         tps = [TopicPartition(t, kp) for t in topics if t in md.topics and md.topics[t].error is None
                for kp in range(partitions)]
         if not tps:
             return out
-        futures = self._admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=ADMIN_TIMEOUT_S)
+        futures = self._admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s)
         for tp, fut in futures.items():
-            out[tp.topic][tp.partition] = fut.result(timeout=ADMIN_TIMEOUT_S + 1).offset
+            out[tp.topic][tp.partition] = fut.result(timeout=timeout_s + 1).offset
         return out
 
     def commit_resumption_offsets(self, database: str, offsets: dict[int, int]) -> None:

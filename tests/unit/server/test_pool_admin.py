@@ -78,7 +78,7 @@ def _asker(owned, applied, ends, acked=None):
     pool, db, waits = _member(owned, applied, acked=acked)
     srv = pool.server
     srv.query_engine = SimpleNamespace(tables_read=lambda db, sql: [T0, T1])
-    srv.write_buffer.high_watermarks = lambda topics, n: {"iox.d": dict(ends)}
+    srv.write_buffer.high_watermarks = lambda topics, n, timeout_s: {"iox.d": dict(ends)}
     srv._visible = lambda db: dict(db.applied_hi_inclusive)
     pc = srv.lifecycle.preserved["d"]
     pc.refreshed = 0
@@ -124,3 +124,16 @@ def test_a_partition_this_member_claimed_and_has_not_taken_up_is_waited_for_not_
     with pytest.raises(OwnershipMoving) as ei:
         pool.gather_for_query("d", "SELECT 1", {}, 0.5)
     assert "taking over Kafka partitions [1]" in str(ei.value) and pc.refreshed >= 1
+
+
+def test_a_kafka_that_cannot_be_asked_leaves_this_members_acks_and_is_not_asked_again_at_once():
+    pool, db, _waits, _pc = _asker({0}, {0: 4}, ends={}, acked={1: 7})
+    calls = []
+
+    def down(topics, n, timeout_s):
+        calls.append(timeout_s)
+        raise RuntimeError("broker away")
+
+    pool.server.write_buffer.high_watermarks = down
+    assert pool.written_before(db, {0, 1}) == {1: 7} and pool.written_before(db, {0, 1}) == {1: 7}
+    assert calls == [2.0]  # asked once, with a short bound
