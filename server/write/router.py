@@ -208,10 +208,14 @@ class Router:
             db.topic_id = self.write_buffer.topic_id(topic)
         columns = {name: cols for name, (cols, _data, _u) in batches.items()}
         try:
-            if self.agree_columns is not None:  # the pool's types of columns new here, adopted first
+            if self.agree_columns is not None:  # the pool's types of the columns new here
                 new = db.schemas.unknown_columns(columns)
                 for table, cols in (self.agree_columns(database, new) if new else {}).items():
-                    db.schemas.merge(table, cols)
+                    asked = {c.name: c for c in new[table]}
+                    for c in cols:
+                        if (c.role, c.type) != (asked[c.name].role, asked[c.name].type):
+                            db.schemas.merge(table, [c])  # another member's came first: known here from now on
+                            raise SchemaConflict(table, c.name, c.kind, asked[c.name].kind)
             db.schemas.check_and_reserve(columns, self.max_columns_per_table)
         except ColumnTypeConflict as e:
             raise SchemaConflict(e.table, e.column, e.existing, e.new) from None
