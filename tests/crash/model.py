@@ -341,8 +341,7 @@ def _op(kp: int, at: int, own: int, table: str, headers: dict, value: bytes, t0_
 def check_requests(requests: list, ops: list) -> None:
     """Every op is the part of a request the test sent, applied once; every acknowledged request is
     in the write buffer (at its token's offsets); no rejected request is. Resolves the requests
-    whose answer was lost: "landed" or "lost" (safe once the process that produced them is gone;
-    "lost" becomes "landed" when a later read finds it: a broker may show a write to readers late)."""
+    whose answer was lost: "landed" or "lost" (safe once the process that produced them is gone)."""
     by_rid = {r.rid: r for r in requests if r.points is not None}
     seen: dict = {}
     for op in ops:
@@ -360,10 +359,8 @@ def check_requests(requests: list, ops: list) -> None:
             continue
         cands = [r for r in deletes if r.delete == op.delete and r.state != "rejected" and r.rid not in seen]
         # an acknowledged request at this offset first, else an unknown one with the same parameters
-        # (also one found missing at an earlier check: a broker that shows writes to readers late,
-        # such as Tansu on a loaded durable store, showed it only now)
         exact = [r for r in cands if r.token and r.token.get(op.kp) == op.message_offset]
-        chosen = (exact or [r for r in cands if r.state in ("unknown", "lost")] or [None])[0]
+        chosen = (exact or [r for r in cands if r.state == "unknown"] or [None])[0]
         assert chosen is not None, f"{op} is a delete no request of the test made (or one applied twice)"
         seen[chosen.rid] = op
     for r in requests:
@@ -377,7 +374,7 @@ def check_requests(requests: list, ops: list) -> None:
                 assert r.token == {op.kp: op.offset}, f"request {r.rid}: token {r.token}, in the write buffer at {op}"
         elif r.state == "rejected":
             assert not partly, f"rejected request {r.rid} is in the write buffer: {r}"
-        elif r.state in ("unknown", "lost"):
+        elif r.state == "unknown":
             r.state = "landed" if present else "lost"
 
 
