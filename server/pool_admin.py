@@ -52,6 +52,12 @@ _ENDS_RETRY_AFTER_S = 5.0
 _PERSISTED_STATES = ("persisted", "unloaded")
 
 
+def _below_holds(offsets: dict, held: dict) -> dict:
+    """`offsets` ({kp: offset}) each lowered to below its partition's hold (`held`: {kp: first
+    offset held}, Database.held_offsets): what a held partition can still apply."""
+    return {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in offsets.items()}
+
+
 class PoolControl:
     """The pool membership of `server` (an IoxServer) under the name `member`."""
 
@@ -331,14 +337,8 @@ class PoolControl:
         until = dict(srv._replay_until.get(db.topic, {}))
         with srv.catalog.lock:
             held = db.held_offsets()
-        out = {}
-        for kp in partitions:
-            off = max(written_before.get(kp, -1), acked.get(kp, -1), until.get(kp, -1))
-            if kp in held:
-                off = min(off, held[kp] - 1)
-            if off >= 0:
-                out[kp] = off
-        return out
+        wanted = {kp: max(written_before.get(kp, -1), acked.get(kp, -1), until.get(kp, -1)) for kp in partitions}
+        return {kp: off for kp, off in _below_holds(wanted, held).items() if off >= 0}
 
     def _not_owner(self, database: str, partitions: set):
         """NotPartitionOwner naming who owns `partitions` now, as far as this member's catalog knows."""
@@ -426,8 +426,7 @@ class PoolControl:
             with srv.catalog.lock:
                 owned = set(db.owned_partitions or ())
                 held = db.held_offsets()
-            target = {kp: min(off, held[kp] - 1) if kp in held else off
-                      for kp, off in written_before.items() if kp in owned}
+            target = _below_holds({kp: off for kp, off in written_before.items() if kp in owned}, held)
             vis = srv._visible(db)
             behind = {kp: (vis.get(kp, -1), off) for kp, off in target.items() if vis.get(kp, -1) < off}
             if not behind:
