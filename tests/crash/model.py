@@ -341,7 +341,8 @@ def _op(kp: int, at: int, own: int, table: str, headers: dict, value: bytes, t0_
 def check_requests(requests: list, ops: list) -> None:
     """Every op is the part of a request the test sent, applied once; every acknowledged request is
     in the write buffer (at its token's offsets); no rejected request is. Resolves the requests
-    whose answer was lost: "landed" or "lost" (safe once the process that produced them is gone)."""
+    whose answer was lost: "landed" (a delete's token then says where) or "lost" (safe once the
+    process that produced them is gone); a request that landed stays in the write buffer."""
     by_rid = {r.rid: r for r in requests if r.points is not None}
     seen: dict = {}
     for op in ops:
@@ -358,10 +359,13 @@ def check_requests(requests: list, ops: list) -> None:
         if op.delete is None:
             continue
         cands = [r for r in deletes if r.delete == op.delete and r.state != "rejected" and r.rid not in seen]
-        # an acknowledged request at this offset first, else an unknown one with the same parameters
+        # an acknowledged (or landed) request at this offset first, else an unknown one with the same parameters
         exact = [r for r in cands if r.token and r.token.get(op.kp) == op.message_offset]
         chosen = (exact or [r for r in cands if r.state == "unknown"] or [None])[0]
-        assert chosen is not None, f"{op} is a delete no request of the test made (or one applied twice)"
+        assert chosen is not None, (
+            f"{op} is a delete no request of the test made (or one applied twice); requests of it: "
+            f"{[(r.rid, r.state, r.token, seen.get(r.rid)) for r in deletes if r.delete == op.delete]}; "
+            f"ops of it: {[o for o in ops if o.delete == op.delete]}")
         seen[chosen.rid] = op
     for r in requests:
         present = all((r.rid, t) in seen for t in r.tables) if r.points is not None else r.rid in seen
@@ -372,10 +376,16 @@ def check_requests(requests: list, ops: list) -> None:
             if r.points is not None and len(r.tables) == 1:
                 op = seen[(r.rid, next(iter(r.tables)))]
                 assert r.token == {op.kp: op.offset}, f"request {r.rid}: token {r.token}, in the write buffer at {op}"
+        elif r.state == "landed":  # found at an earlier check: the write buffer never drops it
+            assert present, f"request {r.rid}, found in the write buffer before, is no longer there: {r}"
         elif r.state == "rejected":
             assert not partly, f"rejected request {r.rid} is in the write buffer: {r}"
+        elif r.state == "lost":  # found missing once its producer was gone: it cannot land later
+            assert not partly, f"request {r.rid}, found missing before, is in the write buffer now: {r}"
         elif r.state == "unknown":
             r.state = "landed" if present else "lost"
+            if present and r.delete is not None:  # where it is: a later check finds it there again
+                r.token = {seen[r.rid].kp: seen[r.rid].message_offset}
 
 
 def fold(base: dict, ops: list) -> dict:
