@@ -39,6 +39,7 @@ __all__ = [
     "member_address_key",
     "member_address_record",
     "read_member_address",
+    "read_member_records",
     "PartitionOwner",
     "check_ownership",
     "claim_epochs",
@@ -64,12 +65,34 @@ def member_address_key(member: str) -> str:
     return MEMBERS_PREFIX + encode_key_segment(member) + ".json"
 
 
-def member_address_record(member: str, address: str, at_s: float) -> bytes:
-    """The published-address object of `member` (written by the member at its start)."""
+def member_address_record(member: str, address: str, at_s: float, host: str | None = None) -> bytes:
+    """The published-address object of `member` (written by the member at its start); `host`: the
+    name of the machine it runs on (a loopback address reaches no member on another one)."""
     import json
 
-    return json.dumps({"format_version": _MEMBER_FORMAT_VERSION, "member": member, "address": address,
-                       "at_s": at_s}).encode()
+    rec = {"format_version": _MEMBER_FORMAT_VERSION, "member": member, "address": address, "at_s": at_s}
+    if host is not None:
+        rec["host"] = host
+    return json.dumps(rec).encode()
+
+
+def read_member_records(store) -> list[dict]:
+    """Every member's published-address object in `store` ({member, address, at_s, host if
+    recorded}); an unreadable one is left out."""
+    import json
+
+    from catalog.errors import ObjectNotFound
+
+    out = []
+    for meta in store.list(MEMBERS_PREFIX):
+        try:
+            obj = json.loads(store.get(meta.key))
+        except (ObjectNotFound, ValueError):
+            continue
+        if isinstance(obj, dict) and obj.get("format_version") == _MEMBER_FORMAT_VERSION \
+                and isinstance(obj.get("address"), str) and isinstance(obj.get("member"), str):
+            out.append(obj)
+    return out
 
 
 def read_member_address(store, member: str) -> str | None:

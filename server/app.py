@@ -197,6 +197,14 @@ class IoxServer:
         self.bootstrap = bootstrap
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
                                         cfg.replication_factor if cfg.kafka_bootstrap else 1)
+        from catalog.object_store import object_store_from_url
+
+        self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
+        if cfg.pool_member is not None:  # the pool's Kafka cluster and object store, or no start (before Spark)
+            from server.pool_identity import establish_pool_identity
+
+            establish_pool_identity(self.store, bootstrap, cfg.pool_member, cfg.object_store_url,
+                                    cfg.replication_factor if cfg.kafka_bootstrap else 1, time.time())
         # what earlier runs acknowledged, and where this one records what it acknowledges
         self.ack_log = AckLog(data_dir)
         scratch = os.path.join(data_dir, "spark")
@@ -212,7 +220,6 @@ class IoxServer:
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
-        from catalog.object_store import object_store_from_url
         from lifecycle.cluster import runs_local
         from lifecycle.worker import LifecycleWorker
 
@@ -228,7 +235,6 @@ class IoxServer:
 
         self.rules = cfg.lifecycle_rules()
         self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
-        self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
         # local mode: Parquet read from S3 is copied once to this directory and read natively; on a
         # cluster the executors read the object store themselves (nothing of it on the driver's disk)
         self.parquet_cache_dir = os.path.join(data_dir, "parquet-cache") if runs_local(self.spark) else None

@@ -25,6 +25,7 @@ __all__ = [
     "RoleRefuses",
     "PoolMemberUnavailable",
     "NotPartitionOwner",
+    "PoolAddressUnreachable",
     "OwnerNotCaughtUp",
     "ColumnAgreementUnavailable",
     "OwnershipMoving",
@@ -239,6 +240,17 @@ class PoolMemberUnavailable(ServerError):
         self.database, self.address, self.reason, self.retry_after_s = database, address, reason, retry_after_s
         super().__init__(f"database {database!r}: pool member {address} owns partitions this query reads and "
                          f"does not answer ({reason}); nothing was queried")
+
+
+class PoolAddressUnreachable(ServerError):
+    """A pool member would publish a loopback address while another member runs on another host,
+    which could never reach it: its start is refused."""
+
+    def __init__(self, member: str, address: str, other: str, other_host: str, host: str):
+        self.member, self.address, self.other, self.other_host, self.host = member, address, other, other_host, host
+        super().__init__(f"pool member {member!r} would publish the loopback address {address}, which pool member "
+                         f"{other!r} on host {other_host!r} (this is {host!r}) cannot reach: set --pool-address "
+                         f"to an address the other hosts reach, or bind to one (--bind-host)")
 
 
 class NotPartitionOwner(ServerError):

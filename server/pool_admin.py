@@ -52,6 +52,25 @@ _ENDS_RETRY_AFTER_S = 5.0
 _PERSISTED_STATES = ("persisted", "unloaded")
 
 
+def _check_reachable(member: str, address: str, host: str, others: list) -> None:
+    """Raises PoolAddressUnreachable when `address` (host:port) is a loopback one and a member of
+    `others` (published records) recorded another host; logs a member on another host that
+    published a loopback address (this one cannot reach it). Pure but for the log."""
+    from server.config import is_loopback
+    from server.errors import PoolAddressUnreachable
+
+    def loopback(addr: str) -> bool:
+        return is_loopback(addr.rsplit(":", 1)[0] if addr.count(":") == 1 or addr.startswith("[") else addr)
+
+    elsewhere = [r for r in others if isinstance(r.get("host"), str) and r["host"] != host]
+    if loopback(address) and elsewhere:
+        raise PoolAddressUnreachable(member, address, elsewhere[0]["member"], elsewhere[0]["host"], host)
+    for r in elsewhere:
+        if loopback(r["address"]):
+            log.warning("pool member %r on host %r published the loopback address %s: this member (on %r) "
+                        "cannot reach it", r["member"], r["host"], r["address"], host)
+
+
 def _below_holds(offsets: dict, held: dict) -> dict:
     """`offsets` ({kp: offset}) each lowered to below its partition's hold (`held`: {kp: first
     offset held}, Database.held_offsets): what a held partition can still apply."""
@@ -493,12 +512,19 @@ class PoolControl:
         return rows, applied
 
     def publish_address(self, address: str) -> None:
-        """Records where the other members reach this one (`MEMBERS_PREFIX`<name>.json), at start
-        once gRPC serves; a later start overwrites it."""
-        from catalog.ownership import member_address_key, member_address_record
+        """Records where the other members reach this one (`MEMBERS_PREFIX`<name>.json) and the
+        host it runs on, at start once gRPC serves; a later start overwrites it. Raises
+        PoolAddressUnreachable (nothing published) for a loopback address while another member
+        runs on another host."""
+        import socket
 
+        from catalog.ownership import member_address_key, member_address_record, read_member_records
+
+        host = socket.gethostname()
+        others = [r for r in read_member_records(self.server.store) if r["member"] != self.member]
+        _check_reachable(self.member, address, host, others)
         self.server.store.put(member_address_key(self.member), member_address_record(self.member, address,
-                                                                                     time.time()))
+                                                                                     time.time(), host))
         self.address = address
 
     def address_of(self, member: str, database: str) -> str:

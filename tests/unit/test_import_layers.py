@@ -27,6 +27,7 @@ LAYERS = [
     "server.metrics",
     "server.write_buffer",  # Kafka: producer, wire format, streaming source
     "server.runtime",       # processes: Spark, the embedded broker, JVM archive, priorities
+    "server.pool_identity",  # an ingester pool's Kafka cluster and object store, checked at a member's start
     "server.config",
     "server.consume",       # micro-batches into the catalog, recovery
     "server.write",         # line protocol, router, deletes

@@ -137,3 +137,37 @@ def test_a_kafka_that_cannot_be_asked_leaves_this_members_acks_and_is_not_asked_
     pool.server.write_buffer.high_watermarks = down
     assert pool.written_before(db, {0, 1}) == {1: 7} and pool.written_before(db, {0, 1}) == {1: 7}
     assert calls == [2.0]  # asked once, with a short bound
+
+
+# -- a member's published address reaches the others --------------------------------------------
+
+def test_a_loopback_address_is_refused_while_a_member_runs_on_another_host():
+    from server.errors import PoolAddressUnreachable
+    from server.pool_admin import _check_reachable
+
+    others = [{"member": "b", "address": "10.0.0.2:50051", "host": "node-b"}]
+    with pytest.raises(PoolAddressUnreachable) as e:
+        _check_reachable("a", "127.0.0.1:50051", "node-a", others)
+    assert (e.value.other, e.value.other_host, e.value.host) == ("b", "node-b", "node-a")
+    assert "--pool-address" in str(e.value)
+    for loop in ("localhost:1", "[::1]:1"):
+        with pytest.raises(PoolAddressUnreachable):
+            _check_reachable("a", loop, "node-a", others)
+    _check_reachable("a", "10.0.0.1:50051", "node-a", others)  # reachable: published
+    _check_reachable("a", "127.0.0.1:50051", "node-a",
+                     [{"member": "b", "address": "127.0.0.1:2", "host": "node-a"},  # the same host
+                      {"member": "c", "address": "127.0.0.1:3"}])  # host not recorded (an older member)
+
+
+def test_published_records_carry_the_host_and_are_listed(tmp_path):
+    from catalog.object_store import LocalObjectStore
+    from catalog.ownership import member_address_key, member_address_record, read_member_address, read_member_records
+
+    store = LocalObjectStore(str(tmp_path))
+    store.put(member_address_key("a"), member_address_record("a", "10.0.0.1:1", 1.0, "node-a"))
+    store.put(member_address_key("b"), member_address_record("b", "10.0.0.2:1", 2.0))
+    store.put(member_address_key("c"), b"not json")
+    recs = sorted(read_member_records(store), key=lambda r: r["member"])
+    assert [(r["member"], r["address"], r.get("host")) for r in recs] == [("a", "10.0.0.1:1", "node-a"),
+                                                                          ("b", "10.0.0.2:1", None)]
+    assert read_member_address(store, "a") == "10.0.0.1:1"
