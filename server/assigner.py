@@ -9,6 +9,10 @@ ingesters to claim what they do not own yet (the ClaimPartitions admin call, whi
 claim to the database's preserved catalog and so fences the previous owner), and saves its
 assignments.
 
+With `--object-store`, assigners of one pool share a lease (server/assigner_lease.py): one acts,
+the others stand by (they poll, decide nothing) and one of them takes over once the active
+one's lease lapses, starting from what the ingesters report owning.
+
 Invariant: the saved assignments are the last round's decision; a restarted assigner loads them
 and moves nothing that has no cause (an ingester unreachable at its start gets the full grace
 from that start). The assigner holds no data: losing its state file only means the next round
@@ -100,12 +104,24 @@ def _save_state(path: str, assignments: dict) -> None:
     os.replace(tmp, path)
 
 
+def _owned_by(views: list) -> dict:
+    """{unit: address} of the units exactly one reachable ingester reports owning."""
+    seen: dict = {}
+    for v in views:
+        if v.reachable:
+            for unit in v.owned:
+                seen.setdefault(unit, []).append(v.address)
+    return {unit: addrs[0] for unit, addrs in seen.items() if len(addrs) == 1}
+
+
 class Assigner:
     """One assigner for a pool of ingesters (their gRPC addresses, in order)."""
 
     def __init__(self, ingesters: list, state_path: str, pins: dict | None = None, token: str | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S,
-                 unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_S):
+                 unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_S, lease=None):
+        """`lease`: the pool's AssignerLease (server/assigner_lease.py), or None: this assigner acts
+        alone (only one may run)."""
         if not ingesters or len(set(ingesters)) != len(ingesters):
             raise ValueError(f"--ingesters must name distinct addresses, got {ingesters!r}")
         self.ingesters = list(ingesters)
@@ -119,6 +135,9 @@ class Assigner:
         #: an ingester not seen since this assigner started gets the grace from the start
         self._last_seen = {a: started for a in self.ingesters}
         self._stop = threading.Event()
+        self.lease = lease
+        #: the last round stood by: another assigner holds the lease
+        self.standby = False
         self.rounds = 0
         self.last_decision: Decision | None = None
 
@@ -143,12 +162,23 @@ class Assigner:
     def run_once(self, now: float | None = None) -> Decision:
         """One round: poll, decide, claim, save. A failed claim is logged and retried next round."""
         now = time.time() if now is None else now
-        views, units = self.poll(now)
+        started = time.monotonic()
+        views, units = self.poll(now)  # also as a standby: who was seen when is known at a takeover
+        if self.lease is not None:
+            self.standby = not self._holds(now + time.monotonic() - started)
+            if self.standby:
+                self.rounds += 1
+                return Decision(assignments=dict(self.assignments))
+            if self.lease.new_term:  # a new holder starts from what the ingesters own: nothing flips back
+                self.assignments = {**self.assignments, **_owned_by(views)}
         units |= set(self.assignments)
         decision = decide_assignments(units, views, self.assignments, self.pins, now, self.unreachable_after_s)
         for unit, (src, dst) in sorted(decision.moved.items()):
             log.warning("handoff: %s partition %d from %s to %s", unit[0], unit[1], src, dst)
         for claim in decision.claims:
+            if self.lease is not None and not self._holds(now + time.monotonic() - started):
+                log.warning("assigner lease lost during a round: its remaining claims are left to the holder")
+                break
             try:
                 self._clients[claim.address].claim_partitions(claim.database, claim.partitions,
                                                               timeout_s=CLAIM_TIMEOUT_S)
@@ -162,6 +192,13 @@ class Assigner:
         self.last_decision = decision
         self.rounds += 1
         return decision
+
+    def _holds(self, now: float) -> bool:
+        try:
+            return self.lease.hold(now)
+        except Exception as e:  # noqa: BLE001 - the object store's errors: act on nothing until it answers
+            log.warning("the assigner lease cannot be read or renewed (%s): this round acts on nothing", e)
+            return False
 
     def run(self) -> None:
         """Rounds every `interval_s` until `stop`; a failing round is logged and the next one runs."""

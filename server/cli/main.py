@@ -325,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an ingester that does not answer this long loses its partitions to the others")
     asg.add_argument("--token", default=os.environ.get("IOX_TOKEN") or None,
                      help="admin token of the ingesters (env IOX_TOKEN)")
+    asg.add_argument("--object-store", default=os.environ.get("IOX_OBJECT_STORE") or None,
+                     help="the pool's object store (directory or s3://bucket/prefix; env IOX_OBJECT_STORE): "
+                          "assigners on it share a lease, one acts and the others stand by; without it, run "
+                          "exactly one assigner")
+    asg.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL of --object-store (MinIO, moto)")
+    asg.add_argument("--lease-s", type=float, default=15.0,
+                     help="how long a renewal of the assigner lease holds it (renewed every round)")
 
     d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
     d.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
@@ -658,12 +665,25 @@ def _run_assigner(a) -> int:
     pool = [x.strip() for x in a.ingesters.split(",") if x.strip()]
     try:
         pins = parse_pins(a.pin, pool)
+        lease = None
+        if a.object_store:
+            import socket
+
+            from catalog.object_store import object_store_from_url
+            from server.assigner_lease import AssignerLease
+
+            if not a.lease_s >= a.interval_s * 2:
+                raise ValueError(f"--lease-s {a.lease_s} must be at least twice --interval-s {a.interval_s}")
+            lease = AssignerLease(object_store_from_url(a.object_store, a.s3_endpoint),
+                                  f"{socket.gethostname()}:{os.getpid()}", a.lease_s)
         assigner = Assigner(pool, a.state_file, pins, token=a.token, interval_s=a.interval_s,
-                            unreachable_after_s=a.unreachable_after_s)
+                            unreachable_after_s=a.unreachable_after_s, lease=lease)
     except (ValueError, AssignerStateCorrupt) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if lease is None:
+        logging.getLogger("server.assigner").warning("no --object-store: no lease, so run exactly one assigner")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: assigner.stop())
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import threading
 import uuid
 
@@ -20,6 +21,7 @@ from catalog.errors import PartitionsNotOwned
 from catalog.preserved_catalog import AddParquet
 from catalog.sharding import partition_for
 from tests.conftest import make_config, start_server
+from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 
@@ -162,6 +164,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
 
         _racing_column_types(db, ca, cb)
         _queries_during_handoffs(db, ca, cb, written[TABLES[1]])
+        _two_assigners(db, ca, cb, [f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{b.grpc_port}"], s3_store, root)
     finally:
         for c in (ca, cb):
             c.close()
@@ -200,6 +203,52 @@ def _racing_column_types(db: str, ca, cb, n: int = 5) -> None:
     for client in (ca, cb):  # without a token: a query holds what was acknowledged before it
         got = client.query(db, "SELECT c FROM race").column("c").to_pylist()
         assert len(got) == n and None not in got and sorted(got) == expected, got
+
+
+def _owners(client, db: str) -> dict:
+    return {o["partition"]: (o["owner"], o["epoch"]) for o in client.status(db)["databases"][0]["owners"]}
+
+
+def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) -> None:
+    """Two `iox assigner` processes on the pool's object store: one holds the lease and acts, the
+    other stands by; the active one killed, the standby takes over from what the members own (no
+    claim flips back), then acts (the partitions of a frozen member handed over)."""
+    wait_for(lambda: set(_owners(cb, db)) == set(range(PARTITIONS)), 60, "every partition owned")
+    before = _owners(cb, db)
+    procs, logs = [], []
+    try:
+        for name in ("one", "two"):
+            logs.append(f"{root}-assigner-{name}.log")
+            procs.append(subprocess.Popen(
+                [IOX, "assigner", "--ingesters", ",".join(addresses), "--state-file", f"{root}-assigner-{name}.json",
+                 "--interval-s", "0.3", "--lease-s", "4", "--unreachable-after-s", "60",
+                 "--object-store", s3_store["object_store"], "--s3-endpoint", s3_store["s3_endpoint"]],
+                stdout=open(logs[-1], "wb"), stderr=subprocess.STDOUT))
+
+        def log_of(i: int) -> str:
+            return open(logs[i], errors="replace").read()
+
+        def roles():
+            took = [i for i in (0, 1) if "assigner lease term 1 taken" in log_of(i)]
+            waits = [i for i in (0, 1) if "standby: the assigner lease is held by" in log_of(i)]
+            return (took[0], waits[0]) if len(took) == 1 and len(waits) == 1 and took != waits else None
+
+        active, standby = wait_for(roles, 60, "one assigner holding the lease, the other standing by")
+        assert _owners(cb, db) == before  # the first holder started from what the members own
+        procs[active].kill()
+        procs[active].wait(10)
+        wait_for(lambda: "assigner lease term 2 taken" in log_of(standby), 30, "the standby to take the lease")
+        assert procs[standby].poll() is None, log_of(standby)
+        assert _owners(cb, db) == before, log_of(standby)  # nothing flipped at the takeover
+        assert ca.freeze("assigner lease test")["frozen"]  # the new holder acts: a's partitions go to b
+        wait_for(lambda: cb.status(db)["databases"][0]["owned_partitions"] == list(range(PARTITIONS)), 60,
+                 "the frozen member's partitions handed over by the new holder")
+        assert "handoff:" in log_of(standby) and "handoff:" not in log_of(active)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+        ca.unfreeze()
 
 
 def _queries_during_handoffs(db: str, ca, cb, before: list, handoffs: int = 3) -> None:

@@ -34,6 +34,7 @@ LAYERS = [
     "server.query",         # SQL over a database, the write buffer's tail
     "server.api",           # gRPC and HTTP surfaces, the client
     "server.assigner_policy",  # the ingester pool's assignment decisions (pure)
+    "server.assigner_lease",  # one assigner at a time: its lease in the object store
     "server.assigner",      # the assigner process (talks to the ingesters through the client)
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "server.freeze_admin",  # frozen mode of a running server
