@@ -244,6 +244,9 @@ def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) 
         wait_for(lambda: cb.status(db)["databases"][0]["owned_partitions"] == list(range(PARTITIONS)), 60,
                  "the frozen member's partitions handed over by the new holder")
         assert "handoff:" in log_of(standby) and "handoff:" not in log_of(active)
+    except (AssertionError, TimeoutError) as e:  # what each assigner did, with the failure
+        raise AssertionError(f"{e}\nowners before: {before}\n" + "\n".join(
+            f"--- {path}:\n{open(path, errors='replace').read()[-4000:]}" for path in logs)) from e
     finally:
         for p in procs:
             p.kill()
