@@ -330,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "assigners on it share a lease, one acts and the others stand by; without it, run "
                           "exactly one assigner")
     asg.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL of --object-store (MinIO, moto)")
-    asg.add_argument("--lease-s", type=float, default=15.0,
+    from server.assigner_lease import DEFAULT_LEASE_S
+
+    asg.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S,
                      help="how long a renewal of the assigner lease holds it (renewed every round)")
 
     d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
