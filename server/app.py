@@ -516,6 +516,8 @@ class IoxServer:
         """`iox verify`: see server/verify_admin.py and server/query/verify.py."""
         from server.query.verify import DEFAULT_MAX_DIFFERENCES
 
+        if self.pool is not None and self.catalog.peek_database(database) is None:
+            self.pool.learn_database(database)  # written through another member only
         return self.verifier.verify(database, table, max_differences or DEFAULT_MAX_DIFFERENCES, here_only)
 
     def set_retention(self, database: str, period_s: int):
@@ -929,6 +931,8 @@ class IoxServer:
         timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else \
             max(0.0, min(deadline_s - _ANSWER_MARGIN_S, QUERY_WAIT_MAX_S))
         t0 = time.monotonic()
+        if self.pool is not None and self.catalog.peek_database(database) is None:
+            self.pool.learn_database(database)  # written through another member only
         passage = self.read_barrier.pass_through(database, after, allow_partial, timeout_s)
         remote = None
         losses = self.pool.losses if self.pool is not None else 0

@@ -409,6 +409,27 @@ class PoolControl:
             self.take_state(database, pc.state)
             fresh = False
 
+    def learn_database(self, database: str) -> None:
+        """Makes `database` known here when its Kafka topic exists although this member never saw
+        it: another member took its writes, and this one lists new topics only while it consumes
+        (not while frozen). A query or verify through it then gathers from the owners instead of
+        answering NOT_FOUND. Kafka that cannot be asked leaves it unknown. Request threads."""
+        from server.write.router import validate_database_name
+
+        srv = self.server
+        try:
+            validate_database_name(database)
+            topic = topic_for(database)
+            if topic not in srv.write_buffer.list_database_topics():
+                return
+            topic_id = srv.write_buffer.topic_id(topic)
+        except Exception as e:  # noqa: BLE001  (an invalid name, Kafka away: NOT_FOUND as before)
+            log.debug("pool member %s: database %r not learnt from Kafka (%s)", self.member, database, e)
+            return
+        db = srv.catalog.ensure_database(database, topic, srv.config.partitions)
+        if db.topic_id is None:
+            db.topic_id = topic_id
+
     def written_before(self, db, partitions: set) -> dict:
         """{kp: offset} of `partitions` written before now: the highest this member got acknowledged
         and Kafka's end (another member's acknowledged writes; a Kafka that cannot be asked within

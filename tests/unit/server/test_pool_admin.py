@@ -171,3 +171,33 @@ def test_published_records_carry_the_host_and_are_listed(tmp_path):
     assert [(r["member"], r["address"], r.get("host")) for r in recs] == [("a", "10.0.0.1:1", "node-a"),
                                                                           ("b", "10.0.0.2:1", None)]
     assert read_member_address(store, "a") == "10.0.0.1:1"
+
+
+# -- a database only another member took writes for ------------------------------------------------
+
+def test_a_database_known_only_from_its_kafka_topic_is_learnt_holding_everything():
+    cat = Catalog()
+    cat.pool_member = True
+    topics = {"iox.other": 2}
+    srv = SimpleNamespace(catalog=cat, config=SimpleNamespace(partitions=2),
+                          write_buffer=SimpleNamespace(list_database_topics=lambda: dict(topics),
+                                                       topic_id=lambda topic: "tid-1"))
+    pool = PoolControl(srv, "b")
+    pool.learn_database("nowhere")  # no topic: still unknown (NOT_FOUND)
+    pool.learn_database("bad name!")  # not a database name: nothing asked
+    assert cat.peek_database("nowhere") is None and cat.peek_database("bad name!") is None
+    pool.learn_database("other")
+    db = cat.peek_database("other")
+    assert db is not None and db.topic == "iox.other" and db.topic_id == "tid-1"
+    assert db.owned_partitions == frozenset() and db.pool_holds == {0: 0, 1: 0}  # applies nothing here
+
+
+def test_kafka_away_leaves_the_database_unknown():
+    def away():
+        raise RuntimeError("no broker")
+
+    cat = Catalog()
+    srv = SimpleNamespace(catalog=cat, config=SimpleNamespace(partitions=2),
+                          write_buffer=SimpleNamespace(list_database_topics=away))
+    PoolControl(srv, "b").learn_database("other")
+    assert cat.peek_database("other") is None
