@@ -144,9 +144,6 @@ class LifecycleWorker:
         self.frozen = lambda: False
         #: server metrics (server/metrics.py), or None: persists, compactions and prunes are counted there
         self.metrics = None
-        #: this server is an ingester pool's member: a preserved catalog another member's claim made a
-        #: pool catalog is read by the fence probe, not fenced
-        self.pool_member = False
         #: in an ingester pool: called with (database, Kafka partitions) this server lost to another
         #: member's claim (found by a refused commit or by the fence probe's refresh), and with
         #: (database, CatalogState) after the fence probe read the other members' transactions
@@ -224,7 +221,7 @@ class LifecycleWorker:
         for name, pc in list(self.preserved.items()):
             if self.fenced_revision(name) is not None:
                 continue
-            if pc.state.pooled or self.pool_member:
+            if pc.state.pooled or self.catalog.pool_member:
                 # a pool catalog: another member's revisions are normal (read them, and what was lost);
                 # a pool member's catalog that no member claimed yet becomes one with another's first
                 # claim, which is read too; only a revision that is no claim fences it

@@ -329,7 +329,6 @@ class IoxServer:
         self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                       self.read_barrier, self.write_buffer, self.pool)
         if self.pool is not None:
-            self.lifecycle.pool_member = True
             self.lifecycle.on_partitions_lost = self.pool.lose
             self.lifecycle.on_catalog_refreshed = self.pool.take_state
         self.lifecycle.metrics = self.router.metrics.operation

@@ -83,7 +83,7 @@ def test_the_probe_fences_the_database_another_writer_committed_to(store, worker
 def test_a_pool_member_reads_another_members_first_claim_and_is_not_fenced(store, worker) -> None:
     """A database no member claimed yet is a single committer's catalog; in a pool another
     member's first claim makes it a pool catalog: the probe reads it, never fences it."""
-    worker.pool_member = True
+    worker.catalog.pool_member = True
     states = []
     worker.on_catalog_refreshed = lambda name, state: states.append((name, state.revision, dict(state.owners)))
     other, _ = PreservedCatalog.create_or_load(store, DB, NOW_S)
@@ -95,7 +95,7 @@ def test_a_pool_member_reads_another_members_first_claim_and_is_not_fenced(store
 
 
 def test_a_pool_member_is_fenced_by_another_single_committer(store, worker) -> None:
-    worker.pool_member = True
+    worker.catalog.pool_member = True
     assert _new_owner_commits(store, DB, _file(store, DB, "theirs")) == 1
     assert worker.probe_fencing() == {DB: 1}
     assert worker.fenced == {DB: 1} and len(worker.fenced_calls) == 1 and worker.preserved[DB].revision == 0
