@@ -36,9 +36,11 @@ Invariants:
   so it is not done at every trigger of a partition under load.
 - A partition's end is asked at every trigger, except a large one that did not
   move: it is asked again after up to `end_polls.DEFAULT_MAX_DELAY_S` (each ask
-  costs Tansu a walk of the partition's batches; see `server/write_buffer/end_polls.py`), or
-  at once when the server marked its topic (option `acked_marks_dir`): Kafka
-  acknowledged a write of this server to it.
+  costs Tansu a walk of the partition's batches; see `server/write_buffer/end_polls.py`).
+  Where this server's own writes went, their end comes without asking: the
+  server records the offsets Kafka acknowledged to it (option `acked_marks_dir`,
+  `end_polls.AckMarks`), and a partition they explain is asked again only after
+  such a delay too (another producer's write to it is found then).
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - A partition held at a poisoned message (option `holds_file`, written by the
@@ -272,7 +274,6 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._polls = EndPolls()
         marks_dir = options.get("acked_marks_dir", "")
         self._marks = AckMarks(marks_dir) if marks_dir else None
-        self._seen_marks: dict[str, int | None] = {}  # topic -> its ack mark at the last trigger
 
     # -- driver-side (streaming source worker) ---------------------------------
     def _clients(self):
@@ -307,22 +308,23 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         out: dict[int, int] = {}
         grown: dict[int, int] = {}
         now = time.monotonic()
-        # read before asking: a write acknowledged after this read changes the mark for the next trigger
-        mark = self._marks.read(topic) if self._marks is not None else None
-        marked = mark != self._seen_marks.get(topic)
-        self._seen_marks[topic] = mark
+        # this server's own acknowledged writes end there (exact: Kafka gave their offsets)
+        own = self._marks.read(topic) if self._marks is not None else {}
         for p in range(partitions):
-            if (topic, p) in self._true_end and not marked and not self._polls.due((topic, p), now):
-                out[p] = self._true_end[(topic, p)]  # a large idle partition, asked again later
+            mine = own.get(p)
+            if mine is not None and mine > self._true_end.get((topic, p), 0):
+                self._true_end[(topic, p)] = mine
+            if (topic, p) in self._true_end and not self._polls.due((topic, p), now):
+                out[p] = self._true_end[(topic, p)]  # known; asked again when due (see end_polls)
                 continue
             lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)
-            moved = self._polls.answered((topic, p), now, lo, hi)
+            moved = self._polls.answered((topic, p), now, lo, hi, explained=mine is not None and hi <= mine)
             known = self._true_end.get((topic, p), 0)
             if hi <= known:
                 out[p] = known
                 if known > 0 and now - self._stale_probed_at.get((topic, p), -1e9) >= STALE_PROBE_INTERVAL_S:
-                    # Tansu on s3:// storage can report a watermark one short of its last message
-                    # for good (until the next produce): look past what is known, now and then
+                    # Tansu on s3:// storage can report a watermark short of its last message for
+                    # good (until the next produce): look past what is known, now and then
                     self._stale_probed_at[(topic, p)] = now
                     grown[p] = known
             elif moved:
