@@ -6,7 +6,10 @@ partition of 5,000 batches against 0.2 ms for an empty one (measured here),
 and the source asks at every trigger (100 ms) for every partition of every
 database topic. With two idle databases of 20,000 writes each, the broker of
 an otherwise idle server used 0.35-0.42 of a core (0.05-0.08 at a 1 s trigger),
-which queries and writes on a 2-core machine then lacked.
+which queries and writes on a 2-core machine then lacked. On s3:// storage (the
+durable embedded broker: Tansu on SeaweedFS) each ask lists the partition's
+stored batches: one `get_watermark_offsets` (two ListOffsets) took 43 ms at
+2,000 batches, 93 ms at 5,000 and 194 ms at 10,000 (idle machine).
 
 Invariant kept by `EndPolls`: a partition is asked at every trigger while it
 holds fewer than `backoff_from_offsets` offsets or its high watermark moved
