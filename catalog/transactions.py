@@ -23,7 +23,12 @@ only of the first decision it saw. A part whose transaction has no decision
 after ``txn_timeout_s`` (measured from the part's Kafka timestamp: its
 producer died) gets an ``abort`` decision from the consumer; the router gives
 up on its own commit long before that (its produce timeout is far shorter),
-which is what keeps a commit from landing behind an abort.
+which is what keeps a commit from landing behind an abort. In an ingester pool
+a member reads only the partitions it owns: a part whose coordinator partition
+is another member's waits for a marker that only a reader of its decision can
+write, so after ``marker_repair_s`` the member reads the first decision on
+``q`` from Kafka (`undecided_elsewhere`, `learn_decision`) and writes the
+markers itself (also when that decision is the abort it wrote).
 
 Replay after a crash sees the same records, so it reaches the same fates, as
 long as three things are still replayed:
@@ -175,10 +180,15 @@ class TxnLog:
             del self._repaired_at[key]
 
     def adopt_repairs_of(self, other: "TxnLog") -> None:
-        """Keeps `other`'s record of repairs already produced (the consumer computes a batch on
-        a copy while the repair thread works on the installed log)."""
+        """Keeps `other`'s record of repairs already produced, and the decisions it learned from
+        Kafka (`learn_decision`) of transactions still pending here (the consumer computes a batch
+        on a copy while the repair thread works on the installed log)."""
         for key, at in other._repaired_at.items():
             self._repaired_at[key] = max(at, self._repaired_at.get(key, at))
+        busy = {p.txn for p in self.pending.values()}
+        for txn, known in other.decisions.items():
+            if txn in busy and txn not in self.decisions:
+                self.decisions[txn] = known
 
     # -- what must stay replayable ------------------------------------------------------
     def pinned_offsets(self) -> dict[int, int]:
@@ -215,6 +225,39 @@ class TxnLog:
         return not self.pending and not self.pins
 
     # -- repairs the consumer produces -----------------------------------------------------
+    def undecided_elsewhere(self, now_s: float, reads_kp, marker_repair_s: float = DEFAULT_MARKER_REPAIR_S
+                            ) -> list[tuple[str, int, int]]:
+        """[(txn, coordinator kp, earliest part Kafka timestamp in ms)] of pending parts whose
+        transaction has no decision seen here, whose coordinator partition this consumer does not
+        read (``reads_kp(kp)`` is False: an ingester pool's other member owns it, so its decision,
+        and the markers that member writes of it, never reach this consumer's TxnLog), and that are
+        at least ``marker_repair_s`` old. The caller reads the first decision from Kafka and passes
+        it to `learn_decision`. Each transaction at most every ``marker_repair_s``."""
+        first: dict = {}
+        for p in self.pending.values():
+            if p.txn in self.decisions or reads_kp(p.coordinator_kp) or now_s - p.ts_ms / 1000.0 < marker_repair_s:
+                continue
+            q, ts = first.get(p.txn, (p.coordinator_kp, p.ts_ms))
+            first[p.txn] = (q, min(ts, p.ts_ms))
+        due = []
+        for txn, (q, ts) in sorted(first.items()):
+            key = ("lookup", q, txn)
+            last = self._repaired_at.get(key)
+            if last is not None and now_s - last < marker_repair_s:
+                continue
+            self._repaired_at[key] = now_s
+            due.append((txn, q, ts))
+        return due
+
+    def learn_decision(self, txn: str, decision: str, now_s: float,
+                       marker_repair_s: float = DEFAULT_MARKER_REPAIR_S) -> None:
+        """The first decision of `txn` on its coordinator partition, read from Kafka because this
+        consumer does not read that partition (`undecided_elsewhere`): the markers of its parts
+        pending here are due at once (the first decision decides for everyone, whoever repeats
+        it)."""
+        if txn not in self.decisions and any(p.txn == txn for p in self.pending.values()):
+            self.decisions[txn] = (decision, now_s - marker_repair_s)
+
     def due_repairs(self, now_s: float, txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S,
                     marker_repair_s: float = DEFAULT_MARKER_REPAIR_S) -> list[TxnRepair]:
         """Markers for parts whose decision is known but whose marker has not come (abort at

@@ -55,6 +55,7 @@ from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, L
 from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point, delay_point, fault_point
 from catalog.delete_predicate import from_json
 from server.write_buffer.poison import holds_of, isolate, select, set_aside, settle_retried, write_holds
+from server.errors import ServerError
 from server.consume.recovery import keep_mask_fn
 from lifecycle.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql
 from server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, WireFormatMismatch, encode_decision, encode_marker, header_problem)
@@ -572,6 +573,7 @@ class Ingestor:
         """
         produced = 0
         for db in self.catalog.databases():
+            self._learn_decisions_elsewhere(db, write_buffer, now)
             with self.catalog.lock:
                 repairs = db.txns.due_repairs(now, self.txn_timeout_s)
             if not repairs:
@@ -584,6 +586,28 @@ class Ingestor:
             write_buffer.produce_control(db.topic, msgs)
             produced += len(msgs)
         return produced
+
+    def _learn_decisions_elsewhere(self, db: Database, write_buffer, now: float) -> None:
+        """In an ingester pool, a part on a partition this member owns can wait for a decision on a
+        partition another member owns (its router died before the markers): that decision is read
+        from Kafka (`WriteBuffer.first_decision`) and its markers are then written here."""
+        with self.catalog.lock:
+            owned = db.owned_partitions
+            if owned is None:
+                return  # every partition is read here: decisions arrive through the stream
+            lookups = db.txns.undecided_elsewhere(now, frozenset(owned).__contains__)
+        for txn, q, since_ms in lookups:
+            try:
+                decision = write_buffer.first_decision(db.topic, q, txn, since_ms)
+            except ServerError as e:
+                log.warning("database %s: transaction %s: its decision on Kafka partition %d was not read: %s",
+                            db.name, txn, q, e)
+                continue
+            if decision is not None:
+                log.info("database %s: transaction %s: read its %s decision on Kafka partition %d (another "
+                         "member's)", db.name, txn, decision, q)
+                with self.catalog.lock:
+                    db.txns.learn_decision(txn, decision, now)
 
     def _plan_table(self, raw, db: Database, topic: str, table: str, msgs: list, F, at_offset: dict,
                     stashed: list) -> list["_ChunkBuild"]:

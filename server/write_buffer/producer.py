@@ -12,6 +12,7 @@ Runs on the driver, in gRPC worker threads (the producer is thread-safe).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -41,6 +42,9 @@ END_CONFIRM_WAIT_S = 10.0
 #: Replicas of each partition of a database topic (Kafka's usual production setting; with
 #: acks=all and the cluster's min.insync.replicas, an acknowledged write survives a broker's loss).
 DEFAULT_REPLICATION_FACTOR = 3
+#: How far before its earliest part `first_decision` reads a transaction's coordinator partition
+#: (Kafka's time lookup on Tansu goes by when batches were stored; producers' clocks differ).
+DECISION_LOOKBACK_S = 60.0
 #: Margin between a router giving up on a commit and a consumer aborting its transaction.
 TXN_SLACK_S = 5.0
 
@@ -394,6 +398,59 @@ class WriteBuffer:
         """Produces the consumer's transaction repairs (markers, abort decisions); raises
         WriteBufferUnavailable when any was not acknowledged."""
         self._send_all(topic, writes)
+
+    def first_decision(self, topic: str, kp: int, txn: str, since_ms: int) -> str | None:
+        """The decision (COMMIT or ABORT) of the first decision message of transaction `txn` on Kafka
+        partition `kp` of `topic`, or None when it has none yet: the one that decides the
+        transaction for every partition (catalog/transactions.py).
+
+        Reads `kp` from DECISION_LOOKBACK_S before `since_ms` (the Kafka timestamp of the
+        transaction's earliest part; its decision follows it, and another producer's clock may lag)
+        to its end. Called by the transaction-repair thread for a pool member whose part waits on a
+        decision of a partition another member owns (rare: a router died between the parts and the
+        markers). Raises WriteBufferUnavailable when Kafka cannot be read to the end."""
+        from confluent_kafka import TopicPartition
+
+        from server.write_buffer.kafka_source import EndNotConfirmed, consumer_positions, reader_consumer, true_ends
+        from server.write_buffer.wire_format import header_text
+
+        c = reader_consumer(self.bootstrap)
+        try:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
+            try:
+                end = true_ends(c, topic, {kp: hi}, wait_s=END_CONFIRM_WAIT_S, exact=True)[kp]
+            except EndNotConfirmed as e:
+                raise WriteBufferUnavailable(str(e)) from e
+            start = max(lo, 0)
+            at = c.offsets_for_times([TopicPartition(topic, kp, max(0, since_ms - int(DECISION_LOOKBACK_S * 1000)))],
+                                     timeout=ADMIN_TIMEOUT_S)[0].offset
+            if at >= 0:
+                start = max(start, at)
+            elif at == -1:  # OFFSET_END: nothing was written since then
+                return None
+            if start >= end:
+                return None
+            c.assign([TopicPartition(topic, kp, start)])
+            pos, progress = start, time.monotonic()
+            while pos < end:
+                msgs = c.consume(500, timeout=0.2)
+                for m in msgs:
+                    if m.error() is not None:
+                        continue
+                    pos = max(pos, m.offset() + 1)
+                    h = dict(m.headers() or [])
+                    if header_text(h, "iox-kind") == "decision" and header_text(h, "iox-txn") == txn:
+                        return json.loads(header_text(h, "iox-txn-info"))["decision"]
+                passed = consumer_positions(c, topic, [kp])[kp]
+                if msgs or passed > pos:
+                    pos, progress = max(pos, passed), time.monotonic()
+                elif time.monotonic() - progress > END_CONFIRM_WAIT_S:
+                    raise WriteBufferUnavailable(f"{topic}[{kp}] was not readable from offset {pos} to {end}")
+            return None
+        except KafkaException as e:
+            raise WriteBufferUnavailable(f"cannot read {topic}[{kp}]: {e}") from e
+        finally:
+            c.close()
 
     def _token(self, topic: str, acked: list[tuple[int, int]]) -> dict[int, int]:
         token: dict[int, int] = {}

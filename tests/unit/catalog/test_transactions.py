@@ -128,3 +128,43 @@ def test_a_part_applied_after_the_checkpoint_was_built_is_not_forgotten():
     log.apply_batch([part(0, 20, q=0), decision(0, 21, [(0, 20)])], {0: 21}, now_s=1.0)
     log.forget_persisted_parts({}, {0: 19})  # built when 19 was applied: the part came later
     assert log.applied_part_pins({0: 21}) == {0: 20}
+
+
+def test_a_pool_member_looks_up_a_decision_on_a_partition_it_does_not_read_and_repeats_it():
+    """An ingester pool: partition 2 (the coordinator) is another member's, so its decision never
+    reaches this TxnLog. Parts pending here long enough are listed for a lookup in Kafka; the first
+    decision found there makes their markers due at once, commit or abort alike."""
+    owned = frozenset({0}).__contains__
+    log = TxnLog()
+    log.apply_batch([part(0, 4, ts_ms=10_000), part(0, 7, txn="t2", ts_ms=11_000)], {0: 7}, now_s=11.0)
+    assert log.undecided_elsewhere(now_s=12.0, reads_kp=owned, marker_repair_s=5.0) == []  # not old enough
+    assert log.undecided_elsewhere(now_s=16.0, reads_kp=owned, marker_repair_s=5.0) == [
+        ("t1", 2, 10_000), ("t2", 2, 11_000)]
+    assert log.undecided_elsewhere(now_s=17.0, reads_kp=owned, marker_repair_s=5.0) == []  # once per interval
+    # a member that reads the coordinator partition never looks up: the decision comes through its stream
+    assert log.undecided_elsewhere(now_s=30.0, reads_kp=lambda kp: True, marker_repair_s=5.0) == []
+    log.learn_decision("t1", COMMIT, now_s=17.0, marker_repair_s=5.0)
+    log.learn_decision("t9", COMMIT, now_s=17.0)  # nothing of it pending here: ignored
+    assert "t9" not in log.decisions
+    assert log.due_repairs(now_s=17.0, txn_timeout_s=60.0, marker_repair_s=5.0) == [TxnRepair(MARKER, 0, "t1", COMMIT)]
+    log.learn_decision("t1", ABORT, now_s=18.0)  # the first decision stays the one learned
+    assert log.decisions["t1"][0] == COMMIT
+    res = log.apply_batch([marker(0, 8)], {0: 8}, now_s=18.0)
+    assert res.commit == {(0, 4): 8}
+    assert log.undecided_elsewhere(now_s=30.0, reads_kp=owned, marker_repair_s=5.0) == [("t2", 2, 11_000)]
+
+
+def test_a_learned_decision_survives_the_batch_copy_the_consumer_installs():
+    """The consumer computes a batch on a copy of the TxnLog while the repair thread learns a
+    decision on the installed one; the copy adopts it (and the repairs produced) when installed."""
+    import copy
+
+    installed = TxnLog()
+    installed.apply_batch([part(0, 4, ts_ms=0)], {0: 4}, now_s=1.0)
+    batch_copy = copy.deepcopy(installed)
+    installed.learn_decision("t1", ABORT, now_s=10.0)
+    installed.due_repairs(now_s=10.0)  # the abort marker is produced
+    batch_copy.apply_batch([part(1, 3, txn="t2", q=1)], {0: 4, 1: 3}, now_s=10.5)
+    batch_copy.adopt_repairs_of(installed)
+    assert batch_copy.decisions["t1"][0] == ABORT
+    assert batch_copy.due_repairs(now_s=11.0) == []  # not produced twice within the interval
