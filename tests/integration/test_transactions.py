@@ -8,6 +8,7 @@ SIGKILL versions are in tests/crash.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -196,3 +197,27 @@ def test_tables_sharing_one_partition_commit_without_markers(client, db, iox_ser
     assert {int(k): v for k, v in token.items()} == {kp: msgs[-1]["offset"]}
     for t in names:
         assert client.query(db, f"SELECT v FROM {t}").to_pylist() == [{"v": 1}]
+
+
+def test_the_first_decision_of_a_transaction_is_read_from_kafka(broker):
+    """`WriteBuffer.first_decision` (a pool member whose part waits on another member's coordinator
+    partition): the FIRST decision of the transaction on that partition, past other writes and other
+    transactions' decisions; None while it has none."""
+    from server.write_buffer.producer import WriteBuffer
+
+    db = f"firstdec{time.monotonic_ns()}"
+    wb = WriteBuffer(broker.bootstrap, PARTITIONS, 5000)
+    try:
+        topic = wb.ensure_topic(db)
+        since_ms = int(time.time() * 1000)
+        assert wb.first_decision(topic, 1, "tx", since_ms) is None  # an empty partition
+        w = dataclasses.replace(_write("m", [1.0]), partition=1)
+        wb._send_all(topic, [w, encode_decision("other", "abort", [], 1)])
+        assert wb.first_decision(topic, 1, "tx", since_ms) is None  # no decision of this one yet
+        wb._send_all(topic, [encode_decision("tx", "commit", [(0, 3)], 1), w,
+                             encode_decision("tx", "abort", [], 1)])  # a later repair abort: ignored
+        assert wb.first_decision(topic, 1, "tx", since_ms) == "commit"
+        assert wb.first_decision(topic, 1, "other", since_ms) == "abort"
+        assert wb.first_decision(topic, 2, "tx", since_ms) is None  # another partition holds none
+    finally:
+        wb.close()
