@@ -278,7 +278,6 @@ class IoxServer:
         if cfg.tail_max_bytes:
             self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
         self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
-        self.acked_marks.clear()  # an earlier run's offsets
         self.write_buffer.on_acked = self._on_acked
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                         cfg.max_query_rows, cfg.max_query_bytes, cfg.query_timeout_s)
@@ -885,11 +884,8 @@ class IoxServer:
 
     def _on_acked(self, topic: str, messages: list) -> None:
         """The write buffer's hook (in the acknowledging request's thread): marks the topic for the
-        streaming source with their ends (end_polls.AckMarks) and hands the messages to the tail."""
-        ends: dict[int, int] = {}
-        for kp, off, _headers, _value in messages:
-            ends[kp] = max(ends.get(kp, 0), off + 1)
-        self.acked_marks.touch(topic, ends)
+        streaming source (end_polls.AckMarks) and hands the messages to the tail."""
+        self.acked_marks.touch(topic)
         self.message_sizes.record(topic, messages)
         if self.tail is not None:
             self.tail.feed(topic, messages)
@@ -1328,7 +1324,6 @@ class IoxServer:
                 self.message_sizes.forget_topic(db.topic)
                 for key in [k for k in list(self.write_buffer.acked_hi_inclusive) if k[0] == db.topic]:
                     self.write_buffer.acked_hi_inclusive.pop(key, None)
-                self.acked_marks.forget(db.topic)  # offsets of the old epoch
                 if self.tail is not None:
                     self.tail.forget_topic(db.topic)
                 log.warning("database %s: continues %s %s (id %s) in write-buffer epoch %d (seq origin %d) from "

@@ -16,12 +16,11 @@ holds fewer than `backoff_from_offsets` offsets or its high watermark moved
 when it was last asked. A partition that holds at least that many and did not
 move is asked again only once a delay has passed since it was last asked; the
 delay doubles with each unmoved answer from `first_delay_s` to at most
-`max_delay_s`, and falls back to none as soon as the partition moves. An answer
-that shows no more than this server's own acknowledged writes (`AckMarks`,
-whatever the partition's size) backs off the same way: the source knows those
-writes' end without asking (Kafka gave their offsets), so only another
-producer's write to a partition this server writes to can reach a micro-batch
-later than it would have, by at most `max_delay_s`, as for a large idle one.
+`max_delay_s`, and falls back to none as soon as the partition moves. A topic
+whose `AckMarks` mark changed since the last trigger has all its partitions
+asked at once: the server marks a topic each time Kafka acknowledges a write of
+this server to it, so only another producer's write to a large idle partition
+can reach a micro-batch later than it would have, by at most `max_delay_s`.
 
 `EndPolls` is pure logic: the caller passes `now` (monotonic seconds). It lives
 in the Python worker Spark starts for the streaming source (driver side); that
@@ -31,9 +30,8 @@ thread), `AckMarks.read` in the source's worker.
 """
 from __future__ import annotations
 
-import json
 import os
-import threading
+import time
 from dataclasses import dataclass, field
 
 __all__ = ["AckMarks", "EndPolls", "DEFAULT_BACKOFF_FROM_OFFSETS", "DEFAULT_FIRST_DELAY_S", "DEFAULT_MAX_DELAY_S"]
@@ -67,16 +65,12 @@ class EndPolls:
         p = self._parts.get(key)
         return p is None or now - p.asked_at >= p.delay_s
 
-    def answered(self, key, now: float, low: int, high: int, explained: bool = False) -> bool:
-        """Records the broker's answer for `key` asked at `now`: its low and high watermarks;
-        `explained`: the high watermark is not beyond this server's own acknowledged writes (the
-        source knew that end already). Returns whether the high watermark moved since the last
-        answer (True for the first)."""
+    def answered(self, key, now: float, low: int, high: int) -> bool:
+        """Records the broker's answer for `key` asked at `now`: its low and high watermarks.
+        Returns whether the high watermark moved since the last answer (True for the first)."""
         prev = self._parts.get(key)
         moved = prev is None or high != prev.high_watermark
-        if explained:
-            delay = self.first_delay_s if prev is None else min(self.max_delay_s, max(self.first_delay_s, 2 * prev.delay_s))
-        elif moved or high - max(low, 0) < self.backoff_from_offsets:
+        if moved or high - max(low, 0) < self.backoff_from_offsets:
             delay = 0.0
         else:
             delay = min(self.max_delay_s, max(self.first_delay_s, 2 * prev.delay_s))
@@ -85,80 +79,31 @@ class EndPolls:
 
 
 class AckMarks:
-    """One small JSON file per topic in `directory`: {Kafka partition: the highest offset Kafka
-    acknowledged to this server + 1}, replaced whole (write and rename) whenever an acknowledgement
-    moves an end, so a reader sees the old ends or the new ones, never a part.
-
-    The offsets are exact (Kafka's delivery reports give each message's offset), and every offset
-    below an end exists or is a gap, so the streaming source takes them for ends without asking the
-    broker. `touch` and `forget` run in the server (the write buffer's acknowledging threads;
-    ~tens of microseconds), `read` in the source's worker. Picklable (the directory; a copy
-    starts with no ends of its own)."""
+    """One empty file per topic in `directory`, whose modification time (set explicitly, in ns, so
+    two marks never read the same) changes whenever Kafka acknowledged a write of this server to
+    the topic. Picklable (a path)."""
 
     def __init__(self, directory: str):
         self.directory = directory
-        self._ends: dict[str, dict[int, int]] = {}
-        self._lock = threading.Lock()
-
-    def __getstate__(self):
-        return {"directory": self.directory}
-
-    def __setstate__(self, state):
-        self.__init__(state["directory"])
 
     def _path(self, topic: str) -> str:
         return os.path.join(self.directory, topic)
 
-    def touch(self, topic: str, ends: dict[int, int]) -> None:
-        """Records `ends` ({Kafka partition: acknowledged offset + 1}) of `topic`: each end only
-        moves up; the file is rewritten when one moved."""
-        with self._lock:
-            known = self._ends.setdefault(topic, {})
-            moved = {kp: end for kp, end in ends.items() if end > known.get(kp, -1)}
-            if not moved:
-                return
-            known.update(moved)
-            path = self._path(topic)
-            tmp = path + ".tmp"
-            try:
-                f = open(tmp, "w")
-            except FileNotFoundError:
-                os.makedirs(self.directory, exist_ok=True)
-                f = open(tmp, "w")
-            with f:
-                json.dump({str(kp): end for kp, end in known.items()}, f)
-            os.replace(tmp, path)
-
-    def clear(self) -> None:
-        """Drops every topic's ends: a server calls it at start, before its source reads them (the
-        offsets a process got acknowledged are its own; a broker's offsets can start over between
-        runs)."""
-        with self._lock:
-            self._ends.clear()
-            try:
-                names = os.listdir(self.directory)
-            except FileNotFoundError:
-                return
-            for name in names:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except FileNotFoundError:
-                    pass
-
-    def forget(self, topic: str) -> None:
-        """Drops `topic`'s ends (its offsets started over: a new topic, or a broker that lost its
-        tail); later acknowledgements mark it anew."""
-        with self._lock:
-            self._ends.pop(topic, None)
-            try:
-                os.unlink(self._path(topic))
-            except FileNotFoundError:
-                pass
-
-    def read(self, topic: str) -> dict[int, int]:
-        """{Kafka partition: end} of `topic` ({} when never marked, or unreadable)."""
+    def touch(self, topic: str) -> None:
+        """Marks `topic` (server side, after an acknowledgement; ~microseconds)."""
+        path = self._path(topic)
+        n = time.time_ns()
         try:
-            with open(self._path(topic)) as f:
-                return {int(kp): int(end) for kp, end in json.load(f).items()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return {}
+            os.utime(path, ns=(n, n))
+        except FileNotFoundError:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(path, "ab"):
+                pass
+            os.utime(path, ns=(n, n))
+
+    def read(self, topic: str) -> int | None:
+        """The topic's mark (compare with an earlier one for a change), None when never marked."""
+        try:
+            return os.stat(self._path(topic)).st_mtime_ns
+        except FileNotFoundError:
+            return None

@@ -26,25 +26,19 @@ Invariants:
   word: the range ends once a later record arrives.
 - `latestOffset` never reports an end beyond what Kafka holds and never stops
   short of the last message for longer than one trigger after a partition
-  stops moving (up to `end_polls.DEFAULT_MAX_DELAY_S` for a large partition, or
-  one this server's own writes move: see below). Tansu reports the high
-  watermark (ListOffsets latest) as the base offset of a last record batch + 1:
-  of the last one in memory (exact for the router's single-message batches,
-  short of the rest of another producer's larger batch); on s3:// storage, of
-  the batch stored first in the last second (2,000 messages written at ~200/s
-  read 1,899). A partition whose watermark moved since the last trigger ends
-  at the watermark; once it did not move, its true end is found by reading its
-  last batch (a no-op on Apache Kafka, where the batch ends at the watermark).
-  Reading the last batch costs Tansu a walk of the partition's stored batches
-  (26 ms of its CPU at 5,000 batches in memory), so it is not done at every
-  trigger of a partition under load.
+  stops moving: Tansu reports the high watermark as the base offset of the
+  last record batch + 1 (exact for the router's single-message batches, short
+  of the rest of another producer's larger batch). A partition whose watermark
+  moved since the last trigger ends at the watermark; once it did not move,
+  its true end is found by reading its last batch (a no-op on Apache Kafka,
+  where the batch ends at the watermark). Reading the last batch costs Tansu a
+  walk of the partition's stored batches (26 ms of its CPU at 5,000 batches),
+  so it is not done at every trigger of a partition under load.
 - A partition's end is asked at every trigger, except a large one that did not
   move: it is asked again after up to `end_polls.DEFAULT_MAX_DELAY_S` (each ask
-  costs Tansu a walk of the partition's batches; see `server/write_buffer/end_polls.py`).
-  Where this server's own writes went, their end comes without asking: the
-  server records the offsets Kafka acknowledged to it (option `acked_marks_dir`,
-  `end_polls.AckMarks`), and a partition they explain is asked again only after
-  such a delay too (another producer's write to it is found then).
+  costs Tansu a walk of the partition's batches; see `server/write_buffer/end_polls.py`), or
+  at once when the server marked its topic (option `acked_marks_dir`): Kafka
+  acknowledged a write of this server to it.
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - A partition held at a poisoned message (option `holds_file`, written by the
@@ -278,6 +272,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._polls = EndPolls()
         marks_dir = options.get("acked_marks_dir", "")
         self._marks = AckMarks(marks_dir) if marks_dir else None
+        self._seen_marks: dict[str, int | None] = {}  # topic -> its ack mark at the last trigger
 
     # -- driver-side (streaming source worker) ---------------------------------
     def _clients(self):
@@ -312,23 +307,22 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         out: dict[int, int] = {}
         grown: dict[int, int] = {}
         now = time.monotonic()
-        # this server's own acknowledged writes end there (exact: Kafka gave their offsets)
-        own = self._marks.read(topic) if self._marks is not None else {}
+        # read before asking: a write acknowledged after this read changes the mark for the next trigger
+        mark = self._marks.read(topic) if self._marks is not None else None
+        marked = mark != self._seen_marks.get(topic)
+        self._seen_marks[topic] = mark
         for p in range(partitions):
-            mine = own.get(p)
-            if mine is not None and mine > self._true_end.get((topic, p), 0):
-                self._true_end[(topic, p)] = mine
-            if (topic, p) in self._true_end and not self._polls.due((topic, p), now):
-                out[p] = self._true_end[(topic, p)]  # known; asked again when due (see end_polls)
+            if (topic, p) in self._true_end and not marked and not self._polls.due((topic, p), now):
+                out[p] = self._true_end[(topic, p)]  # a large idle partition, asked again later
                 continue
             lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)
-            moved = self._polls.answered((topic, p), now, lo, hi, explained=mine is not None and hi <= mine)
+            moved = self._polls.answered((topic, p), now, lo, hi)
             known = self._true_end.get((topic, p), 0)
             if hi <= known:
                 out[p] = known
                 if known > 0 and now - self._stale_probed_at.get((topic, p), -1e9) >= STALE_PROBE_INTERVAL_S:
-                    # Tansu on s3:// storage can report a watermark short of its last message for
-                    # good (until the next produce): look past what is known, now and then
+                    # Tansu on s3:// storage can report a watermark one short of its last message
+                    # for good (until the next produce): look past what is known, now and then
                     self._stale_probed_at[(topic, p)] = now
                     grown[p] = known
             elif moved:

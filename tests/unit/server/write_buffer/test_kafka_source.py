@@ -351,44 +351,6 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     assert r._ends_of(TOPIC, 1) == {0: 4}
 
 
-def test_own_acknowledged_writes_give_their_end_without_asking_the_broker(tmp_path, monkeypatch):
-    """The ends the server recorded (end_polls.AckMarks) are the source's ends at once, also past a
-    watermark that is short of them; the broker is asked again only when its poll is due, and then
-    another producer's later write is found."""
-    from server.write_buffer.end_polls import AckMarks
-
-    log = {0: [_Msg(0, i) for i in range(4)], 1: []}
-    probe = _Consumer(log)
-    asked = []
-    hw = {0: 1, 1: 0}  # Tansu's watermark: short of the last batches
-
-    def watermarks(tp, timeout=None):
-        asked.append(tp.partition)
-        return 0, hw[tp.partition]
-
-    probe.get_watermark_offsets = watermarks
-    marks = AckMarks(str(tmp_path / "acked"))
-    r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
-    r._probe, r._admin = probe, object()
-    clock = [100.0]
-    monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
-    marks.touch(TOPIC, {0: 4})
-    assert r._ends_of(TOPIC, 2) == {0: 4, 1: 0}  # the first trigger asks each partition once
-    assert asked == [0, 1]
-    asked.clear()
-    for step in range(3):  # own writes at every trigger: their ends, and no ask before the poll is due
-        clock[0] += 0.05
-        log[0].append(_Msg(0, 4 + step))
-        marks.touch(TOPIC, {0: 5 + step})
-        assert r._ends_of(TOPIC, 2)[0] == 5 + step
-    assert 0 not in asked
-    log[0].append(_Msg(0, 7))  # another producer's write after the own ones
-    hw[0] = 8
-    clock[0] += 1.0  # the poll is due (at most DEFAULT_MAX_DELAY_S after the last ask)
-    assert r._ends_of(TOPIC, 2)[0] == 8
-    assert 0 in asked
-
-
 def test_latest_offset_never_reads_a_held_partition_past_its_poisoned_message(tmp_path, monkeypatch):
     """The consumer's holds file (server/write_buffer/poison.py): a held partition's range ends at the held
     message (or where it already is, when a batch read past it), the others read on."""
