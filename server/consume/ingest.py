@@ -595,7 +595,7 @@ class Ingestor:
             owned = db.owned_partitions
             if owned is None:
                 return  # every partition is read here: decisions arrive through the stream
-            lookups = db.txns.undecided_elsewhere(now, frozenset(owned).__contains__)
+            lookups = db.txns.undecided_elsewhere(now, owned.__contains__)  # a frozenset, replaced on a claim
         for txn, q, since_ms in lookups:
             try:
                 decision = write_buffer.first_decision(db.topic, q, txn, since_ms)

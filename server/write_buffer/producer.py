@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from catalog.sharding import TOPIC_PREFIX, consumer_group_for, partition_for, topic_for
-from catalog.transactions import ABORT, COMMIT, DEFAULT_TXN_TIMEOUT_S
+from catalog.transactions import ABORT, COMMIT, DECISION, DEFAULT_TXN_TIMEOUT_S
 
 from catalog.crash_points import CrashPoint, crash_point
 from server.errors import WriteBufferUnavailable
@@ -439,7 +439,7 @@ class WriteBuffer:
                         continue
                     pos = max(pos, m.offset() + 1)
                     h = dict(m.headers() or [])
-                    if header_text(h, "iox-kind") == "decision" and header_text(h, "iox-txn") == txn:
+                    if header_text(h, "iox-kind") == DECISION and header_text(h, "iox-txn") == txn:
                         return json.loads(header_text(h, "iox-txn-info"))["decision"]
                 passed = consumer_positions(c, topic, [kp])[kp]
                 if msgs or passed > pos:
