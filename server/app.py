@@ -883,9 +883,9 @@ class IoxServer:
             log.exception("database %s: persisting after the write buffer's topic was replaced", db.name)
 
     def _on_acked(self, topic: str, messages: list) -> None:
-        """The write buffer's hook (in the acknowledging request's thread): marks the topic for the
-        streaming source (end_polls.AckMarks) and hands the messages to the tail."""
-        self.acked_marks.touch(topic)
+        """The write buffer's hook (in the acknowledging request's thread): marks the partitions written
+        for the streaming source (end_polls.AckMarks) and hands the messages to the tail."""
+        self.acked_marks.touch(topic, (m[0] for m in messages))
         self.message_sizes.record(topic, messages)
         if self.tail is not None:
             self.tail.feed(topic, messages)

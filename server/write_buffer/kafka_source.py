@@ -34,11 +34,12 @@ Invariants:
   where the batch ends at the watermark). Reading the last batch costs Tansu a
   walk of the partition's stored batches (26 ms of its CPU at 5,000 batches),
   so it is not done at every trigger of a partition under load.
-- A partition's end is asked at every trigger, except a large one that did not
-  move: it is asked again after up to `end_polls.DEFAULT_MAX_DELAY_S` (each ask
-  costs Tansu a walk of the partition's batches; see `server/write_buffer/end_polls.py`), or
-  at once when the server marked its topic (option `acked_marks_dir`): Kafka
-  acknowledged a write of this server to it.
+- A partition's end is asked at every trigger while it moves; one that did not
+  move is asked again after up to `end_polls.DEFAULT_MAX_DELAY_S` (each ask
+  costs Tansu a listing or walk of the partition's batches; see
+  `server/write_buffer/end_polls.py`), or at once when the server marked it
+  (option `acked_marks_dir`): Kafka acknowledged a write of this server to it.
+  The partitions asked at a trigger are asked in one ListOffsets request per topic.
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - A partition held at a poisoned message (option `holds_file`, written by the
@@ -47,8 +48,10 @@ Invariants:
 - While the server is frozen (option `freeze_file` exists: server/write_buffer/freeze.py), no
   partition is read past the offset it was applied to at the freeze, and a topic or partition
   the freeze did not name is read no further than where it stands.
-- New database topics (prefix `iox.`) are discovered on every trigger and read
-  from their start offset (option `start_offsets`, else the low watermark).
+- New database topics (prefix `iox.`) are discovered at the next trigger when
+  this server marked them, else within `end_polls.DEFAULT_MAX_DELAY_S` (the topic
+  list is asked again that often), and read from their start offset (option
+  `start_offsets`, else the low watermark).
 - Every write (and transaction part holding one) is checked where it is read:
   `problem` names why its payload cannot be applied (not an Arrow IPC stream, no
   int64 time for every row; `wire_format.payload_problem`), NULL when it can, so
@@ -272,7 +275,9 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._polls = EndPolls()
         marks_dir = options.get("acked_marks_dir", "")
         self._marks = AckMarks(marks_dir) if marks_dir else None
-        self._seen_marks: dict[str, int | None] = {}  # topic -> its ack mark at the last trigger
+        self._topic_list: dict[str, int] | None = None  # the last answer of `_topics`
+        self._topics_asked_at = 0.0
+        self._seen_marks: dict[tuple[str, int], int | None] = {}  # (topic, partition) -> its ack mark at the last trigger
 
     # -- driver-side (streaming source worker) ---------------------------------
     def _clients(self):
@@ -283,11 +288,21 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
         return self._probe, self._admin
 
-    def _topics(self) -> dict[str, int]:
+    def _topics(self, fresh: bool = False) -> dict[str, int]:
+        """{database topic: partitions}. Asked of the broker (a Metadata request: Tansu reads each
+        topic's metadata object) when `fresh`, when this server marked a topic not known yet, or
+        once `end_polls.DEFAULT_MAX_DELAY_S` passed since it was last asked; else the last answer."""
+        now = time.monotonic()
+        known = self._topic_list
+        if (not fresh and known is not None and now - self._topics_asked_at < self._polls.max_delay_s
+                and (self._marks is None or self._marks.topics() <= known.keys())):
+            return known
         _, admin = self._clients()
         md = admin.list_topics(timeout=_ADMIN_TIMEOUT_S)
-        return {t: len(m.partitions) for t, m in md.topics.items()
-                if t.startswith(self.prefix) and m.error is None and m.partitions}
+        self._topic_list = {t: len(m.partitions) for t, m in md.topics.items()
+                            if t.startswith(self.prefix) and m.error is None and m.partitions}
+        self._topics_asked_at = now
+        return self._topic_list
 
     def _start_of(self, topic: str, partition: int) -> int:
         planned = self.start_offsets.get(topic, {}).get(str(partition))
@@ -299,24 +314,38 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         lo, _hi = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=_ADMIN_TIMEOUT_S)
         return max(0, lo)
 
+    def _latest_of(self, topic: str, partitions: list) -> dict[int, int]:
+        """{partition: high watermark} of `partitions` of `topic`: one ListOffsets request (latest
+        only: `get_watermark_offsets` asks the earliest too, a second request, which Tansu on s3://
+        storage answers with a second listing of the partition's batches)."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        if not partitions:
+            return {}
+        _, admin = self._clients()
+        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                     request_timeout=_ADMIN_TIMEOUT_S)
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+
     def _ends_of(self, topic: str, partitions: int) -> dict[int, int]:
         """{partition: true end (last offset + 1)} of a topic's partitions; see the module invariant."""
-        from confluent_kafka import TopicPartition
-
         probe, _ = self._clients()
         out: dict[int, int] = {}
         grown: dict[int, int] = {}
         now = time.monotonic()
-        # read before asking: a write acknowledged after this read changes the mark for the next trigger
-        mark = self._marks.read(topic) if self._marks is not None else None
-        marked = mark != self._seen_marks.get(topic)
-        self._seen_marks[topic] = mark
+        asked = []
         for p in range(partitions):
-            if (topic, p) in self._true_end and not marked and not self._polls.due((topic, p), now):
-                out[p] = self._true_end[(topic, p)]  # a large idle partition, asked again later
-                continue
-            lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)
-            moved = self._polls.answered((topic, p), now, lo, hi)
+            # read before asking: a write acknowledged after this read changes the mark for the next trigger
+            mark = self._marks.read(topic, p) if self._marks is not None else None
+            marked = mark != self._seen_marks.get((topic, p))
+            self._seen_marks[(topic, p)] = mark
+            if (topic, p) not in self._true_end or marked or self._polls.due((topic, p), now):
+                asked.append(p)
+            else:
+                out[p] = self._true_end[(topic, p)]  # idle, asked again later
+        for p, hi in self._latest_of(topic, asked).items():
+            moved = self._polls.answered((topic, p), now, hi)
             known = self._true_end.get((topic, p), 0)
             if hi <= known:
                 out[p] = known
@@ -338,7 +367,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict:
         out: dict = {}
-        for topic, n in self._topics().items():
+        for topic, n in self._topics(fresh=True).items():
             out[topic] = {str(p): self._start_of(topic, p) for p in range(n)}
         return out
 

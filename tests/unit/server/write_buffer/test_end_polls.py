@@ -7,29 +7,21 @@ K = ("iox.db", 0)
 
 
 def _polls():
-    return EndPolls(backoff_from_offsets=1_000, first_delay_s=0.25, max_delay_s=1.0)
+    return EndPolls(first_delay_s=0.25, max_delay_s=1.0)
 
 
 def test_a_partition_never_asked_is_due():
     assert _polls().due(K, 0.0)
 
 
-def test_a_small_partition_is_asked_at_every_trigger_also_when_idle():
-    e = _polls()
-    for i in range(10):
-        now = i * 0.125
-        assert e.due(K, now)
-        e.answered(K, now, 0, 999)  # unmoved after the first answer, but under 1,000 offsets
-
-
-def test_a_large_idle_partition_is_asked_after_a_doubling_delay_up_to_the_max():
+def test_an_idle_partition_is_asked_after_a_doubling_delay_up_to_the_max():
     e = _polls()
     asked = []
     now = 0.0
     while now < 5.0:
         if e.due(K, now):
             asked.append(now)
-            e.answered(K, now, 0, 5_000)
+            e.answered(K, now, 5_000)
         now += 0.125
     # the first answer counts as moved (never seen before), then delays 0.25, 0.5, 1.0, 1.0, ...
     assert asked == [0.0, 0.125, 0.375, 0.875, 1.875, 2.875, 3.875, 4.875]
@@ -37,58 +29,61 @@ def test_a_large_idle_partition_is_asked_after_a_doubling_delay_up_to_the_max():
 
 def test_a_partition_that_moves_is_asked_at_the_next_trigger_again():
     e = _polls()
-    e.answered(K, 0.0, 0, 5_000)
-    e.answered(K, 0.125, 0, 5_000)
-    e.answered(K, 0.375, 0, 5_000)
+    e.answered(K, 0.0, 5_000)
+    e.answered(K, 0.125, 5_000)
+    e.answered(K, 0.375, 5_000)
     assert not e.due(K, 0.75)
     assert e.due(K, 0.875)
-    e.answered(K, 0.875, 0, 5_001)  # a new write
+    e.answered(K, 0.875, 5_001)  # a new write
     assert e.due(K, 1.0)
-    e.answered(K, 1.0, 0, 5_001)
+    e.answered(K, 1.0, 5_001)
     assert not e.due(K, 1.125) and e.due(K, 1.25)  # backing off from the start again
 
 
-def test_the_size_counts_offsets_above_the_low_watermark():
+def test_a_small_idle_partition_backs_off_too():
     e = _polls()
-    e.answered(K, 0.0, 4_500, 5_000)  # retention kept 500 offsets: cheap to ask
-    e.answered(K, 0.125, 4_500, 5_000)
-    assert e.due(K, 0.125)
-    e.answered(K, 0.25, -1, 5_000)  # no low watermark known: counted from 0
-    assert not e.due(K, 0.375) and e.due(K, 0.5)
+    for now in (0.0, 0.125):
+        assert e.due(K, now)
+        e.answered(K, now, 3)
+    assert not e.due(K, 0.25) and e.due(K, 0.375)
 
 
 def test_partitions_back_off_independently():
     e = _polls()
     other = ("iox.db", 1)
     for now in (0.0, 0.125):
-        e.answered(K, now, 0, 5_000)
-        e.answered(other, now, 0, 5_000 + int(now * 8))
+        e.answered(K, now, 5_000)
+        e.answered(other, now, 5_000 + int(now * 8))
     assert not e.due(K, 0.25)
     assert e.due(other, 0.25)
 
 
 def test_answered_says_whether_the_high_watermark_moved():
     e = _polls()
-    assert e.answered(K, 0.0, 0, 10)  # the first answer: moved
-    assert not e.answered(K, 0.125, 0, 10)
-    assert e.answered(K, 0.25, 0, 11)
-    assert e.answered(K, 0.375, 0, 0)  # a re-created topic starts over: moved too
+    assert e.answered(K, 0.0, 10)  # the first answer: moved
+    assert not e.answered(K, 0.125, 10)
+    assert e.answered(K, 0.25, 11)
+    assert e.answered(K, 0.375, 0)  # a re-created topic starts over: moved too
 
 
-def test_ack_marks_change_with_every_touch_and_survive_pickling(tmp_path):
+def test_ack_marks_change_with_every_touch_per_partition_and_survive_pickling(tmp_path):
     import pickle
 
     from server.write_buffer.end_polls import AckMarks
 
     marks = AckMarks(str(tmp_path / "acked"))  # the directory is made on the first touch
-    assert marks.read("iox.db") is None
-    marks.touch("iox.db")
-    first = marks.read("iox.db")
-    assert first is not None
+    assert marks.read("iox.db", 0) is None and marks.topics() == set()
+    marks.touch("iox.db", [0, 2, 0])
+    assert marks.topics() == {"iox.db"}
+    first = marks.read("iox.db", 0)
+    assert first is not None and marks.read("iox.db", 2) == first
+    assert marks.read("iox.db", 1) is None
     seen = {first}
     for _ in range(100):  # back to back: each mark differs (set in ns, not the coarse file clock)
-        marks.touch("iox.db")
-        seen.add(marks.read("iox.db"))
+        marks.touch("iox.db", iter([0]))
+        seen.add(marks.read("iox.db", 0))
     assert len(seen) == 101
-    assert marks.read("iox.other") is None
-    assert pickle.loads(pickle.dumps(marks)).read("iox.db") == marks.read("iox.db")
+    assert marks.read("iox.db", 2) == first  # partition 2 was not written again
+    assert marks.read("iox.other", 0) is None
+    assert marks.read("iox.db.0", 0) is None  # a topic whose name extends another's is its own
+    assert pickle.loads(pickle.dumps(marks)).read("iox.db", 0) == marks.read("iox.db", 0)

@@ -330,9 +330,9 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     log = {0: [_Msg(0, i) for i in range(3)]}
     probe = _Consumer(log)
     marks = {"hw": 2}
-    probe.get_watermark_offsets = lambda tp, timeout=None: (0, marks["hw"])
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
     r._probe, r._admin = probe, object()
+    r._latest_of = lambda topic, partitions: {p: marks["hw"] for p in partitions}
     clock = [100.0]
 
     def monotonic():  # advances a little on every look, so no wait in the code under test is endless
@@ -349,6 +349,85 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     assert r._ends_of(TOPIC, 1) == {0: 3}
     clock[0] += kafka_source.STALE_PROBE_INTERVAL_S
     assert r._ends_of(TOPIC, 1) == {0: 4}
+
+
+def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_path, monkeypatch):
+    """end_polls: a partition this server got a write acknowledged on is asked at the next trigger;
+    an idle one only once its poll is due; the partitions asked are asked together."""
+    from server.write_buffer.end_polls import AckMarks
+
+    marks = AckMarks(str(tmp_path / "acked"))
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
+    r._probe, r._admin = _Consumer({}), object()
+    hws = {0: 5, 1: 7, 2: 9}
+    asked = []
+
+    def latest_of(topic, partitions):
+        if partitions:  # the real one sends no request for none
+            asked.append(sorted(partitions))
+        return {p: hws[p] for p in partitions}
+
+    r._latest_of = latest_of
+    r._polls = kafka_source.EndPolls(first_delay_s=0.5, max_delay_s=1.0)
+    monkeypatch.setattr(kafka_source, "true_ends", lambda consumer, topic, grown, **kw: dict(grown))
+    clock = [100.0]
+    monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
+    assert r._ends_of(TOPIC, 3) == hws  # never asked: all, in one request
+    clock[0] += 0.125
+    assert r._ends_of(TOPIC, 3) == hws  # moved at the first answer: asked again, now unmoved
+    assert asked == [[0, 1, 2], [0, 1, 2]]
+    clock[0] += 0.125
+    assert r._ends_of(TOPIC, 3) == hws  # not due yet: none asked
+    assert len(asked) == 2
+    marks.touch(TOPIC, [1])  # this server's write to partition 1 was acknowledged
+    hws[1] = 8
+    clock[0] += 0.125
+    assert r._ends_of(TOPIC, 3) == {0: 5, 1: 8, 2: 9}
+    assert asked[-1] == [1]
+    hws[2] = 10  # another producer's write: found once partition 2's poll is due
+    clock[0] += 0.125
+    r._ends_of(TOPIC, 3)
+    assert asked[-1] == [1]  # partition 1 moved at its last answer; 2 is not due
+    clock[0] += 1.0
+    assert r._ends_of(TOPIC, 3) == {0: 5, 1: 8, 2: 10}
+
+
+def test_the_topic_list_is_asked_again_when_marked_or_after_the_longest_poll_delay(tmp_path, monkeypatch):
+    """A Metadata request per trigger costs Tansu a read per topic: the list is kept between triggers,
+    asked again at once for a topic this server marked (its first write there), else once the
+    longest poll delay passed; `initialOffset` always asks."""
+    from types import SimpleNamespace
+
+    from server.write_buffer.end_polls import AckMarks
+
+    marks = AckMarks(str(tmp_path / "acked"))
+    topics = {TOPIC: SimpleNamespace(error=None, partitions={0: None, 1: None}), "other": SimpleNamespace(error=None, partitions={0: None})}
+    calls = []
+
+    class _Admin:
+        def list_topics(self, timeout=None):
+            calls.append(1)
+            return SimpleNamespace(topics=dict(topics))
+
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
+    r._probe, r._admin = _Consumer({}), _Admin()
+    clock = [100.0]
+    monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
+    assert r._topics() == {TOPIC: 2} and len(calls) == 1
+    clock[0] += 0.5
+    assert r._topics() == {TOPIC: 2} and len(calls) == 1  # kept
+    topics["iox.new"] = SimpleNamespace(error=None, partitions={0: None})
+    assert r._topics() == {TOPIC: 2} and len(calls) == 1  # another producer's new topic: not yet
+    marks.touch(TOPIC, [0])
+    assert r._topics() == {TOPIC: 2} and len(calls) == 1  # a known topic marked: no need to ask
+    marks.touch("iox.mine", [0])
+    topics["iox.mine"] = SimpleNamespace(error=None, partitions={0: None})
+    assert r._topics() == {TOPIC: 2, "iox.new": 1, "iox.mine": 1} and len(calls) == 2  # this server's new topic: at once
+    clock[0] += r._polls.max_delay_s
+    r._topics()
+    assert len(calls) == 3  # the longest delay passed
+    r._topics(fresh=True)
+    assert len(calls) == 4
 
 
 def test_latest_offset_never_reads_a_held_partition_past_its_poisoned_message(tmp_path, monkeypatch):
