@@ -210,20 +210,49 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int], wait_s: flo
     true end: right for a reader, which reads the rest later), or, when `exact`,
     raises EndNotConfirmed (what decides a loss or a read barrier must not take a
     watermark for the end). Uses (and then unassigns) `consumer`.
+
+    The watermark asked with ListOffsets can be short of the end by more than its
+    last batch: Tansu on s3:// storage answers with the batch stored last by the
+    store's modification times, which count whole seconds, so every batch stored
+    in the same second as an earlier one is left out. The high watermark of the
+    fetch that read the last batch is the partition's own (Tansu keeps it with
+    each produce): where it is beyond the end found, the batch before it is read
+    too (a second round, once), so the end is the partition's end when the first
+    fetch answered.
     """
+    deadline = time.monotonic() + wait_s
+    out = {p: max(0, hw) for p, hw in high_watermarks.items()}
+    ends, fetched, waiting = _read_last_batches(consumer, topic, high_watermarks, deadline)
+    for p, end in ends.items():
+        out[p] = max(out[p], end)
+    further = {p: hw for p, hw in fetched.items() if hw > out[p]}
+    if further:
+        ends, _fetched, still = _read_last_batches(consumer, topic, further, deadline)
+        for p, end in ends.items():
+            out[p] = max(out[p], end)
+        waiting |= still
+    if exact and waiting:
+        raise EndNotConfirmed(topic, sorted(waiting), wait_s)
+    return out
+
+
+def _read_last_batches(consumer, topic: str, high_watermarks: dict[int, int], deadline: float):
+    """(ends, fetched, waiting): {partition: end found} by reading each partition's batch at its
+    watermark - 1 until `deadline` (see `true_ends`); {partition: the high watermark of the fetch
+    that answered it} for the partitions heard from; the partitions not heard from."""
     from confluent_kafka import TopicPartition
 
     out = {p: max(0, hw) for p, hw in high_watermarks.items()}
     todo = {p for p, hw in high_watermarks.items() if hw > 0}
     if not todo:
-        return out
+        return out, {}, set()
     consumer.assign([TopicPartition(topic, p, high_watermarks[p] - 1) for p in sorted(todo)])
-    deadline = time.monotonic() + wait_s
     # a position read before any consume is an earlier assignment's (see consumer_positions): such a
     # partition's position proves nothing, it ends by a message or the deadline
     fresh = {p for p, pos in consumer_positions(consumer, topic, sorted(todo)).items() if pos < 0}
     waiting = set(todo)  # partitions whose last batch has not arrived yet
     wait = False  # the last call brought nothing while partitions are waiting
+    fetched: dict[int, int] = {}
     try:
         while time.monotonic() < deadline:
             # a fetch delivers a record batch whole: once a partition's first record came, the
@@ -248,11 +277,13 @@ def true_ends(consumer, topic: str, high_watermarks: dict[int, int], wait_s: flo
             out[p] = max(out[p], pos)  # control records after the last message count too
             if pos >= high_watermarks[p]:
                 waiting.discard(p)
+        for p in sorted(todo - waiting):
+            _lo, hw = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            if hw >= 0:
+                fetched[p] = hw
     finally:
         consumer.unassign()
-    if exact and waiting:
-        raise EndNotConfirmed(topic, sorted(waiting), wait_s)
-    return out
+    return out, fetched, waiting
 
 
 class IoxKafkaStreamReader(DataSourceStreamReader):

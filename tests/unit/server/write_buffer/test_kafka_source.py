@@ -72,11 +72,19 @@ class _Consumer:
     Arrival: the first `slow` consume calls of an assignment receive nothing (messages slow to
     come); from then on each call first receives one fetch: the next `fetch` records of each
     assigned partition (all of them when None). `stale_position`: the position `assign` leaves
-    (an earlier assignment's, not reset yet) instead of OFFSET_INVALID."""
+    (an earlier assignment's, not reset yet) instead of OFFSET_INVALID. The cached watermark of a
+    partition fetched in this assignment is its true end (Tansu's own, which a fetch answers with);
+    `fetch_hw` overrides it; `max_fetches` bounds the fetches an assignment receives (the next
+    one has not arrived yet)."""
 
     def __init__(self, log: dict[int, list], fetch: int | None = None, slow: int = 0,
-                 stale_position: int | None = None):
+                 stale_position: int | None = None, fetch_hw: dict | None = None,
+                 max_fetches: int | None = None):
         self.log = log
+        self.max_fetches = max_fetches
+        self._fetches = 0
+        self.fetch_hw = fetch_hw or {}
+        self._fetched: set = set()  # partitions a fetch answered in this assignment
         self.fetch, self.slow, self.stale_position = fetch, slow, stale_position
         self.pending: dict[int, list] = {}  # partition -> records not fetched yet
         self.queue: list = []  # fetched records, not passed yet
@@ -91,9 +99,19 @@ class _Consumer:
         start = OFFSET_INVALID if self.stale_position is None else self.stale_position
         self.positions = {tp.partition: start for tp in tps}
         self._slow_left = self.slow
+        self._fetched = set()
+        self._fetches = 0
 
     def unassign(self):
         self.pending, self.queue, self.positions = {}, [], {}
+        self._fetched = set()
+
+    def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        assert cached, "only the cached watermark of a fetch is asked"
+        if tp.partition not in self._fetched:
+            return OFFSET_INVALID, OFFSET_INVALID
+        log = self.log[tp.partition]
+        return 0, self.fetch_hw.get(tp.partition, log[-1].offset() + 1 if log else 0)
 
     def close(self):
         self.closed = True
@@ -101,11 +119,13 @@ class _Consumer:
     def consume(self, num_messages=1, timeout=-1):
         if self._slow_left > 0:
             self._slow_left -= 1
-        else:
+        elif self.max_fetches is None or self._fetches < self.max_fetches:
+            self._fetches += 1
             for p, records in self.pending.items():
                 n = len(records) if self.fetch is None else self.fetch
                 self.queue += records[:n]
                 self.pending[p] = records[n:]
+                self._fetched.add(p)
         out = []
         while self.queue and len(out) < num_messages:
             r = self.queue.pop(0)
@@ -307,6 +327,34 @@ def test_a_last_batch_that_never_arrives_ends_at_the_watermark_for_a_reader_and_
     assert (ei.value.topic, ei.value.partitions, ei.value.waited_s) == (TOPIC, [0, 1], 0.2)
     # once it arrives within the wait, exact answers the true ends
     assert true_ends(_Consumer(log, slow=3), TOPIC, {0: 6, 1: 4}, wait_s=5, exact=True) == {0: 8, 1: 4}
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_true_ends_reads_past_a_listoffsets_watermark_short_by_several_batches(exact):
+    """Tansu on s3:// storage answers ListOffsets latest with the first batch of the last second
+    stored: the watermark of the fetch that read it tells the partition's end, whose batch is read
+    then. Partition 0: single-message batches 0-9, ListOffsets said 4; partition 1: told right."""
+    log = {0: [_Msg(0, off) for off in range(10)], 1: [_Msg(1, off) for off in range(3)]}
+    c = _Consumer(log, fetch=1, max_fetches=1)
+    assert true_ends(c, TOPIC, {0: 4, 1: 3}, exact=exact) == {0: 10, 1: 3}
+    assert c.positions == {}  # unassigned
+
+
+def test_true_ends_asks_a_second_round_only_once():
+    """The end is the one when the first fetch answered: one more round reads up to the watermark
+    that fetch gave, and no further round chases a partition that keeps growing."""
+    log = {0: [_Msg(0, off) for off in range(6)]}
+    c = _Consumer(log, fetch=1, fetch_hw={0: 6}, max_fetches=1)
+    assigned = []
+    real_assign = c.assign
+    c.assign = lambda tps: (assigned.append([(tp.partition, tp.offset) for tp in tps]), real_assign(tps))[1]
+    assert true_ends(c, TOPIC, {0: 2}) == {0: 6}
+    assert assigned == [[(0, 1)], [(0, 5)]]
+    c.fetch_hw = {0: 9}  # a fetch now says 9: writes came meanwhile; found by the next ask, not chased
+    log[0] += [_Msg(0, off) for off in range(6, 9)]
+    assigned.clear()
+    assert true_ends(c, TOPIC, {0: 2}) == {0: 9}
+    assert len(assigned) == 2
 
 
 @pytest.mark.parametrize("fetch", [None, 1])
