@@ -134,3 +134,23 @@ def test_concurrent_idempotent_producers_on_one_partition_each_keep_their_offset
     got = _read_all(h.bootstrap, len(acked))
     assert sorted(got) == sorted(acked)  # each present exactly once, at its acknowledged offset
     assert sorted(v for _, v in got) == sorted(b"p%d-%d" % (k, i) for k in range(3) for i in range(n))
+
+
+def test_an_exact_end_is_the_partitions_own_when_listoffsets_is_short_by_many_batches(durable):
+    """Tansu on s3:// storage answers ListOffsets latest with the first batch stored in the last
+    second of the store's clock: the end `true_ends` confirms is the partition's (the fetch's own
+    high watermark), whatever watermark it started from."""
+    from server.write_buffer.kafka_source import reader_consumer, true_ends
+
+    h = durable()
+    _create_topic(h.bootstrap)
+    acked = _produce(h.bootstrap, [b"m%d" % i for i in range(30)])  # single-message batches
+    assert sorted(acked) == list(range(30))
+    c = reader_consumer(h.bootstrap)
+    try:
+        _lo, listed = c.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=30)
+        assert 0 < listed <= 30
+        for start in (1, 15, listed):  # as short as ListOffsets can be, and what it said now
+            assert true_ends(c, TOPIC, {0: start}, wait_s=10, exact=True) == {0: 30}
+    finally:
+        c.close()
