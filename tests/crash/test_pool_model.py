@@ -270,8 +270,9 @@ class PoolModel(RuleBasedStateMachine):
 
             def handed_over():
                 _POOL.assigner.run_once()
-                return set(_owned(self._client(other), self.db)) == set(range(PARTITIONS)) or \
-                    not _database_known(self._client(other), self.db)
+                # a database that got no write yet is known to no member: nothing to hand over
+                return not _database_known(self._client(other), self.db) or \
+                    set(_owned(self._client(other), self.db)) == set(range(PARTITIONS))
 
             wait_for(handed_over, max(1.0, deadline - time.monotonic()), f"{m}'s partitions handed over", poll_s=0.5)
         _POOL.start(m)
