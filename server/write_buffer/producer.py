@@ -109,6 +109,22 @@ def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
     }
 
 
+def _confirmed_bounds(consumer, topic: str, kps) -> dict[int, tuple[int, int]]:
+    """{kafka partition: (low watermark, confirmed end)} of `kps` of `topic`, read with `consumer`
+    (`true_ends` exact); WriteBufferUnavailable when an end is not confirmed within END_CONFIRM_WAIT_S."""
+    from confluent_kafka import TopicPartition
+
+    from server.write_buffer.kafka_source import EndNotConfirmed, true_ends
+
+    marks = {kp: consumer.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S) for kp in kps}
+    try:
+        ends = true_ends(consumer, topic, {kp: hi for kp, (_lo, hi) in marks.items()},
+                         wait_s=END_CONFIRM_WAIT_S, exact=True)
+    except EndNotConfirmed as e:
+        raise WriteBufferUnavailable(str(e)) from e
+    return {kp: (max(lo, 0), ends[kp]) for kp, (lo, _hi) in marks.items()}
+
+
 class WriteBuffer:
     """Producer + topic admin for the database topics. Created once per server."""
 
@@ -254,9 +270,7 @@ class WriteBuffer:
 
     def partition_bounds_of(self, topics: list[str], partitions: int) -> dict[str, dict[int, tuple[int, int]]]:
         """`partition_bounds` of several topics, with one reader ({} for a topic that is absent)."""
-        from confluent_kafka import TopicPartition
-
-        from server.write_buffer.kafka_source import EndNotConfirmed, reader_consumer, true_ends
+        from server.write_buffer.kafka_source import reader_consumer
 
         md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
         out: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics}
@@ -266,14 +280,7 @@ class WriteBuffer:
         c = reader_consumer(self.bootstrap)
         try:
             for topic in present:
-                marks = {kp: c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
-                         for kp in range(partitions)}
-                try:
-                    ends = true_ends(c, topic, {kp: hi for kp, (_lo, hi) in marks.items()},
-                                     wait_s=END_CONFIRM_WAIT_S, exact=True)
-                except EndNotConfirmed as e:
-                    raise WriteBufferUnavailable(str(e)) from e
-                out[topic] = {kp: (max(lo, 0), ends[kp]) for kp, (lo, _hi) in marks.items()}
+                out[topic] = _confirmed_bounds(c, topic, range(partitions))
             return out
         finally:
             c.close()
@@ -411,17 +418,12 @@ class WriteBuffer:
         markers). Raises WriteBufferUnavailable when Kafka cannot be read to the end."""
         from confluent_kafka import TopicPartition
 
-        from server.write_buffer.kafka_source import EndNotConfirmed, consumer_positions, reader_consumer, true_ends
+        from server.write_buffer.kafka_source import consumer_positions, reader_consumer
         from server.write_buffer.wire_format import header_text
 
         c = reader_consumer(self.bootstrap)
         try:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S)
-            try:
-                end = true_ends(c, topic, {kp: hi}, wait_s=END_CONFIRM_WAIT_S, exact=True)[kp]
-            except EndNotConfirmed as e:
-                raise WriteBufferUnavailable(str(e)) from e
-            start = max(lo, 0)
+            start, end = _confirmed_bounds(c, topic, [kp])[kp]
             at = c.offsets_for_times([TopicPartition(topic, kp, max(0, since_ms - int(DECISION_LOOKBACK_S * 1000)))],
                                      timeout=ADMIN_TIMEOUT_S)[0].offset
             if at >= 0:
