@@ -380,6 +380,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             known = self._true_end.get((topic, p), 0)
             if hi <= known:
                 out[p] = known
+                self._true_end[(topic, p)] = known  # an empty partition too: asked as its poll says
                 if known > 0 and now - self._stale_probed_at.get((topic, p), -1e9) >= STALE_PROBE_INTERVAL_S:
                     # Tansu on s3:// storage can report a watermark one short of its last message
                     # for good (until the next produce): look past what is known, now and then

@@ -440,6 +440,26 @@ def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_p
     assert r._ends_of(TOPIC, 3) == {0: 5, 1: 8, 2: 10}
 
 
+def test_an_empty_partition_backs_off_like_any_idle_one(monkeypatch):
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
+    r._probe, r._admin = _Consumer({}), object()
+    asked = []
+
+    def latest_of(topic, partitions):
+        if partitions:
+            asked.append(sorted(partitions))
+        return {p: 0 for p in partitions}
+
+    r._latest_of = latest_of
+    r._polls = kafka_source.EndPolls(first_delay_s=0.5, max_delay_s=1.0)
+    clock = [100.0]
+    monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
+    for _ in range(4):
+        assert r._ends_of(TOPIC, 2) == {0: 0, 1: 0}
+        clock[0] += 0.125
+    assert asked == [[0, 1], [0, 1]]  # the first answer counts as moved; then backed off
+
+
 def test_the_topic_list_is_asked_again_when_marked_or_after_the_longest_poll_delay(tmp_path, monkeypatch):
     """A Metadata request per trigger costs Tansu a read per topic: the list is kept between triggers,
     asked again at once for a topic this server marked (its first write there), else once the
