@@ -45,9 +45,6 @@ DEFAULT_REPLICATION_FACTOR = 3
 #: How far before its earliest part `first_decision` reads a transaction's coordinator partition
 #: (Kafka's time lookup on Tansu goes by when batches were stored; producers' clocks differ).
 DECISION_LOOKBACK_S = 60.0
-#: Most messages of one partition that go out in one record batch (librdkafka's batch.num.messages;
-#: batch.size, 1 MB by default, bounds its bytes; a larger message goes alone).
-GROUP_COMMIT_MAX_MESSAGES = 1000
 #: Margin between a router giving up on a commit and a consumer aborting its transaction.
 TXN_SLACK_S = 5.0
 
@@ -95,13 +92,9 @@ def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 1,
-        # Group commit: the messages of concurrent requests waiting for one partition go out as one
-        # record batch. Tansu serializes a partition's produces and stores each batch as one object
-        # (on the durable store ~50 batches a second per partition, whatever their size): with 4
-        # concurrent writers per partition the bench's write throughput rose from 499-513k to
-        # 590-628k points/s. Tansu's high watermark (the base offset of the last batch + 1) is then
-        # short of the rest of a last batch of several messages: readers find it (kafka_source.true_ends).
-        "batch.num.messages": GROUP_COMMIT_MAX_MESSAGES,
+        # One message per record batch: Tansu reports the high watermark as the base
+        # offset of the last batch + 1, which is exact only for single-message batches.
+        "batch.num.messages": 1,
         # Kafka-level LZ4, in librdkafka's own threads: payloads shrink to about half (Arrow
         # IPC of line-protocol rows), the broker stores and serves half the bytes (Tansu's
         # CPU per point fell by a third), and the consumer decompresses before iox reads them
