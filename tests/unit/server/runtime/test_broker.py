@@ -114,3 +114,72 @@ def test_a_recorded_pid_that_names_another_process_now_is_never_signalled(tmp_pa
     finally:
         other.kill()
         other.wait()
+
+
+def test_free_port_never_hands_one_port_out_twice(monkeypatch):
+    """Callers ask for several ports before binding any; the system may answer one twice in a row."""
+    import socket
+
+    from server.runtime import broker
+
+    answers = iter([4001, 4001, 4002, 4001, 4003])
+
+    class _Sock:
+        def __init__(self):
+            self.port = next(answers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, addr):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(broker, "_given_ports", set())
+    monkeypatch.setattr(socket, "socket", _Sock)
+    assert [broker.free_port() for _ in range(3)] == [4001, 4002, 4003]
+
+
+def test_the_stores_ports_are_chosen_below_the_ephemeral_range():
+    """A client socket's local port comes from the ephemeral range: a store port chosen there could be
+    taken between the check and the store's bind."""
+    from server.runtime import broker
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    lo, hi = broker._pair_range()
+    if low >= 21000:  # room below it (Linux's default range starts at 32768)
+        assert (lo, hi) == (10000, low - 10000)
+        p = broker._free_port_pair(set())
+        assert lo <= p and p + 10000 < low
+    else:
+        assert (lo, hi) == (20000, 55000)
+
+
+def test_a_store_that_exits_before_it_listens_starts_again_on_other_ports(monkeypatch):
+    from server.runtime import broker
+
+    tried = []
+
+    def _start(store_dir, port, log_path):
+        tried.append(port)
+        if len(tried) < 3:
+            raise broker._ProcessExited(f"the embedded broker's store (SeaweedFS) exited with code 1 ({port})")
+        return "proc"
+
+    monkeypatch.setattr(broker, "_start_store", _start)
+    proc, port = broker._start_store_on_free_ports("/x", 0, None)
+    assert proc == "proc" and port == tried[-1] and len(set(tried)) == 3
+
+    tried.clear()
+    monkeypatch.setattr(broker, "_STORE_START_ATTEMPTS", 2)
+    import pytest
+
+    with pytest.raises(broker._ProcessExited):
+        broker._start_store_on_free_ports("/x", 0, None)
+    assert len(tried) == 2
