@@ -1128,7 +1128,8 @@ class PreservedCatalog:
         return frozenset(p for p, e in self._epochs.items()
                          if p in owners and owners[p] == PartitionOwner(self._writer, e))
 
-    def claim(self, partitions: Sequence[int], kafka_partitions: int, owner: str, now_s: float) -> dict[int, int]:
+    def claim(self, partitions: Sequence[int], kafka_partitions: int, owner: str, now_s: float,
+              first_checkpoint: RecordDatabaseCheckpoint | None = None) -> dict[int, int]:
         """Claim ``partitions`` of the database's topic (``kafka_partitions`` partitions) for ``owner``;
         returns {partition: epoch} claimed.
 
@@ -1138,15 +1139,25 @@ class PreservedCatalog:
         the previous owner's next commit touching it fails with :class:`PartitionsNotOwned`. The
         new owner resumes from the database checkpoint of the state this returns on
         (:attr:`state`): the old owner can commit nothing after it for these partitions.
+        ``first_checkpoint`` (no Kafka partitions in it) is recorded in the same transaction when
+        the catalog has no database checkpoint yet: the topic incarnation (its id) the pool's
+        offsets belong to is known from the first claim on, so a topic lost before the first
+        persist is found at the next start.
         """
         if self._writer is not None and owner != self._writer:
             raise ValueError(f"this catalog instance writes as {self._writer!r}, not {owner!r}")
         now_s = _check_now(now_s)
         parts = sorted(set(partitions))
 
+        if first_checkpoint is not None and first_checkpoint.sequencer_numbers:
+            raise ValueError("a first claim's database checkpoint names no Kafka partition's offsets")
+
         def build(state: CatalogState) -> list[Action]:
-            return [ClaimPartitions(owner=owner, kafka_partitions=kafka_partitions,
-                                    claims=claim_epochs(state.owners, parts))]
+            actions: list[Action] = [ClaimPartitions(owner=owner, kafka_partitions=kafka_partitions,
+                                                     claims=claim_epochs(state.owners, parts))]
+            if first_checkpoint is not None and state.database_checkpoint is None:
+                actions.append(first_checkpoint)
+            return actions
 
         with self._lock:
             self._writer = owner

@@ -27,6 +27,7 @@ import threading
 import time
 
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
+from catalog.preserved_catalog import RecordDatabaseCheckpoint
 from catalog.schema import Column
 from catalog.seq_layout import current_seq_origin
 from catalog.sharding import partition_for, topic_for
@@ -123,9 +124,14 @@ class PoolControl:
             bounds = srv.write_buffer.partition_bounds(topic, n)
             out = management_pb2.ClaimPartitionsResponse(database=database)
 
+            # the topic incarnation the pool's offsets are of, recorded with the first claim: a topic
+            # lost before the first persist is then found at the next start (LostWrites)
+            first = RecordDatabaseCheckpoint(topic=topic, kafka_partitions=n, epoch=db.epoch,
+                                             topic_id=db.topic_id, seq_origin=db.seq_origin)
+
             def between():
                 fresh = not any(p.chunks for parts in db.partitions.values() for p in parts.values())
-                epochs = pc.claim(kps, n, self.member, now)
+                epochs = pc.claim(kps, n, self.member, now, first_checkpoint=first)
                 state = pc.state
                 self._adopt(db, state, set(kps), bounds, fresh, now)
                 for kp in kps:

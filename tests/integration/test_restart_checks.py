@@ -145,6 +145,45 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
 
 
 
+def test_a_pool_databases_topic_lost_before_its_first_persist_is_lost_writes_at_restart(iox_server, session_tmp):
+    """An ingester pool's database: its first claim records the topic's id in the catalog, so a
+    topic deleted before anything was persisted refuses the member's next start (LostWrites, the
+    end unknown: other members may have acknowledged writes too), instead of a silent empty start;
+    with --skip-lost-writes the member starts and takes writes again."""
+    from confluent_kafka.admin import AdminClient
+
+    broker = start_broker()
+    cfg = make_config(os.path.join(session_tmp, f"pl-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+                      partitions=2, pool_member="ingester-a", lifecycle={"worker_backoff_ms": 3_600_000})
+    db = f"p_{uuid.uuid4().hex[:6]}"
+    try:
+        srv, c = start_server(cfg)
+        try:
+            c.claim_partitions(db, [0, 1])
+            tok = c.write(db, f"cpu,host=a v=1 {T0}\ncpu,host=b v=2 {T0 + 1}\n")
+            c.wait_applied(db, tok, timeout_s=90)
+            (kp, off), = tok.items()
+            assert c.query(db, "SELECT count(*) AS n FROM cpu").to_pylist() == [{"n": 2}]
+        finally:
+            c.close()
+            srv.stop()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_topics([f"iox.{db}"])[f"iox.{db}"].result(timeout=30)
+        with pytest.raises(LostWrites) as ei:
+            start_server(dataclasses.replace(cfg, grpc_port=0))
+        assert (ei.value.partition, ei.value.from_offset, ei.value.to_exclusive) == (kp, 0, None)
+        assert "no longer exists" in str(ei.value)
+        srv, c = start_server(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
+        try:
+            c.wait_applied(db, c.write(db, f"cpu,host=c v=3 {T0}\n"), timeout_s=90)
+            assert c.query(db, "SELECT host, v FROM cpu").to_pylist() == [{"host": "c", "v": 3.0}]
+        finally:
+            c.close()
+            srv.stop()
+    finally:
+        broker.stop()
+
+
 def test_types_known_only_to_kafka_are_enforced_from_the_first_write_after_a_restart(iox_server, session_tmp):
     """A table whose rows were never persisted exists only in Kafka at restart; its column
     types are read from the replay range before the server takes writes, so a conflicting

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -168,6 +169,24 @@ def test_a_handoff_fences_the_old_owner_for_that_partition_only(store) -> None:
     old.commit([_add(1), _dbc({1: (None, 25)})], NOW_S + 4)  # its other partition goes on
     new.commit([_add(0), _dbc({0: (None, 30)})], NOW_S + 5)
     assert read_state(store, DB).database_checkpoint.sequencer_numbers == {0: (None, 30), 1: (None, 25)}
+
+
+def test_the_first_claim_records_the_topic_incarnation_and_later_claims_keep_what_owners_recorded(store) -> None:
+    """A pool database's topic id is in its catalog from the first claim on (not only from the first
+    persist), so a topic lost before anything was persisted is found at the next start."""
+    first = RecordDatabaseCheckpoint(topic="iox.pooldb", kafka_partitions=PARTITIONS, topic_id="id-1",
+                                     seq_origin=0)
+    a, b = _open(store), _open(store)
+    a.claim([0, 1], PARTITIONS, "a", NOW_S, first_checkpoint=first)
+    assert read_state(store, DB).database_checkpoint == first
+    a.commit([_add(0), dataclasses.replace(first, sequencer_numbers={0: (None, 7)})], NOW_S + 1)
+    b.claim([2], PARTITIONS, "b", NOW_S + 2,
+            first_checkpoint=dataclasses.replace(first, topic_id="id-2"))  # not the first: not recorded
+    ck = read_state(store, DB).database_checkpoint
+    assert (ck.topic_id, ck.sequencer_numbers) == ("id-1", {0: (None, 7)})
+    with pytest.raises(ValueError):
+        b.claim([3], PARTITIONS, "b", NOW_S + 3, first_checkpoint=dataclasses.replace(
+            first, sequencer_numbers={3: (None, 1)}))
 
 
 def test_refresh_reports_a_partition_lost_to_a_claim(store) -> None:
