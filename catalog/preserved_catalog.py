@@ -115,6 +115,7 @@ __all__ = [
     "SetTableSchema",
     "action_from_json",
     "apply_action",
+    "apply_actions",
     "checkpoint_key",
     "read_state",
     "transaction_key",
@@ -749,6 +750,54 @@ class CatalogState:
         )
 
 
+def apply_actions(state: CatalogState, actions: Sequence[Action], revision: int) -> None:
+    """Apply ``actions`` in order to ``state`` in place, as :func:`apply_action` one by one would.
+
+    A run of consecutive file removals (a compaction's, a retention prune's) updates the delete
+    predicates in one pass instead of one pass per file. Raises :class:`InvalidAction` as
+    :func:`apply_action` does; ``state`` may then be partially changed.
+    """
+    i = 0
+    while i < len(actions):
+        if isinstance(actions[i], RemoveParquet):
+            j = i
+            while j < len(actions) and isinstance(actions[j], RemoveParquet):
+                j += 1
+            _remove_files(state, actions[i:j], revision)
+            i = j
+        else:
+            apply_action(state, actions[i], revision)
+            i += 1
+
+
+def _remove_files(state: CatalogState, removals: Sequence[RemoveParquet], revision: int) -> None:
+    """Unregisters the files of ``removals`` (each must be registered when its turn comes) and
+    takes them out of every delete predicate's ``applies_to``; a predicate left applying to no
+    file is dropped (nothing left to apply to)."""
+    removed = set()
+    for action in removals:
+        if action.key not in state.files:
+            raise InvalidAction(action.KIND, f"file {action.key!r} is not registered", revision)
+        del state.files[action.key]
+        removed.add(action.key)
+    kept: list[AddDeletePredicate] = []
+    for pred in state.delete_predicates:
+        if not removed.isdisjoint(pred.applies_to):
+            rest = tuple(k for k in pred.applies_to if k not in removed)
+            if not rest:
+                continue
+            pred = AddDeletePredicate(
+                table=pred.table,
+                start_ns=pred.start_ns,
+                stop_ns_exclusive=pred.stop_ns_exclusive,
+                predicate=pred.predicate,
+                seq=pred.seq,
+                applies_to=rest,
+            )
+        kept.append(pred)
+    state.delete_predicates = kept
+
+
 def apply_action(state: CatalogState, action: Action, revision: int) -> None:
     """Apply one action to ``state`` in place; the single definition of catalog semantics.
 
@@ -762,25 +811,7 @@ def apply_action(state: CatalogState, action: Action, revision: int) -> None:
             raise InvalidAction(action.KIND, f"file {action.key!r} is already registered", revision)
         state.files[action.key] = action
     elif isinstance(action, RemoveParquet):
-        if action.key not in state.files:
-            raise InvalidAction(action.KIND, f"file {action.key!r} is not registered", revision)
-        del state.files[action.key]
-        kept: list[AddDeletePredicate] = []
-        for pred in state.delete_predicates:
-            if action.key in pred.applies_to:
-                rest = tuple(k for k in pred.applies_to if k != action.key)
-                if not rest:
-                    continue  # applied to removed files only: nothing left to apply to
-                pred = AddDeletePredicate(
-                    table=pred.table,
-                    start_ns=pred.start_ns,
-                    stop_ns_exclusive=pred.stop_ns_exclusive,
-                    predicate=pred.predicate,
-                    seq=pred.seq,
-                    applies_to=rest,
-                )
-            kept.append(pred)
-        state.delete_predicates = kept
+        _remove_files(state, [action], revision)
     elif isinstance(action, RecordPartitionCheckpoint):
         state.partition_checkpoints[(action.table, action.partition_key)] = action
     elif isinstance(action, RecordDatabaseCheckpoint):
@@ -1230,8 +1261,7 @@ class PreservedCatalog:
             parsed = build(state)
             _check_writer(state, parsed, writer, self._epochs if epochs_check else None, revision)
             new_state = state.copy()
-            for a in parsed:
-                apply_action(new_state, a, revision)
+            apply_actions(new_state, parsed, revision)
             txn_uuid, txn = self._transaction(revision, parsed, state.transaction_uuid, now_s, writer)
             pending_uuid = txn_uuid
             try:
@@ -1327,8 +1357,7 @@ class PreservedCatalog:
             revision = self._state.revision + 1
             parsed = _parse_actions(actions, revision)
             new_state = self._state.copy()
-            for a in parsed:
-                apply_action(new_state, a, revision)
+            apply_actions(new_state, parsed, revision)
             txn_uuid, txn = self._transaction(revision, parsed, self._state.transaction_uuid, now_s)
             key = transaction_key(self._db, revision)
             try:
@@ -1484,8 +1513,7 @@ def _read_and_apply_transaction(
                 raise CorruptCatalogFile(key, f"action {action.KIND!r} needs format version {needs}, "
                                               f"the file has {obj['format_version']}")
         _check_writer(state, actions, writer, None, revision)
-        for action in actions:
-            apply_action(state, action, revision)
+        apply_actions(state, actions, revision)
     except PartitionsNotOwned as exc:
         raise CorruptCatalogFile(key, f"written by a writer that did not own what it wrote: {exc}") from exc
     except InvalidAction as exc:

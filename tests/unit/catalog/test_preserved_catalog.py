@@ -612,3 +612,54 @@ def test_a_version_2_file_holding_a_retention_record_is_corrupt_and_a_version_5_
     with pytest.raises(FormatVersionMismatch) as info:
         _load(store)
     assert (info.value.actual, info.value.key) == (5, key)
+
+
+def test_a_run_of_removals_applies_as_one_by_one_would() -> None:
+    """`apply_actions` takes a run of RemoveParquet out of the delete predicates in one pass; the
+    state it gives (files, predicates in order, predicates dropped when nothing is left, the error
+    for a file removed twice) is the one `apply_action` applied action by action gives."""
+    import copy
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from catalog.preserved_catalog import apply_action, apply_actions
+
+    files = [_add(i) for i in range(8)]
+
+    @st.composite
+    def scenarios(draw):
+        preds = [AddDeletePredicate(table="cpu", start_ns=0, stop_ns_exclusive=n + 1, predicate=(), seq=10_000 + n,
+                                    applies_to=tuple(f.key for f in draw(st.lists(st.sampled_from(files), min_size=1,
+                                                                                   max_size=5, unique=True))))
+                 for n in range(draw(st.integers(0, 6)))]
+        actions = draw(st.lists(st.one_of(
+            st.sampled_from(files).map(lambda f: RemoveParquet(key=f.key)),
+            st.integers(0, 3).map(lambda n: RecordPartitionCheckpoint(
+                table="cpu", partition_key="2024-01-01", flush_timestamp_ns=n, sequencer_numbers={0: (None, n)}))),
+            max_size=12))
+        return preds, actions
+
+    @settings(max_examples=300, deadline=None)
+    @given(scenarios())
+    def check(scenario):
+        preds, actions = scenario
+        base = CatalogState(db=DB, revision=1, transaction_uuid="u", timestamp_s=NOW_S,
+                            files={f.key: f for f in files}, delete_predicates=list(preds))
+        one, runs = copy.deepcopy(base), copy.deepcopy(base)
+        err_one = err_runs = None
+        try:
+            for a in actions:
+                apply_action(one, a, 2)
+        except InvalidAction as e:
+            err_one = str(e)
+        try:
+            apply_actions(runs, actions, 2)
+        except InvalidAction as e:
+            err_runs = str(e)
+        assert err_one == err_runs
+        if err_one is None:
+            assert runs.files == one.files and runs.delete_predicates == one.delete_predicates
+            assert runs.partition_checkpoints == one.partition_checkpoints
+
+    check()
