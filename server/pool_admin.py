@@ -91,6 +91,9 @@ class PoolControl:
         self._state_lock = threading.Lock()
         #: database -> revision of the newest catalog state taken (`take_state`)
         self._taken_revision: dict[str, int] = {}
+        #: database -> (files, delete predicates, table schemas) of that state: the next one is
+        #: taken as its difference from these
+        self._taken: dict[str, tuple] = {}
         #: gRPC clients of the other members by address, and their addresses by member name
         self._clients: dict = {}
         self._addresses: dict = {}
@@ -222,8 +225,12 @@ class PoolControl:
 
     def _drop_unpersisted(self, db, kps: set) -> None:
         """Drops the in-memory rows of the tables of `kps` that are not in Parquet (their owner
-        replays them from Kafka); their persisted chunks stay."""
+        replays them from Kafka); their persisted chunks stay. Ownership changes here (a claim, a
+        loss): the next state is taken against everything registered, not as a difference (this
+        member's own files of a table it lost are another owner's to remove now)."""
         catalog = self.server.catalog
+        with self._state_lock:
+            self._taken.pop(db.name, None)
         n = db.kafka_partitions
         dropped, tables = [], set()
         with catalog.lock:
@@ -258,41 +265,59 @@ class PoolControl:
             return self._taken_revision.get(database, -1)
 
     def _take_state(self, database: str, state) -> bool:
+        """Registers what `state` added since the state taken last, and drops what it removed; the
+        first state of a database is compared with everything registered. Under the catalog lock
+        only the table partitions the difference touches are visited (a pool catalog of 10,000
+        files is not walked at every refresh)."""
         srv = self.server
         db = srv.catalog.peek_database(database)
         if db is None:
             return False
         now = time.time()
+        prev = self._taken.get(database)
+        if prev is None:  # everything registered counts (the start registered the files it found)
+            removed = None
+            added = state.files
+            touched = None
+        else:
+            prev_files, _prev_deletes, _prev_schemas = prev
+            removed = {k: prev_files[k] for k in prev_files.keys() - state.files.keys()}
+            added = {k: state.files[k] for k in state.files.keys() - prev_files.keys()}
+            touched = {(f.table, f.partition_key) for f in (*removed.values(), *added.values())}
         changed, retired = set(), []
         with srv.catalog.lock:
-            known = {f.key for parts in db.partitions.values() for p in parts.values() for f in p.files
-                     if not db.owns_table(f.table)}
-            for parts in list(db.partitions.values()):
-                for part in parts.values():
-                    if db.owns_table(part.table):
-                        continue
-                    stale = [c for c in part.chunks if c.parquet_keys and any(k not in state.files for k in c.parquet_keys)]
-                    if stale:
-                        part.chunks = [c for c in part.chunks if c not in stale]
-                        part.files = [f for f in part.files if f.key in state.files]
-                        retired.extend(stale)
-                        changed.add(part.table)
-        new = [f for k, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key,
-                                                                          kv[1].min_seq))
+            parts = [p for by_key in db.partitions.values() for p in by_key.values()] if touched is None else [
+                p for t, k in touched if (p := db.partitions.get(t, {}).get(k)) is not None]
+            known = set()
+            for part in parts:
+                if db.owns_table(part.table):
+                    continue
+                known.update(f.key for f in part.files)
+                stale = [c for c in part.chunks if c.parquet_keys and any(
+                    k not in state.files if removed is None else k in removed for k in c.parquet_keys)]
+                if stale:
+                    part.chunks = [c for c in part.chunks if c not in stale]
+                    part.files = [f for f in part.files if f.key in state.files]
+                    retired.extend(stale)
+                    changed.add(part.table)
+        new = [f for k, f in sorted(added.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq))
                if k not in known and not db.owns_table(f.table)]
         for f in new:
             register_persisted_file(srv.spark, srv.catalog, srv.store, db, f, now, srv.parquet_cache_dir)
             changed.add(f.table)
+        prev_deletes = set() if prev is None else prev[1]
         for dp in state.delete_predicates:
-            if dp.table is not None and not db.owns_table(dp.table):
+            if dp.table is not None and dp not in prev_deletes and not db.owns_table(dp.table):
                 add_recorded_delete(db, dp)
+        prev_schemas = {} if prev is None else prev[2]
         for table, cols in state.table_schemas.items():
-            if not db.owns_table(table):
+            if prev_schemas.get(table) != cols and not db.owns_table(table):
                 db.schemas.merge(table, [Column(*c) for c in cols])
         if retired:
             srv.catalog.retire(retired, now)
         for table in changed:
             srv.ingestor.refresh_table_view(db, table)
+        self._taken[database] = (state.files, frozenset(state.delete_predicates), dict(state.table_schemas))
         return True
 
     # -- scatter-gather (server/query/pool_rows.py) --------------------------------------------
