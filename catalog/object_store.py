@@ -158,6 +158,13 @@ class ObjectStore(ABC):
     def get(self, key: str) -> bytes:
         """Return the bytes stored under ``key``; raise :class:`ObjectNotFound` if absent."""
 
+    def download(self, key: str, path: str) -> None:
+        """Write the object ``key`` to the local file ``path`` (created or replaced), streamed in
+        pieces where the store allows; raise :class:`ObjectNotFound` if absent."""
+        data = self.get(key)
+        with open(path, "wb") as f:
+            f.write(data)
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Return whether an object is stored under ``key``."""
@@ -487,6 +494,8 @@ class S3Config:
 # S3 error codes meaning "a conditional create did not create the object".
 _S3_CONDITIONAL_CREATE_LOST = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 _S3_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+#: bytes per piece of a streamed download (`S3ObjectStore.download`)
+_DOWNLOAD_PIECE_BYTES = 1024 * 1024
 
 
 class S3ObjectStore(ObjectStore):
@@ -595,6 +604,20 @@ class S3ObjectStore(ObjectStore):
             raise
         with resp["Body"] as body:
             return body.read()
+
+    def download(self, key: str, path: str) -> None:
+        import shutil
+
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self._s3().get_object(Bucket=self._config.bucket, Key=self._full_key(key))
+        except ClientError as exc:
+            if _client_error_code(exc) in _S3_NOT_FOUND:
+                raise ObjectNotFound(key=key) from None
+            raise
+        with resp["Body"] as body, open(path, "wb") as f:
+            shutil.copyfileobj(body, f, _DOWNLOAD_PIECE_BYTES)
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError

@@ -297,15 +297,16 @@ def register_df_chunk(spark, df, chunk_id: int) -> str:
 
 
 def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id: int,
-                           cache_dir: str | None = None) -> str:
+                           cache=None, sizes: list | None = None) -> str:
     """Registers a view reading the chunk's Parquet files (an unloaded or not-yet-loaded chunk).
 
     Local store: Spark's native Parquet reader on the files themselves (on a cluster
     only when it is a shared file system: server/config.py refuses it otherwise). S3
-    with a `cache_dir` (local mode only): the files are copied once to that local
-    directory and read natively too. S3 without a cache (a cluster: executors on
-    other hosts cannot read the driver's disk): the `iox_parquet` Python source
-    (no hadoop-aws here), its tasks reading S3 directly on the executors.
+    with a `cache` (lifecycle/parquet_cache.py, local mode only): the files are copied
+    to the local disk once and read natively too, as long as the copies fit its byte
+    limit (`sizes`: the files' sizes when known). S3 otherwise (a cluster: executors on
+    other hosts cannot read the driver's disk; a full cache): the `iox_parquet` Python
+    source (no hadoop-aws here), its tasks reading S3 directly on the executors.
     """
     view = chunk_view_name(chunk_id)
     from catalog.object_store import LocalObjectStore
@@ -315,28 +316,14 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
     struct = spark_struct_for(TableSchema("_", [_col(c) for c in schema_cols]))
     if isinstance(store, LocalObjectStore):
         df = spark.read.schema(struct).parquet(*[store.arrow_path(k) for k in keys])
-    elif cache_dir is not None:
-        df = spark.read.schema(struct).parquet(*[_cached_copy(store, k, cache_dir) for k in keys])
+    elif cache is not None and (paths := cache.paths_for(store, keys, sizes)) is not None:
+        df = spark.read.schema(struct).parquet(*paths)
     else:
         # the columns as an option, not .schema(): the load resolves here (lifecycle/parquet_source.py)
         df = (spark.read.format(PARQUET_SOURCE_NAME).option("schema", struct.json())
               .option("store", base64.b64encode(pickle.dumps(store)).decode())
               .option("keys", json.dumps(keys)).load())
     return chunk_views.register(spark, view, df)
-
-
-def _cached_copy(store, key: str, cache_dir: str) -> str:
-    """A local copy of an immutable object (Parquet files are never rewritten): fetched once."""
-    import os
-
-    path = os.path.join(cache_dir, *key.split("/"))
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(store.get(key))
-        os.replace(tmp, path)
-    return path
 
 
 def release_chunk_data(spark, chunk: Chunk) -> None:

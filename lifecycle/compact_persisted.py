@@ -69,7 +69,7 @@ class PersistedCompaction:
 
 def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, partition_key: str,
                              chunk_ids: tuple | None, store: ObjectStore, preserved, in_flight: InFlightFiles,
-                             now: float, refresh_view, cache_dir: str | None = None) -> PersistedCompaction | None:
+                             now: float, refresh_view, cache=None) -> PersistedCompaction | None:
     """Merges `chunk_ids` (None: every persisted chunk of the partition) into one file. Driver only.
 
     Returns None when there is nothing to do (fewer than 2 such chunks, the
@@ -129,7 +129,8 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
             if in_memory:
                 view, df = register_df_chunk(spark, merged, cid), merged
             else:
-                view, df = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache_dir), None
+                view, df = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache,
+                                                  [f.size_bytes]), None
             new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state=state,
                                     rows=f.row_count, size_bytes=schema_bytes(f.row_count, schema),
                                     min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns, columns=schema.to_json(),

@@ -547,13 +547,13 @@ class _Held(Exception):
 
 def persist_partition(spark, catalog: Catalog, db: Database, table: str, partition_key: str, store: ObjectStore,
                       preserved, in_flight: InFlightFiles, now: float, force: bool,
-                      refresh_view, cache_dir: str | None = None) -> PersistOutcome | None:
+                      refresh_view, cache=None) -> PersistOutcome | None:
     """Persists one partition. Returns None when there is nothing to persist, or while a failed
     micro-batch holds the database's persists (`Database.failed_batch_hi`; also checked right
     before the commit, and the persist is then abandoned).
 
     `preserved` is the database's PreservedCatalog (the one committer);
-    `refresh_view(db, table)` swaps the table view after the catalog changed; `cache_dir`: local
+    `refresh_view(db, table)` swaps the table view after the catalog changed; `cache`: local
     copies of S3 files a chunk without an in-memory form reads (see chunk_data.register_parquet_chunk).
     Raises what the commit raises (e.g. RevisionConflict: the caller must stop).
     """
@@ -664,7 +664,8 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     rows = sum(f.row_count for f in files)
     pid = catalog.next_chunk_id() if rows else None
     # the persisted chunk reads its file, unless the SQL path kept its rows in memory
-    parquet_view = register_parquet_chunk(spark, store, [f.key for f in files], schema.to_json(), pid, cache_dir) \
+    parquet_view = register_parquet_chunk(spark, store, [f.key for f in files], schema.to_json(), pid, cache,
+                                          [f.size_bytes for f in files]) \
         if rows and w.persisted_df is None else None
     t_view = time.perf_counter()
     # committed: now the flush handle, then the in-memory swap

@@ -19,14 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def unload_chunk(spark, catalog: Catalog, db: Database, table: str, partition_key: str, chunk_id: int, store,
-                 cache_dir: str | None = None) -> bool:
+                 cache=None) -> bool:
     with catalog.lock:
         part = catalog.get_partition(db, table, partition_key)
         chunk = part.chunk(chunk_id) if part else None
         if chunk is None or chunk.state != "persisted" or not chunk.parquet_keys:
             return False
         df = chunk.df
-    register_parquet_chunk(spark, store, chunk.parquet_keys, chunk.columns, chunk.id, cache_dir)
+    register_parquet_chunk(spark, store, chunk.parquet_keys, chunk.columns, chunk.id, cache)
     with catalog.lock:
         chunk.df = None
         chunk.state = "unloaded"

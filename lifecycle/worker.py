@@ -62,6 +62,7 @@ import time
 
 from catalog.catalog import Catalog
 from catalog.cleanup import delete_unreferenced
+from lifecycle.parquet_cache import CachedCopy
 from catalog.errors import PartitionsNotOwned, RevisionConflict
 from catalog.preserved_catalog import RecordPruned, transaction_key
 
@@ -78,7 +79,7 @@ from lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, Part
 from lifecycle.rules import LifecycleRules
 from lifecycle.unload import unload_chunk
 
-__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S",
+__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S", "PARQUET_CACHE_SWEEP_INTERVAL_S",
            "FENCE_PROBE_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ RETIRED_GRACE_S = 120.0
 #: How often deletes that hit persisted files are recorded in the preserved catalog
 #: even when no persist happens (each persist flushes the mailbox too).
 MAILBOX_FLUSH_INTERVAL_S = 10.0
+#: How often the local copies of Parquet files no chunk reads are handed for removal (lifecycle/parquet_cache.py)
+PARQUET_CACHE_SWEEP_INTERVAL_S = 30.0
 #: How often unreferenced Parquet files are looked for.
 CLEANUP_INTERVAL_S = 300.0
 #: A Parquet file younger than this is never deleted by cleanup (an in-flight persist may own it).
@@ -102,7 +105,7 @@ _COMMITTING_ACTIONS = (PersistChunks, CompactPersistedChunks)
 class LifecycleWorker:
     def __init__(self, spark, catalog: Catalog, rules: LifecycleRules, store, preserved: dict, refresh_view,
                  pause_file: str, is_replaying=lambda db: False, on_fenced=None, on_persisted=None,
-                 cache_dir: str | None = None):
+                 cache=None):
         self.spark = spark
         self.catalog = catalog
         self.rules = rules
@@ -116,7 +119,7 @@ class LifecycleWorker:
         self.is_replaying = is_replaying
         self.on_fenced = on_fenced
         #: local copies of S3 Parquet files read by unloaded chunks
-        self.cache_dir = cache_dir
+        self.parquet_cache = cache
         #: called with (db, RecordDatabaseCheckpoint) after every committed persist
         self.on_persisted = on_persisted
         self.backpressure_engagements = 0
@@ -135,6 +138,7 @@ class LifecycleWorker:
         self._fence_lock = threading.Lock()
         self._last_cleanup = 0.0
         self._last_mailbox_flush = 0.0
+        self._last_cache_sweep = 0.0
         self.last_error: str | None = None
         #: the retention task's delay behind reader_lo (see prune_policy)
         self.prune_delay_s = DEFAULT_PRUNE_DELAY_S
@@ -333,7 +337,16 @@ class LifecycleWorker:
         if now - self._last_cleanup >= CLEANUP_INTERVAL_S:
             self._last_cleanup = now
             self._guarded("cleanup", self.cleanup, now, CLEANUP_MIN_AGE_S)
+        if self.parquet_cache is not None and now - self._last_cache_sweep >= PARQUET_CACHE_SWEEP_INTERVAL_S:
+            self._last_cache_sweep = now
+            self._guarded("sweeping the local Parquet copies", self.sweep_parquet_cache)
         return done
+
+    def sweep_parquet_cache(self) -> int:
+        """Hands the local Parquet copies no chunk reads (live or retired) to the query pins; the
+        copies they release are deleted by `delete_unpinned_files`. Returns how many were handed."""
+        read = {k for c in self.catalog.all_chunks() for k in c.parquet_keys} | self.catalog.retired_parquet_keys()
+        return self.parquet_cache.sweep(read)
 
     def _guarded(self, what: str, fn, *args) -> None:
         """Runs one step of a round; its failure is logged and recorded, the round's other steps
@@ -370,7 +383,7 @@ class LifecycleWorker:
                                               now) is not None
             if isinstance(action, UnloadChunk):
                 return unload_chunk(self.spark, self.catalog, db, action.table, action.partition_key,
-                                    action.chunk_id, self.store, self.cache_dir)
+                                    action.chunk_id, self.store, self.parquet_cache)
             if isinstance(action, DropChunk):
                 log.warning("persistence is disabled and memory is short: ignoring %s", action)
                 return False
@@ -380,7 +393,7 @@ class LifecycleWorker:
         preserved = self.preserved_for(db.name, now)  # raises RevisionConflict when fenced
         t0 = time.perf_counter()
         r = persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
-                              self.in_flight, now, force, self.refresh_view, self.cache_dir)
+                              self.in_flight, now, force, self.refresh_view, self.parquet_cache)
         if r is not None and self.metrics is not None:
             self.metrics.persisted(db.name, r.rows_persisted, time.perf_counter() - t0)
         if r is not None and self.on_persisted is not None:
@@ -421,7 +434,7 @@ class LifecycleWorker:
         preserved = self.preserved_for(db.name, now)
         t0 = time.perf_counter()
         r = compact_persisted_chunks(self.spark, self.catalog, db, table, partition_key, chunk_ids, self.store,
-                                     preserved, self.in_flight, now, self.refresh_view, self.cache_dir)
+                                     preserved, self.in_flight, now, self.refresh_view, self.parquet_cache)
         if r is not None and self.metrics is not None:
             self.metrics.compacted(db.name, "persisted", r.rows, time.perf_counter() - t0)
         return r
@@ -654,6 +667,9 @@ class LifecycleWorker:
         logged (cleanup deletes the file later: it is unreferenced)."""
         deleted = []
         for key in self.catalog.query_pins.take_unpinned():
+            if isinstance(key, CachedCopy):  # a local copy (lifecycle/parquet_cache.py), not an object
+                self._guarded("removing a local Parquet copy", self.parquet_cache.remove, key)
+                continue
             try:
                 self.store.delete(key)
                 deleted.append(key)

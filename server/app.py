@@ -235,9 +235,15 @@ class IoxServer:
 
         self.rules = cfg.lifecycle_rules()
         self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
-        # local mode: Parquet read from S3 is copied once to this directory and read natively; on a
-        # cluster the executors read the object store themselves (nothing of it on the driver's disk)
-        self.parquet_cache_dir = os.path.join(data_dir, "parquet-cache") if runs_local(self.spark) else None
+        # local mode on S3: Parquet files are copied to this directory (up to its byte limit) and read
+        # natively; on a cluster the executors read the object store themselves (nothing of it on the
+        # driver's disk); a local object store is read in place
+        from catalog.object_store import LocalObjectStore
+        from lifecycle.parquet_cache import ParquetCache
+
+        self.parquet_cache = ParquetCache(os.path.join(data_dir, "parquet-cache"), cfg.parquet_cache_max_bytes,
+                                          self.catalog.query_pins) \
+            if runs_local(self.spark) and not isinstance(self.store, LocalObjectStore) else None
         topics = self.write_buffer.list_database_topics()
         for topic, n in topics.items():
             if n != cfg.partitions:
@@ -248,7 +254,7 @@ class IoxServer:
         self.catalog.pool_member = cfg.pool_member is not None
         rec = recover(self.spark, self.catalog, self.store, cfg.partitions, t_recover,
                       self.rules.catalog_transactions_until_checkpoint, databases, self.write_buffer,
-                      cfg.skip_lost_writes, self.parquet_cache_dir, pool_member=cfg.pool_member,
+                      cfg.skip_lost_writes, self.parquet_cache, pool_member=cfg.pool_member,
                       acked=self.ack_log.at_start, tail_loss_grace_s=cfg.tail_loss_grace_s)
         for name in databases:
             self.catalog.ensure_database(name, topic_for(name), cfg.partitions)
@@ -321,7 +327,7 @@ class IoxServer:
                                          self.ingestor.refresh_table_view, self.pause_file,
                                          is_replaying=self.database_replaying, on_fenced=self._on_fenced,
                                          on_persisted=self._commit_resumption_offsets,
-                                         cache_dir=self.parquet_cache_dir)
+                                         cache=self.parquet_cache)
         self.lifecycle.prune_delay_s = cfg.prune_delay_s
         self.lifecycle.memory_pressure = self.memory_guard.pressure
         self.lifecycle.frozen = lambda: self.freeze.frozen

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_QUERY_ROWS",
     "DEFAULT_MAX_COLUMNS_PER_TABLE",
     "DEFAULT_MAX_QUERY_BYTES",
+    "DEFAULT_PARQUET_CACHE_MAX_BYTES",
     "DEFAULT_QUERY_TIMEOUT_S",
     "DEFAULT_PRUNE_DELAY_S",
     "DEFAULT_MEMORY_LIMIT_BYTES",
@@ -102,6 +103,9 @@ DEFAULT_MAX_COLUMNS_PER_TABLE = 200
 DEFAULT_MAX_QUERY_ROWS = 0
 #: Arrow bytes of one query result; a larger result is answered RESOURCE_EXHAUSTED. 0 = no limit.
 DEFAULT_MAX_QUERY_BYTES = 1024 * 1024 * 1024
+#: Local disk the copies of persisted Parquet files may take (local Spark on an S3 object store:
+#: lifecycle/parquet_cache.py); a chunk whose files do not fit reads the object store. 0 = no copies.
+DEFAULT_PARQUET_CACHE_MAX_BYTES = 8 * 1024 ** 3
 #: Seconds one query's Spark job may run before it is cancelled and answered DEADLINE_EXCEEDED; 0 = none.
 DEFAULT_QUERY_TIMEOUT_S = 300.0
 #: Address gRPC, HTTP and Spark Connect bind to: loopback only unless `--bind-host` widens it.
@@ -193,6 +197,7 @@ class ServerConfig:
     max_query_rows: int = DEFAULT_MAX_QUERY_ROWS
     max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES
     query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+    parquet_cache_max_bytes: int = DEFAULT_PARQUET_CACHE_MAX_BYTES
     max_columns_per_table: int = DEFAULT_MAX_COLUMNS_PER_TABLE
     max_messages_per_partition_per_batch: int = DEFAULT_MAX_MESSAGES_PER_PARTITION_PER_BATCH
     #: retention: the pruner's delay behind reader_lo (catalog/retention.py, lifecycle/prune_policy.py)
@@ -267,7 +272,7 @@ class ServerConfig:
         for name in ("grpc_workers", "max_concurrent_rpcs", "http_workers", "max_request_bytes"):
             if not _int_in(getattr(self, name), 1):
                 raise InvalidConfig(name, getattr(self, name), "must be an integer >= 1")
-        for name in ("max_query_rows", "max_query_bytes", "max_columns_per_table"):
+        for name in ("max_query_rows", "max_query_bytes", "max_columns_per_table", "parquet_cache_max_bytes"):
             if not _int_in(getattr(self, name), 0):
                 raise InvalidConfig(name, getattr(self, name), "must be an integer >= 0 (0 = no limit)")
         if isinstance(self.query_timeout_s, bool) or not isinstance(self.query_timeout_s, (int, float)) \

@@ -303,7 +303,7 @@ class PoolControl:
         new = [f for k, f in sorted(added.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq))
                if k not in known and not db.owns_table(f.table)]
         for f in new:
-            register_persisted_file(srv.spark, srv.catalog, srv.store, db, f, now, srv.parquet_cache_dir)
+            register_persisted_file(srv.spark, srv.catalog, srv.store, db, f, now, srv.parquet_cache)
             changed.add(f.table)
         prev_deletes = set() if prev is None else prev[1]
         for dp in state.delete_predicates:

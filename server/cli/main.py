@@ -26,7 +26,7 @@ from server.errors import ServerError
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
 from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
-                           DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_QUERY_TIMEOUT_S, DEFAULT_MAX_COLUMNS_PER_TABLE, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
+                           DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_PARQUET_CACHE_MAX_BYTES, DEFAULT_QUERY_TIMEOUT_S, DEFAULT_MAX_COLUMNS_PER_TABLE, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, DEFAULT_PRUNE_DELAY_S,
@@ -85,6 +85,9 @@ SERVE_OPTIONS = [
      "rows of one query result; more is answered RESOURCE_EXHAUSTED (0 = no limit)"),
     ("--max-query-bytes", parse_memory_bytes, DEFAULT_MAX_QUERY_BYTES,
      "Arrow bytes of one query result (e.g. 1g); more is answered RESOURCE_EXHAUSTED (0 = no limit)"),
+    ("--parquet-cache-max-bytes", parse_memory_bytes, DEFAULT_PARQUET_CACHE_MAX_BYTES,
+     "local disk (e.g. 8g) the copies of persisted Parquet files may take when local Spark reads an S3 object "
+     "store; a chunk whose files do not fit reads S3 directly (0 = no copies)"),
     ("--query-timeout-s", float, DEFAULT_QUERY_TIMEOUT_S,
      "seconds one query's Spark job may run; then it is cancelled and answered DEADLINE_EXCEEDED (HTTP 504) "
      "(0 = none)"),
@@ -362,6 +365,7 @@ def _config_from_args(a) -> ServerConfig:
                         max_request_bytes=a.max_request_bytes, grpc_workers=a.grpc_workers,
                         max_concurrent_rpcs=a.max_concurrent_rpcs, http_workers=a.http_workers,
                         max_query_rows=a.max_query_rows, max_query_bytes=a.max_query_bytes, query_timeout_s=a.query_timeout_s,
+                        parquet_cache_max_bytes=a.parquet_cache_max_bytes,
                         max_columns_per_table=a.max_columns_per_table,
                         prune_delay_s=a.prune_delay_s, memory_limit_bytes=a.memory_limit_bytes,
                         memory_soft_fraction=a.memory_soft_fraction, freeze_at_percent=a.freeze_at_percent,

@@ -232,7 +232,7 @@ def day_number(partition_key: str) -> int:
 
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             transactions_until_checkpoint: int, databases: list[str], write_buffer,
-            skip_lost_writes: bool = False, cache_dir: str | None = None,
+            skip_lost_writes: bool = False, cache=None,
             pool_member: str | None = None, acked: dict | None = None,
             tail_loss_grace_s: float = TAIL_LOSS_GRACE_S) -> RecoveryResult:
     """`pool_member`: this server's name in an ingester pool (catalog/ownership.py). It claims
@@ -288,7 +288,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         for table, cols in state.table_schemas.items():
             db.schemas.merge(table, [Column(*c) for c in cols])
         for key, f in sorted(state.files.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq)):
-            register_persisted_file(spark, catalog, store, db, f, now, cache_dir)
+            register_persisted_file(spark, catalog, store, db, f, now, cache)
         for dp in state.delete_predicates:
             add_recorded_delete(db, dp)
         epoch = dbck.epoch if dbck is not None else 0
@@ -421,11 +421,11 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
     return out
 
 
-def register_persisted_file(spark, catalog: Catalog, store, db, f, now: float, cache_dir: str | None) -> Chunk:
+def register_persisted_file(spark, catalog: Catalog, store, db, f, now: float, cache) -> Chunk:
     """Registers the preserved catalog's file `f` (AddParquet) as an unloaded chunk of its partition
     (the newest of it) and in the partition's files. Caller holds no Spark job; driver side."""
     cid = catalog.next_chunk_id()
-    view = register_parquet_chunk(spark, store, [f.key], [list(c) for c in f.schema], cid, cache_dir)
+    view = register_parquet_chunk(spark, store, [f.key], [list(c) for c in f.schema], cid, cache, [f.size_bytes])
     chunk = Chunk(id=cid, table=f.table, partition_key=f.partition_key, order=catalog.next_order(),
                   state="unloaded", rows=f.row_count,
                   size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,

@@ -76,7 +76,7 @@ def _stage(c, db, stage, server):
             from lifecycle.unload import unload_chunk
 
             assert unload_chunk(server.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
-                                server.parquet_cache_dir)
+                                server.parquet_cache)
 
 
 @pytest.mark.parametrize("stage", ["open", "closed", "compacted", "persisted", "unloaded"])

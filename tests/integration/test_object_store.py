@@ -7,6 +7,7 @@ Every test runs against a local directory and against S3 on a real
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import threading
 import time
@@ -126,6 +127,19 @@ def test_put_get_exists_list_delete(store: ObjectStore) -> None:
     store.delete("never/existed")
     assert not store.exists("a/b/one")
     assert [m.key for m in store.list("")] == ["a/b/three", "a/bc/two", "z"]
+
+
+def test_download_writes_the_object_to_a_local_file_in_pieces(store: ObjectStore, tmp_path) -> None:
+    """`download` (the local Parquet copies of lifecycle/parquet_cache.py): the object's bytes in a
+    local file, larger than one piece; a missing object raises ObjectNotFound."""
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    store.put("d/big", data)
+    path = str(tmp_path / "copy")
+    store.download("d/big", path)
+    assert open(path, "rb").read() == data
+    with pytest.raises(ObjectNotFound) as info:
+        store.download("d/missing", str(tmp_path / "none"))
+    assert info.value.key == "d/missing"
 
 
 def test_put_if_absent_creates_once(store: ObjectStore) -> None:

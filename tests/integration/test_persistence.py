@@ -741,6 +741,55 @@ def test_automatic_persist_by_age(auto):
     assert c.query(db, "SELECT host, v FROM cpu").to_pylist() == [{"host": "x", "v": 1.0}]
 
 
+def test_local_copies_of_s3_files_are_bounded_and_go_once_no_chunk_reads_them(manual, monkeypatch):
+    """Local Spark on S3 reads persisted files from local copies (lifecycle/parquet_cache.py) while
+    they fit --parquet-cache-max-bytes, and from S3 directly past it, with the same answers; the
+    copies of files a compaction replaced go once their chunks are released. On a local object
+    store the files are read in place: no copies."""
+    from lifecycle import parquet_cache
+    from lifecycle.chunk_data import release_chunk_data
+    from lifecycle.unload import unload_chunk
+
+    srv, c, db = manual.server, manual.client, f"pc_{uuid.uuid4().hex[:8]}"
+    cache = srv.parquet_cache
+    if manual.cfg.s3_endpoint is None:
+        assert cache is None
+        return
+    dbo = None
+
+    def unload_all():
+        for ch in [ch for ch in srv.catalog.table_chunks(dbo, "cpu") if ch.state == "persisted"]:
+            assert unload_chunk(srv.spark, srv.catalog, dbo, "cpu", ch.partition_key, ch.id, srv.store, cache)
+
+    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    c.persist(db)
+    _write(c, db, [f"cpu,host=h3 v=5 {T0 + 100}"])
+    c.persist(db)
+    dbo = srv.catalog.database(db)
+    expect = c.query(db, Q).to_pylist()
+    assert [r["n"] for r in expect] == [10, 10, 10, 1]
+    unload_all()
+    old = [f["key"] for f in _partitions(c, db)["2023-11-14"]["files"]]
+    assert len(old) == 2 and all(os.path.exists(cache.path_of(k)) for k in old)
+    assert c.query(db, Q).to_pylist() == expect
+    # the compacted file does not fit: its chunk reads S3 directly, with the same answers
+    monkeypatch.setattr(cache, "max_bytes", cache.bytes_held)
+    r = c.compact(db, "cpu", "2023-11-14", persisted=True)
+    assert r["compacted"] is True and sorted(r["removed_files"]) == sorted(old)
+    unload_all()
+    assert not os.path.exists(cache.path_of(r["added_file"]))
+    assert c.query(db, Q).to_pylist() == expect
+    # the replaced files' copies go once the chunks reading them are released
+    monkeypatch.setattr(parquet_cache, "_FRESH_S", 0.0)
+    assert all(os.path.exists(cache.path_of(k)) for k in old)
+    for ch in srv.catalog.take_retired(time.time() + 1):
+        release_chunk_data(srv.spark, ch)
+    assert srv.lifecycle.sweep_parquet_cache() >= 2
+    srv.lifecycle.delete_unpinned_files()
+    assert not any(os.path.exists(cache.path_of(k)) for k in old)
+    assert c.query(db, Q).to_pylist() == expect
+
+
 def test_cleanup_deletes_orphans_only(manual):
     c, db = manual.client, f"o_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=a v=1 {T0}"])

@@ -236,9 +236,9 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
         pool, db, _ = _member({0}, {})
         cat = pool.server.catalog
         pool.server.ingestor = SimpleNamespace(refresh_table_view=lambda db, table: None)
-        pool.server.store = pool.server.parquet_cache_dir = None
+        pool.server.store = pool.server.parquet_cache = None
 
-        def register(spark, catalog, store, db_, f, now, cache_dir):
+        def register(spark, catalog, store, db_, f, now, cache):
             part = catalog.partition(db_, f.table, f.partition_key)
             part.chunks.append(Chunk(id=catalog.next_chunk_id(), table=f.table, partition_key=f.partition_key,
                                      order=catalog.next_order(), state="unloaded", rows=1, size_bytes=1,
