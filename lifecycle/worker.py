@@ -62,7 +62,6 @@ import time
 
 from catalog.catalog import Catalog
 from catalog.cleanup import delete_unreferenced
-from lifecycle.parquet_cache import CachedCopy
 from catalog.errors import PartitionsNotOwned, RevisionConflict
 from catalog.preserved_catalog import RecordPruned, transaction_key
 
@@ -76,11 +75,12 @@ from lifecycle.policy import (Backpressure, CompactChunks, CompactPersistedChunk
                      PersistChunks, UnloadChunk, decide)
 from lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
                                     day_bounds_ns, decide_prune)
+from lifecycle.parquet_cache import CachedCopy
 from lifecycle.rules import LifecycleRules
 from lifecycle.unload import unload_chunk
 
-__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S", "PARQUET_CACHE_SWEEP_INTERVAL_S",
-           "FENCE_PROBE_INTERVAL_S"]
+__all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S",
+           "PARQUET_CACHE_SWEEP_INTERVAL_S", "FENCE_PROBE_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
