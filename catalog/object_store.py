@@ -593,30 +593,25 @@ class S3ObjectStore(ObjectStore):
                     pass
             raise AlreadyExists(key=key) from None
 
-    def get(self, key: str) -> bytes:
+    def _body(self, key: str):
+        """The streaming body of object ``key``; ObjectNotFound if absent."""
         from botocore.exceptions import ClientError
 
         try:
-            resp = self._s3().get_object(Bucket=self._config.bucket, Key=self._full_key(key))
+            return self._s3().get_object(Bucket=self._config.bucket, Key=self._full_key(key))["Body"]
         except ClientError as exc:
             if _client_error_code(exc) in _S3_NOT_FOUND:
                 raise ObjectNotFound(key=key) from None
             raise
-        with resp["Body"] as body:
+
+    def get(self, key: str) -> bytes:
+        with self._body(key) as body:
             return body.read()
 
     def download(self, key: str, path: str) -> None:
         import shutil
 
-        from botocore.exceptions import ClientError
-
-        try:
-            resp = self._s3().get_object(Bucket=self._config.bucket, Key=self._full_key(key))
-        except ClientError as exc:
-            if _client_error_code(exc) in _S3_NOT_FOUND:
-                raise ObjectNotFound(key=key) from None
-            raise
-        with resp["Body"] as body, open(path, "wb") as f:
+        with self._body(key) as body, open(path, "wb") as f:
             shutil.copyfileobj(body, f, _DOWNLOAD_PIECE_BYTES)
 
     def exists(self, key: str) -> bool:
