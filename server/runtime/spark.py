@@ -26,6 +26,12 @@ _ARROW_BATCH_BYTES = 4 << 20
 #: concurrent marks of the whole heap (1-2 s of a core each), several beside timed queries; with
 #: 16 MiB regions none was humongous.
 _DRIVER_JAVA_OPTIONS = "-XX:G1HeapRegionSize=16m"
+#: The longest a stop of the write-buffer stream waits for its micro-batch thread (Spark waits
+#: forever by default): a micro-batch wedged in its foreachBatch (a stop racing the start of a
+#: micro-batch, SPARK-57963) then fails the stop with a TimeoutException, which the consumer
+#: logs, instead of hanging the server's shutdown or a restart of the stream. What the batch did
+#: not apply is read again from Kafka.
+_STREAM_STOP_TIMEOUT_MS = 120_000
 #: The fair-scheduler pool users' queries run in (`use_query_pool`); micro-batches and the
 #: lifecycle run in the default pool. With the weight and min share below a query's tasks take
 #: the next free task slot instead of queueing behind every task of a running micro-batch (FIFO).
@@ -93,6 +99,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.sql.warehouse.dir", os.path.join(scratch_dir, "warehouse"))
          .config("spark.driver.extraJavaOptions", java_opts)
          .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+         .config("spark.sql.streaming.stopTimeout", str(_STREAM_STOP_TIMEOUT_MS))
          .config("spark.python.worker.reuse", "true")
          # Python workers' sockets ACK at once: 40 ms less per mapInArrow (server/runtime/spark_worker_daemon.py)
          .config("spark.python.daemon.module", spark_worker_daemon.MODULE)
