@@ -16,15 +16,12 @@ safe. Not picklable (it holds a lock).
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
 
 __all__ = ["ParquetCache", "CachedCopy"]
-
-log = logging.getLogger(__name__)
 
 #: a copy this young is kept whatever the catalog says: its chunk may be on its way in
 _FRESH_S = 120.0
@@ -77,7 +74,8 @@ class ParquetCache:
     def paths_for(self, store, keys: list, sizes: list | None = None) -> list | None:
         """Local paths of the objects `keys` of `store`, copied first where missing; None when the
         missing ones do not fit under `max_bytes` (nothing is copied then). `sizes`: their sizes
-        when known (the catalog's), else the store is asked on the way."""
+        when known (the catalog's); without them only the copies held already are counted
+        against the limit beforehand, and the new copies are counted once made."""
         paths = [self.path_of(k) for k in keys]
         with self._lock:
             for p in paths:  # a copy asked for again is in use: not one to remove
