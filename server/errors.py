@@ -29,6 +29,7 @@ __all__ = [
     "OwnerNotCaughtUp",
     "ColumnAgreementUnavailable",
     "OwnershipMoving",
+    "StreamRestartTimedOut",
     "CatchUpTimedOut",
     "WritesLost",
     "TopicReplaced",
@@ -290,6 +291,18 @@ class OwnershipMoving(ServerError):
         self.database, self.reason, self.retry_after_s = database, reason, retry_after_s
         super().__init__(f"database {database!r}: a Kafka partition this query reads is being handed over "
                          f"({reason}); nothing was queried, retry")
+
+
+class StreamRestartTimedOut(ServerError):
+    """An admin change that needs the write-buffer stream stopped (a poisoned message retried or
+    accepted, a freeze, a pool claim or loss, a topic switch) found a micro-batch of the stopped
+    stream still applying after ``waited_s``: UNAVAILABLE, nothing changed. The stream starts again
+    on its own once that batch ends (server/consume/consumer.py)."""
+
+    def __init__(self, waited_s: float, retry_after_s: float = 5.0):
+        self.waited_s, self.retry_after_s = waited_s, retry_after_s
+        super().__init__(f"a write-buffer micro-batch was still being applied {waited_s:g} s after its stream "
+                         f"stopped; nothing was changed, retry after {retry_after_s:g}s")
 
 
 class ColumnAgreementUnavailable(ServerError):

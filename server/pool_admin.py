@@ -34,7 +34,7 @@ from catalog.sharding import partition_for, topic_for
 from iox import management_pb2
 
 from server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
-from server.errors import InvalidArgument
+from server.errors import InvalidArgument, StreamRestartTimedOut
 
 __all__ = ["PoolControl"]
 
@@ -220,8 +220,14 @@ class PoolControl:
                 for kp in kps:
                     srv._replay_until.get(db.topic, {}).pop(kp, None)
 
-            with srv.lifecycle.paused():
-                srv.consumer.restart(between)
+            while True:  # no caller retries a loss: a batch that outlives the stream's stop is waited out
+                try:
+                    with srv.lifecycle.paused():
+                        srv.consumer.restart(between)
+                    return
+                except StreamRestartTimedOut as e:
+                    log.warning("database %s: giving up Kafka partitions %s waits for a micro-batch: %s",
+                                database, sorted(kps), e)
 
     def _drop_unpersisted(self, db, kps: set) -> None:
         """Drops the in-memory rows of the tables of `kps` that are not in Parquet (their owner

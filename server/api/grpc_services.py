@@ -35,7 +35,7 @@ from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, W
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
 from server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotPartitionOwner, NotReadyToAccept, OwnerNotCaughtUp,
                            OwnershipMoving,
-                           PoisonedMessageNotFound)
+                           PoisonedMessageNotFound, StreamRestartTimedOut)
 from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.api.auth import current_scope
 from server.write.router import ArrowTableWrite
@@ -74,7 +74,7 @@ def _abort(context, err: Exception):
     if isinstance(err, NotPartitionOwner):  # the asking pool member reads the owners again (pool_admin.py)
         context.set_trailing_metadata(((NOT_OWNER_METADATA, ",".join(map(str, err.partitions))),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-    if isinstance(err, (OwnerNotCaughtUp, ColumnAgreementUnavailable, OwnershipMoving)):
+    if isinstance(err, (OwnerNotCaughtUp, ColumnAgreementUnavailable, OwnershipMoving, StreamRestartTimedOut)):
         context.set_trailing_metadata((("retry-after-s", str(err.retry_after_s)),))
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     if isinstance(err, NothingToAccept):

@@ -11,18 +11,28 @@ poisoned message is retried or accepted (server/write_buffer/poison.py), or a da
 continues on a new topic, the query is stopped, the change is made while no
 micro-batch runs, and the query starts again from the applied offsets, which
 re-reads exactly what was not applied.
+
+A stop waits at most spark.sql.streaming.stopTimeout for the micro-batch in flight
+(server/runtime/spark.py); one that outlives it keeps `Ingestor.batch_lock`. No
+new query starts while it holds it (the watchdog waits for it; `restart` waits
+`restart_batch_wait_s`, then raises StreamRestartTimedOut with nothing changed),
+and each query has its own generation: a batch of a stopped query that reaches
+the lock after a new query started applies nothing.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import functools
 import threading
+import time
 import uuid
 
 from catalog.catalog import Catalog
 
 from server.consume.ingest import Ingestor
+from server.errors import StreamRestartTimedOut
 from server.write_buffer.kafka_source import SOURCE_NAME
 
 __all__ = ["WriteBufferConsumer"]
@@ -31,13 +41,17 @@ log = logging.getLogger(__name__)
 
 #: How often the watchdog checks that the streaming query is alive.
 WATCHDOG_INTERVAL_S = 2.0
+#: How long `restart` waits, once the stream stopped, for a micro-batch of it still applying.
+RESTART_BATCH_WAIT_S = 30.0
 
 
 class WriteBufferConsumer:
     def __init__(self, spark, catalog: Catalog, ingestor: Ingestor, bootstrap: str, scratch_dir: str,
                  trigger_interval_ms: int, max_messages_per_partition: int, pause_file: str,
-                 acked_marks_dir: str = "", holds_file: str = ""):
+                 acked_marks_dir: str = "", holds_file: str = "",
+                 restart_batch_wait_s: float = RESTART_BATCH_WAIT_S):
         self.spark = spark
+        self.restart_batch_wait_s = restart_batch_wait_s
         self.catalog = catalog
         self.ingestor = ingestor
         self.bootstrap = bootstrap
@@ -68,7 +82,12 @@ class WriteBufferConsumer:
         self._watchdog.start()
 
     def _start_query(self, start_offsets: dict) -> None:
+        """Starts a query of a new generation. Called with `Ingestor.batch_lock` held (or before
+        any query ran): no batch of an earlier query is applying."""
         import json
+
+        self.ingestor.stream_generation += 1
+        apply = functools.partial(self.ingestor.apply_batch, generation=self.ingestor.stream_generation)
 
         ckpt = os.path.join(self.scratch_dir, f"stream-{uuid.uuid4().hex}")
         opts = {
@@ -86,7 +105,7 @@ class WriteBufferConsumer:
         for k, v in opts.items():
             reader = reader.option(k, v)
         self._query = (reader.load().writeStream.queryName(f"iox-write-buffer-{uuid.uuid4().hex[:8]}")
-                       .foreachBatch(self.ingestor.apply_batch)
+                       .foreachBatch(apply)
                        .option("checkpointLocation", ckpt)
                        .trigger(processingTime=f"{self.trigger_interval_ms} milliseconds")
                        .start())
@@ -105,15 +124,20 @@ class WriteBufferConsumer:
                 continue  # `restart` is at work
             try:
                 q = self._query
-                if q is not None and not q.isActive and not self._stopping.is_set():
+                if q is None or q.isActive or self._stopping.is_set():
+                    continue
+                if not self.ingestor.batch_lock.acquire(blocking=False):
+                    continue  # a batch of the stopped query still applies: what it applies is not read again
+                try:
                     exc = q.exception()
                     self.last_error = str(exc) if exc else "stopped"
                     log.error("write-buffer stream stopped (%s); restarting from the applied offsets", self.last_error)
                     self.restarts += 1
-                    try:
-                        self._start_query(self.resume_offsets())
-                    except Exception:
-                        log.exception("restarting the write-buffer stream failed")
+                    self._start_query(self.resume_offsets())
+                except Exception:
+                    log.exception("restarting the write-buffer stream failed")
+                finally:
+                    self.ingestor.batch_lock.release()
             finally:
                 self._restart_lock.release()
 
@@ -121,27 +145,38 @@ class WriteBufferConsumer:
         """Stops the query (a micro-batch in flight finishes, or fails and is withdrawn), calls
         `between()` while no micro-batch runs, then starts the query again from the applied offsets
         (also when `between` raises, which is then raised). Returns what `between` returned.
-        Called from gRPC threads (admin commands)."""
+        A batch of the stopped query still applying `restart_batch_wait_s` after the stop:
+        StreamRestartTimedOut, `between` not called (the watchdog starts the query once that batch
+        ends). Called from gRPC and lifecycle threads (admin commands, pool claims and losses)."""
         with self._restart_lock:
             if self._stopping.is_set():
                 raise RuntimeError("the write-buffer consumer is stopping")
             self.ingestor.quiescing.set()
             try:
                 q = self._query
+                t0 = time.monotonic()
                 if q is not None:
                     try:
                         q.stop()
                     except Exception:
                         log.exception("stopping the write-buffer stream for a restart")
-                with self.ingestor.batch_lock:
+                self.ingestor.stream_generation += 1  # a batch of it that has not begun applies nothing
+                if not self.ingestor.batch_lock.acquire(timeout=self.restart_batch_wait_s):
+                    waited = time.monotonic() - t0
+                    log.error("a micro-batch of the stopped write-buffer stream still applies after %.1f s; the "
+                              "stream starts again once it ends", waited)
+                    raise StreamRestartTimedOut(round(waited, 1))
+                try:
+                    return between() if between is not None else None
+                finally:
                     try:
-                        return between() if between is not None else None
-                    finally:
                         offsets = self.resume_offsets()
                         self.ingestor.quiescing.clear()
                         self.restarts += 1
                         self._start_query(offsets)
                         log.info("write-buffer stream restarted from the applied offsets")
+                    finally:
+                        self.ingestor.batch_lock.release()
             finally:
                 self.ingestor.quiescing.clear()
 
@@ -157,4 +192,5 @@ class WriteBufferConsumer:
                 self._query.stop()
             except Exception:
                 log.exception("stopping the stream")
+        self.ingestor.stream_generation += 1  # a batch that outlived the stop and has not begun: nothing
         shutil.rmtree(self.scratch_dir, ignore_errors=True)

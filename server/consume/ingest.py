@@ -201,6 +201,10 @@ class Ingestor:
         self.batch_lock = threading.Lock()
         #: set while the stream is being stopped: a batch that fails then is not isolated
         self.quiescing = threading.Event()
+        #: the generation of the streaming query whose batches apply (server/consume/consumer.py):
+        #: changed under `batch_lock` before a new query starts, so a batch of an earlier query that
+        #: outlived its stop (spark.sql.streaming.stopTimeout) applies nothing
+        self.stream_generation = 0
         #: where the streaming source reads which partitions are held (server/write_buffer/poison.py); "" none
         self.holds_file = holds_file
         #: ServerMetrics (poisoned messages), or None
@@ -211,65 +215,81 @@ class Ingestor:
         self._infrastructure_failures = 0
 
     # foreachBatch entry point
-    def apply_batch(self, df, batch_id: int) -> None:
+    def apply_batch(self, df, batch_id: int, generation: int | None = None) -> None:
         """Applies one micro-batch (see the module docstring); a batch that fails is isolated
         (server/write_buffer/poison.py): every message that applies is applied, a message that fails on its
         own is set aside and its Kafka partition held, and the batch then succeeds. It fails (and
         the stream retries it from the applied offsets) only when the stream is being stopped, or
         when nothing of it applied and no message failed twice in a row (a failure of everything,
-        not of a message)."""
-        from pyspark.sql import functions as F
-
+        not of a message). A batch of a query of another `generation` than `stream_generation`
+        applies nothing: its offsets are the current query's to read (from the applied ones)."""
+        if self._stale(generation, batch_id):
+            return
         t0 = time.perf_counter()
         # read once, kept as rows (not Spark's columnar cache: building it for the large binary
         # payloads costs more than the batch's other reads of them); released in `finally`
-        checkpointed = raw = df.localCheckpoint(eager=True)
+        checkpointed = df.localCheckpoint(eager=True)
         try:
             with self.batch_lock:
-                # small payloads come along: a table's small messages make a local chunk (lifecycle/local_rows.py)
-                meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes"),
-                                  F.when(F.length("payload") <= LOCAL_PAYLOAD_MAX_BYTES, F.col("payload"))
-                                  .alias("small_payload")).collect()
-                log.debug("batch %s: %d messages", batch_id, len(meta))
-                if not meta:
-                    return
-                delay_point(DelayPoint.APPLY_BATCH)
-                if self.catalog.pool_member:  # a database new here owns nothing yet: held from its start
-                    for topic in {m["topic"] for m in meta}:
-                        self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
-                holds, accepted = self._poison_state()
-                if holds:  # a held partition applies nothing at or after its held message
-                    kept = [m for m in meta if m["offset"] < holds.get((m["topic"], m["kp"]), m["offset"] + 1)]
-                    if len(kept) < len(meta):
-                        raw = raw.filter(~_held_condition(holds, F))
-                        meta = kept
-                    if not meta:
-                        return
-                try:
-                    self._apply(raw, meta, accepted, batch_id, t0, F)
-                except Exception as e:
-                    if self.quiescing.is_set():
-                        raise
-                    if _executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
-                        self._back_off(batch_id, e)
-                        raise
-                    log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
-                              type(e).__name__, e, exc_info=True)
-                    try:
-                        self._isolate(raw, meta, accepted, batch_id, t0, e, F)
-                    except Exception as e2:
-                        if _executor_lost(e2) and not self.quiescing.is_set():
-                            self._back_off(batch_id, e2)
-                        raise
-                self._infrastructure_failures = 0
-                with self._applied:
-                    self.batches_applied += 1
-                    self._applied.notify_all()
-                op = getattr(self.metrics, "operation", None)  # server/operation_metrics.py
-                if op is not None:
-                    op.micro_batch(len(meta), sum(m["nbytes"] or 0 for m in meta), time.perf_counter() - t0)
+                if not self._stale(generation, batch_id):
+                    self._apply_read(checkpointed, batch_id, t0)
         finally:
             release_df(checkpointed)
+
+    def _apply_read(self, raw, batch_id: int, t0: float) -> None:
+        """apply_batch's work on the batch `raw` read once, with `batch_lock` held."""
+        from pyspark.sql import functions as F
+
+        # small payloads come along: a table's small messages make a local chunk (lifecycle/local_rows.py)
+        meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes"),
+                          F.when(F.length("payload") <= LOCAL_PAYLOAD_MAX_BYTES, F.col("payload"))
+                          .alias("small_payload")).collect()
+        log.debug("batch %s: %d messages", batch_id, len(meta))
+        if not meta:
+            return
+        delay_point(DelayPoint.APPLY_BATCH)
+        if self.catalog.pool_member:  # a database new here owns nothing yet: held from its start
+            for topic in {m["topic"] for m in meta}:
+                self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
+        holds, accepted = self._poison_state()
+        if holds:  # a held partition applies nothing at or after its held message
+            kept = [m for m in meta if m["offset"] < holds.get((m["topic"], m["kp"]), m["offset"] + 1)]
+            if len(kept) < len(meta):
+                raw = raw.filter(~_held_condition(holds, F))
+                meta = kept
+            if not meta:
+                return
+        try:
+            self._apply(raw, meta, accepted, batch_id, t0, F)
+        except Exception as e:
+            if self.quiescing.is_set():
+                raise
+            if _executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
+                self._back_off(batch_id, e)
+                raise
+            log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
+                      type(e).__name__, e, exc_info=True)
+            try:
+                self._isolate(raw, meta, accepted, batch_id, t0, e, F)
+            except Exception as e2:
+                if _executor_lost(e2) and not self.quiescing.is_set():
+                    self._back_off(batch_id, e2)
+                raise
+        self._infrastructure_failures = 0
+        with self._applied:
+            self.batches_applied += 1
+            self._applied.notify_all()
+        op = getattr(self.metrics, "operation", None)  # server/operation_metrics.py
+        if op is not None:
+            op.micro_batch(len(meta), sum(m["nbytes"] or 0 for m in meta), time.perf_counter() - t0)
+
+    def _stale(self, generation: int | None, batch_id: int) -> bool:
+        """Whether a batch of the query of `generation` must not apply (None: no generation)."""
+        if generation is None or generation == self.stream_generation:
+            return False
+        log.warning("micro-batch %s of a stopped write-buffer stream (generation %d, now %d) applies nothing",
+                    batch_id, generation, self.stream_generation)
+        return True
 
     def _back_off(self, batch_id: int, e: BaseException) -> None:
         """A micro-batch failed for its infrastructure (an executor lost, and with it the batch's
