@@ -537,7 +537,7 @@ class IoxServer:
         drained = True
         while True:
             behind, held_back = [], []
-            for (topic, kp), off in dict(self.write_buffer.acked_hi_inclusive).items():
+            for (topic, kp), off in self.write_buffer.acked_all().items():
                 db = next((d for d in self.catalog.databases() if d.topic == topic), None)
                 held = db.held_offsets() if db is not None else {}
                 if db is None or db.applied_hi_inclusive.get(kp, -1) < min(off, held.get(kp, off + 1) - 1):
@@ -1039,11 +1039,11 @@ class IoxServer:
         if read is None:
             return None
         ends = dict(read[1])
-        acked = self.write_buffer.acked_hi_inclusive
+        acked = self.write_buffer.acked_of(db.topic)
         with self.catalog.lock:
             applied = dict(db.applied_hi_inclusive)
         for kp in ends:
-            ends[kp] = max(ends[kp], acked.get((db.topic, kp), -1) + 1, applied.get(kp, -1) + 1)
+            ends[kp] = max(ends[kp], acked.get(kp, -1) + 1, applied.get(kp, -1) + 1)
         return ends
 
     def _read_kafka_ends(self, db, done: threading.Event) -> None:
@@ -1328,8 +1328,7 @@ class IoxServer:
                 self._replay_until.pop(db.topic, None)
                 self._kafka_ends_read.pop(db.topic, None)
                 self.message_sizes.forget_topic(db.topic)
-                for key in [k for k in list(self.write_buffer.acked_hi_inclusive) if k[0] == db.topic]:
-                    self.write_buffer.acked_hi_inclusive.pop(key, None)
+                self.write_buffer.forget_acked(db.topic)
                 if self.tail is not None:
                     self.tail.forget_topic(db.topic)
                 log.warning("database %s: continues %s %s (id %s) in write-buffer epoch %d (seq origin %d) from "

@@ -148,7 +148,7 @@ class WriteBuffer:
         #: topic -> Kafka topic id seen when the topic was ensured
         self._topic_ids: dict[str, str | None] = {}
         #: (topic, kafka partition) -> highest offset this process got acknowledged
-        self.acked_hi_inclusive: dict = {}
+        self._acked_hi_inclusive: dict = {}
         #: called with the database at the start of every produce (the server refuses writes to a
         #: database whose write buffer lost acknowledged writes: it raises); returns {kafka partition:
         #: highest offset the server applied} of the database (None: nothing known)
@@ -364,7 +364,18 @@ class WriteBuffer:
     def acked_of(self, topic: str) -> dict[int, int]:
         """{kafka partition: highest offset this process got acknowledged} of `topic` (a copy)."""
         with self._lock:
-            return {kp: off for (t, kp), off in self.acked_hi_inclusive.items() if t == topic}
+            return {kp: off for (t, kp), off in self._acked_hi_inclusive.items() if t == topic}
+
+    def acked_all(self) -> dict[tuple[str, int], int]:
+        """{(topic, kafka partition): highest offset this process got acknowledged} (a copy)."""
+        with self._lock:
+            return dict(self._acked_hi_inclusive)
+
+    def forget_acked(self, topic: str) -> None:
+        """Forgets the offsets acknowledged on `topic` (its database continues on a new incarnation)."""
+        with self._lock:
+            for key in [k for k in self._acked_hi_inclusive if k[0] == topic]:
+                del self._acked_hi_inclusive[key]
 
     def _partition_of(self, w: EncodedWrite) -> int:
         return w.partition if w.partition is not None else partition_for(w.table, self.partitions)
@@ -461,7 +472,7 @@ class WriteBuffer:
         with self._lock:
             for part, off in token.items():
                 k = (topic, part)
-                self.acked_hi_inclusive[k] = max(self.acked_hi_inclusive.get(k, -1), off)
+                self._acked_hi_inclusive[k] = max(self._acked_hi_inclusive.get(k, -1), off)
         return token
 
     def _send_all(self, topic: str, writes: list[EncodedWrite]) -> list[tuple[int, int]]:

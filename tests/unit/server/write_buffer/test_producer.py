@@ -63,3 +63,17 @@ def test_topics_are_replicated_as_configured_or_on_every_broker_of_a_smaller_clu
     assert replication_for(3, 2) == 2
     assert replication_for(3, 1) == 1
     assert replication_for(3, 0) == 1
+
+
+def test_acknowledged_offsets_are_kept_per_topic_and_forgotten_for_a_new_incarnation():
+    wb = WriteBuffer("127.0.0.1:9", partitions=2, produce_timeout_ms=1000)
+    try:
+        assert wb._token("iox.a", [(0, 4), (1, 2), (0, 3)]) == {0: 4, 1: 2}
+        wb._token("iox.a", [(0, 1)])  # an older acknowledgement does not lower the mark
+        wb._token("iox.b", [(1, 9)])
+        assert wb.acked_of("iox.a") == {0: 4, 1: 2}
+        assert wb.acked_all() == {("iox.a", 0): 4, ("iox.a", 1): 2, ("iox.b", 1): 9}
+        wb.forget_acked("iox.a")
+        assert wb.acked_of("iox.a") == {} and wb.acked_all() == {("iox.b", 1): 9}
+    finally:
+        wb.close()
