@@ -80,6 +80,8 @@ _STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "iox-broker", "AWS_SECRET_ACCESS_KEY"
 _WEED_PACKAGE_BIN = os.path.join("bin", "weed")
 #: The lowest port the store's ports are chosen from
 _PAIR_FLOOR = 10000
+#: SeaweedFS gives each component a gRPC port; some of its clients assume it is the port + this
+_GRPC_PORT_OFFSET = 10000
 #: How often a store that exited before it listened (a port taken after it was chosen) is started
 #: again on other ports
 _STORE_START_ATTEMPTS = 3
@@ -156,7 +158,7 @@ def free_port() -> int:
 
 
 def _pair_range() -> tuple[int, int]:
-    """Where the store's ports are chosen (p and p + 10000): below the system's ephemeral range
+    """Where the store's ports are chosen (p and p + _GRPC_PORT_OFFSET): below the system's ephemeral range
     (`net.ipv4.ip_local_port_range`) when there is room, so that no client socket's local port takes
     one between the check and the store's bind; ports 20000-55000 otherwise."""
     try:
@@ -164,25 +166,24 @@ def _pair_range() -> tuple[int, int]:
             low, _high = (int(x) for x in f.read().split())
     except (OSError, ValueError):
         low = 32768
-    if low - 10000 - _PAIR_FLOOR >= 1000:
-        return _PAIR_FLOOR, low - 10000
+    if low - _GRPC_PORT_OFFSET - _PAIR_FLOOR >= 1000:
+        return _PAIR_FLOOR, low - _GRPC_PORT_OFFSET
     return 20000, 55000
 
 
 def _free_port_pair(taken: set) -> int:
-    """A port p with p and p + 10000 free (SeaweedFS gives each component a gRPC port; some of its
-    clients assume port + 10000), neither in `taken`."""
+    """A port p with p and p + _GRPC_PORT_OFFSET free, neither in `taken`."""
     import random
 
     lo, hi = _pair_range()
     for _ in range(500):
         p = random.randrange(lo, hi)
-        if p in taken or p + 10000 in taken:
+        if p in taken or p + _GRPC_PORT_OFFSET in taken:
             continue
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 10000))
+                b.bind(("127.0.0.1", p + _GRPC_PORT_OFFSET))
         except OSError:
             continue
         return p
@@ -357,17 +358,17 @@ def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | No
 
 def _store_command(store_dir: str, s3_port: int) -> list[str]:
     """`weed mini` (master, volume, filer and S3 in one process) on 127.0.0.1, every port explicit."""
-    taken = {s3_port, s3_port + 10000}
+    taken = {s3_port, s3_port + _GRPC_PORT_OFFSET}
     ports = {}
     for name in ("master", "volume", "filer", "admin"):
         ports[name] = p = _free_port_pair(taken)
-        taken |= {p, p + 10000}
+        taken |= {p, p + _GRPC_PORT_OFFSET}
     ports["s3"] = s3_port
     cmd = [object_server_binary(), "mini", f"-dir={store_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.port.https=0", "-webdav=false", "-admin.ui=false",
            "-metricsPort=0", f"-bucket={_STORE_BUCKET}"]
     for name, p in ports.items():
-        cmd += [f"-{name}.port={p}", f"-{name}.port.grpc={p + 10000}"]
+        cmd += [f"-{name}.port={p}", f"-{name}.port.grpc={p + _GRPC_PORT_OFFSET}"]
     return cmd
 
 
@@ -415,7 +416,8 @@ def _start_store_on_free_ports(store_dir: str, store_port: int, log_path: str | 
     """Starts the store on `store_port` when nothing listens there, else on free ports; a store that
     exits before it listens (another process bound one of its ports after they were chosen) is
     started again on other ports, up to _STORE_START_ATTEMPTS times. Returns it and its S3 port."""
-    if not (0 < store_port < 55536 and not _reachable(store_port, 0.2) and not _reachable(store_port + 10000, 0.2)):
+    grpc_port = store_port + _GRPC_PORT_OFFSET
+    if not (0 < store_port and grpc_port < 65536 and not _reachable(store_port, 0.2) and not _reachable(grpc_port, 0.2)):
         store_port = _free_port_pair(set())
     for attempt in range(1, _STORE_START_ATTEMPTS + 1):
         try:
@@ -424,7 +426,7 @@ def _start_store_on_free_ports(store_dir: str, store_port: int, log_path: str | 
             if attempt == _STORE_START_ATTEMPTS:
                 raise
             log.warning("%s; starting it again on other ports", e)
-            store_port = _free_port_pair({store_port, store_port + 10000})
+            store_port = _free_port_pair({store_port, store_port + _GRPC_PORT_OFFSET})
     raise AssertionError("unreachable")
 
 
