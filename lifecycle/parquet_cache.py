@@ -48,6 +48,8 @@ class ParquetCache:
         self._lock = threading.Lock()
         #: path -> (size in bytes, time.monotonic() it was made or found)
         self._copies: dict[str, tuple[int, float]] = {}
+        #: the sum of the sizes in `_copies`
+        self._bytes = 0
         #: paths handed to the pins, not removed yet
         self._retiring: set[str] = set()
         os.makedirs(self.directory, exist_ok=True)
@@ -59,14 +61,14 @@ class ParquetCache:
                     _unlink(path)
                     continue
                 try:
-                    self._copies[path] = (os.path.getsize(path), found_at)
+                    self._put(path, os.path.getsize(path), found_at)
                 except OSError:
                     pass
 
     @property
     def bytes_held(self) -> int:
         with self._lock:
-            return sum(size for size, _at in self._copies.values())
+            return self._bytes
 
     def path_of(self, key: str) -> str:
         return os.path.join(self.directory, *key.split("/"))
@@ -88,9 +90,8 @@ class ParquetCache:
                 return paths
             if self.max_bytes == 0:
                 return None
-            held = sum(size for size, _at in self._copies.values())
             known = sum(s for _k, _p, s in missing if s is not None)
-            if held + known > self.max_bytes:
+            if self._bytes + known > self.max_bytes:
                 return None
         for key, path, _size in missing:
             with self._lock:
@@ -98,8 +99,14 @@ class ParquetCache:
                     continue
             size = self._copy(store, key, path)
             with self._lock:
-                self._copies[path] = (size, time.monotonic())
+                self._put(path, size, time.monotonic())
         return paths
+
+    def _put(self, path: str, size: int, at: float) -> None:
+        """Records the copy at `path` (made again by another thread meanwhile: counted once). Under the lock."""
+        old = self._copies.get(path)
+        self._bytes += size - (old[0] if old is not None else 0)
+        self._copies[path] = (size, at)
 
     def _copy(self, store, key: str, path: str) -> int:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -132,7 +139,9 @@ class ParquetCache:
             if copy.path not in self._retiring:
                 return
             self._retiring.discard(copy.path)
-            self._copies.pop(copy.path, None)
+            gone = self._copies.pop(copy.path, None)
+            if gone is not None:
+                self._bytes -= gone[0]
             _unlink(copy.path)
 
     def __reduce__(self):
