@@ -174,6 +174,10 @@ def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, seq_origi
     return fn
 
 
+class _StreamStopping(Exception):
+    """A micro-batch gives up because its stream is being stopped (not an error: a stop)."""
+
+
 class Ingestor:
     """Owns the foreachBatch callback. One per server."""
 
@@ -283,6 +287,13 @@ class Ingestor:
         if op is not None:
             op.micro_batch(len(meta), sum(m["nbytes"] or 0 for m in meta), time.perf_counter() - t0)
 
+    def _unless_quiescing(self) -> None:
+        """Raises _StreamStopping when the stream is being stopped: the batch applies nothing (what it
+        added is withdrawn) and its offsets are read again by the next query, so a stop does not
+        wait for the Spark jobs of a large batch (a restart's or a shutdown's)."""
+        if self.quiescing.is_set():
+            raise _StreamStopping()
+
     def _stale(self, generation: int | None, batch_id: int) -> bool:
         """Whether a batch of the query of `generation` must not apply (None: no generation)."""
         if generation is None or generation == self.stream_generation:
@@ -352,6 +363,7 @@ class Ingestor:
             touched = []
             builds: list[_ChunkBuild] = []
             for (topic, table), msgs in by_table.items():
+                self._unless_quiescing()
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 fault_point(FaultPoint.APPLY_TABLE, f"{db.name}/{table}")
                 builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
@@ -732,8 +744,13 @@ class Ingestor:
         [(topic, kp, offset, reason)] (their rows are not in any chunk).
         """
         errors = []
+
+        def materialise(b: _ChunkBuild) -> None:
+            self._unless_quiescing()  # a batch of thousands of tables stops between its jobs
+            _materialise(b)
+
         if len(builds) > 1:
-            for f in [_build_pool().submit(_materialise, b) for b in builds]:
+            for f in [_build_pool().submit(materialise, b) for b in builds]:
                 try:
                     f.result()
                 except BaseException as e:  # kept until every job finished, then re-raised
@@ -741,7 +758,7 @@ class Ingestor:
         else:
             for b in builds:
                 try:
-                    _materialise(b)
+                    materialise(b)
                 except BaseException as e:
                     errors.append(e)
         if errors:

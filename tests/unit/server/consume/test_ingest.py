@@ -251,3 +251,29 @@ def test_a_tables_chunk_reads_only_the_parts_committed_in_its_own_kafka_partitio
     assert selected("cpu") == [(0, 2)]
     assert selected("net") == [(1, 4)]
     assert _table_messages_condition("iox.db", "net", {}, _F).fn(raw[2]) is False
+
+
+def test_a_stop_ends_a_batch_between_its_chunk_builds_with_nothing_added(monkeypatch):
+    """A stream being stopped (restart, shutdown) does not wait for the rest of a large batch's Spark
+    jobs: the builds not started yet are not run, nothing is added, every build's data is released."""
+    from types import SimpleNamespace
+
+    from catalog.catalog import Catalog
+    from server.consume import ingest
+
+    ingestor = Ingestor(spark=None, catalog=Catalog(), kafka_partitions=1)
+    built, released = [], []
+
+    def materialise(b):
+        built.append(b.cdf)
+        if len(built) == 2:
+            ingestor.quiescing.set()
+
+    monkeypatch.setattr(ingest, "_materialise", materialise)
+    monkeypatch.setattr(ingest, "release_df", released.append)
+    added: list = []
+    with pytest.raises(ingest._StreamStopping):
+        ingestor._build_and_add_chunks([SimpleNamespace(cdf=i) for i in range(40)], added)
+    assert added == []
+    assert 2 <= len(built) <= 2 + ingest._BUILD_THREADS
+    assert sorted(released) == list(range(40))
