@@ -21,10 +21,10 @@ the lock after a new query started applies nothing.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
-import functools
 import threading
 import time
 import uuid
