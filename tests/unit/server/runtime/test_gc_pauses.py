@@ -31,15 +31,22 @@ def test_freezing_collects_first_then_freezes_what_is_alive():
 
 def test_every_collection_is_observed_with_its_generation_until_uninstalled():
     seen = []
-    rec = GcPauseRecorder(lambda gen, sec: seen.append((gen, sec))).install()
+    # no automatic collection meanwhile (another thread of the test session may allocate): only ours
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        rec.install()  # idempotent: one callback
-        gc.collect(1)
-        gc.collect(2)
-        assert [g for g, _ in seen] == [1, 2]
-        assert all(0 <= s < 5 for _, s in seen)
-    finally:
+        rec = GcPauseRecorder(lambda gen, sec: seen.append((gen, sec))).install()
+        try:
+            rec.install()  # idempotent: one callback
+            gc.collect(1)
+            gc.collect(2)
+            assert [g for g, _ in seen] == [1, 2]
+            assert all(0 <= s < 5 for _, s in seen)
+        finally:
+            rec.uninstall()
         rec.uninstall()
-    rec.uninstall()
-    gc.collect()
-    assert len(seen) == 2
+        gc.collect()
+        assert len(seen) == 2
+    finally:
+        if was_enabled:
+            gc.enable()
