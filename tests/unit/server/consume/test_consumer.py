@@ -14,6 +14,7 @@ from server.consume import consumer as consumer_mod
 from server.consume.consumer import WriteBufferConsumer
 from server.consume.ingest import Ingestor
 from server.errors import StreamRestartTimedOut
+from tests.waiting import wait_for
 
 
 class _Query:
@@ -81,15 +82,6 @@ def parts(monkeypatch, tmp_path):
     consumer._stopping.set()
 
 
-def _until(condition, timeout_s: float = 10.0) -> None:
-    done = threading.Event()
-    for _ in range(int(timeout_s / 0.02)):
-        if condition():
-            return
-        done.wait(0.02)
-    raise AssertionError("condition not reached")
-
-
 def test_a_restart_gives_up_with_nothing_changed_while_a_batch_of_the_stopped_stream_applies(parts):
     consumer, ingestor, started, applied = parts
     consumer.start({})
@@ -108,7 +100,7 @@ def test_a_restart_gives_up_with_nothing_changed_while_a_batch_of_the_stopped_st
     finally:
         ingestor.batch_lock.release()
     # once it ended, the watchdog starts the next query, of a new generation
-    _until(lambda: len(started) == 2)
+    wait_for(lambda: len(started) == 2, 10, "the watchdog's next query", poll_s=0.02)
     assert started[1].isActive
     started[1].batch()
     assert applied == [ingestor.stream_generation]
@@ -138,7 +130,8 @@ def test_a_batch_waiting_for_the_lock_through_a_restart_applies_nothing(parts):
     threading.Event().wait(0.1)
     restarted = threading.Thread(target=consumer.restart)
     restarted.start()
-    _until(lambda: ingestor.stream_generation == 2)  # the stream stopped; the restart waits for the lock
+    # the stream stopped; the restart waits for the lock
+    wait_for(lambda: ingestor.stream_generation == 2, 10, "the restart's stop", poll_s=0.02)
     ingestor.batch_lock.release()
     late.join(5)
     restarted.join(5)
