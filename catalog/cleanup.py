@@ -12,6 +12,13 @@ committed it, the caller's state is stale and may miss that owner's files, so
 nothing is deleted and :class:`~catalog.errors.RevisionConflict` is raised: the
 caller is fenced, exactly as if its own commit had lost that revision.
 
+In a pool catalog other members' revisions are normal, so (4) is kept per Kafka partition
+instead (lifecycle/worker.py ``cleanup``): a member deletes only files of the tables of the
+partitions it owns, as of a refresh of the catalog right before the first delete (a later owner
+writes its own files after its claim, so they are younger than ``min_age_s``), and only files it
+already found unreferenced in a round at least ``min_age_s`` earlier (another member's query
+planned on an older state may still read a file that a compaction replaced).
+
 Ordering contract for callers (the lifecycle cleanup task, on the driver):
 take the ``in_flight_keys`` snapshot *before* reading the catalog state (or
 hold the persist "cleanup lock" across both), so that a file committed in
@@ -44,13 +51,18 @@ def find_unreferenced(
     in_flight_keys: Iterable[str],
     min_age_s: float,
     now_s: float,
+    *,
+    only: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Return the sorted keys of Parquet files under ``<db>/data/`` that may be deleted.
 
     Pure apart from one ``store.list``; runs on the driver.  ``now_s`` is the
     caller's clock in seconds since the epoch (compared with the objects'
-    ``last_modified_s``); ``min_age_s`` must be >= 0.  Does not look for newer
-    revisions: only :func:`delete_unreferenced` deletes.
+    ``last_modified_s``); ``min_age_s`` must be >= 0.  ``only``: when given, a
+    key it answers False for is never returned (a pool member's files of the
+    partitions it does not own).  Does not look for newer revisions: only
+    :func:`delete_unreferenced` (single committer) or the pool member's cleanup
+    (lifecycle/worker.py) deletes.
     """
     if min_age_s < 0:
         raise ValueError(f"min_age_s must be >= 0, got {min_age_s}")
@@ -64,6 +76,7 @@ def find_unreferenced(
         if meta.key.endswith(PARQUET_SUFFIX)
         and meta.key not in protected
         and now_s - meta.last_modified_s >= min_age_s
+        and (only is None or only(meta.key))
     ]
     out.sort()
     return out

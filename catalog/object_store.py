@@ -45,7 +45,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow.fs
 
@@ -66,6 +66,7 @@ __all__ = [
     "encode_key_segment",
     "object_store_from_url",
     "parquet_key",
+    "table_of_parquet_key",
 ]
 
 #: Region used when none is configured (moto and MinIO accept any region).
@@ -757,3 +758,15 @@ def parquet_key(db: str, table: str, partition_key: str, uuid: str | _uuid.UUID)
         f"{data_prefix(db)}{encode_key_segment(table)}/"
         f"{encode_key_segment(partition_key)}/{encode_key_segment(str(uuid))}.parquet"
     )
+
+
+def table_of_parquet_key(db: str, key: str) -> str | None:
+    """The table named by ``key`` when it has the shape :func:`parquet_key` gives ``db``'s files
+    (``<db>/data/<table>/<partition>/<name>``); None for any other key."""
+    prefix = data_prefix(db)
+    if not key.startswith(prefix):
+        return None
+    segments = key[len(prefix):].split("/")
+    if len(segments) != 3 or not all(segments):
+        return None
+    return unquote(segments[0])

@@ -32,7 +32,8 @@ tables of the partitions it owns (`Database.owns_table`: the snapshot the policy
 retention round). A commit refused with PartitionsNotOwned, or the fence probe's `refresh`
 finding a claim, reports the partitions lost (`on_partitions_lost`); after each refresh the new
 state goes to `on_catalog_refreshed`, so the server registers the other members' files for its
-queries. Cleanup skips pool catalogs (an unreferenced file may be another member's in flight).
+queries. In a pool catalog cleanup deletes only the unreferenced files of the tables of the
+partitions this server owns, once they were unreferenced for `CLEANUP_MIN_AGE_S` (catalog/cleanup.py).
 
 Retention (catalog/retention.py): every round, for each database with a retention period,
 `prune_policy.decide_prune` gives the new `reader_lo_ns` and the day partitions entirely
@@ -61,9 +62,11 @@ import threading
 import time
 
 from catalog.catalog import Catalog
-from catalog.cleanup import delete_unreferenced
+from catalog.cleanup import delete_unreferenced, find_unreferenced
 from catalog.errors import PartitionsNotOwned, RevisionConflict
+from catalog.object_store import table_of_parquet_key
 from catalog.preserved_catalog import RecordPruned, transaction_key
+from catalog.sharding import partition_for
 
 from catalog.crash_points import CrashPoint, crash_point
 
@@ -137,6 +140,9 @@ class LifecycleWorker:
         self._fenced: dict[str, int] = {}
         self._fence_lock = threading.Lock()
         self._last_cleanup = 0.0
+        #: pool catalogs: database name -> {file key: `now` of the cleanup that first found it
+        #: unreferenced in a partition this server owns}
+        self._pool_unreferenced_since: dict[str, dict[str, float]] = {}
         self._last_mailbox_flush = 0.0
         self._last_cache_sweep = 0.0
         self.last_error: str | None = None
@@ -225,14 +231,10 @@ class LifecycleWorker:
         for name, pc in list(self.preserved.items()):
             if self.fenced_revision(name) is not None:
                 continue
-            if pc.state.pooled or self.catalog.pool_member:
-                # a pool catalog: another member's revisions are normal (read them, and what was lost);
-                # a pool member's catalog that no member claimed yet becomes one with another's first
-                # claim, which is read too; only a revision that is no claim fences it
-                self._refresh_pooled(name, pc)
-                if pc.fenced_at is not None:
-                    self._fence(RevisionConflict(name, pc.fenced_at, transaction_key(name, pc.fenced_at)))
-                    found[name] = pc.fenced_at
+            if self._pooled(pc):
+                fenced_at = self._probe_pooled(name, pc)
+                if fenced_at is not None:
+                    found[name] = fenced_at
                 continue
             try:
                 revision = pc.newer_revision()
@@ -243,6 +245,20 @@ class LifecycleWorker:
                 self._fence(RevisionConflict(name, revision, transaction_key(name, revision)))
                 found[name] = revision
         return found
+
+    def _pooled(self, pc) -> bool:
+        """Whether `pc` is (or, on a pool member, may become) a pool catalog."""
+        return pc.state.pooled or self.catalog.pool_member
+
+    def _probe_pooled(self, name: str, pc) -> int | None:
+        """A pool catalog: another member's revisions are normal (read them, and what was lost); a
+        pool member's catalog that no member claimed yet becomes one with another's first claim,
+        which is read too; only a revision that is no claim fences it (returned, else None)."""
+        self._refresh_pooled(name, pc)
+        if pc.fenced_at is None:
+            return None
+        self._fence(RevisionConflict(name, pc.fenced_at, transaction_key(name, pc.fenced_at)))
+        return pc.fenced_at
 
     def _refresh_pooled(self, name: str, pc) -> None:
         """A pool catalog: reads the other members' transactions; reports the partitions lost to a
@@ -548,13 +564,15 @@ class LifecycleWorker:
         before deleting, catalog/cleanup.py) loses nothing and is fenced."""
         deleted = []
         for db_name, pc in list(self.preserved.items()):
-            if self.fenced_revision(db_name) is not None or pc.state.pooled:
-                continue  # a pool catalog's unreferenced files may be another member's in flight
+            if self.fenced_revision(db_name) is not None:
+                continue
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
             # compaction of persisted files) still read stay until those chunks are released
-            in_flight = self.in_flight.snapshot() | self.catalog.retired_parquet_keys() | \
-                self.catalog.query_pins.waiting_objects()
+            in_flight = self._in_use_keys()
             crash_point(CrashPoint.CLEANUP_BEFORE_DELETE)
+            if self._pooled(pc):
+                deleted += self._cleanup_pooled(db_name, pc, in_flight, now, min_age_s)
+                continue
             try:
                 deleted += delete_unreferenced(self.store, db_name, pc.state, in_flight, min_age_s, now,
                                                newer_revision=pc.newer_revision)
@@ -563,6 +581,49 @@ class LifecycleWorker:
         if deleted:
             log.info("cleanup deleted %d unreferenced file(s)", len(deleted))
         return deleted
+
+    def _in_use_keys(self) -> set:
+        """Keys no cleanup deletes: this server's persists in flight, files retired chunks still
+        read, files of queries still running when they left the catalog."""
+        return self.in_flight.snapshot() | self.catalog.retired_parquet_keys() | \
+            self.catalog.query_pins.waiting_objects()
+
+    def _cleanup_pooled(self, name: str, pc, in_flight: set, now: float, min_age_s: float) -> list:
+        """Cleanup of pool catalog `pc` (see catalog/cleanup.py): deletes the files of the tables of
+        the Kafka partitions this server owns that no transaction references, none of `in_flight`,
+        found unreferenced by a round at least `min_age_s` before `now` and still unreferenced and
+        owned after a refresh right before the first delete. Returns the deleted keys."""
+        if self._probe_pooled(name, pc) is not None:
+            return []  # fenced by a single committer: never cleaned up again
+        since = self._pool_unreferenced_since.get(name, {})
+        candidates = find_unreferenced(self.store, name, pc.state, in_flight, min_age_s, now,
+                                       only=self._owned_file_check(name, pc))
+        since = {key: since.get(key, now) for key in candidates}  # forgets keys no longer candidates
+        self._pool_unreferenced_since[name] = since
+        due = [key for key in candidates if now - since[key] >= min_age_s]
+        if not due:
+            return []
+        if self._probe_pooled(name, pc) is not None:
+            return []
+        owned, files = self._owned_file_check(name, pc), pc.state.files
+        deleted = []
+        for key in due:
+            if owned(key) and key not in files:  # a claim since the listing: the new owner's now
+                self.store.delete(key)
+                deleted.append(key)
+                since.pop(key, None)
+        return deleted
+
+    @staticmethod
+    def _owned_file_check(name: str, pc):
+        """key -> whether it is a Parquet file of a table of a Kafka partition `pc` says this server
+        owns (as of `pc`'s newest state)."""
+        owned, n = pc.owned_partitions, pc.state.pool_kafka_partitions
+
+        def check(key: str) -> bool:
+            table = table_of_parquet_key(name, key)
+            return bool(owned) and n is not None and table is not None and partition_for(table, n) in owned
+        return check
 
     # -- retention ------------------------------------------------------------------------
     def retention_state(self, db) -> RetentionState:
