@@ -7,7 +7,11 @@ databases does it know?), decides with `assigner_policy.decide_assignments` (few
 handoff of a frozen, removed or long-unreachable ingester's partitions), asks the chosen
 ingesters to claim what they do not own yet (the ClaimPartitions admin call, which commits the
 claim to the database's preserved catalog and so fences the previous owner), and saves its
-assignments.
+assignments. Between handoffs it spreads the load (`rebalance`, on unless `--no-rebalance`):
+one partition at a time, at most one every `--rebalance-interval-s`, from the member with the
+most partitions to one with two fewer (a member joined), else from the member applying the most
+messages per second to the one applying the fewest (rates measured from the applied offsets the
+members report, round after round).
 
 With `--object-store`, assigners of one pool share a lease (server/assigner_lease.py): one acts,
 the others stand by (they poll, decide nothing) and one of them takes over once the active
@@ -15,7 +19,7 @@ one's lease lapses, starting from what the ingesters report owning.
 
 Invariant: the saved assignments are the last round's decision; a restarted assigner loads them
 and moves nothing that has no cause (an ingester unreachable at its start gets the full grace
-from that start). The assigner holds no data: losing its state file only means the next round
+from that start; nothing moves for load before one rebalancing interval passed). The assigner holds no data: losing its state file only means the next round
 assigns from scratch (owners keep what the catalogs say they own, reclaimed where decided).
 
 State file (JSON, ``format_version`` 1): ``{"format_version": 1, "assignments": [[database,
@@ -36,7 +40,8 @@ import grpc
 from iox import management_pb2
 
 from server.api.client import IoxClient
-from server.assigner_policy import DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView, decide_assignments
+from server.assigner_policy import (DEFAULT_REBALANCE_INTERVAL_S, DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView,
+                                    RebalanceRules, decide_assignments)
 from server.errors import ServerError
 
 __all__ = ["Assigner", "AssignerStateCorrupt", "parse_pins", "STATE_FORMAT_VERSION", "DEFAULT_INTERVAL_S",
@@ -51,6 +56,9 @@ DEFAULT_INTERVAL_S = 2.0
 STATUS_TIMEOUT_S = 5.0
 #: A claim (the ingester restarts its stream around it) may take this long.
 CLAIM_TIMEOUT_S = 120.0
+#: Weight of the newest measurement in a partition's applied rate (an exponential moving average
+#: over rounds: with 2 s rounds, a change of rate shows mostly within ~10 s).
+_RATE_WEIGHT = 0.2
 
 
 class AssignerStateCorrupt(ServerError):
@@ -119,9 +127,11 @@ class Assigner:
 
     def __init__(self, ingesters: list, state_path: str, pins: dict | None = None, token: str | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S,
-                 unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_S, lease=None):
+                 unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_S, lease=None, rebalance: bool = True,
+                 rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_S):
         """`lease`: the pool's AssignerLease (server/assigner_lease.py), or None: this assigner acts
-        alone (only one may run)."""
+        alone (only one may run). `rebalance`: spread the load between handoffs (module docstring),
+        at most one move every `rebalance_interval_s`."""
         if not ingesters or len(set(ingesters)) != len(ingesters):
             raise ValueError(f"--ingesters must name distinct addresses, got {ingesters!r}")
         self.ingesters = list(ingesters)
@@ -140,6 +150,13 @@ class Assigner:
         self.standby = False
         self.rounds = 0
         self.last_decision: Decision | None = None
+        self.rebalance = rebalance
+        self.rebalance_interval_s = rebalance_interval_s
+        #: a (re)started assigner moves nothing for load before one interval passed
+        self._last_rebalance_s = started
+        #: unit -> (owner, applied offset, wall time) of its last report; unit -> messages/s applied
+        self._applied: dict = {}
+        self.rates: dict = {}
 
     def poll(self, now: float) -> tuple[list, set]:
         """([IngesterView] in configured order, {(database, kp)} every reachable ingester knows)."""
@@ -156,8 +173,21 @@ class Assigner:
             owned = frozenset((d.name, kp) for d in st.databases for kp in d.owned_partitions)
             for d in st.databases:
                 units.update((d.name, kp) for kp in range(d.kafka_partitions))
+                for w in d.write_buffer:
+                    if (d.name, w.partition) in owned:
+                        self._observe_applied((d.name, w.partition), addr, w.applied_hi_inclusive, now)
             views.append(IngesterView(addr, True, st.freeze.frozen, now, owned))
         return views, units
+
+    def _observe_applied(self, unit: tuple, owner: str, applied: int, now: float) -> None:
+        """Updates `unit`'s applied rate from its owner's report (a new owner starts it afresh)."""
+        prev = self._applied.get(unit)
+        self._applied[unit] = (owner, applied, now)
+        if prev is None or prev[0] != owner or now <= prev[2]:
+            return
+        measured = max(0, applied - prev[1]) / (now - prev[2])
+        old = self.rates.get(unit)
+        self.rates[unit] = measured if old is None else old + _RATE_WEIGHT * (measured - old)
 
     def run_once(self, now: float | None = None) -> Decision:
         """One round: poll, decide, claim, save. A failed claim is logged and retried next round."""
@@ -172,9 +202,15 @@ class Assigner:
             if self.lease.new_term:  # a new holder starts from what the ingesters own: nothing flips back
                 self.assignments = {**self.assignments, **_owned_by(views)}
         units |= set(self.assignments)
-        decision = decide_assignments(units, views, self.assignments, self.pins, now, self.unreachable_after_s)
+        rules = RebalanceRules(self.rebalance_interval_s, last_move_s=self._last_rebalance_s,
+                               rates=dict(self.rates)) if self.rebalance else None
+        decision = decide_assignments(units, views, self.assignments, self.pins, now, self.unreachable_after_s,
+                                      rules)
+        if decision.rebalanced is not None:
+            self._last_rebalance_s = now
         for unit, (src, dst) in sorted(decision.moved.items()):
-            log.warning("handoff: %s partition %d from %s to %s", unit[0], unit[1], src, dst)
+            why = "rebalance" if unit == decision.rebalanced else "handoff"
+            log.warning("%s: %s partition %d from %s to %s", why, unit[0], unit[1], src, dst)
         for claim in decision.claims:
             if self.lease is not None and not self._holds(now + time.monotonic() - started):
                 log.warning("assigner lease lost during a round: its remaining claims are left to the holder")

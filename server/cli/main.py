@@ -326,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--interval-s", type=float, default=2.0, help="seconds between rounds")
     asg.add_argument("--unreachable-after-s", type=float, default=30.0,
                      help="an ingester that does not answer this long loses its partitions to the others")
+    from server.assigner_policy import DEFAULT_REBALANCE_INTERVAL_S
+
+    asg.add_argument("--no-rebalance", dest="rebalance", action="store_false",
+                     help="move partitions only to hand them off (frozen, removed or unreachable members), never "
+                          "to spread the load over the members")
+    asg.add_argument("--rebalance-interval-s", type=float, default=DEFAULT_REBALANCE_INTERVAL_S,
+                     help="the least seconds between two partition moves that spread the load")
     asg.add_argument("--token", default=os.environ.get("IOX_TOKEN") or None,
                      help="admin token of the ingesters (env IOX_TOKEN)")
     asg.add_argument("--object-store", default=os.environ.get("IOX_OBJECT_STORE") or None,
@@ -682,8 +689,11 @@ def _run_assigner(a) -> int:
                 raise ValueError(f"--lease-s {a.lease_s} must be at least twice --interval-s {a.interval_s}")
             lease = AssignerLease(object_store_from_url(a.object_store, a.s3_endpoint),
                                   f"{socket.gethostname()}:{os.getpid()}", a.lease_s)
+        if not a.rebalance_interval_s > 0:
+            raise ValueError(f"--rebalance-interval-s must be > 0, got {a.rebalance_interval_s}")
         assigner = Assigner(pool, a.state_file, pins, token=a.token, interval_s=a.interval_s,
-                            unreachable_after_s=a.unreachable_after_s, lease=lease)
+                            unreachable_after_s=a.unreachable_after_s, lease=lease, rebalance=a.rebalance,
+                            rebalance_interval_s=a.rebalance_interval_s)
     except (ValueError, AssignerStateCorrupt) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

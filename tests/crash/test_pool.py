@@ -104,7 +104,7 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(own_broker, session_tmp
         w = _Writes(db)
         w.write_all(ca)  # creates the database
         assigner = Assigner([addr["a"], addr["b"], addr["c"]], os.path.join(root + "-a", "assigner.json"),
-                            interval_s=0.5, unreachable_after_s=3.0)
+                            interval_s=0.5, unreachable_after_s=3.0, rebalance=False)  # handoffs only here
         clients = {"a": ca, "b": cb, "c": c.client}
         # fewest first, in pool order: a gets 0 and 3, b 1, c 2
         _round_until(assigner, lambda: [_owned(clients[m], db) for m in "abc"] == [{0, 3}, {1}, {2}], 60,

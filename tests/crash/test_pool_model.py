@@ -75,7 +75,7 @@ class _Pool:
         #: the members the test killed (else a member that is gone died at its crash point)
         self.killed: set = set()
         self.assigner = Assigner([self.addr(m) for m in MEMBERS], os.path.join(self.root, "assigner.json"),
-                                 interval_s=0.5, unreachable_after_s=UNREACHABLE_AFTER_S)
+                                 interval_s=0.5, unreachable_after_s=UNREACHABLE_AFTER_S, rebalance=False)
 
     def addr(self, m: str) -> str:
         return f"127.0.0.1:{self.ports[m]}"

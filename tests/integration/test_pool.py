@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 import uuid
 
 import boto3
@@ -21,6 +22,7 @@ import pytest
 from catalog.errors import PartitionsNotOwned
 from catalog.preserved_catalog import AddParquet
 from catalog.sharding import partition_for
+from server.runtime.broker import free_port
 from tests.conftest import make_config, start_server
 from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
@@ -173,6 +175,91 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         b.stop()
 
 
+def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(own_broker, session_tmp, s3_store):
+    """A member that joins a pool whose one member owns every partition gets half of them from the
+    assigner, one at a time and no faster than the rebalancing interval; every acknowledged row is
+    read exactly once through either member, before and after, and then nothing moves."""
+    from server.assigner import Assigner
+
+    db = f"pool_{uuid.uuid4().hex[:8]}"
+    root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
+    port_b = free_port()
+    base = make_config(root + "-a", own_broker.bootstrap, http_port=0, **s3_store, pool_member="ingester-a",
+                       lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
+                                  "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
+    a, ca = start_server(base)
+    b = cb = None
+    addresses = [f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{port_b}"]
+    assigner = Assigner(addresses, root + "-assigner.json", interval_s=0.3, unreachable_after_s=3600.0,
+                        rebalance_interval_s=1.0)
+    try:
+        written: dict = {}
+        tokens = {kp: _write(ca, db, written, TABLES[kp], 3) for kp in range(PARTITIONS)}
+
+        def owned_by_a_alone() -> bool:
+            assigner.run_once()
+            return _owned(ca, db) == list(range(PARTITIONS))
+        wait_for(owned_by_a_alone, 60, "the only member to own every partition")
+        for kp in range(PARTITIONS):
+            wait_for(lambda: _applied(ca, db, kp) >= tokens[kp][kp], 60, f"partition {kp} applied")
+        ca.persist(db)  # half the rows persisted, half in memory when the partitions move
+        tokens = {kp: _write(ca, db, written, TABLES[kp], 2) for kp in range(PARTITIONS)}
+        for kp in range(PARTITIONS):
+            wait_for(lambda: _applied(ca, db, kp) >= tokens[kp][kp], 60, f"partition {kp} applied again")
+
+        b, cb = start_server(dataclasses.replace(base, data_dir=root + "-b", pool_member="ingester-b",
+                                                 grpc_port=port_b))
+        moves = []
+
+        def balanced() -> bool:
+            d = assigner.run_once()
+            if d.rebalanced is not None:
+                moves.append((time.monotonic(), d.rebalanced, d.moved[d.rebalanced]))
+            return len(_owned(ca, db)) == 2 and len(_owned(cb, db)) == 2
+        wait_for(balanced, 180, "the assigner to give half the partitions to the new member")
+        assert [m[2] for m in moves] == [tuple(addresses)] * 2, moves
+        assert moves[1][0] - moves[0][0] >= 1.0, moves
+        assert sorted(_owned(ca, db) + _owned(cb, db)) == list(range(PARTITIONS))
+        for client in (ca, cb):  # every acknowledged row exactly once, or UNAVAILABLE while a new owner replays
+            for kp in range(PARTITIONS):
+                wait_for(lambda: _whole_or_unavailable(client, db, TABLES[kp], written[TABLES[kp]]), 60,
+                         f"partition {kp} answered through either member")
+        tokens = {kp: _write(ca, db, written, TABLES[kp], 2) for kp in range(PARTITIONS)}
+        for kp, owner in ((kp, ca if kp in _owned(ca, db) else cb) for kp in range(PARTITIONS)):
+            wait_for(lambda: _applied(owner, db, kp) >= tokens[kp][kp], 60, f"partition {kp} applied by its owner")
+        for client in (ca, cb):
+            for kp in range(PARTITIONS):
+                assert _rows(client, db, TABLES[kp]) == written[TABLES[kp]], kp
+        later = time.monotonic() + 2.0
+        while time.monotonic() < later:  # balanced: past the interval, nothing moves
+            assert assigner.run_once().moved == {}
+    finally:
+        assigner.close()
+        for c in (ca, cb):
+            if c is not None:
+                c.close()
+        for srv in (a, b):
+            if srv is not None:
+                srv.stop()
+
+
+def _whole_or_unavailable(client, db: str, table: str, expected: list) -> bool:
+    """Whether a query of `table` answered (then with exactly `expected`: never an incomplete
+    answer), False when it answered UNAVAILABLE."""
+    try:
+        t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        return False
+    got = list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
+    assert got == expected, (table, got)
+    return True
+
+
+def _owned(client, db: str) -> list:
+    return client.status(db)["databases"][0]["owned_partitions"]
+
+
 def _racing_column_types(db: str, ca, cb, n: int = 5) -> None:
     """Integer writes of a new column through a and string writes of it through b, at once: one
     type wins pool-wide, every write of the other is refused whole, no acknowledged value is NULL."""
@@ -222,7 +309,7 @@ def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) 
             logs.append(f"{root}-assigner-{name}.log")
             procs.append(subprocess.Popen(
                 [IOX, "assigner", "--ingesters", ",".join(addresses), "--state-file", f"{root}-assigner-{name}.json",
-                 "--interval-s", "0.3", "--lease-s", "4", "--unreachable-after-s", "60",
+                 "--interval-s", "0.3", "--lease-s", "4", "--unreachable-after-s", "60", "--no-rebalance",
                  "--object-store", s3_store["object_store"], "--s3-endpoint", s3_store["s3_endpoint"]],
                 stdout=open(logs[-1], "wb"), stderr=subprocess.STDOUT))
 
