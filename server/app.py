@@ -1346,7 +1346,9 @@ class IoxServer:
         self.lifecycle.commit_records(db, [RecordLostWrites(ranges=entries)], now)
 
     # -- status -----------------------------------------------------------------------
-    def status(self, database: str = "") -> management_pb2.GetStatusResponse:
+    def status(self, database: str = "", pool_members: bool = False) -> management_pb2.GetStatusResponse:
+        """`iox status`: the databases (`database` only when given); with `pool_members` on a pool
+        member, also every member's published address (read from the object store)."""
         if database:
             try:
                 dbs = [self.catalog.database(database)]
@@ -1357,6 +1359,12 @@ class IoxServer:
         resp = management_pb2.GetStatusResponse()
         resp.freeze.CopyFrom(self.freeze.state())
         resp.pool_member = self.config.pool_member or ""
+        if pool_members and self.config.pool_member is not None:
+            from catalog.ownership import read_member_records
+
+            for r in sorted(read_member_records(self.store), key=lambda r: r["member"]):
+                resp.pool_members.add(member=r["member"], address=r["address"], host=r.get("host") or "",
+                                      published_at_s=float(r.get("at_s") or 0.0))
         self.is_replaying()  # retires finished replays
         marks = {db.name: self.watermarks(db) for db in dbs}  # asks Kafka: outside the catalog lock
         with self.catalog.lock:

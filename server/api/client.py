@@ -11,11 +11,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-__all__ = ["IoxClient", "DEFAULT_ADDR"]
+__all__ = ["IoxClient", "NotAPoolMember", "DEFAULT_ADDR"]
 
 DEFAULT_ADDR = "localhost:8082"
 _MAX = 256 * 1024 * 1024
 _ROLES = {"tag": write_pb2.ColumnRole.TAG, "field": write_pb2.ColumnRole.FIELD, "time": write_pb2.ColumnRole.TIME}
+
+
+class NotAPoolMember(Exception):
+    """`pool_status` asked a server that is not a member of an ingester pool."""
 
 
 class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
@@ -49,6 +53,7 @@ class IoxClient:
 
     def __init__(self, addr: str = DEFAULT_ADDR, token: str | None = None):
         self.addr = addr
+        self._token = token
         self._raw_channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", _MAX),
                                                                  ("grpc.max_send_message_length", _MAX)])
         self.channel = (grpc.intercept_channel(self._raw_channel, _TokenMetadata(token)) if token
@@ -140,8 +145,37 @@ class IoxClient:
                         "epoch": resp.epoch}
         return (pa.concat_tables(tables) if tables else pa.table({})), info
 
-    def status_proto(self, database: str = "") -> management_pb2.GetStatusResponse:
-        return self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database), timeout=30)
+    def status_proto(self, database: str = "", pool_members: bool = False) -> management_pb2.GetStatusResponse:
+        return self.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(database=database, pool_members=pool_members),
+                                        timeout=30)
+
+    def pool_status(self, timeout_s: float = 10.0) -> dict:
+        """`iox status --pool`: every member of the ingester pool this server belongs to (as
+        published in the pool's object store), each asked for its status with this client's token:
+        {"members": [{"member", "address", "reachable", "frozen", "databases": [{"name",
+        "partitions": [{"partition", "epoch", "applied_hi_inclusive", "high_watermark",
+        "lag_messages", "lag_bytes"}]}]}]}, a member that does not answer with "reachable": False
+        and its error. The partitions are those the member owns, with the epoch it claimed them at.
+        Raises grpc.RpcError when this server cannot be asked, NotAPoolMember when it is no pool member."""
+        st = self.status_proto(pool_members=True)
+        if not st.pool_member:
+            raise NotAPoolMember(f"the server at {self.addr} is not a member of an ingester pool (--pool-member)")
+        members = []
+        for m in st.pool_members:
+            entry = {"member": m.member, "address": m.address, "host": m.host}
+            other = self if m.address == self.addr else IoxClient(m.address, token=self._token)
+            try:
+                ms = other.mgmt_stub.GetStatus(management_pb2.GetStatusRequest(), timeout=timeout_s)
+            except grpc.RpcError as e:
+                members.append({**entry, "reachable": False, "error": f"{e.code().name}: {e.details()}"})
+                continue
+            finally:
+                if other is not self:
+                    other.close()
+            members.append({**entry, "reachable": True, "frozen": ms.freeze.frozen,
+                            "databases": [_owned_partitions(d, ms.pool_member) for d in ms.databases
+                                          if d.owned_partitions]})
+        return {"members": members}
 
     def status(self, database: str = "") -> dict:
         """GetStatus as a dict; every field present (zeros included), int64 as int."""
@@ -291,6 +325,21 @@ def _poisoned_request(database: str, partition: int | None, offset: int | None):
 
 _INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
                           FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+
+
+def _owned_partitions(d, member: str) -> dict:
+    """{"name", "partitions": [...]} of the DatabaseStatus `d` of pool member `member`: the
+    partitions it owns, each with the epoch it claimed it at and its write-buffer watermarks."""
+    epochs = {o.partition: o.epoch for o in d.owners if o.owner == member}
+    marks = {w.partition: w for w in d.write_buffer}
+    parts = []
+    for kp in sorted(d.owned_partitions):
+        w = marks.get(kp)
+        parts.append({"partition": kp, "epoch": epochs.get(kp),
+                      **({} if w is None else {"applied_hi_inclusive": w.applied_hi_inclusive,
+                                               "high_watermark": w.high_watermark, "lag_messages": w.lag_messages,
+                                               "lag_bytes": w.lag_bytes})})
+    return {"name": d.name, "partitions": parts}
 
 
 def _as_dict(msg) -> dict:

@@ -219,11 +219,13 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
         self.server = server
 
     def GetStatus(self, request, context):
+        scope = current_scope()
         try:
-            resp = self.server.status(request.database)
+            if request.pool_members and scope is not None:  # the pool's members: server-wide
+                scope.check("query", None)
+            resp = self.server.status(request.database, request.pool_members)
         except Exception as e:
             _abort(context, e)
-        scope = current_scope()
         if scope is not None and not request.database:  # a listing: the token's databases only
             kept = [d for d in resp.databases if scope.allows("query", d.name)]
             del resp.databases[:]

@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--db", default="")
     st.add_argument("--wait-replay", action="store_true",
                     help="while a restarted server replays the write buffer, show a progress bar until it caught up")
+    st.add_argument("--pool", action="store_true",
+                    help="ingester pool: every member (asked through the one at --addr), the partitions it owns with "
+                         "their epochs and lag")
 
     asg = sub.add_parser("assigner", help="ingester pool: assign each database's Kafka partitions to the "
                                           "ingesters (fewest first, pins, handoff of frozen or unreachable ones)")
@@ -663,6 +666,15 @@ def main(argv=None) -> int:
         print(json.dumps(r, indent=2) if a.format == "json" else format_verify_report(r))
         return 0 if r["ok"] else 1
     if a.cmd == "status":
+        if a.pool:
+            from server.api.client import NotAPoolMember
+
+            try:
+                print(json.dumps(_client_call(client.pool_status), indent=2))
+            except NotAPoolMember as e:
+                sys.stderr.write(f"error: {e}\n")
+                return 1
+            return 0
         if a.wait_replay:
             _client_call(lambda: _replay_progress(client, a.db))
         print(json.dumps(_client_call(lambda: client.status(a.db)), indent=2))

@@ -174,6 +174,8 @@ def test_an_admin_token_of_one_database_never_acts_beyond_it(srv):
             code, details = _code(server_wide)
             assert code == grpc.StatusCode.PERMISSION_DENIED and "whole server" in details
         assert [d["name"] for d in a.status()["databases"]] == ["org_bucket"]
+        code, details = _code(lambda: a.status_proto(pool_members=True))  # the pool's members
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "whole server" in details
         names = a.mgmt_stub.ListDatabases(management_pb2.ListDatabasesRequest(), timeout=30).names
         assert list(names) == ["org_bucket"]
         assert _code(lambda: a.status("org_other"))[0] == grpc.StatusCode.PERMISSION_DENIED

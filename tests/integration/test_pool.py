@@ -7,6 +7,7 @@ racing conflicting types of one new column agree on one: the other is refused, n
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -233,6 +234,22 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(own_broker, 
         later = time.monotonic() + 2.0
         while time.monotonic() < later:  # balanced: past the interval, nothing moves
             assert assigner.run_once().moved == {}
+        # `iox status --pool` through either member: both members, what each owns, at which epoch
+        for client in (ca, cb):
+            members = {m["member"]: m for m in client.pool_status()["members"]}
+            assert set(members) == {"ingester-a", "ingester-b"}
+            for name, owner, epoch in (("ingester-a", ca, 1), ("ingester-b", cb, 2)):
+                m = members[name]
+                assert m["reachable"] and not m["frozen"] and m["address"] == addresses[name == "ingester-b"]
+                [d] = [d for d in m["databases"] if d["name"] == db]
+                assert [p["partition"] for p in d["partitions"]] == _owned(owner, db)
+                for p in d["partitions"]:  # moved ones were claimed again (epoch 2)
+                    assert p["epoch"] == epoch and p["applied_hi_inclusive"] >= tokens[p["partition"]][p["partition"]]
+                    assert p["lag_messages"] >= 0
+        out = subprocess.run([IOX, "status", "--pool", "--addr", addresses[1]], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert {m["member"] for m in json.loads(out.stdout)["members"]} == {"ingester-a", "ingester-b"}
     finally:
         assigner.close()
         for c in (ca, cb):
