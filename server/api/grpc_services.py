@@ -37,7 +37,7 @@ from server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotParti
                            OwnershipMoving,
                            PoisonedMessageNotFound, StreamRestartTimedOut)
 from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
-from server.api.auth import current_scope
+from server.api.auth import PermissionDenied, current_scope
 from server.write.router import ArrowTableWrite
 from server.query.pool_rows import NOT_OWNER_METADATA
 from server.write_buffer.write_token import format_token, token_for
@@ -94,7 +94,7 @@ def _abort(context, err: Exception):
         context.abort_with_status(rpc_status.to_status(st))
     if isinstance(err, (InvalidArgument, NotAQuery)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-    if isinstance(err, QueryRefused):
+    if isinstance(err, (QueryRefused, PermissionDenied)):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
     if isinstance(err, DatabaseNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))

@@ -23,7 +23,7 @@ import pytest
 from catalog.errors import PartitionsNotOwned
 from catalog.preserved_catalog import AddParquet
 from catalog.sharding import partition_for
-from server.runtime.broker import free_port
+from server.runtime.broker import free_port, start_broker
 from tests.conftest import make_config, start_server
 from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
@@ -176,24 +176,25 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         b.stop()
 
 
-def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(own_broker, session_tmp, s3_store):
+def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp, s3_store):
     """A member that joins a pool whose one member owns every partition gets half of them from the
     assigner, one at a time and no faster than the rebalancing interval; every acknowledged row is
     read exactly once through either member, before and after, and then nothing moves."""
     from server.assigner import Assigner
 
+    own_broker = start_broker()  # a pool of its own: the module's broker belongs to another pool's object store
     db = f"pool_{uuid.uuid4().hex[:8]}"
     root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
     port_b = free_port()
     base = make_config(root + "-a", own_broker.bootstrap, http_port=0, **s3_store, pool_member="ingester-a",
                        lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
                                   "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
-    a, ca = start_server(base)
-    b = cb = None
-    addresses = [f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{port_b}"]
-    assigner = Assigner(addresses, root + "-assigner.json", interval_s=0.3, unreachable_after_s=3600.0,
-                        rebalance_interval_s=1.0)
+    a = b = ca = cb = assigner = None
     try:
+        a, ca = start_server(base)
+        addresses = [f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{port_b}"]
+        assigner = Assigner(addresses, root + "-assigner.json", interval_s=0.3, unreachable_after_s=3600.0,
+                            rebalance_interval_s=1.0)
         written: dict = {}
         tokens = {kp: _write(ca, db, written, TABLES[kp], 3) for kp in range(PARTITIONS)}
 
@@ -251,13 +252,15 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(own_broker, 
         assert out.returncode == 0, out.stderr
         assert {m["member"] for m in json.loads(out.stdout)["members"]} == {"ingester-a", "ingester-b"}
     finally:
-        assigner.close()
+        if assigner is not None:
+            assigner.close()
         for c in (ca, cb):
             if c is not None:
                 c.close()
         for srv in (a, b):
             if srv is not None:
                 srv.stop()
+        own_broker.stop()
 
 
 def _whole_or_unavailable(client, db: str, table: str, expected: list) -> bool:
