@@ -19,8 +19,9 @@ one's lease lapses, starting from what the ingesters report owning.
 
 Invariant: the saved assignments are the last round's decision; a restarted assigner loads them
 and moves nothing that has no cause (an ingester unreachable at its start gets the full grace
-from that start; nothing moves for load before one rebalancing interval passed). The assigner holds no data: losing its state file only means the next round
-assigns from scratch (owners keep what the catalogs say they own, reclaimed where decided).
+from that start; nothing moves for load before one rebalancing interval passed). The assigner
+holds no data: losing its state file only means the next round assigns from scratch (owners
+keep what the catalogs say they own, reclaimed where decided).
 
 State file (JSON, ``format_version`` 1): ``{"format_version": 1, "assignments": [[database,
 kafka partition, address], ...]}``.
