@@ -989,13 +989,13 @@ class IoxServer:
             raise ColumnAgreementUnavailable(database, f"{type(e).__name__}: {e}") from e
 
     def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
-                         written_before: dict | None = None):
+                         written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):
         """The UnpersistedRows RPC (server/query/pool_rows.py): this pool member's answer."""
         if self.pool is None:
             raise NotAPoolMember(f"unpersisted rows of {database!r}")
         timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else max(0.0, min(deadline_s - _ANSWER_MARGIN_S,
                                                                               QUERY_WAIT_MAX_S))
-        return self.pool.answer_rows(database, tables, wait_applied, timeout_s, written_before)
+        return self.pool.answer_rows(database, tables, wait_applied, timeout_s, written_before, scans, max_bytes)
 
     def _visible(self, db) -> dict:
         """{kp: visible_hi_inclusive} of `db` now (applied, plus the write buffer's tail)."""

@@ -328,10 +328,12 @@ class PoolControl:
 
     # -- scatter-gather (server/query/pool_rows.py) --------------------------------------------
     def answer_rows(self, database: str, tables: list, wait_applied: dict, timeout_s: float,
-                    written_before: dict | None = None):
+                    written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):
         """This member's UnpersistedRows answer (server/query/pool_rows.py), per table its unpersisted
         rows, its deletes and the catalog revision they go with; one message without a table when
-        none is asked. NotPartitionOwner when it does not own a partition of `tables` or
+        none is asked. Only the rows and fields of `scans` ({table: TableScan}, a table without
+        one: all), none older than the database's retention; QueryResultTooLarge past `max_bytes`
+        (0: no limit). NotPartitionOwner when it does not own a partition of `tables` or
         `wait_applied` (also when it loses one before it read that table's rows). It answers once
         `wait_applied`'s offsets (a write token's) are applied (WriteTokenNotVisible past
         `timeout_s`) and `_barrier`'s are (OwnerNotCaughtUp past it)."""
@@ -341,6 +343,8 @@ class PoolControl:
         from iox import query_pb2
 
         from server.errors import DatabaseNotFound, OwnerNotCaughtUp, WriteTokenNotVisible
+        from catalog.retention import reader_lo_ns
+
         from server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
 
         srv = self.server
@@ -372,8 +376,9 @@ class PoolControl:
         if not tables:
             yield query_pb2.UnpersistedRowsResponse(catalog_revision=revision(), applied_hi_inclusive=applied)
             return
+        lo = reader_lo_ns(db.retention_period_s, time.time())
         for table in tables:
-            r = owner_rows(srv.spark, srv.catalog, db, table, revision)
+            r = owner_rows(srv.spark, srv.catalog, db, table, revision, (scans or {}).get(table), lo, max_bytes)
             if r is None:  # lost since the check above: its rows are its new owner's now
                 raise self._not_owner(database, {partition_for(table, n)})
             columns, deletes = json.dumps(r.columns), deletes_to_json(r.deletes)
@@ -423,7 +428,7 @@ class PoolControl:
         if db is None or db.owned_partitions is None or srv.lifecycle is None:
             return None
         deadline = time.monotonic() + timeout_s
-        read = srv.query_engine.tables_read(db, sql)
+        read, scans = srv.query_engine.reads(db, sql)
         written_before = self.written_before(db, {partition_for(t, db.kafka_partitions) for t in read})
         pc = srv.lifecycle.preserved.get(database)
         fresh = pc is None
@@ -436,7 +441,7 @@ class PoolControl:
             try:
                 self._wait_visible(db, written_before, deadline)
                 return self._gather_once(db, pc, fresh, read, wait_applied, written_before,
-                                         max(0.1, deadline - time.monotonic()))
+                                         max(0.1, deadline - time.monotonic()), scans)
             except OwnerMoved as e:
                 moved = e
             if time.monotonic() + _OWNER_MOVED_RETRY_S >= deadline:
@@ -514,14 +519,15 @@ class PoolControl:
             srv.ingestor.wait_applied(db.name, {kp: off for kp, (_v, off) in behind.items()}, min(left, 0.05))
 
     def _gather_once(self, db, pc, fresh: bool, read: list, wait_applied: dict, written_before: dict,
-                     timeout_s: float):
+                     timeout_s: float, scans: dict | None = None):
         """One round of `gather_for_query` with the owners `pc` names now; OwnerMoved when one of
         them answers that it does not own a partition asked, or when this member claimed one it
-        has not taken up yet (`claim` commits first, then resumes the partition here)."""
+        has not taken up yet (`claim` commits first, then resumes the partition here). `scans`:
+        what the query reads of each table (server/query/pushdown.py), sent to the owners."""
         import grpc
 
-        from server.errors import PoolMemberUnavailable, WriteTokenNotVisible
-        from server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather
+        from server.errors import PoolMemberUnavailable, QueryResultTooLarge, WriteTokenNotVisible
+        from server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
 
         srv, database, n = self.server, db.name, db.kafka_partitions
         with srv.catalog.lock:
@@ -541,6 +547,7 @@ class PoolControl:
         wait = {kp: off for kp, off in wait_applied.items() if kp in owners}
         if not tables and not wait:
             return None
+        max_bytes = srv.query_engine.max_bytes
 
         def fetch(member, name, ts, w, left_s):
             from iox import query_pb2
@@ -548,7 +555,8 @@ class PoolControl:
             addr = self.address_of(member, name)
             kps = {kp for kp, a in owners.items() if a == member}
             req = query_pb2.UnpersistedRowsRequest(database=name, tables=ts, wait_applied=w, written_before={
-                kp: off for kp, off in written_before.items() if kp in kps})
+                kp: off for kp, off in written_before.items() if kp in kps}, max_bytes=max_bytes,
+                reads=reads_of({t: s for t, s in (scans or {}).items() if t in ts}))
             try:
                 return list(self._client(addr).query_stub.UnpersistedRows(req, timeout=left_s))
             except grpc.RpcError as e:
@@ -558,11 +566,13 @@ class PoolControl:
                         raise OwnerMoved(member, [int(p) for p in not_owned.split(",") if p], e.details()) from None
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and w:
                     raise WriteTokenNotVisible(name, w, {}, left_s) from None
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and max_bytes:
+                    raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes") from None
                 with self._lock_clients:  # it may come back elsewhere: read its address again next time
                     self._addresses.pop(member, None)
                 raise PoolMemberUnavailable(name, f"{member} ({addr})", f"{e.code().name}: {e.details()}") from None
 
-        rows, applied, revision = gather(db, tables, owners, wait, fetch, timeout_s)
+        rows, applied, revision = gather(db, tables, owners, wait, fetch, timeout_s, max_bytes)
         if revision > self.taken_revision(database):  # files the owners persisted by then: take them first
             if revision > pc.revision:  # (the catalog probe may have read them, and not taken them yet)
                 pc.refresh()

@@ -39,7 +39,7 @@ from server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotParti
 from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.api.auth import PermissionDenied, current_scope
 from server.write.router import ArrowTableWrite
-from server.query.pool_rows import NOT_OWNER_METADATA
+from server.query.pool_rows import NOT_OWNER_METADATA, scans_of
 from server.write_buffer.write_token import format_token, token_for
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
@@ -160,7 +160,8 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
         try:
             for msg in self.server.unpersisted_rows(request.database, list(request.tables),
                                                     dict(request.wait_applied), context.time_remaining(),
-                                                    dict(request.written_before)):
+                                                    dict(request.written_before), scans_of(request.reads),
+                                                    request.max_bytes):
                 yield msg
         except Exception as e:
             _abort(context, e)

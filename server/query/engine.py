@@ -146,15 +146,26 @@ class QueryEngine:
         yet; none for a query that names none, such as `SELECT 1`), every known table for a
         statement that lists them. A query the sandbox refuses or Spark cannot parse may read any
         known table (the query itself then says why)."""
+        return self.reads(db, sql)[0]
+
+    def reads(self, db, sql: str) -> tuple[list, dict]:
+        """(`tables_read`, {table: TableScan}): with the tables, what the query reads of them, for
+        an ingester pool's owners to send only that (server/query/pushdown.py; a table without a
+        scan: all of it)."""
+        from server.query.pushdown import scans
+
         known = sorted(set(db.table_names()) | set(db.schemas.tables()))
         if _lists_tables(sql):
-            return known
+            return known, {}
         named = set(_tables_named(sql, known))
         try:
-            named |= set(_checked(self.spark.newSession(), db.name, sql).tables)
+            checked = _checked(self.spark.newSession(), db.name, sql)
         except Exception:  # noqa: BLE001 - refused or unparsable: the query's own run raises it
-            return sorted(named) if named else known
-        return sorted(named)
+            return (sorted(named) if named else known), {}
+        named |= set(checked.tables)
+        if checked.lists_tables:
+            return sorted(named), {}
+        return sorted(named), scans(checked.tree, {t: db.schemas.get(t) for t in named}, sql)
 
     def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
         """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of

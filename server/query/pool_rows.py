@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from catalog.delete_mailbox import Delete
+from catalog.schema import TIME_NS_COLUMN
 from catalog.sharding import partition_for
 
 __all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_to_json", "deletes_from_json",
-           "NOT_OWNER_METADATA", "OwnerMoved"]
+           "NOT_OWNER_METADATA", "OwnerMoved", "scans_of", "reads_of", "scanned"]
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,20 @@ def deletes_from_json(text: str) -> list:
     return out
 
 
-def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows | None:
+def owner_rows(spark, catalog, db, table: str, catalog_revision, scan=None, reader_lo_ns: int | None = None,
+               max_bytes: int = 0) -> OwnerRows | None:
     """`table`'s rows this owner holds unpersisted, in the chunk layout with its deletes applied;
     None when it does not own the table. `catalog_revision()`: the preserved catalog's revision,
-    read after the chunks (see the module docstring)."""
+    read after the chunks (see the module docstring). `scan` (server/query/pushdown.py TableScan,
+    None: all): only the rows and fields the query reads; `reader_lo_ns`: no row older (retention);
+    `max_bytes` (0: none): QueryResultTooLarge when the rows hold more. A scan's condition runs
+    only once the SQL sandbox passed it (QueryRefused)."""
     from lifecycle.chunk_data import merged_df, table_deletes
     from lifecycle.chunk_views import query_session
+    from lifecycle.views import quote
+
+    from server.errors import QueryResultTooLarge
+    from server.query.sql_sandbox import check_query
 
     with catalog.lock:
         if not db.owns_table(table):
@@ -88,9 +97,47 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision) -> OwnerRows | 
         deletes = table_deletes(db, table)
     out = OwnerRows(table, schema.to_json() if schema is not None else [], None, deletes)
     if chunks and schema is not None:
-        out.rows = merged_df(query_session(spark), schema, chunks, deletes).toArrow()
+        if scan is not None and scan.where_sql:
+            check_query(spark.newSession(), db.name, f"SELECT * FROM {quote(table)} WHERE {scan.where_sql}")
+        df = scanned(merged_df(query_session(spark), schema, chunks, deletes), schema, scan, reader_lo_ns)
+        out.rows = df.toArrow()
+        if max_bytes and out.rows.nbytes > max_bytes:
+            raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
     out.catalog_revision = catalog_revision()
     return out
+
+
+def scanned(df, schema, scan=None, reader_lo_ns: int | None = None):
+    """`df` (a table's rows in the chunk layout) as far as `scan` (server/query/pushdown.py
+    TableScan, None: all) reads it, without the rows older than `reader_lo_ns` (None: all)."""
+    from lifecycle.views import quote
+
+    from server.query.pushdown import TIME_COLUMN, owner_columns
+
+    if reader_lo_ns is not None:
+        df = df.where(f"{quote(TIME_NS_COLUMN)} >= {int(reader_lo_ns)}")
+    if scan is not None and scan.where_sql:
+        t = quote(TIME_NS_COLUMN)  # the user layout's time, as lifecycle/views.py makes it
+        df = (df.selectExpr("*", f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS {quote(TIME_COLUMN)}")
+              .where(scan.where_sql).drop(TIME_COLUMN))
+    if scan is not None and scan.prune_fields:
+        df = df.select(*[quote(c) for c in owner_columns(schema, scan)])
+    return df
+
+
+def reads_of(scans: dict) -> list:
+    """{table: TableScan} (server/query/pushdown.py) as UnpersistedRowsRequest.reads."""
+    from iox import query_pb2
+
+    return [query_pb2.TableRead(table=s.table, where_sql=s.where_sql, prune_fields=s.prune_fields,
+                                fields=list(s.fields)) for s in scans.values()]
+
+
+def scans_of(reads) -> dict:
+    """UnpersistedRowsRequest.reads as {table: TableScan}."""
+    from server.query.pushdown import TableScan
+
+    return {r.table: TableScan(r.table, r.where_sql, r.prune_fields, tuple(r.fields)) for r in reads}
 
 
 def rows_message_parts(rows: pa.Table | None, message_bytes: int = MESSAGE_BYTES) -> list:
@@ -109,12 +156,16 @@ def rows_message_parts(rows: pa.Table | None, message_bytes: int = MESSAGE_BYTES
     return parts
 
 
-def gather(db, tables: list, owners: dict, wait_applied: dict, fetch, timeout_s: float) -> tuple[dict, dict, int]:
+def gather(db, tables: list, owners: dict, wait_applied: dict, fetch, timeout_s: float,
+           max_bytes: int = 0) -> tuple[dict, dict, int]:
     """Asks the owners of `tables` (tables of `db` this member does not own) for their unpersisted
     rows. `owners`: {kafka partition: owner address}; `wait_applied`: a write token's offsets;
     `fetch(address, database, tables, wait_applied, timeout_s)` -> iterable of UnpersistedRowsResponse.
     Returns ({table: OwnerRows}, {kp: applied offset at its owner}, the highest catalog revision the
-    answers go with). A table whose partition has no owner yet has nothing unpersisted anywhere."""
+    answers go with). A table whose partition has no owner yet has nothing unpersisted anywhere.
+    QueryResultTooLarge once the answers' rows hold more than `max_bytes` (0: no limit)."""
+    from server.errors import QueryResultTooLarge
+
     by_owner: dict = {}
     for t in tables:
         addr = owners.get(partition_for(t, db.kafka_partitions))
@@ -126,6 +177,7 @@ def gather(db, tables: list, owners: dict, wait_applied: dict, fetch, timeout_s:
     out: dict = {}
     applied: dict = {}
     revision = -1
+    received = 0
     deadline = time.monotonic() + timeout_s
     for addr, ts in sorted(by_owner.items()):
         kps = {kp for kp, a in owners.items() if a == addr}
@@ -142,6 +194,9 @@ def gather(db, tables: list, owners: dict, wait_applied: dict, fetch, timeout_s:
                 r = out[msg.table] = OwnerRows(msg.table, json.loads(msg.columns_json or "[]"), None,
                                                deletes_from_json(msg.deletes_json), msg.catalog_revision)
             if msg.arrow_ipc:
+                received += len(msg.arrow_ipc)
+                if max_bytes and received > max_bytes:
+                    raise QueryResultTooLarge("bytes", max_bytes, "--max-query-bytes")
                 t = pa.ipc.open_stream(pa.py_buffer(msg.arrow_ipc)).read_all()
                 r.rows = t if r.rows is None else pa.concat_tables([r.rows, t])
     return out, applied, revision

@@ -106,6 +106,9 @@ class CheckedQuery:
     tables: frozenset = frozenset()
     #: SHOW TABLES: its answer must only list the database's tables (the session's temp views)
     lists_tables: bool = False
+    #: its plan as the tree the check read from the plan's JSON rendering ({"class", "children",
+    #: "fields"}), or None when that rendering was lossy (server/query/pushdown.py reads it)
+    tree: object = field(default=None, repr=False, compare=False)
 
 
 def check_query(session, database: str, sql: str) -> CheckedQuery:
@@ -121,11 +124,14 @@ def check_query(session, database: str, sql: str) -> CheckedQuery:
     except Exception as e:  # noqa: BLE001 - py4j's error: raise the PySpark exception it stands for
         raise _pyspark_error(e) from None
     names = _builtin_names(state)
+    tree = None
     try:
         try:
             check = _Check(database, jvm, *names)
-            check.run(_from_json(plan))
+            tree = _from_json(plan)
+            check.run(tree)
         except _Lossy as lossy:
+            tree = None
             log.debug("query plan read over py4j: its JSON rendering is lossy (%s)", lossy)
             check = _Check(database, jvm, *names)
             check.run(_JvmReader(jvm).node(plan))
@@ -133,7 +139,7 @@ def check_query(session, database: str, sql: str) -> CheckedQuery:
         raise ConstructRefused(database, "nesting", "the query is nested too deeply to be checked") from None
     except (_Lossy, _TooLarge) as e:
         raise ConstructRefused(database, "plan", f"the query cannot be checked ({e or 'too large'})") from None
-    return CheckedQuery(sql, plan, frozenset(check.relations), check.lists_tables)
+    return CheckedQuery(sql, plan, frozenset(check.relations), check.lists_tables, tree)
 
 
 def checked_dataframe(session, checked: CheckedQuery):

@@ -167,6 +167,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         assert owners == {0: ("ingester-a", 1), 1: ("ingester-b", 2), 2: ("ingester-b", 1), 3: ("ingester-b", 1)}
 
         _racing_column_types(db, ca, cb)
+        _filtered_reads(db, ca, cb)
         _queries_during_handoffs(db, ca, cb, written[TABLES[1]])
         _two_assigners(db, ca, cb, [f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{b.grpc_port}"], s3_store, root)
     finally:
@@ -377,6 +378,35 @@ def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) 
             p.kill()
             p.wait(10)
         ca.unfreeze()
+
+
+def _filtered_reads(db: str, ca, cb) -> None:
+    """b owns partition 3: a query through a sends b what it reads of the table (its tags' and time's
+    conditions, the fields it names), b answers only those rows and fields, under --max-query-bytes,
+    and the answer through a is exact."""
+    from iox import query_pb2
+
+    table = next(f"f{i}" for i in range(1000) if partition_for(f"f{i}", PARTITIONS) == 3)
+    lines = [f"{table},host={'g' if i % 2 else 'k'} v={i},w={i * 10}i {T0 + i * US}" for i in range(20)]
+    tok = ca.write(db, "\n".join(lines))
+    rows = ca.query(db, f"SELECT host, v, time FROM {table} WHERE host = 'g' AND time >= TIMESTAMP "
+                        f"'2023-11-14 22:13:20.000005' ORDER BY time", timeout_s=60)
+    assert rows.column("v").to_pylist() == [float(i) for i in range(5, 20, 2)]
+    assert set(rows.column("host").to_pylist()) == {"g"}
+    n = ca.query(db, f"SELECT count(*) AS n, sum(w) AS sw FROM {table} WHERE v >= 3 AND host = 'k'", timeout_s=60)
+    assert (n.column("n").to_pylist(), n.column("sw").to_pylist()) == ([8], [sum(i * 10 for i in range(4, 20, 2))])
+    # what b sends for such a read: the rows of host g, the field w and no other
+    req = query_pb2.UnpersistedRowsRequest(database=db, tables=[table], wait_applied={3: tok[3]}, reads=[
+        query_pb2.TableRead(table=table, where_sql="`host` = 'g'", prune_fields=True, fields=["w"])])
+    got = [m for m in cb.query_stub.UnpersistedRows(req, timeout=60) if m.table == table]
+    sent = pa.concat_tables([pa.ipc.open_stream(pa.py_buffer(m.arrow_ipc)).read_all() for m in got if m.arrow_ipc])
+    assert sorted(sent.column("w").to_pylist()) == [i * 10 for i in range(1, 20, 2)]
+    assert "v" not in sent.column_names and set(sent.column("host").to_pylist()) == {"g"}
+    # an answer past the asker's byte bound is refused, not sent
+    req.max_bytes = 10
+    with pytest.raises(grpc.RpcError) as e:
+        list(cb.query_stub.UnpersistedRows(req, timeout=60))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-query-bytes" in e.value.details()
 
 
 def _queries_during_handoffs(db: str, ca, cb, before: list, handoffs: int = 3) -> None:

@@ -77,7 +77,7 @@ def test_a_held_partition_answers_what_it_applied():
 def _asker(owned, applied, ends, acked=None):
     pool, db, waits = _member(owned, applied, acked=acked)
     srv = pool.server
-    srv.query_engine = SimpleNamespace(tables_read=lambda db, sql: [T0, T1])
+    srv.query_engine = SimpleNamespace(reads=lambda db, sql: ([T0, T1], {}), max_bytes=0)
     srv.write_buffer.high_watermarks = lambda topics, n, timeout_s: {"iox.d": dict(ends)}
     srv._visible = lambda db: dict(db.applied_hi_inclusive)
     pc = srv.lifecycle.preserved["d"]
@@ -93,7 +93,7 @@ def test_a_query_asks_again_after_not_the_owner_and_is_unavailable_past_its_dead
     pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9}, acked={1: 10})
     rounds = []
 
-    def once(self, db, pc_, fresh, read, wait_applied, written_before, timeout_s):
+    def once(self, db, pc_, fresh, read, wait_applied, written_before, timeout_s, scans=None):
         rounds.append(dict(written_before))
         if len(rounds) < 3:
             raise OwnerMoved("ingester-b", [1], "not the owner")
