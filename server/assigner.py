@@ -55,6 +55,8 @@ STATE_FORMAT_VERSION = 1
 DEFAULT_INTERVAL_S = 2.0
 #: An ingester that does not answer its status within this counts as unreachable this round.
 STATUS_TIMEOUT_S = 5.0
+#: The latest partition moves `status` shows.
+_MOVES_KEPT = 50
 #: A claim (the ingester restarts its stream around it) may take this long.
 CLAIM_TIMEOUT_S = 120.0
 #: Weight of the newest measurement in a partition's applied rate (an exponential moving average
@@ -158,6 +160,13 @@ class Assigner:
         #: unit -> (owner, applied offset, wall time) of its last report; unit -> messages/s applied
         self._applied: dict = {}
         self.rates: dict = {}
+        #: address -> (wall time, GetStatusResponse or the error's text) of its last poll
+        self._polled: dict = {}
+        #: the moves of the rounds so far, newest last (at most _MOVES_KEPT): (wall time, unit, src, dst, why)
+        self._moves: list = []
+        self._status_lock = threading.Lock()
+        #: moves made since start, by cause ("handoff", "rebalance")
+        self.moves_total: dict = {}
 
     def poll(self, now: float) -> tuple[list, set]:
         """([IngesterView] in configured order, {(database, kp)} every reachable ingester knows)."""
@@ -169,7 +178,11 @@ class Assigner:
             except grpc.RpcError as e:
                 log.warning("ingester %s does not answer (%s)", addr, e.code() if hasattr(e, "code") else e)
                 views.append(IngesterView(addr, False, False, self._last_seen.get(addr)))
+                with self._status_lock:
+                    self._polled[addr] = (now, f"{e.code().name}: {e.details()}" if hasattr(e, "code") else str(e))
                 continue
+            with self._status_lock:
+                self._polled[addr] = (now, st)
             self._last_seen[addr] = now
             owned = frozenset((d.name, kp) for d in st.databases for kp in d.owned_partitions)
             for d in st.databases:
@@ -188,7 +201,8 @@ class Assigner:
             return
         measured = max(0, applied - prev[1]) / (now - prev[2])
         old = self.rates.get(unit)
-        self.rates[unit] = measured if old is None else old + _RATE_WEIGHT * (measured - old)
+        with self._status_lock:
+            self.rates[unit] = measured if old is None else old + _RATE_WEIGHT * (measured - old)
 
     def run_once(self, now: float | None = None) -> Decision:
         """One round: poll, decide, claim, save. A failed claim is logged and retried next round."""
@@ -212,6 +226,9 @@ class Assigner:
         for unit, (src, dst) in sorted(decision.moved.items()):
             why = "rebalance" if unit == decision.rebalanced else "handoff"
             log.warning("%s: %s partition %d from %s to %s", why, unit[0], unit[1], src, dst)
+            with self._status_lock:
+                self._moves = (self._moves + [(now, unit, src, dst, why)])[-_MOVES_KEPT:]
+                self.moves_total[why] = self.moves_total.get(why, 0) + 1
         for claim in decision.claims:
             if self.lease is not None and not self._holds(now + time.monotonic() - started):
                 log.warning("assigner lease lost during a round: its remaining claims are left to the holder")
@@ -229,6 +246,40 @@ class Assigner:
         self.last_decision = decision
         self.rounds += 1
         return decision
+
+    def status(self, now: float | None = None) -> dict:
+        """The pool as this assigner saw it in its last round (`iox status --assigner`; the status
+        endpoint, server/assigner_status.py): {"role": "active" | "standby" | "alone", "rounds",
+        "rebalance", "members": [{"address", "member", "reachable", "last_seen_s_ago", "frozen",
+        "databases": [{"name", "partitions": [{"partition", "epoch", "applied_hi_inclusive",
+        "high_watermark", "lag_messages", "lag_bytes"}]}]} (a member that did not answer: its
+        "error")], "assignments": [{"database", "partition", "address", "applied_per_s"}], "moves":
+        [{"at", "database", "partition", "from", "to", "why"}] (the latest)}. Any thread."""
+        from server.api.client import owned_partitions_status
+
+        now = time.time() if now is None else now
+        with self._status_lock:
+            polled = dict(self._polled)
+            moves = list(self._moves)
+            rates = dict(self.rates)
+        members = []
+        for addr in self.ingesters:
+            seen = self._last_seen.get(addr)
+            entry = {"address": addr, "last_seen_s_ago": None if seen is None else round(max(0.0, now - seen), 3)}
+            at, st = polled.get(addr, (None, "not asked yet"))
+            if isinstance(st, str):
+                members.append({**entry, "reachable": False, "error": st})
+                continue
+            members.append({**entry, "member": st.pool_member, "reachable": True, "frozen": st.freeze.frozen,
+                            "databases": [owned_partitions_status(d, st.pool_member) for d in st.databases
+                                          if d.owned_partitions]})
+        return {"role": "alone" if self.lease is None else ("standby" if self.standby else "active"),
+                "rounds": self.rounds, "rebalance": self.rebalance, "members": members,
+                "assignments": [{"database": db, "partition": kp, "address": addr,
+                                 "applied_per_s": None if (db, kp) not in rates else round(rates[(db, kp)], 3)}
+                                for (db, kp), addr in sorted(self.assignments.items())],
+                "moves": [{"at": at, "database": unit[0], "partition": unit[1], "from": src, "to": dst, "why": why}
+                          for at, unit, src, dst, why in moves]}
 
     def _holds(self, now: float) -> bool:
         try:

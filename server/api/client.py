@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-__all__ = ["IoxClient", "NotAPoolMember", "DEFAULT_ADDR"]
+__all__ = ["IoxClient", "NotAPoolMember", "DEFAULT_ADDR", "owned_partitions_status"]
 
 DEFAULT_ADDR = "localhost:8082"
 _MAX = 256 * 1024 * 1024
@@ -173,7 +173,7 @@ class IoxClient:
                 if other is not self:
                     other.close()
             members.append({**entry, "reachable": True, "frozen": ms.freeze.frozen,
-                            "databases": [_owned_partitions(d, ms.pool_member) for d in ms.databases
+                            "databases": [owned_partitions_status(d, ms.pool_member) for d in ms.databases
                                           if d.owned_partitions]})
         return {"members": members}
 
@@ -327,7 +327,7 @@ _INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT6
                           FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
 
 
-def _owned_partitions(d, member: str) -> dict:
+def owned_partitions_status(d, member: str) -> dict:
     """{"name", "partitions": [...]} of the DatabaseStatus `d` of pool member `member`: the
     partitions it owns, each with the epoch it claimed it at and its write-buffer watermarks."""
     epochs = {o.partition: o.epoch for o in d.owners if o.owner == member}

@@ -318,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--pool", action="store_true",
                     help="ingester pool: every member (asked through the one at --addr), the partitions it owns with "
                          "their epochs and lag")
+    st.add_argument("--assigner", default=None, metavar="HOST:PORT",
+                    help="ingester pool: the pool as the assigner serving its status at HOST:PORT (`iox assigner "
+                         "--status-addr`) saw it in its last round: members, partitions, epochs, lag, rates, moves "
+                         "(--token: the assigner's)")
 
     asg = sub.add_parser("assigner", help="ingester pool: assign each database's Kafka partitions to the "
                                           "ingesters (fewest first, pins, handoff of frozen or unreachable ones)")
@@ -347,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     asg.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S,
                      help="how long a renewal of the assigner lease holds it (renewed every round)")
+    asg.add_argument("--status-addr", default=os.environ.get("IOX_ASSIGNER_STATUS_ADDR") or None,
+                     metavar="HOST:PORT",
+                     help="serve the pool's status over HTTP here: GET /status (JSON, what `iox status --assigner` "
+                          "prints), /metrics (Prometheus), /health; with --token, all but /health need it (env "
+                          "IOX_ASSIGNER_STATUS_ADDR; default: not served)")
 
     d = sub.add_parser("demo", help="start a server on embedded defaults, write sample data, query it")
     d.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
@@ -666,6 +675,8 @@ def main(argv=None) -> int:
         print(json.dumps(r, indent=2) if a.format == "json" else format_verify_report(r))
         return 0 if r["ok"] else 1
     if a.cmd == "status":
+        if a.assigner:
+            return _assigner_status(a.assigner, a.token)
         if a.pool:
             from server.api.client import NotAPoolMember
 
@@ -682,10 +693,47 @@ def main(argv=None) -> int:
     return 2
 
 
+def _host_port(text: str, option: str) -> tuple:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{option} must be HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _assigner_status(addr: str, token: str | None) -> int:
+    """`iox status --assigner HOST:PORT`: prints the assigner's GET /status."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        host, port = _host_port(addr, "--assigner")
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    req = urllib.request.Request(f"http://{host}:{port}/status",
+                                 headers={"Authorization": f"Token {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            print(json.dumps(json.loads(resp.read()), indent=2))
+        return 0
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode("utf-8", "replace")
+        try:
+            detail = json.loads(detail).get("message", detail)
+        except ValueError:
+            pass
+        sys.stderr.write(f"error: the assigner at {addr} answered {e.code}: {detail}\n")
+    except (urllib.error.URLError, OSError) as e:
+        sys.stderr.write(f"error: cannot reach the assigner's status at {addr} ({getattr(e, 'reason', e)}); "
+                         f"is it running with --status-addr {addr}?\n")
+    return 1
+
+
 def _run_assigner(a) -> int:
     import signal
 
     from server.assigner import Assigner, AssignerStateCorrupt, parse_pins
+    from server.assigner_status import AssignerStatusServer
 
     pool = [x.strip() for x in a.ingesters.split(",") if x.strip()]
     try:
@@ -703,20 +751,34 @@ def _run_assigner(a) -> int:
                                   f"{socket.gethostname()}:{os.getpid()}", a.lease_s)
         if not a.rebalance_interval_s > 0:
             raise ValueError(f"--rebalance-interval-s must be > 0, got {a.rebalance_interval_s}")
+        status_at = _host_port(a.status_addr, "--status-addr") if a.status_addr else None
         assigner = Assigner(pool, a.state_file, pins, token=a.token, interval_s=a.interval_s,
                             unreachable_after_s=a.unreachable_after_s, lease=lease, rebalance=a.rebalance,
                             rebalance_interval_s=a.rebalance_interval_s)
     except (ValueError, AssignerStateCorrupt) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    status = None
+    if status_at is not None:
+        try:
+            status = AssignerStatusServer(assigner, *status_at, token=a.token).start()
+        except OSError as e:
+            assigner.close()
+            sys.stderr.write(f"error: cannot serve the assigner's status on {a.status_addr} ({e.strerror or e}); "
+                             f"choose another --status-addr\n")
+            return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if lease is None:
         logging.getLogger("server.assigner").warning("no --object-store: no lease, so run exactly one assigner")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: assigner.stop())
+    if status is not None:
+        logging.getLogger("server.assigner").info("status served on http://%s:%d/status", status_at[0], status.port)
     try:
         assigner.run()
     finally:
+        if status is not None:
+            status.stop()
         assigner.close()
     return 0
 

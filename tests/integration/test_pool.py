@@ -253,6 +253,8 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp,
                              timeout=60)
         assert out.returncode == 0, out.stderr
         assert {m["member"] for m in json.loads(out.stdout)["members"]} == {"ingester-a", "ingester-b"}
+        _status_through_the_assigner(assigner, db, addresses, {"ingester-a": _owned(ca, db),
+                                                               "ingester-b": _owned(cb, db)})
     finally:
         if assigner is not None:
             assigner.close()
@@ -378,6 +380,33 @@ def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) 
             p.kill()
             p.wait(10)
         ca.unfreeze()
+
+
+def _status_through_the_assigner(assigner, db: str, addresses: list, owned: dict) -> None:
+    """`iox status --assigner`: the pool as the assigner's last round saw it, over its status
+    endpoint (with its token): both members, what each owns, the two rebalancing moves."""
+    from server.assigner_status import AssignerStatusServer
+
+    assigner.run_once()
+    status = AssignerStatusServer(assigner, "127.0.0.1", 0, token="assigner-token").start()
+    try:
+        addr = f"127.0.0.1:{status.port}"
+        out = subprocess.run([IOX, "status", "--assigner", addr, "--token", "assigner-token"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        st = json.loads(out.stdout)
+        assert st["role"] == "alone" and st["rounds"] >= 3
+        members = {m["member"]: m for m in st["members"]}
+        for name, parts in owned.items():
+            [d] = [d for d in members[name]["databases"] if d["name"] == db]
+            assert [p["partition"] for p in d["partitions"]] == parts and members[name]["reachable"]
+        assert sorted((x["partition"], x["address"]) for x in st["assignments"] if x["database"] == db) == \
+            sorted((kp, addresses[name == "ingester-b"]) for name, parts in owned.items() for kp in parts)
+        assert [(m["from"], m["to"], m["why"]) for m in st["moves"]] == [(addresses[0], addresses[1], "rebalance")] * 2
+        refused = subprocess.run([IOX, "status", "--assigner", addr], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "answered 401" in refused.stderr, refused.stderr
+    finally:
+        status.stop()
 
 
 def _filtered_reads(db: str, ca, cb) -> None:

@@ -36,6 +36,7 @@ LAYERS = [
     "server.assigner_policy",  # the ingester pool's assignment decisions (pure)
     "server.assigner_lease",  # one assigner at a time: its lease in the object store
     "server.assigner",      # the assigner process (talks to the ingesters through the client)
+    "server.assigner_status",  # the assigner's status endpoint (HTTP)
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "server.freeze_admin",  # frozen mode of a running server
     "server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
