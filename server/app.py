@@ -433,6 +433,8 @@ class IoxServer:
                 self.grpc.stop(grace=5).wait(10)
             if getattr(self, "http", None) is not None:
                 self.http.stop()
+            if getattr(self, "router", None) is not None:
+                self.router.close()  # no_sync writes handed to the producer: Kafka acknowledges them first
             if self.broker is not None and self.broker.in_memory and \
                     self.lifecycle is not None and self.consumer is not None:
                 self._drain_and_persist()

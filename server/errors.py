@@ -82,6 +82,21 @@ class BadLines(InvalidArgument):
         super().__init__(f"{total_bad} bad line(s), nothing written: {first}{more}")
 
 
+class LinesRejected(InvalidArgument):
+    """`POST /api/v3/write_lp`: lines that could not be written (server/write/lp_v3.py RejectedLine),
+    at most MAX_REPORTED of them in `rejected`. `written`: the request's other lines were written
+    (accept_partial); else nothing of it was."""
+
+    def __init__(self, rejected: list, total: int, written: bool):
+        self.rejected = rejected
+        self.total = total
+        self.written = written
+        first = "; ".join(f"line {r.line_number}: {r.error_message}" for r in rejected[:3])
+        more = f" (and {total - 3} more)" if total > 3 else ""
+        what = "the other lines were written" if written else "nothing written"
+        super().__init__(f"{total} line(s) rejected, {what}: {first}{more}")
+
+
 class SchemaConflict(InvalidArgument):
     def __init__(self, table: str, column: str, existing: str, new: str):
         self.table = table

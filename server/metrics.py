@@ -65,6 +65,9 @@ class ServerMetrics:
                                  registry=self.registry)
         self._points = Counter("iox_write_points", "Points of the write requests acknowledged by Kafka",
                                registry=self.registry)
+        self._no_sync_failed = Counter("iox_write_no_sync_failed_points", "Points of no_sync writes (POST "
+                                       "/api/v3/write_lp?no_sync=true) answered before Kafka acknowledged them "
+                                       "and then not acknowledged: lost", registry=self.registry)
         self._lost = Counter("iox_lost_write_ranges", "Ranges of offsets (one per Kafka partition and loss) of "
                              "acknowledged writes the write buffer lost before they were persisted",
                              ["database"], registry=self.registry)
@@ -108,6 +111,10 @@ class ServerMetrics:
         """Counts one request acknowledged by Kafka and its points."""
         self._requests.inc()
         self._points.inc(points)
+
+    def no_sync_failed(self, points: int) -> None:
+        """Counts the points of a no_sync write that Kafka did not acknowledge."""
+        self._no_sync_failed.inc(points)
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         """Records one garbage collection of `generation` (0-2) that took `seconds`."""

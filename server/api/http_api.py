@@ -23,6 +23,10 @@ are 1.x's `{"error": "..."}`. `/ping` answers 204
 with `X-Influxdb-Version` and `X-Influxdb-Build`, or 200 `{"version": ...}` with `verbose=true`
 (as 1.x: any value but empty, 0 and false).
 
+InfluxDB 3: `POST /api/v3/write_lp?db=D[&precision=auto|nanosecond|...][&accept_partial=][&no_sync=]`
+(server/write/lp_v3.py): the same router; partial writes and errors in InfluxDB 3's shapes
+(`{"error": ..., "data": ...}`).
+
 SQL queries (server/api/http_query.py): `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv]`, rows
 streamed as they arrive; the request
 header `X-Iox-After` takes a write token, the answer's `X-Iox-*` headers say what it reflects.
@@ -61,17 +65,18 @@ from server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, Ownershi
 from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
 from server.write.line_protocol import ALL_PRECISIONS
+from server.write.router import MAX_REPORTED_BAD_LINES
 from server.metrics import CONTENT_TYPE_LATEST
 from server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
 from server.api.buckets import handles as handles_buckets
-from server.errors import OlderThanRetention, QueryTimedOut
+from server.errors import LinesRejected, OlderThanRetention, QueryTimedOut
 from server.write_buffer.write_token import format_token, token_for
 from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
 from server.api.http_query import QUERY_PATH, answer_headers, encoded_rows, query_request
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
-           "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
+           "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "V3_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
            "SERVER_VERSION", "WRITE_TOKEN_HEADER"]
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,8 @@ log = logging.getLogger(__name__)
 WRITE_PATH = "/api/v2/write"
 #: InfluxDB 1.x's write endpoint
 V1_WRITE_PATH = "/write"
+#: InfluxDB 3's write endpoint (server/write/lp_v3.py)
+V3_WRITE_PATH = "/api/v3/write_lp"
 #: InfluxDB 1.x precision names -> the parser's
 V1_PRECISIONS = {"n": "ns", "ns": "ns", "u": "us", "us": "us", "ms": "ms", "s": "s", "m": "m", "h": "h"}
 #: the server's metrics in the Prometheus text format
@@ -247,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def _send_error(self, err: Exception, close: bool = False) -> None:
-        status, headers, body = (error_response_v1 if self._v1() else error_response)(err)
+        status, headers, body = (error_response_v1 if self._plain_errors() else error_response)(err)
         if status == 500:
             log.exception("internal error in the HTTP write API", exc_info=err)
         self._send(status, body, headers, close)
@@ -369,6 +376,10 @@ class _Handler(BaseHTTPRequestHandler):
         """An InfluxDB 1.x request: errors in 1.x's form."""
         return self._route() == V1_WRITE_PATH
 
+    def _plain_errors(self) -> bool:
+        """Errors as `{"error": "..."}`: InfluxDB 1.x's form, and InfluxDB 3's."""
+        return self._route() in (V1_WRITE_PATH, V3_WRITE_PATH)
+
     def _ping(self) -> None:
         qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
         verbose = (qs.get("verbose") or [""])[0]
@@ -396,8 +407,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif route == WRITE_PATH:
             self._send(405, {"code": "method not allowed", "message": f"use POST {WRITE_PATH}"},
                        [("Allow", "POST")])
-        elif route == V1_WRITE_PATH:
-            self._send(405, {"error": f"use POST {V1_WRITE_PATH}"}, [("Allow", "POST")])
+        elif route in (V1_WRITE_PATH, V3_WRITE_PATH):
+            self._send(405, {"error": f"use POST {route}"}, [("Allow", "POST")])
         else:
             self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"})
 
@@ -494,7 +505,7 @@ class _Handler(BaseHTTPRequestHandler):
             except _BodyTooLarge as e:
                 self._send_error(RequestTooLarge(e.size, MAX_BUCKETS_BODY_BYTES), close=not e.drained)
             return
-        if route not in (WRITE_PATH, V1_WRITE_PATH):
+        if route not in (WRITE_PATH, V1_WRITE_PATH, V3_WRITE_PATH):
             drained = self._drain_any()
             if route in ("/health", "/ping", "/ready", METRICS_PATH, QUERY_PATH):
                 self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
@@ -541,7 +552,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers = [("WWW-Authenticate", 'Token realm="iox"')]
         except PermissionDenied as e:
             status, code, msg, headers = 403, "forbidden", str(e), []
-        body = {"error": msg} if self._v1() else {"code": code, "message": msg}
+        body = {"error": msg} if self._plain_errors() else {"code": code, "message": msg}
         self._send(status, body, headers, close=close)
         return False
 
@@ -553,6 +564,8 @@ class _Handler(BaseHTTPRequestHandler):
             return False
 
     def _write(self) -> None:
+        if self._route() == V3_WRITE_PATH:
+            return self._write_v3()
         limit = self.router.max_request_bytes
         try:
             encoding = self._encoding()
@@ -586,6 +599,61 @@ class _Handler(BaseHTTPRequestHandler):
             return
         token = token_for(self.router.catalog, database, res.token)
         self._send(204, headers=[(WRITE_TOKEN_HEADER, format_token(token))] if token is not None else [])
+
+
+    def _write_v3(self) -> None:
+        """`POST /api/v3/write_lp` (server/write/lp_v3.py): 204 when every line was written; 400
+        `{"error": "partial write of line protocol occurred", "data": [rejected lines]}` when the
+        others were (accept_partial), `{"error": "parsing failed for write_lp endpoint", "data":
+        first rejected line}` when nothing was."""
+        limit = self.router.max_request_bytes
+        try:
+            encoding = self._encoding()
+            qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+            database = (qs.get("db") or [""])[0]
+            precision = (qs.get("precision") or ["auto"])[0] or "auto"
+            accept_partial = _v3_flag(qs, "accept_partial", True)
+            no_sync = _v3_flag(qs, "no_sync", False)
+            if not database:
+                raise InvalidArgument("the db query parameter is required")
+        except InvalidArgument as e:
+            self._send_error(e, close=not self._drain_any())
+            return
+        if not self._authorized(None, None, close=True):  # an unknown token: its body is not read
+            return
+        raw = self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
+        try:
+            if not self._authorized("write", database):
+                return
+            body = gunzip_limited(raw, limit) if encoding == "gzip" else raw
+            res, rejected = self.router.write_lp_v3(database, body, precision, accept_partial, no_sync)
+        except LinesRejected as e:
+            if accept_partial:
+                body = {"error": "partial write of line protocol occurred", "data": [r.as_json() for r in e.rejected]}
+            else:
+                body = {"error": "parsing failed for write_lp endpoint", "data": e.rejected[0].as_json()}
+            self._send(400, body)
+            return
+        except Exception as e:
+            self._send_error(e)
+            return
+        token = token_for(self.router.catalog, database, res.token) if res.token else None
+        headers = [(WRITE_TOKEN_HEADER, format_token(token))] if token is not None else []
+        if rejected:
+            self._send(400, {"error": "partial write of line protocol occurred",
+                             "data": [r.as_json() for r in rejected[:MAX_REPORTED_BAD_LINES]]}, headers)
+        else:
+            self._send(204, headers=headers)
+
+
+def _v3_flag(qs: dict, name: str, default: bool) -> bool:
+    """A true/false query parameter of /api/v3/write_lp; InvalidArgument for anything else."""
+    raw = (qs.get(name) or [""])[0].strip().lower()
+    if raw == "":
+        return default
+    if raw in ("true", "false"):
+        return raw == "true"
+    raise InvalidArgument(f"{name} must be true or false, got {raw!r}")
 
 
 #: Seconds a client is told to wait (Retry-After) when every HTTP worker is busy and the queue is full.

@@ -74,6 +74,7 @@ except ImportError:  # not built: the Python path does everything
 __all__ = [
     "PRECISIONS",
     "ALL_PRECISIONS",
+    "numbered_lines",
     "MAX_NAME_BYTES",
     "line_protocol_pieces",
     "ColumnRole",
@@ -1045,6 +1046,24 @@ def _line_ends(body, start: int, n: int):
         yield pos
     if pos < n or state is not None:
         yield n
+
+
+def numbered_lines(body: bytes) -> list:
+    """[(line number, start, stop)] of the lines of `body` that count (not blank, not a comment):
+    the numbers ``LineError.line_number`` gives, and the byte span of each line (its newline
+    included), split by the rules above."""
+    out, start, n = [], 0, 0
+    for end in _line_ends(body, 0, len(body)):
+        text = body[start:end].decode("utf-8", "replace")
+        if text.endswith("\n"):
+            text = text[:-1]
+        if text.endswith("\r"):
+            text = text[:-1]
+        if _trim_leading(text):
+            n += 1
+            out.append((n, start, end))
+        start = end
+    return out
 
 
 def parse_lines(body: bytes | str, precision: str = "ns", default_time_ns: int | None = None) -> ParseResult:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from server.write_buffer.producer import WriteBuffer
 log = logging.getLogger(__name__)
 
 __all__ = ["Router", "WriteResult", "ArrowTableWrite", "validate_database_name", "unique_keys", "MAX_REPORTED_BAD_LINES",
-           "MAX_DATABASE_NAME_CHARS", "MAX_ROWS_PER_TABLE", "ARROW_ROLES"]
+           "MAX_DATABASE_NAME_CHARS", "MAX_ROWS_PER_TABLE", "ARROW_ROLES", "NO_SYNC_THREADS", "NO_SYNC_MAX_PENDING"]
 
 #: At most this many bad lines are listed in an error.
 MAX_REPORTED_BAD_LINES = 100
@@ -51,6 +52,10 @@ ARROW_ROLES = ("tag", "field", "time")
 _DB_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _TIME = "time"
 _TIME_COLUMN = Column(_TIME, "time", "time")
+#: write_lp's no_sync: threads producing the requests answered before Kafka acknowledged them, and
+#: how many such requests may wait for Kafka before the next one waits for a place.
+NO_SYNC_THREADS = 8
+NO_SYNC_MAX_PENDING = 256
 #: Nanoseconds per unit of an Arrow timestamp.
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
@@ -100,6 +105,10 @@ class Router:
         #: in an ingester pool: (database, {table: [Column]} new here) -> {table: [Column]} the pool
         #: agreed on (catalog/pool_schema.py); None outside a pool (this process's registry decides)
         self.agree_columns = None
+        #: write_lp's no_sync: producer threads, made at the first such write; requests waiting for Kafka
+        self._no_sync_pool = None
+        self._no_sync_lock = threading.Lock()
+        self._no_sync_slots = threading.BoundedSemaphore(NO_SYNC_MAX_PENDING)
 
     # -- line protocol -----------------------------------------------------------------
     def write_line_protocol(self, database: str, body: bytes, precision: str = "ns",
@@ -124,6 +133,97 @@ class Router:
                    for name, tb in result.tables.items()}
         self._check_retention(database, batches, body, precision)
         return self._produce(database, batches, result.lines)
+
+    def write_lp_v3(self, database: str, body: bytes, precision: str | None = "auto", accept_partial: bool = True,
+                    no_sync: bool = False, now_ns: int | None = None) -> tuple:
+        """`POST /api/v3/write_lp` (server/write/lp_v3.py): (WriteResult, [RejectedLine] left out).
+        Without `accept_partial` a line that cannot be written raises LinesRejected (nothing
+        written); so does a request none of whose lines can be. `no_sync`: answered once the
+        request is handed to the producer, before Kafka acknowledged it (`_produce`); its token is
+        then empty."""
+        from server.errors import LinesRejected
+        from server.write import lp_v3
+
+        validate_database_name(database)
+        if len(body) > self.max_request_bytes:
+            raise RequestTooLarge(len(body), self.max_request_bytes)
+        try:
+            unit = lp_v3.parse_precision(precision)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        now_ns = now_ns if now_ns is not None else time.time_ns()
+        t0 = time.perf_counter()
+        result = parse_lines(body, unit or "ns", now_ns)
+        self.metrics.observe_stage("parse", time.perf_counter() - t0)
+        conflict = None
+        if not result.errors:
+            try:
+                return self._write_v3_batches(database, result, unit, no_sync), []
+            except SchemaConflict as e:
+                conflict = e
+        # some line cannot be written: which ones, line by line as InfluxDB 3 decides (the table's
+        # types first, then the request's earlier lines')
+        rejected = self._lines_rejected(database, body, unit, now_ns)
+        if not rejected:  # the conflict came and went (another writer's types): as it is
+            if conflict is not None:
+                raise conflict
+            raise BadLines([(e.line_number, e.reason) for e in result.errors[:MAX_REPORTED_BAD_LINES]],
+                           len(result.errors))
+        lines = [r for r, _span in rejected]
+        if not accept_partial:
+            raise LinesRejected(lines[:MAX_REPORTED_BAD_LINES], len(lines), written=False)
+        result = parse_lines(lp_v3.blank_lines(body, [span for _r, span in rejected]), unit or "ns", now_ns)
+        if result.errors:  # lines that parse alone and agree in type parse together
+            raise BadLines([(e.line_number, e.reason) for e in result.errors[:MAX_REPORTED_BAD_LINES]],
+                           len(result.errors))
+        if not result.tables:
+            raise LinesRejected(lines[:MAX_REPORTED_BAD_LINES], len(lines), written=False)
+        return self._write_v3_batches(database, result, unit, no_sync), lines
+
+    def _write_v3_batches(self, database: str, result, unit: str | None, no_sync: bool) -> WriteResult:
+        from server.write.lp_v3 import guess_units
+
+        batches = {}
+        for name, tb in result.tables.items():
+            data, unique = tb.data, tb.unique_keys
+            if unit is None:  # auto: each timestamp's unit from its magnitude
+                i = data.schema.get_field_index(_TIME)
+                data = data.set_column(i, _TIME, guess_units(data.column(i).combine_chunks()))
+                unique = unique_keys(data, [c.name for c in tb.columns if c.role == "tag"])
+            batches[name] = ([Column(c.name, c.role, c.type) for c in tb.columns], data, unique)
+        self._check_retention(database, batches)
+        return self._produce(database, batches, result.lines, wait=not no_sync)
+
+    def _lines_rejected(self, database: str, body: bytes, unit: str | None, now_ns: int) -> list:
+        """[(RejectedLine, span)] of the lines of `body` that cannot be written, in order: a line
+        that does not parse, or one writing a column with another type than the table's (as this
+        server knows it) or than an earlier line of the request that can be written."""
+        from server.write import lp_v3
+        from server.write.line_protocol import numbered_lines
+
+        db = self.catalog.peek_database(database)
+        seen: dict = {}  # (table, column) -> (role, type) of the first line written that has it
+        out = []
+        for n, start, stop in numbered_lines(body):
+            one = parse_lines(body[start:stop], unit or "ns", now_ns)
+            bad = one.errors[0].reason if one.errors else None
+            for table, tb in one.tables.items():
+                if bad:
+                    break
+                schema = db.schemas.get(table) if db is not None else None
+                for c in tb.columns:
+                    have = schema.get(c.name) if schema is not None and c.role != "time" else None
+                    expected = (have.role, have.type) if have is not None else seen.get((table, c.name))
+                    if c.role != "time" and expected is not None and expected != (c.role, c.type):
+                        bad = lp_v3.type_conflict_message(c.name, expected, (c.role, c.type))
+                        break
+            if bad:
+                out.append((lp_v3.RejectedLine(n, lp_v3.line_text(body, start, stop), bad), (start, stop)))
+                continue
+            for table, tb in one.tables.items():
+                for c in tb.columns:
+                    seen.setdefault((table, c.name), (c.role, c.type))
+        return out
 
     # -- Arrow -------------------------------------------------------------------------
     def write_arrow(self, database: str, tables: list[ArrowTableWrite]) -> WriteResult:
@@ -185,9 +285,12 @@ class Router:
             check_retention(database, db.retention_period_s, batches, time.time(), body, precision)
 
     # -- the one path to the write buffer ----------------------------------------------
-    def _produce(self, database: str, batches: dict, points: int) -> WriteResult:
+    def _produce(self, database: str, batches: dict, points: int, wait: bool = True) -> WriteResult:
         """batches: {table: ([Column], pa.Table, unique_keys)} already validated row by row;
-        unique_keys: True when no two rows share a tag set and a time (None: unknown)."""
+        unique_keys: True when no two rows share a tag set and a time (None: unknown).
+        `wait=False` (write_lp's no_sync): every check runs, then the produce is handed to a
+        background thread and the result (an empty token) returned at once; a produce that then
+        fails is logged and counted (iox_write_no_sync_failed_points_total): those points are lost."""
         t_start = time.perf_counter()
         self.database_check(database)
         overloaded = self.overload_check()
@@ -226,6 +329,10 @@ class Router:
         writes = [encode_write(name, cols, data, unique) for name, (cols, data, unique) in batches.items()]
         t_produce = time.perf_counter()
         self.metrics.observe_stage("encode", t_produce - t_encode)
+        if not wait:
+            self._produce_later(database, writes, points)
+            self.metrics.acknowledged(points)
+            return WriteResult(token={}, points=points, topic=topic)
         token = self.write_buffer.produce(database, writes)
         t_end = time.perf_counter()
         self.metrics.observe_stage("produce", t_end - t_produce)
@@ -235,6 +342,35 @@ class Router:
                       database, points, len(writes), (t_encode - t_start) * 1e3, (t_produce - t_encode) * 1e3,
                       (t_end - t_produce) * 1e3)
         return WriteResult(token=token, points=points, topic=topic)
+
+
+    def _produce_later(self, database: str, writes: list, points: int) -> None:
+        """Hands `writes` to the no_sync producer threads; waits only while NO_SYNC_MAX_PENDING
+        requests are already waiting for Kafka (backpressure)."""
+        import concurrent.futures
+
+        with self._no_sync_lock:
+            if self._no_sync_pool is None:
+                self._no_sync_pool = concurrent.futures.ThreadPoolExecutor(NO_SYNC_THREADS, "write-no-sync")
+        self._no_sync_slots.acquire()
+
+        def run():
+            try:
+                self.write_buffer.produce(database, writes)
+            except Exception as e:  # noqa: BLE001 - acknowledged already: all that is left is to say so
+                log.error("a no_sync write of %d point(s) to %s was not acknowledged by Kafka and is lost: %s",
+                          points, database, e)
+                self.metrics.no_sync_failed(points)
+            finally:
+                self._no_sync_slots.release()
+
+        self._no_sync_pool.submit(run)
+
+    def close(self) -> None:
+        """Waits for the no_sync writes handed to the producer threads (server stop)."""
+        pool, self._no_sync_pool = self._no_sync_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 # -- Arrow IPC sizes (pure) -------------------------------------------------------------
