@@ -1,6 +1,7 @@
 """The surfaces users reach: gRPC services, the InfluxDB-compatible HTTP API, the client.
 
-`grpc_services.py` (write, query, delete, management, health, reflection),
+`grpc_services.py` (write, query, delete, management, health, reflection), `flight.py` (Arrow
+Flight DoGet with InfluxDB 3's ticket, on the gRPC port),
 `http_api.py` (InfluxDB v2 and 1.x writes, /health, /ping, /metrics), `http_query.py` (SQL over HTTP) and
 `client.py` (the Python client the CLI, the demo, tests and the benchmark use).
 

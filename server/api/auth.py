@@ -15,7 +15,7 @@ Tokens file (JSON, or TOML when the name ends in `.toml`):
 
     {"tokens": [{"name": "grafana", "token": "s3cr3t-2", "databases": ["*"], "permissions": ["query"]}]}
 
-Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, GetStatus, ListDatabases),
+Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, Flight DoGet, GetStatus, ListDatabases),
 `delete` (Delete), `admin` (Persist, Compact, RetryPoisoned, AcceptPoisoned, AcceptLostWrites,
 SetRetention, ClaimPartitions, Verify, the buckets API; Freeze, Unfreeze and `/metrics` on the whole
 server). `RPC_PERMISSIONS` maps each RPC to what it needs.
@@ -44,7 +44,7 @@ from server.errors import ServerError
 __all__ = ["PERMISSIONS", "ALL_DATABASES", "RPC_PERMISSIONS", "TokenScope", "TokenTable", "Authenticator",
            "Unauthenticated", "PermissionDenied", "InvalidTokensFile", "load_tokens_file", "parse_tokens",
            "token_from_authorization", "AuthInterceptor", "required_permission", "SERVER_WIDE", "LISTINGS",
-           "is_open", "current_scope"]
+           "is_open", "current_scope", "request_database"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/Unfreeze": ADMIN,
     "/iox.management.ManagementService/ClaimPartitions": ADMIN,
     "/iox.management.ManagementService/Verify": ADMIN,
+    "/arrow.flight.protocol.FlightService/DoGet": QUERY,
 }
 
 
@@ -87,6 +88,16 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerRefl
 def required_permission(method: str, database: str | None) -> str | None:
     """The permission `method` needs for `database` (None: the method is open)."""
     return RPC_PERMISSIONS.get(method)
+
+
+def request_database(method: str, request) -> str:
+    """The database `request` of `method` names ("" for none): its `database` field, or for a
+    Flight DoGet the database of its InfluxDB 3 ticket (server/api/flight.py)."""
+    if method == "/arrow.flight.protocol.FlightService/DoGet":
+        from server.api.flight import ticket_database
+
+        return ticket_database(request.ticket)
+    return getattr(request, "database", "")
 
 
 def is_open(method: str) -> bool:
@@ -303,7 +314,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
 
         def check(request, context) -> None:
-            database = "" if method in SERVER_WIDE else getattr(request, "database", "")
+            database = "" if method in SERVER_WIDE else request_database(method, request)
             try:
                 scope.check(required_permission(method, database), database, listing=method in LISTINGS)
             except PermissionDenied as e:

@@ -331,6 +331,11 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
     query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(server), g)
     management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(server), g)
     delete_pb2_grpc.add_DeleteServiceServicer_to_server(_DeleteService(server), g)
+    from iox import flight_pb2_grpc
+
+    from server.api.flight import FlightService
+
+    flight_pb2_grpc.add_FlightServiceServicer_to_server(FlightService(server, QUERY_BATCH_ROWS, _abort), g)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, g)
     names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

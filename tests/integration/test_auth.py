@@ -161,6 +161,28 @@ def test_grpc_scoped_tokens(srv):
         assert _code(lambda: r.write(DB, f"cpu v=1 {T0}"))[0] == grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_flight_doget_needs_query_on_the_tickets_database(srv):
+    import json
+
+    import pyarrow.flight as fl
+
+    def do_get(token, database):
+        opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())] if token else [])
+        ticket = fl.Ticket(json.dumps({"database": database, "sql_query": "SELECT 1 AS x", "query_type": "sql"}).encode())
+        with fl.FlightClient(f"grpc+tcp://127.0.0.1:{srv.grpc_port}") as f:
+            return f.do_get(ticket, opts).read_all().to_pylist()
+
+    with IoxClient(srv.addr, token=MAIN) as m:  # the database exists
+        m.write(DB, f"cpu,host=f v=1 {T0}")
+    assert do_get(READER, DB) == [{"x": 1}]
+    with pytest.raises(fl.FlightUnauthenticatedError):
+        do_get(None, DB)
+    with pytest.raises(fl.FlightUnauthorizedError, match="query"):
+        do_get(WRITER, DB)  # write only
+    with pytest.raises(fl.FlightUnauthorizedError, match="'metrics'"):
+        do_get(ADMIN_B, DB)  # every permission, on another database
+
+
 def test_an_admin_token_of_one_database_never_acts_beyond_it(srv):
     """Server-wide operations need a token for every database; listings show its databases only;
     another database's retention cannot be set, by RPC or through the buckets API."""

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from iox import delete_pb2, management_pb2, query_pb2, write_pb2
+from iox import delete_pb2, flight_pb2, management_pb2, query_pb2, write_pb2
 from server.api.auth import (ADMIN, ALL_DATABASES, PERMISSIONS, RPC_PERMISSIONS, Authenticator, InvalidTokensFile,
                              PermissionDenied, TokenScope, TokenTable, Unauthenticated, load_tokens_file,
                              parse_tokens, required_permission, token_from_authorization)
@@ -43,7 +43,8 @@ def _write(tmp_path, name, text):
 def test_every_rpc_of_every_service_has_a_permission():
     methods = set()
     for mod, svc in ((write_pb2, "WriteService"), (query_pb2, "QueryService"),
-                     (management_pb2, "ManagementService"), (delete_pb2, "DeleteService")):
+                     (management_pb2, "ManagementService"), (delete_pb2, "DeleteService"),
+                     (flight_pb2, "FlightService")):
         sd = mod.DESCRIPTOR.services_by_name[svc]
         methods |= {f"/{sd.full_name}/{m.name}" for m in sd.methods}
     assert methods == set(RPC_PERMISSIONS)
@@ -361,7 +362,8 @@ def _services():
     """{full method: (request class, streams an answer)} of every RPC of the server's own services."""
     out = {}
     for mod, svc in ((write_pb2, "WriteService"), (query_pb2, "QueryService"),
-                     (management_pb2, "ManagementService"), (delete_pb2, "DeleteService")):
+                     (management_pb2, "ManagementService"), (delete_pb2, "DeleteService"),
+                     (flight_pb2, "FlightService")):
         sd = mod.DESCRIPTOR.services_by_name[svc]
         for m in sd.methods:
             req_cls = getattr(mod, m.input_type.name, None) or _message_class(m.input_type)
@@ -414,6 +416,8 @@ def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
             req = req_cls()
             if "database" in req_cls.DESCRIPTOR.fields_by_name:
                 req.database = database
+            if req_cls is flight_pb2.Ticket:  # Flight DoGet: InfluxDB 3's ticket names the database
+                req.ticket = json.dumps({"database": database, "sql_query": "SELECT 1"}).encode()
             md = [("authorization", f"Token {token}")]
             try:
                 if streams:
@@ -427,7 +431,7 @@ def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
 
         ok, denied = grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED
         for method, (req_cls, streams) in sorted(methods.items()):
-            names_db = "database" in req_cls.DESCRIPTOR.fields_by_name
+            names_db = "database" in req_cls.DESCRIPTOR.fields_by_name or req_cls is flight_pb2.Ticket
             assert names_db or method in SERVER_WIDE | LISTINGS, f"{method}: no database, no listing, not server-wide"
             want_a = denied if method in SERVER_WIDE else ok
             assert call(method, req_cls, streams, "a") == want_a, method
