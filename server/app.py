@@ -176,7 +176,8 @@ class IoxServer:
         # a server stops only the Spark application it created (tests run several servers on one)
         self._owns_spark = SparkSession.getActiveSession() is None and SparkSession._instantiatedSession is None
         # a port another process holds stops the start here, in one line naming its option
-        check_ports_free(cfg.bind_host, [(cfg.grpc_port, "--grpc-port"), (cfg.http_port, "--http-port")] + (
+        check_ports_free(cfg.bind_host, [(cfg.grpc_port, "--grpc-port"), (cfg.http_port, "--http-port"),
+                                         (cfg.influxdb3_port, "--influxdb3-port")] + (
             [(cfg.spark_connect_port, "--spark-connect-port")] if self._owns_spark and cfg.role != "ingester" else []))
         data_dir = cfg.abs_data_dir
         os.makedirs(data_dir, exist_ok=True)
@@ -371,6 +372,17 @@ class IoxServer:
             self.http.buckets = BucketsApi(self, database_for)  # /api/v2/buckets (server/api/buckets.py)
             self.http.query = self.query  # /api/v3/query_sql (server/api/http_query.py)
             self.http.start()
+        self.one_port = None
+        if cfg.influxdb3_port and self.http is not None:  # last: both servers behind it are serving
+            from server.api.one_port import OnePortServer
+            from server.runtime.ports import PortTaken
+
+            target = "127.0.0.1" if cfg.bind_host in ("0.0.0.0", "::", "", "localhost") else cfg.bind_host
+            try:
+                self.one_port = OnePortServer(cfg.bind_host, cfg.influxdb3_port, self.grpc_port, self.http.port,
+                                              target).start()
+            except OSError as e:
+                raise PortTaken(cfg.bind_host, cfg.influxdb3_port, "--influxdb3-port", str(e)) from None
         if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
             self._raise_write_path(cfg.write_path_rt_priority)
         if self.broker is not None:
@@ -431,6 +443,8 @@ class IoxServer:
                 self._health.enter_graceful_shutdown()
             if self.grpc is not None:
                 self.grpc.stop(grace=5).wait(10)
+            if getattr(self, "one_port", None) is not None:
+                self.one_port.stop()
             if getattr(self, "http", None) is not None:
                 self.http.stop()
             if getattr(self, "router", None) is not None:

@@ -221,6 +221,8 @@ class ServerConfig:
     role: str = DEFAULT_ROLE
     spark_connect_port: int = DEFAULT_SPARK_CONNECT_PORT
     http_port: int = DEFAULT_HTTP_PORT
+    #: InfluxDB 3's one port: HTTP and gRPC (Flight) on one port (server/api/one_port.py); 0 = off
+    influxdb3_port: int = 0
     #: replication factor of the database topics this server creates (fewer replicas when the Kafka
     #: cluster has fewer brokers, with a warning; the embedded broker is one broker)
     replication_factor: int = DEFAULT_REPLICATION_FACTOR
@@ -260,6 +262,11 @@ class ServerConfig:
         if not _int_in(self.write_path_rt_priority, 0, 99):
             raise InvalidConfig("write_path_rt_priority", self.write_path_rt_priority,
                                 "must be an integer from 0 (off) to 99")
+        if not _int_in(self.influxdb3_port, 0, 65535):
+            raise InvalidConfig("influxdb3_port", self.influxdb3_port, "must be a port from 0 (off) to 65535")
+        if self.influxdb3_port and not self.http_port:
+            raise InvalidConfig("influxdb3_port", self.influxdb3_port,
+                                "needs the HTTP API (--http-port) it serves beside gRPC")
         if not _int_in(self.replication_factor, 1):
             raise InvalidConfig("replication_factor", self.replication_factor, "must be an integer >= 1")
         if self.broker_storage not in (STORAGE_DURABLE, STORAGE_MEMORY):

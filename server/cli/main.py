@@ -50,6 +50,8 @@ def _broker_storage(text: str) -> str:
 SERVE_OPTIONS = [
     ("--grpc-port", int, DEFAULT_GRPC_PORT, "gRPC port"),
     ("--http-port", int, DEFAULT_HTTP_PORT, "InfluxDB v2 and 1.x compatible HTTP write API port (0 disables)"),
+    ("--influxdb3-port", int, 0, "InfluxDB 3's one port (8181 in InfluxDB 3): HTTP and gRPC (Arrow Flight) on one "
+                                 "port, for clients given one address; needs --http-port (0 disables: the default)"),
     ("--data-dir", str, DEFAULT_DATA_DIR, "data directory (embedded broker record, scratch, objects)"),
     ("--kafka-bootstrap", str, None, "Kafka bootstrap servers; absent = embedded Tansu broker"),
     ("--partitions", int, DEFAULT_PARTITIONS, "Kafka partitions per database topic"),
@@ -375,7 +377,8 @@ def _spark_conf(pairs: list) -> dict:
 
 
 def _config_from_args(a) -> ServerConfig:
-    return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
+    return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, influxdb3_port=a.influxdb3_port,
+                        data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
                         partitions=a.partitions, replication_factor=a.replication_factor, spark_master=a.spark_master, driver_memory=a.driver_memory,
                         produce_timeout_ms=a.produce_timeout_ms, txn_timeout_s=a.txn_timeout_s,
                         tail_loss_grace_s=a.tail_loss_grace_s,

@@ -163,7 +163,7 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
 
 
 def test_serve_on_a_taken_port_exits_at_once_naming_the_port_and_its_option(tmp_path):
-    """Another process holds the gRPC, HTTP or Spark Connect port: one line, exit 1, before Spark
+    """Another process holds the gRPC, HTTP, Spark Connect or InfluxDB 3 port: one line, exit 1, before Spark
     or a broker starts (a second server on one host used to die in a traceback around Spark
     Connect's BindException)."""
     import socket
@@ -172,8 +172,9 @@ def test_serve_on_a_taken_port_exits_at_once_naming_the_port_and_its_option(tmp_
     from server.runtime.broker import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOX_")}
-    for option in ("--grpc-port", "--http-port", "--spark-connect-port"):
-        ports = {o: free_port() for o in ("--grpc-port", "--http-port", "--spark-connect-port")}
+    options = ("--grpc-port", "--http-port", "--spark-connect-port", "--influxdb3-port")
+    for option in options:
+        ports = {o: free_port() for o in options}
         with socket.socket() as holder:
             holder.bind(("127.0.0.1", ports[option]))
             holder.listen()

@@ -51,6 +51,39 @@ def test_a_large_answer_comes_in_many_batches(iox_server, client, db):
     assert [v for b in batches for v in b.data.column(0).to_pylist()] == [float(i) for i in range(n)]
 
 
+def test_one_port_for_an_influxdb3_client_given_one_address(iox_server, client, db):
+    """server/api/one_port.py in front of the server's gRPC and HTTP ports (as --influxdb3-port
+    puts it): the client writes over HTTP and queries over Flight through the one address; an
+    HTTP/1.1 request on it is answered by the HTTP API."""
+    import http.client
+
+    from server.api.one_port import OnePortServer
+
+    one = OnePortServer("127.0.0.1", 0, iox_server.grpc_port, iox_server.http.port).start()
+    try:
+        with InfluxDBClient3(host=f"http://127.0.0.1:{one.port}", database=db, token="unused",
+                             write_use_v2_api=False) as c:
+            c.write(record=[f"one,host=a v=1 {T0}", f"one,host=b v=2 {T0 + 1}"])
+            rows = []
+            from tests.waiting import wait_for
+
+            def both() -> bool:
+                try:
+                    rows[:] = c.query("SELECT host, v FROM one ORDER BY host").to_pylist()
+                except InfluxDB3ClientQueryError:  # the table shows once the server read the write
+                    return False
+                return len(rows) == 2
+            wait_for(both, 60, "the write through the one port")
+            assert rows == [{"host": "a", "v": 1.0}, {"host": "b", "v": 2.0}]
+        conn = http.client.HTTPConnection("127.0.0.1", one.port, timeout=30)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["status"] == "pass"
+        conn.close()
+    finally:
+        one.stop()
+
+
 def test_errors_carry_the_status_a_client_acts_on(iox_server, v3, client, db):
     with pytest.raises(InfluxDB3ClientQueryError, match="not found.*database"):
         v3.query("SELECT 1")
