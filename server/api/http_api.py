@@ -577,9 +577,9 @@ class _Handler(BaseHTTPRequestHandler):
         except InvalidArgument as e:
             self._send_error(e, close=not self._drain_any())
             return
-        if not self._authorized(None, None, close=True):  # an unknown token: its body is not read
+        raw = self._token_then_body(encoding, limit)
+        if raw is None:
             return
-        raw = self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
         try:
             if self._v1():  # consistency: ignored
                 database, kw = database_for_v1(db, rp), {"precisions": ALL_PRECISIONS}
@@ -601,6 +601,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(204, headers=[(WRITE_TOKEN_HEADER, format_token(token))] if token is not None else [])
 
 
+    def _token_then_body(self, encoding: str, limit: int) -> bytes | None:
+        """A write's body, read once its token is known (an unknown one: 401 and the body is not
+        read, None); at most `limit` bytes once decompressed (the raw cap of `encoding`)."""
+        if not self._authorized(None, None, close=True):
+            return None
+        return self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
+
     def _write_v3(self) -> None:
         """`POST /api/v3/write_lp` (server/write/lp_v3.py): 204 when every line was written; 400
         `{"error": "partial write of line protocol occurred", "data": [rejected lines]}` when the
@@ -619,9 +626,9 @@ class _Handler(BaseHTTPRequestHandler):
         except InvalidArgument as e:
             self._send_error(e, close=not self._drain_any())
             return
-        if not self._authorized(None, None, close=True):  # an unknown token: its body is not read
+        raw = self._token_then_body(encoding, limit)
+        if raw is None:
             return
-        raw = self._read_body(compressed_cap(limit) if encoding == "gzip" else limit)
         try:
             if not self._authorized("write", database):
                 return

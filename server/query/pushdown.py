@@ -31,6 +31,9 @@ from dataclasses import dataclass
 
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, TableSchema
 from lifecycle.views import quote
+from server.query.sql_sandbox import child_node as _child
+from server.query.sql_sandbox import nodes_in as _nodes_in
+from server.query.sql_sandbox import simple_class as _simple
 
 __all__ = ["TableScan", "scans", "owner_columns"]
 
@@ -108,10 +111,6 @@ def owner_columns(schema: TableSchema, scan: TableScan | None) -> list:
 # -- reading the plan ------------------------------------------------------------------------
 
 
-def _simple(cls: str) -> str:
-    return cls.rsplit(".", 1)[-1].rstrip("$")
-
-
 def _walk(node, ancestors: list, places: dict, ctes: set, stars: list, attrs: set) -> None:
     """Collects, in the whole tree (children, subqueries, CTE definitions): each relation read with
     its ancestors, the CTE names, whether a `*` occurs, and every attribute name."""
@@ -146,19 +145,6 @@ def _walk(node, ancestors: list, places: dict, ctes: set, stars: list, attrs: se
                 _walk(sub, here, places, ctes, stars, attrs)
 
 
-def _nodes_in(value):
-    if isinstance(value, dict):
-        if "class" in value:
-            yield value
-        else:
-            for k, v in value.items():
-                if k != "product-class":
-                    yield from _nodes_in(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _nodes_in(v)
-
-
 def _name(raw) -> tuple | None:
     """A multi-part name from its JSON rendering "[a, b]" (None when it may be ambiguous)."""
     if isinstance(raw, list) and all(isinstance(p, str) for p in raw):
@@ -167,13 +153,6 @@ def _name(raw) -> tuple | None:
         inner = raw[1:-1]
         return tuple(inner.split(", ")) if inner else None
     return None
-
-
-def _child(node: dict, field: str):
-    v = node["fields"].get(field)
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(node["children"]):
-        return node["children"][v]
-    return v if isinstance(v, dict) and "class" in v else None
 
 
 def _projected(ancestors: list) -> bool:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from server.errors import ConstructRefused, FunctionRefused, NotAQuery, PathReadRefused, RelationRefused
 
 __all__ = ["CheckedQuery", "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "check_query", "checked_dataframe",
-           "require_tables"]
+           "require_tables", "simple_class", "nodes_in", "child_node"]
 
 log = logging.getLogger(__name__)
 
@@ -412,31 +412,34 @@ class _TooLarge(Exception):
     pass
 
 
-def _simple(cls: str) -> str:
+def simple_class(cls: str) -> str:
     """A JVM class name without its package (and a Scala object's trailing $)."""
     return cls.rsplit(".", 1)[-1].rstrip("$")
 
 
-def _nodes_in(value):
-    """The nodes in a field's value (not under other nodes)."""
+def nodes_in(value):
+    """The nodes in a field's value of a plan tree (`CheckedQuery.tree`), not under other nodes."""
     if isinstance(value, dict):
         if "class" in value:
             yield value
         else:
             for k, v in value.items():
                 if k != "product-class":
-                    yield from _nodes_in(v)
+                    yield from nodes_in(v)
     elif isinstance(value, list):
         for v in value:
-            yield from _nodes_in(v)
+            yield from nodes_in(v)
 
 
-def _child(node: dict, field: str):
-    """The node in `field`: a child's index (JSON) or the node itself (py4j)."""
+def child_node(node: dict, field: str):
+    """The node in `field` of a plan tree's node: a child's index (JSON) or the node itself (py4j)."""
     v = node["fields"].get(field)
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(node["children"]):
         return node["children"][v]
     return v if isinstance(v, dict) and "class" in v else None
+
+
+_simple, _nodes_in, _child = simple_class, nodes_in, child_node
 
 
 def _parts(value) -> tuple:
