@@ -12,7 +12,7 @@ Routes: `GET /status` (JSON, `Assigner.status`), `GET /metrics` (Prometheus text
 `GET /health` (200 once serving).
 
 When it runs: `iox assigner --status-addr HOST:PORT` starts it (a daemon thread) before the first
-round and stops it when the assigner stops. Imports only the assigner and prometheus-client.
+round and stops it when the assigner stops. Imports prometheus-client and the API's token parsing.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from server.api.auth import token_from_authorization
 
 __all__ = ["AssignerStatusServer"]
 
@@ -109,11 +111,8 @@ class AssignerStatusServer:
     def _authorized(self, header: str | None) -> bool:
         if self._token is None:
             return True
-        if not header:
-            return False
-        scheme, _, value = header.partition(" ")
-        return scheme.lower() in ("token", "bearer") and hmac.compare_digest(value.strip().encode(),
-                                                                             self._token.encode())
+        presented = token_from_authorization(header)
+        return presented is not None and hmac.compare_digest(presented.encode(), self._token.encode())
 
     def start(self) -> "AssignerStatusServer":
         self._thread.start()

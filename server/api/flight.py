@@ -39,14 +39,21 @@ class _BadTicket(ValueError):
         super().__init__(message)
 
 
+def _ticket_doc(raw: bytes):
+    """The ticket's JSON value, or None when it is not JSON."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
 def ticket_query(raw: bytes) -> TicketQuery:
     """The query of an InfluxDB 3 ticket; _BadTicket (with its gRPC status) when it is not one this
     server answers."""
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    doc = _ticket_doc(raw)
+    if doc is None:
         raise _BadTicket('the ticket is not InfluxDB 3\'s JSON {"database": ..., "sql_query": ..., '
-                         '"query_type": "sql"}') from None
+                         '"query_type": "sql"}')
     if not isinstance(doc, dict):
         raise _BadTicket("the ticket is not a JSON object")
     database = doc.get("database") or doc.get("bucket") or ""
@@ -67,15 +74,9 @@ def ticket_query(raw: bytes) -> TicketQuery:
 
 def ticket_database(raw: bytes) -> str:
     """The database a ticket names ("" when it names none or is no ticket): what its token needs."""
-    try:
-        return ticket_query(raw).database
-    except _BadTicket:
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return ""
-        db = doc.get("database") if isinstance(doc, dict) else None
-        return db if isinstance(db, str) else ""
+    doc = _ticket_doc(raw)
+    db = (doc.get("database") or doc.get("bucket")) if isinstance(doc, dict) else None
+    return db if isinstance(db, str) else ""
 
 
 def _flight_data(message_buffer) -> flight_pb2.FlightData:

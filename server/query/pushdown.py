@@ -123,11 +123,10 @@ def _walk(node, ancestors: list, places: dict, ctes: set, stars: list, attrs: se
         if name is not None and len(name) == 1:
             places.setdefault(name[0].lower(), []).append((list(ancestors), node))
     elif cls == "UnresolvedAttribute":
-        raw = fields.get("nameParts")
-        if isinstance(raw, str) and raw.startswith("[") and raw.endswith("]"):
-            inner = raw[1:-1].lower()
-            attrs.add(inner)
-            attrs.update(inner.split(", "))
+        parts = _name(fields.get("nameParts"))
+        if parts is not None:  # each part, and the whole (one name may hold ", ")
+            attrs.add(", ".join(parts).lower())
+            attrs.update(p.lower() for p in parts)
     elif cls == "Join":
         jt = fields.get("joinType")
         if isinstance(jt, dict) and _simple(str(jt.get("product-class", ""))) in ("NaturalJoin", "UsingJoin"):
@@ -228,12 +227,10 @@ def _render(node: dict, alias: str, keys: dict) -> str:
     cls = _simple(node["class"])
     f = node["fields"]
     if cls == "UnresolvedAttribute":
-        raw = f.get("nameParts")
-        if not (isinstance(raw, str) and raw.startswith("[") and raw.endswith("]")):
+        parts = _name(f.get("nameParts"))
+        if parts is None or any(", " in k for k in keys):  # "[a, b]" may then be one name holding ", "
             raise _NotPushed("name")
-        parts = raw[1:-1].split(", ")
-        if any(", " in k for k in keys):  # "[a, b]" may then be one name holding ", "
-            raise _NotPushed("name")
+        parts = list(parts)
         if len(parts) == 2 and parts[0].lower() == alias:
             parts = parts[1:]
         if len(parts) != 1 or parts[0].lower() not in keys:
