@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -58,6 +59,7 @@ from server.query.engine import QueryEngine
 from server.query.read_barrier import ReadBarrier, ReplayState, covered
 from server.consume.watermarks import MessageSizes, partition_watermarks, persisted_hi_inclusive
 from server.write.router import Router
+from server.runtime.broker_truncation import BrokerTruncation
 from server.runtime.spark import build_spark, lower_spark_priority
 from server.write_buffer.producer import WriteBuffer
 from server.write_buffer.tail_loss import TailWatch
@@ -125,6 +127,8 @@ class IoxServer:
         self.config = config
         self.catalog = Catalog()
         self.broker = None
+        #: deletes persisted messages from the durable embedded broker's store; None without one
+        self.broker_truncation = None
         self.spark = None
         self.write_buffer = None
         self.consumer = None
@@ -324,6 +328,12 @@ class IoxServer:
             threading.Thread(target=self._log_replay_progress, name="replay-progress", daemon=True).start()
         if self.tail is not None:
             self.tail.start()
+        # what is persisted leaves the durable embedded broker's store (server/runtime/broker_truncation.py)
+        if self.broker is not None and self.broker.store_port is not None and cfg.pool_member is None \
+                and not math.isinf(cfg.broker_persisted_retention_s):
+            self.broker_truncation = BrokerTruncation(
+                lambda: self.broker.store_port if self.broker is not None else None,
+                cfg.broker_persisted_retention_s, self.router.metrics).start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
                                          is_replaying=self.database_replaying, on_fenced=self._on_fenced,
@@ -454,6 +464,8 @@ class IoxServer:
                 self._drain_and_persist()
             if self.lifecycle is not None:
                 self.lifecycle.stop()
+            if self.broker_truncation is not None:
+                self.broker_truncation.close()
             if getattr(self, "memory_guard", None) is not None:
                 self.memory_guard.stop()
             if getattr(self, "freeze", None) is not None:
@@ -915,6 +927,8 @@ class IoxServer:
     def _commit_resumption_offsets(self, db, db_checkpoint) -> None:
         """Bounded input reliance: after a persist, tell Kafka where replay would start."""
         offsets = {kp: (lo if lo is not None else hi + 1) for kp, (lo, hi) in db_checkpoint.sequencer_numbers.items()}
+        if self.broker_truncation is not None:
+            self.broker_truncation.advance(db_checkpoint.topic, offsets, time.time())
         try:
             self.write_buffer.commit_resumption_offsets(db.name, offsets)
         except Exception:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
 from server.errors import ServerError
 from server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S
 #: the retention pruner's delay behind reader_lo (declared with the prune policy)
@@ -230,6 +231,10 @@ class ServerConfig:
     embedded_broker_port: int = 0
     #: Embedded broker storage: "durable" (on disk) or "memory" (development only; see server/runtime/broker.py)
     broker_storage: str = DEFAULT_BROKER_STORAGE
+    #: how long the durable embedded broker keeps a message once persisted, counted from when it was
+    #: written (0: until persisted; inf: every message, the store then grows without bound; see
+    #: server/runtime/broker_truncation.py)
+    broker_persisted_retention_s: float = DEFAULT_BROKER_PERSISTED_RETENTION_S
     #: Address gRPC, HTTP and Spark Connect bind to (a non-loopback one needs a token or `insecure`).
     bind_host: str = DEFAULT_BIND_HOST
     #: token every API requires (all databases, all permissions; also Spark Connect's); None = none
@@ -269,6 +274,9 @@ class ServerConfig:
                                 "needs the HTTP API (--http-port) it serves beside gRPC")
         if not _int_in(self.replication_factor, 1):
             raise InvalidConfig("replication_factor", self.replication_factor, "must be an integer >= 1")
+        if not self.broker_persisted_retention_s >= 0:
+            raise InvalidConfig("broker_persisted_retention_s", self.broker_persisted_retention_s,
+                                "must be >= 0 seconds (inf keeps every message)")
         if self.broker_storage not in (STORAGE_DURABLE, STORAGE_MEMORY):
             raise InvalidConfig("broker_storage", self.broker_storage, "must be durable or memory")
         if not (isinstance(self.tail_loss_grace_s, (int, float)) and self.tail_loss_grace_s > 0):

@@ -77,6 +77,8 @@ class ServerMetrics:
         self._poisoned_held = Gauge("iox_poisoned_messages_held", "Write-buffer messages set aside and held: their "
                                     "Kafka partition applies nothing after them until they are retried or accepted",
                                     ["database"], registry=self.registry)
+        self._truncated = Counter("iox_broker_store_truncated_batches", "Record batches of persisted messages "
+                                  "deleted from the durable embedded broker's store", registry=self.registry)
         for s in WRITE_STAGES:  # every stage is listed from the start, with zero observations
             self._stage.labels(stage=s)
         #: micro-batches, lifecycle, retention, memory (server/operation_metrics.py)
@@ -102,6 +104,10 @@ class ServerMetrics:
     def poisoned_held(self, database: str, held: int) -> None:
         """Sets how many messages of `database` are held now."""
         self._poisoned_held.labels(database=database).set(held)
+
+    def broker_batches_truncated(self, n: int) -> None:
+        """Counts `n` record batches deleted from the durable embedded broker's store."""
+        self._truncated.inc(n)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         """Records `seconds` spent in `stage` (one of WRITE_STAGES) by one request."""

@@ -21,15 +21,19 @@ last persists, the compaction of its cold partitions' files): each run measures
 the lifecycle work its own writes cause, not a previous run's.
 
 Baseline: a plain Spark Structured Streaming job in a separate Spark
-application (bench/spark_worker.py) reading the SAME topic with the same
-`iox_kafka` Python source, decoding the Arrow payloads and writing Parquet with
-Spark's file sink (partitioned by table and day), with the same per-partition
-read limit and trigger interval. It catches up on the burst's messages in the
-topic (warmed up first: the same job on a tiny topic of the same wire
-format, `bench.warm`, produced straight to the broker; it runs while our server
-is still starting or warming up on its first micro-batches, neither warm-up is
-measured), so it has the machine to itself and no write path to pay for: a
-conservative comparison.
+application (bench/spark_worker.py) reading the same messages on the same broker
+with the same `iox_kafka` Python source, decoding the Arrow payloads and writing
+Parquet with Spark's file sink (partitioned by table and day), with the same
+per-partition read limit and trigger interval. It catches up on the messages
+our topic held at the burst's end, produced again (same bodies, encoded as our
+router encodes them, the write buffer's producer settings) to a topic of its
+own, `bench.sink`, once the burst is persisted: our server deletes what it
+persisted from the durable embedded broker's store (server/runtime/broker_truncation.py),
+and the copy's partitions hold as many batches as ours did. It is warmed up
+first: the same job on a tiny topic of the same wire format, `bench.warm`,
+produced straight to the broker; it runs while our server is still starting or
+warming up on its first micro-batches, neither warm-up is measured. So it has
+the machine to itself and no write path to pay for: a conservative comparison.
 
 Files: Parquet files per table partition after an hour-equivalent. The file
 sink never merges files, so its count grows linearly: measured x 3600 / run
@@ -45,12 +49,55 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bench.harness import (POINTS_PER_BATCH, Laps, Row, WriteStats, lp_batches, recent_t0_ns, run_writers, status_partitions,
+from bench.harness import (POINTS_PER_BATCH, Laps, Row, WriteStats, distinct_cycle, lp_batches, recent_t0_ns, run_writers, status_partitions,
                        tables_on_distinct_partitions)
 
 DB = "bench_e2e"
 #: the baseline's warm-up topic: not iox.*, so our server's consumer ignores it
 WARM_TOPIC = "bench.warm"
+#: the topic the baseline catches up on: the messages of our topic until the burst's end, produced again
+#: (our server deletes what it persisted from the durable embedded broker's store)
+SINK_TOPIC = "bench.sink"
+
+
+def produce_as_router(bootstrap: str, topic: str, partitions: int, bodies: dict) -> dict:
+    """Creates `topic` (`partitions` partitions) and produces {partition: [line-protocol body]} to it,
+    each body encoded as our router encodes a write request (one message per table), with the
+    write buffer's producer settings; returns {"<partition>": end offset}."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from catalog.schema import Column
+    from server.write.line_protocol import parse_lines
+    from server.write_buffer.producer import _producer_conf
+    from server.write_buffer.wire_format import encode_write
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(15)
+    except Exception:  # noqa: BLE001 - already exists
+        pass
+    producer = Producer(_producer_conf(bootstrap, 60_000))
+    ends: dict = {}
+    errors: list = []
+
+    def delivered(err, msg):
+        if err is None:
+            ends[str(msg.partition())] = max(ends.get(str(msg.partition()), 0), msg.offset() + 1)
+        else:
+            errors.append(err)
+
+    for p, ps in sorted(bodies.items()):
+        for body in ps:
+            for name, tb in parse_lines(body).tables.items():
+                w = encode_write(name, [Column(c.name, c.role, c.type) for c in tb.columns], tb.data)
+                producer.produce(topic, value=w.value, key=w.key, headers=w.headers, partition=p,
+                                 on_delivery=delivered)
+                producer.poll(0)
+    producer.flush(120)
+    if errors or len(ends) != len([p for p, ps in bodies.items() if ps]):
+        raise RuntimeError(f"topic {topic}: only partitions {sorted(ends)} acknowledged ({errors[:3]})")
+    return ends
 
 
 class BaselineWarmup:
@@ -63,41 +110,14 @@ class BaselineWarmup:
     """
 
     def __init__(self, ctx, bootstrap: str):
-        from confluent_kafka import Producer
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        from catalog.schema import Column
-        from server.write.line_protocol import parse_lines
-        from server.write_buffer.wire_format import encode_write
-        from server.write_buffer.producer import _producer_conf
-
         self.ctx = ctx
         self.bootstrap = bootstrap
         self.error: Exception | None = None
         self.thread: threading.Thread | None = None
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-        try:
-            admin.create_topics([NewTopic(WARM_TOPIC, ctx.partitions, 1)])[WARM_TOPIC].result(15)
-        except Exception:  # noqa: BLE001 - already exists
-            pass
-        producer = Producer(_producer_conf(bootstrap, 10_000))
-        ends: dict = {}
-
-        def delivered(err, msg):
-            if err is None:
-                ends[str(msg.partition())] = max(ends.get(str(msg.partition()), 0), msg.offset() + 1)
-
         t0 = recent_t0_ns()
-        for p in range(ctx.partitions):
-            body = lp_batches(f"warm{p}", POINTS_PER_BATCH, seed=190 + p, t0_ns=t0 + p * 10**11)[0]
-            for name, tb in parse_lines(body).tables.items():
-                w = encode_write(name, [Column(c.name, c.role, c.type) for c in tb.columns], tb.data)
-                producer.produce(WARM_TOPIC, value=w.value, key=w.key, headers=w.headers, partition=p,
-                                 on_delivery=delivered)
-        producer.flush(30)
-        if len(ends) != ctx.partitions:
-            raise RuntimeError(f"warm-up topic: only partitions {sorted(ends)} acknowledged")
-        self.end_offsets = {WARM_TOPIC: ends}
+        bodies = {p: [lp_batches(f"warm{p}", POINTS_PER_BATCH, seed=190 + p, t0_ns=t0 + p * 10**11)[0]]
+                  for p in range(ctx.partitions)}
+        self.end_offsets = {WARM_TOPIC: produce_as_router(bootstrap, WARM_TOPIC, ctx.partitions, bodies)}
 
     def start(self) -> None:
         scratch = os.path.join(self.ctx.tmp, "filesink")
@@ -237,24 +257,29 @@ def run(ctx) -> list[Row]:
     settle_took = laps.lap("settle")
     # what is left in memory is persisted now, and the lifecycle's compaction of the cold partitions'
     # files is waited for, so our server does nothing (no move to the read buffer, no persist, no
-    # compaction) while the baseline's catch-up is measured; the topic then holds the warm-up batch
-    # and the burst, which the baseline reads
+    # compaction) while the baseline's catch-up is measured; the baseline reads a copy of what our
+    # topic held (the warm-up batch and the burst)
     srv.client.persist(DB, timeout_s=600)
     laps.lap("persist_rest")
     _, quiet = _poll_partitions(srv, tables, _lifecycle_done, s["settle_s"])
     laps.lap("compaction_wait")
 
-    # -------- baseline: plain Spark file sink over the same topic: the warm-up batch and the burst
+    # -------- baseline: plain Spark file sink over the same messages: the warm-up batch and the burst
     base = None
     sink = None
     note_b = ""
     if ctx.worker is not None:
         boot = srv.broker_bootstrap()
         scratch = os.path.join(ctx.tmp, "filesink")
-        end = {str(p): o + 1 for p, o in burst.stats.token.items()}
-        sink = ctx.worker.call("filesink", bootstrap=boot, topic_prefix="iox." + DB,
+        # as many messages of each partition's table as our topic held at the burst's end, the same
+        # bodies in the same cycles (tables[p] is on partition p)
+        copies = {int(p): [distinct_cycle(groups[int(p)][i % len(groups[int(p)])], 1 + i // len(groups[int(p)]))
+                           for i in range(o + 1)] for p, o in burst.stats.token.items()}
+        end = produce_as_router(boot, SINK_TOPIC, ctx.partitions, copies)
+        laps.lap("baseline_copy")
+        sink = ctx.worker.call("filesink", bootstrap=boot, topic_prefix=SINK_TOPIC,
                                out=os.path.join(scratch, "out"), ckpt=os.path.join(scratch, "ckpt"),
-                               end_offsets={"iox." + DB: end}, max_per_partition=2000, trigger_ms=100,
+                               end_offsets={SINK_TOPIC: end}, max_per_partition=2000, trigger_ms=100,
                                timeout_s=s["sink_timeout_s"], wait_s=s["sink_timeout_s"] + 60)
         laps.lap("baseline_sink")
         if sink.get("seconds"):

@@ -25,6 +25,7 @@ from server.cli.output import format_verify_report, print_table
 from server.errors import ServerError
 from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
 from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
 from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
                            DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_PARQUET_CACHE_MAX_BYTES, DEFAULT_QUERY_TIMEOUT_S, DEFAULT_MAX_COLUMNS_PER_TABLE, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
@@ -127,6 +128,10 @@ SERVE_OPTIONS = [
      "<data-dir>/broker-store, through its local S3 server; a few ms per produce) or memory (for development: "
      "a broker crash or host restart loses unpersisted writes, so --persist-age-threshold-s is then at most "
      f"{MEMORY_BROKER_MAX_PERSIST_AGE_S:g} s)"),
+    ("--broker-persisted-retention-s", float, DEFAULT_BROKER_PERSISTED_RETENTION_S,
+     "how long the durable embedded broker keeps a message once it is persisted, counted from when it was "
+     "written (0: until persisted, as a write-ahead log is truncated after a snapshot; inf: every message, "
+     "its store then grows without bound and each read of the broker slows with it)"),
     ("--bind-host", str, DEFAULT_BIND_HOST,
      "address gRPC, HTTP and Spark Connect bind to; beyond loopback only with --auth-token, --auth-tokens-file "
      "or --insecure"),
@@ -395,6 +400,7 @@ def _config_from_args(a) -> ServerConfig:
                         spark_connect_port=a.spark_connect_port,
                         tail_max_bytes=a.tail_max_bytes,
                         embedded_broker_port=a.broker_port, broker_storage=a.broker_storage,
+                        broker_persisted_retention_s=a.broker_persisted_retention_s,
                         object_store=a.object_store,
                         s3_endpoint=a.s3_endpoint, object_store_shared=a.object_store_shared,
                         skip_lost_writes=a.skip_lost_writes,

@@ -3,7 +3,8 @@
 The SparkSession (`spark.py`), its JVM's class-data-sharing archive
 (`jvm_archive.py`), the Python worker daemon (`spark_worker_daemon.py`), the
 check that a cluster's executors run the server's code (`executor_check.py`), the
-embedded Tansu broker and its supervisor (`broker.py`), CPU priorities of the
+embedded Tansu broker and its supervisor (`broker.py`), the truncation of its durable
+store below what is persisted (`broker_truncation.py`), CPU priorities of the
 write path (`write_path_priority.py`), the garbage collector's settings
 (`gc_pauses.py`) and the check that the listening ports are free (`ports.py`).
 

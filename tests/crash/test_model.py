@@ -16,7 +16,9 @@ Its CI share is a few examples of a few steps. A longer run:
 ``IOX_MODEL_EXAMPLES=50 IOX_MODEL_STEPS=40 .venv/bin/python -m pytest tests/crash/test_model.py -s``
 (``IOX_MODEL_SEED`` picks another seed; the default is fixed so CI runs the same cases;
 ``IOX_MODEL_BROKER=durable`` runs the server on its durable embedded broker instead of a Tansu
-broker of the module's own).
+broker of the module's own; it then keeps persisted messages, `--broker-persisted-retention-s inf`,
+because the oracle folds the whole log: deleting persisted batches changes nothing replay reads,
+tests/crash/test_broker_truncation.py recovers from a truncated store).
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ class _Servers:
         started again unarmed (`self.fired_while_starting` says so)."""
         self.fired_while_starting = False
         extra = LIFECYCLE + (["--kafka-bootstrap", self._bootstrap] if self._bootstrap
-                             else ["--broker-storage", "durable"])
+                             else ["--broker-storage", "durable", "--broker-persisted-retention-s", "inf"])
         self.server = ServerProcess(self.data_dir, crash_at=crash_at, extra=extra)
         self.killed = False
         try:

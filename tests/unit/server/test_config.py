@@ -235,3 +235,15 @@ def test_a_role_other_than_all_needs_a_pool_member():
         ServerConfig(role="ingester")
     with pytest.raises(InvalidConfig, match="must be one of all, ingester, querier"):
         ServerConfig(pool_member="m", role="router")
+
+
+@pytest.mark.parametrize("retention", [-1.0, float("nan")])
+def test_the_broker_keeps_persisted_messages_zero_or_more_seconds(retention, capsys):
+    with pytest.raises(InvalidConfig) as ei:
+        ServerConfig(broker_persisted_retention_s=retention)
+    assert ei.value.field == "broker_persisted_retention_s"
+    assert ServerConfig().broker_persisted_retention_s == 0.0
+    assert ServerConfig(broker_persisted_retention_s=float("inf")).broker_persisted_retention_s == float("inf")
+    with pytest.raises(SystemExit) as ei:
+        main(["serve", "--broker-persisted-retention-s", "-5"])
+    assert ei.value.code == 2 and "--broker-persisted-retention-s" in capsys.readouterr().err
