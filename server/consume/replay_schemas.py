@@ -22,7 +22,7 @@ from catalog.schema import Column, ColumnTypeConflict
 from catalog.transactions import PART
 
 # READ_STALL_TIMEOUT_S: how long Kafka may deliver nothing before the start fails (as a micro-batch read)
-from server.write_buffer.kafka_source import READ_STALL_TIMEOUT_S, consumer_positions, reader_consumer
+from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, READ_STALL_TIMEOUT_S, consumer_positions, reader_consumer
 from server.write_buffer.wire_format import header_problem, header_text
 from server.errors import ServerError
 
@@ -63,7 +63,8 @@ def load_replay_schemas(bootstrap: str, db: Database, start_offsets: dict[int, i
             if hi >= start_offsets.get(kp, 0)}
     if not todo:
         return 0
-    c = reader_consumer(bootstrap)  # a new consumer: no position before this assignment's records
+    # a new consumer (no position before this assignment's records) whose fetches may list a long partition
+    c = reader_consumer(bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})
     read = 0
     try:
         c.assign([TopicPartition(db.topic, kp, lo) for kp, (lo, _hi) in sorted(todo.items())])

@@ -45,7 +45,7 @@ from catalog.seq_layout import seq_base
 from catalog.sharding import topic_for
 from catalog.transactions import COMMIT, DECISION, MARKER, PART
 from server.errors import ServerError
-from server.write_buffer.kafka_source import consumer_positions, reader_consumer
+from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, consumer_positions, reader_consumer
 from server.write_buffer.wire_format import (SUPPORTED_FORMATS, WireFormatMismatch, decode_payload, decoded_problem,
                                              header_problem, header_text)
 
@@ -303,7 +303,7 @@ def _read_partition(bootstrap: str, database: str, topic: str, kp: int, start: i
 
     if end <= start:
         return
-    c = reader_consumer(bootstrap)
+    c = reader_consumer(bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})  # it reads whole partitions
     try:
         c.assign([TopicPartition(topic, kp, start)])
         last = time.monotonic()

@@ -40,6 +40,10 @@ Invariants:
   `server/write_buffer/end_polls.py`), or at once when the server marked it
   (option `acked_marks_dir`): Kafka acknowledged a write of this server to it.
   The partitions asked at a trigger are asked in one ListOffsets request per topic.
+- A range of a partition that holds more record batches than Tansu's object-store engine lists
+  within the reader's fetch wait (it then answers nothing) is still read: after SLOW_LIST_SWITCH_S
+  of calls that brought nothing, `read` goes on with a consumer whose fetches may wait
+  LIST_FETCH_WAIT_MS, for that task only.
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - A partition held at a poisoned message (option `holds_file`, written by the
@@ -71,7 +75,8 @@ from server.write_buffer.poison import held_end, read_holds
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "EndNotConfirmed", "TRUE_END_WAIT_S",
            "reader_consumer",
-           "consumer_positions", "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S"]
+           "consumer_positions", "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S",
+           "LIST_FETCH_WAIT_MS", "SLOW_LIST_SWITCH_S"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
@@ -105,6 +110,17 @@ _CONSUME_TIMEOUT_S = 0.05
 STALE_PROBE_INTERVAL_S = 0.25
 #: How long `read` waits for a message that Kafka said exists before failing the batch.
 READ_STALL_TIMEOUT_S = 60.0
+#: fetch.wait.max.ms of a consumer that must read a partition holding many record batches. Tansu's
+#: object-store engine (the durable embedded broker) answers a fetch by listing every batch the
+#: partition holds, stops listing when the fetch's wait runs out, and then answers no message:
+#: with the reader's 20 ms, a partition of a few thousand stored batches (about 0.1 s to list per
+#: 1,000) is never read past what the first listed page reaches. A fetch that finds messages is
+#: answered at once whatever its wait; only a fetch at the partition's end waits this long.
+LIST_FETCH_WAIT_MS = 2000
+#: How long `read` waits in all for messages that do not come before it goes on with a consumer
+#: whose fetches wait LIST_FETCH_WAIT_MS (closed after the task: a fetch at the end of a partition
+#: would hold up the next task's first fetch for that long)
+SLOW_LIST_SWITCH_S = 1.0
 _ADMIN_TIMEOUT_S = 10.0
 #: bootstrap -> (a consumer no task is using, `time.monotonic()` when it became idle). Spark
 #: reuses its Python workers, so the next task of this worker process reads with it instead of
@@ -486,6 +502,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         topic, kp, end = partition.topic, partition.partition, partition.end_exclusive
         c = _take_consumer(self.bootstrap, time.monotonic())
         ok = False
+        slow_list = False  # reading with a consumer of LIST_FETCH_WAIT_MS, not kept for the next task
         try:
             c.assign([TopicPartition(topic, kp, partition.start)])
             if consumer_positions(c, topic, [kp])[kp] >= 0:
@@ -499,9 +516,18 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             cols = {k: [] for k in _COLUMNS}
             last_progress = time.monotonic()
             wait = False  # the last call brought nothing: wait for the next message
+            waited_s = 0.0  # time spent in calls that brought nothing
             while next_offset < end:
+                if waited_s > SLOW_LIST_SWITCH_S and not slow_list:
+                    # a partition too long to list within the reader's fetch wait (LIST_FETCH_WAIT_MS)
+                    c.close()
+                    c = None
+                    c = reader_consumer(self.bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})
+                    c.assign([TopicPartition(topic, kp, next_offset)])
+                    slow_list = True
                 # what the consumer holds, no more than the range can still hold, without waiting;
                 # after a call that brought nothing, one message (see _CONSUME_TIMEOUT_S)
+                t_call = time.monotonic()
                 msgs = (c.consume(1, timeout=_CONSUME_TIMEOUT_S) if wait
                         else c.consume(min(_CONSUME_MAX_MESSAGES, end - next_offset), timeout=0))
                 before = next_offset
@@ -542,10 +568,12 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                 wait = next_offset == before
                 if not wait:
                     last_progress = time.monotonic()
-                elif time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
-                    raise RuntimeError(
-                        f"{topic}[{kp}]: offset {next_offset} not readable "
-                        f"within {READ_STALL_TIMEOUT_S}s (expected up to {end - 1})")
+                else:
+                    waited_s += time.monotonic() - t_call
+                    if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                        raise RuntimeError(
+                            f"{topic}[{kp}]: offset {next_offset} not readable "
+                            f"within {READ_STALL_TIMEOUT_S}s (expected up to {end - 1})")
                 if len(cols["offset"]) >= 256:
                     yield _batch(pa, cols)
                     cols = {k: [] for k in cols}
@@ -555,7 +583,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         finally:
             if c is None:
                 pass
-            elif ok and self.bootstrap not in _idle_consumers:
+            elif ok and not slow_list and self.bootstrap not in _idle_consumers:
                 c.unassign()
                 _idle_consumers[self.bootstrap] = (c, time.monotonic())
             else:

@@ -154,3 +154,34 @@ def test_an_exact_end_is_the_partitions_own_when_listoffsets_is_short_by_many_ba
             assert true_ends(c, TOPIC, {0: start}, wait_s=10, exact=True) == {0: 30}
     finally:
         c.close()
+
+
+def test_the_source_reads_a_partition_holding_more_batches_than_a_short_fetch_lists(durable, monkeypatch):
+    """Tansu's object-store engine stops listing a partition's batches when a fetch's wait runs out and
+    then answers nothing: the reader's 20 ms fetches never reach the end of 3,000 stored batches; the
+    source's `read` goes on with a consumer that may wait LIST_FETCH_WAIT_MS and reads the range whole."""
+    from server.write_buffer import kafka_source
+    from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange
+
+    monkeypatch.setattr(kafka_source, "_idle_consumers", {})
+    monkeypatch.setattr(kafka_source, "READ_STALL_TIMEOUT_S", 30.0)
+    h = durable()
+    _create_topic(h.bootstrap)
+    n = 3000
+    p = Producer({"bootstrap.servers": h.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                  "batch.num.messages": 1, "log_level": 3})  # one message per stored batch, as the router
+    for i in range(n):
+        p.produce(TOPIC, b"m%d" % i, partition=0)
+        p.poll(0)
+    assert p.flush(120) == 0
+    short = kafka_source.reader_consumer(h.bootstrap)
+    try:  # what the reader's own fetches reach: nothing at the end of the partition
+        short.assign([TopicPartition(TOPIC, 0, n - 200)])
+        assert [m for m in short.consume(10, 3.0) if m.error() is None] == []
+    finally:
+        short.close()
+    reader = IoxKafkaStreamReader({"bootstrap": h.bootstrap})
+    batches = list(reader.read(_TopicPartitionRange(TOPIC, 0, n - 200, n)))
+    offsets = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(n - 200, n))
+    assert kafka_source._idle_consumers == {}  # the long-waiting consumer is not kept for the next task

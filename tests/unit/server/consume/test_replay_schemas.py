@@ -17,7 +17,7 @@ def test_replay_schemas_reads_exactly_the_ranges_without_waiting_out_a_timeout(m
     log = {0: [_Msg(0, off, a.value, a.headers) for off in range(5)],
            1: [_Msg(1, off, b.value, b.headers) for off in range(3)]}
     c = _Consumer(log)
-    monkeypatch.setattr(replay_schemas, "reader_consumer", lambda bootstrap: c)
+    monkeypatch.setattr(replay_schemas, "reader_consumer", lambda bootstrap, **conf: c)
     db = Database(name="db", topic=TOPIC, kafka_partitions=2)
     # partition 0 from offset 2 to 4, partition 1 from 0 to 1 (its offset 2 is beyond the range)
     read = replay_schemas.load_replay_schemas("fake:9092", db, {0: 2}, {0: 4, 1: 1})
@@ -36,7 +36,7 @@ def test_replay_schemas_reads_ranges_with_gaps_and_trailing_control_records(monk
     a, b, d = _write("cpu", 1), _write("mem", 2, field="used", typ="integer"), _write("disk", 1, field="free")
     c = _Consumer({0: _records(0, [0, 1, 3], [2, 4], a), 1: _records(1, [0], [1], b),
                    2: _records(2, [0, 5, 9, 14], [], d)}, fetch=fetch)
-    monkeypatch.setattr(replay_schemas, "reader_consumer", lambda bootstrap: c)
+    monkeypatch.setattr(replay_schemas, "reader_consumer", lambda bootstrap, **conf: c)
     monkeypatch.setattr(replay_schemas, "READ_STALL_TIMEOUT_S", 1.0)  # a stall fails within a second
     db = Database(name="db", topic=TOPIC, kafka_partitions=3)
     read = replay_schemas.load_replay_schemas("fake:9092", db, {0: 0, 1: 1, 2: 1}, {0: 4, 1: 1, 2: 12})
