@@ -270,14 +270,14 @@ class WriteBuffer:
 
     def partition_bounds_of(self, topics: list[str], partitions: int) -> dict[str, dict[int, tuple[int, int]]]:
         """`partition_bounds` of several topics, with one reader ({} for a topic that is absent)."""
-        from server.write_buffer.kafka_source import reader_consumer
+        from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, reader_consumer
 
         md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
         out: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics}
         present = [t for t in topics if t in md.topics and md.topics[t].error is None]
         if not present:
             return out
-        c = reader_consumer(self.bootstrap)
+        c = reader_consumer(self.bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})  # a long partition's end
         try:
             for topic in present:
                 out[topic] = _confirmed_bounds(c, topic, range(partitions))
@@ -429,10 +429,10 @@ class WriteBuffer:
         markers). Raises WriteBufferUnavailable when Kafka cannot be read to the end."""
         from confluent_kafka import TopicPartition
 
-        from server.write_buffer.kafka_source import consumer_positions, reader_consumer
+        from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, consumer_positions, reader_consumer
         from server.write_buffer.wire_format import header_text
 
-        c = reader_consumer(self.bootstrap)
+        c = reader_consumer(self.bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})
         try:
             start, end = _confirmed_bounds(c, topic, [kp])[kp]
             at = c.offsets_for_times([TopicPartition(topic, kp, max(0, since_ms - int(DECISION_LOOKBACK_S * 1000)))],

@@ -57,6 +57,14 @@ def _read_all(bootstrap: str, expect: int) -> list[tuple[int, bytes]]:
     return got
 
 
+def _watermark(bootstrap: str) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "log_level": 3})
+    try:
+        return c.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=30)[1]
+    finally:
+        c.close()
+
+
 def _create_topic(bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(TOPIC, 1, 1)]).values():
@@ -156,10 +164,11 @@ def test_an_exact_end_is_the_partitions_own_when_listoffsets_is_short_by_many_ba
         c.close()
 
 
-def test_the_source_reads_a_partition_holding_more_batches_than_a_short_fetch_lists(durable, monkeypatch):
+def test_a_partition_holding_more_batches_than_a_short_fetch_lists_is_read_to_its_end(durable, monkeypatch):
     """Tansu's object-store engine stops listing a partition's batches when a fetch's wait runs out and
-    then answers nothing: the reader's 20 ms fetches never reach the end of 3,000 stored batches; the
-    source's `read` goes on with a consumer that may wait LIST_FETCH_WAIT_MS and reads the range whole."""
+    then answers nothing: the reader's 20 ms fetches never reach the end of 3,000 stored batches. The
+    exact end (`true_ends`, `partition_bounds`) and the streaming source's `read` use consumers that may
+    wait LIST_FETCH_WAIT_MS, and reach it."""
     from server.write_buffer import kafka_source
     from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange
 
@@ -180,6 +189,22 @@ def test_the_source_reads_a_partition_holding_more_batches_than_a_short_fetch_li
         assert [m for m in short.consume(10, 3.0) if m.error() is None] == []
     finally:
         short.close()
+    # the end: the watermark Tansu lists may be short of it; the last batch is read to find it
+    hw = _watermark(h.bootstrap)
+    long = kafka_source.reader_consumer(h.bootstrap, **{"fetch.wait.max.ms": kafka_source.LIST_FETCH_WAIT_MS})
+    try:
+        assert kafka_source.true_ends(long, TOPIC, {0: hw}, exact=True) == {0: n}
+        t0 = time.monotonic()
+    finally:
+        long.close()
+    assert time.monotonic() - t0 < 1.0  # closing does not wait out the fetch at the partition's end
+    from server.write_buffer.producer import WriteBuffer
+
+    wb = WriteBuffer(h.bootstrap, 1, 10_000)
+    try:  # the exact end recovery and the read barrier take (WriteBufferUnavailable when not confirmed)
+        assert wb.partition_bounds(TOPIC, 1) == {0: (0, n)}
+    finally:
+        wb.close()
     reader = IoxKafkaStreamReader({"bootstrap": h.bootstrap})
     batches = list(reader.read(_TopicPartitionRange(TOPIC, 0, n - 200, n)))
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
