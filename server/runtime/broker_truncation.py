@@ -116,8 +116,6 @@ class BrokerTruncation:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: objects deleted so far
-        self.deleted = 0
 
     def start(self) -> "BrokerTruncation":
         self._thread = threading.Thread(target=self._loop, name="broker-truncation", daemon=True)
@@ -173,7 +171,6 @@ class BrokerTruncation:
             elif len(gone) == below:
                 self._done[(topic, kp)] = start
         if n:
-            self.deleted += n
             if self._metrics is not None:
                 self._metrics.broker_batches_truncated(n)
             log.debug("deleted %d persisted record batch(es) from the embedded broker's store", n)
@@ -183,19 +180,16 @@ class BrokerTruncation:
         """The partition's batches in offset order, up to and including the first one past `start`
         (that one only decides whether the batch before it holds offsets at or above `start`)."""
         out: list[StoredBatch] = []
-        kwargs = {"Bucket": self.bucket, "Prefix": partition_prefix(self.cluster, topic, kp)}
-        while True:
-            page = client.list_objects_v2(**kwargs)
-            for o in page.get("Contents", ()):
-                off = batch_offset(o["Key"])
-                if off is None:
-                    continue
-                out.append(StoredBatch(o["Key"], off, o["LastModified"].timestamp()))
-                if off > start:
-                    return sorted(out, key=lambda b: b.base_offset)
-            if not page.get("IsTruncated"):
-                return sorted(out, key=lambda b: b.base_offset)
-            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=partition_prefix(self.cluster, topic, kp))
+        for o in (o for page in pages for o in page.get("Contents", ())):
+            off = batch_offset(o["Key"])
+            if off is None:
+                continue
+            out.append(StoredBatch(o["Key"], off, o["LastModified"].timestamp()))
+            if off > start:
+                break
+        return sorted(out, key=lambda b: b.base_offset)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

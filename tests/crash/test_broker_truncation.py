@@ -24,14 +24,10 @@ DURABLE = ["--broker-storage", "durable"]
 
 def _stored_offsets(data_dir: str, topic: str, kp: int) -> list[int]:
     """Base offsets of the record batches the store holds for one partition, in order."""
-    s3 = store_client(broker_record(data_dir)["store_port"])
-    out, kwargs = [], {"Bucket": STORE_BUCKET, "Prefix": partition_prefix(TANSU_CLUSTER_ID, topic, kp)}
-    while True:
-        page = s3.list_objects_v2(**kwargs)
-        out += [o for o in (batch_offset(c["Key"]) for c in page.get("Contents", ())) if o is not None]
-        if not page.get("IsTruncated"):
-            return sorted(out)
-        kwargs["ContinuationToken"] = page["NextContinuationToken"]
+    pages = store_client(broker_record(data_dir)["store_port"]).get_paginator("list_objects_v2").paginate(
+        Bucket=STORE_BUCKET, Prefix=partition_prefix(TANSU_CLUSTER_ID, topic, kp))
+    return sorted(o for page in pages for o in (batch_offset(c["Key"]) for c in page.get("Contents", ()))
+                  if o is not None)
 
 
 def _low_watermark(bootstrap: str, topic: str, kp: int) -> int:
