@@ -43,7 +43,8 @@ Invariants:
 - A range of a partition that holds more record batches than Tansu's object-store engine lists
   within the reader's fetch wait (it then answers nothing) is still read: after SLOW_LIST_SWITCH_S
   of calls that brought nothing, `read` goes on with a consumer whose fetches may wait
-  LIST_FETCH_WAIT_MS, for that task only.
+  LIST_FETCH_WAIT_MS, for that task only. The last batch read for a partition's true end is read
+  by such a consumer too, made for that one read.
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - A partition held at a poisoned message (option `holds_file`, written by the
@@ -377,7 +378,6 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
 
     def _ends_of(self, topic: str, partitions: int) -> dict[int, int]:
         """{partition: true end (last offset + 1)} of a topic's partitions; see the module invariant."""
-        probe, _ = self._clients()
         out: dict[int, int] = {}
         grown: dict[int, int] = {}
         now = time.monotonic()
@@ -408,10 +408,24 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                 out[p] = hi
             else:
                 grown[p] = hi
-        for p, end in true_ends(probe, topic, grown).items():
-            self._true_end[(topic, p)] = end
-            out[p] = end
+        if grown:
+            reader = self._end_reader()
+            try:
+                ends = true_ends(reader, topic, grown)
+            finally:
+                reader.close()
+            for p, end in ends.items():
+                self._true_end[(topic, p)] = end
+                out[p] = end
         return out
+
+    def _end_reader(self):
+        """A new consumer for one `true_ends` call, closed after it (driver side). Its fetches may
+        wait LIST_FETCH_WAIT_MS: the last batch of a partition longer than Tansu's object-store
+        engine lists within a shorter wait would never be read (the partition's last messages then
+        stayed unapplied until its next write). Not kept: the fetch it leaves waiting at the
+        partition's end would hold up its next first fetch for that long."""
+        return reader_consumer(self.bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})
 
     def initialOffset(self) -> dict:
         out: dict = {}

@@ -380,6 +380,7 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     marks = {"hw": 2}
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
     r._probe, r._admin = probe, object()
+    r._end_reader = lambda: probe
     r._latest_of = lambda topic, partitions: {p: marks["hw"] for p in partitions}
     clock = [100.0]
 
@@ -399,6 +400,44 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     assert r._ends_of(TOPIC, 1) == {0: 4}
 
 
+def test_a_true_end_is_read_by_a_consumer_made_for_that_read_and_closed_after_it(monkeypatch):
+    """The last batch of a partition is read by a new consumer whose fetches may wait
+    LIST_FETCH_WAIT_MS (Tansu's object-store engine lists a long partition's batches within the
+    fetch wait, else answers nothing), closed after the read: the fetch it leaves waiting at the
+    end must not hold up the next read. The kept probe reads no batch."""
+    log = {0: [_Msg(0, i) for i in range(5)]}
+    made = []
+
+    def end_reader():
+        made.append(_Consumer(log))
+        return made[-1]
+
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
+    r._probe, r._admin = _Consumer({}), object()
+    r._end_reader = end_reader
+    hw = {"hw": 3}
+    r._latest_of = lambda topic, partitions: {p: hw["hw"] for p in partitions}
+    clock = [100.0]
+    monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
+    assert r._ends_of(TOPIC, 1) == {0: 3}  # moved at its first answer: up to the watermark
+    assert made == []
+    clock[0] += 1.0
+    assert r._ends_of(TOPIC, 1) == {0: 5}  # unmoved: its last batch read
+    clock[0] += 1.0
+    hw["hw"] = 5
+    r._polls = kafka_source.EndPolls()
+    assert r._ends_of(TOPIC, 1) == {0: 5}
+    assert len(made) == 2 and all(c.closed for c in made)
+    assert r._probe.calls == []
+
+
+def test_the_end_reader_waits_long_enough_to_list_a_long_partition(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(kafka_source, "reader_consumer", lambda bootstrap, **extra: seen.update(extra) or object())
+    IoxKafkaStreamReader({"bootstrap": "fake:9092"})._end_reader()
+    assert seen == {"fetch.wait.max.ms": kafka_source.LIST_FETCH_WAIT_MS}
+
+
 def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_path, monkeypatch):
     """end_polls: a partition this server got a write acknowledged on is asked at the next trigger;
     an idle one only once its poll is due; the partitions asked are asked together."""
@@ -407,6 +446,7 @@ def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_p
     marks = AckMarks(str(tmp_path / "acked"))
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
     r._probe, r._admin = _Consumer({}), object()
+    r._end_reader = lambda: _Consumer({})
     hws = {0: 5, 1: 7, 2: 9}
     asked = []
 
