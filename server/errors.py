@@ -6,6 +6,7 @@ from __future__ import annotations
 
 __all__ = [
     "ServerError",
+    "NotServed",
     "InvalidDatabaseName",
     "DatabaseNotFound",
     "QueryTimedOut",
@@ -56,6 +57,15 @@ class ServerError(Exception):
 
 class InvalidArgument(ServerError):
     """A request argument a user can fix."""
+
+
+class NotServed(ServerError):
+    """A request of a protocol this server speaks that asks what it does not serve (UNIMPLEMENTED):
+    `what`, and `instead` what to send instead."""
+
+    def __init__(self, what: str, instead: str):
+        self.what, self.instead = what, instead
+        super().__init__(f"{what} is not served: {instead}")
 
 
 class InvalidDatabaseName(InvalidArgument):

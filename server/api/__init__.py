@@ -1,7 +1,8 @@
 """The surfaces users reach: gRPC services, the InfluxDB-compatible HTTP API, the client.
 
 `grpc_services.py` (write, query, delete, management, health, reflection), `flight.py` (Arrow
-Flight DoGet with InfluxDB 3's ticket, on the gRPC port), `one_port.py` (HTTP and gRPC on one
+Flight DoGet with InfluxDB 3's ticket, on the gRPC port), `flight_sql.py` (Flight SQL's commands
+on the same service), `one_port.py` (HTTP and gRPC on one
 port, as InfluxDB 3 serves them),
 `http_api.py` (InfluxDB v2 and 1.x writes, /health, /ping, /metrics), `http_query.py` (SQL over HTTP) and
 `client.py` (the Python client the CLI, the demo, tests and the benchmark use).

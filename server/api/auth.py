@@ -15,7 +15,7 @@ Tokens file (JSON, or TOML when the name ends in `.toml`):
 
     {"tokens": [{"name": "grafana", "token": "s3cr3t-2", "databases": ["*"], "permissions": ["query"]}]}
 
-Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, Flight DoGet, GetStatus, ListDatabases),
+Permissions: `write` (Write, WriteArrow, HTTP writes), `query` (Query, Flight and Flight SQL, GetStatus, ListDatabases),
 `delete` (Delete), `admin` (Persist, Compact, RetryPoisoned, AcceptPoisoned, AcceptLostWrites,
 SetRetention, ClaimPartitions, Verify, the buckets API; Freeze, Unfreeze and `/metrics` on the whole
 server). `RPC_PERMISSIONS` maps each RPC to what it needs.
@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import hmac
+import itertools
 import json
 import logging
 import threading
@@ -73,13 +74,19 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/ClaimPartitions": ADMIN,
     "/iox.management.ManagementService/Verify": ADMIN,
     "/arrow.flight.protocol.FlightService/DoGet": QUERY,
+    "/arrow.flight.protocol.FlightService/GetFlightInfo": QUERY,
+    "/arrow.flight.protocol.FlightService/GetSchema": QUERY,
+    "/arrow.flight.protocol.FlightService/DoAction": QUERY,
+    "/arrow.flight.protocol.FlightService/DoPut": QUERY,
+    "/arrow.flight.protocol.FlightService/ListActions": QUERY,
 }
 
 
 #: RPCs (by RPC_PERMISSIONS key) that act on the whole server: a token for every database only
 SERVER_WIDE = frozenset({"/iox.management.ManagementService/Freeze", "/iox.management.ManagementService/Unfreeze"})
 #: RPCs that, without a database, list the databases: they answer only the token's (`TokenScope.allows`)
-LISTINGS = frozenset({"/iox.management.ManagementService/ListDatabases", "/iox.management.ManagementService/GetStatus"})
+LISTINGS = frozenset({"/iox.management.ManagementService/ListDatabases", "/iox.management.ManagementService/GetStatus",
+                      "/arrow.flight.protocol.FlightService/ListActions"})
 #: services that stay open (no token): health checks and reflection
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")
@@ -90,13 +97,22 @@ def required_permission(method: str, database: str | None) -> str | None:
     return RPC_PERMISSIONS.get(method)
 
 
-def request_database(method: str, request) -> str:
-    """The database `request` of `method` names ("" for none): its `database` field, or for a
-    Flight DoGet the database of its InfluxDB 3 ticket (server/api/flight.py)."""
-    if method == "/arrow.flight.protocol.FlightService/DoGet":
-        from server.api.flight import ticket_database
+_FLIGHT = "/arrow.flight.protocol.FlightService/"
 
-        return ticket_database(request.ticket)
+
+def request_database(method: str, request, metadata=()) -> str:
+    """The database `request` of `method` names ("" for none): its `database` field; for Flight, the
+    database of its InfluxDB 3 ticket (server/api/flight.py), or of its Flight SQL statement handle,
+    else of its `database` header (server/api/flight_sql.py `request_database`; `metadata`: the
+    call's). For a DoPut, `request` is its first message."""
+    if method.startswith(_FLIGHT):
+        from server.api.flight import ticket_database
+        from server.api.flight_sql import request_database as flight_sql_database
+
+        db = flight_sql_database(method, request, metadata)
+        if db is None:  # an InfluxDB 3 ticket
+            return ticket_database(request.ticket)
+        return db
     return getattr(request, "database", "")
 
 
@@ -313,8 +329,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         except Unauthenticated as e:
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
 
+        metadata = tuple(handler_call_details.invocation_metadata or ())
+
         def check(request, context) -> None:
-            database = "" if method in SERVER_WIDE else request_database(method, request)
+            database = "" if method in SERVER_WIDE else request_database(method, request, metadata)
             try:
                 scope.check(required_permission(method, database), database, listing=method in LISTINGS)
             except PermissionDenied as e:
@@ -346,6 +364,20 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
                                                         handler.response_serializer)
+        if handler.stream_stream is not None:  # Flight DoPut: checked on its first message
+            inner_ss = handler.stream_stream
+
+            def stream_stream(request_iterator, context):
+                first = next(request_iterator, None)
+                check(first, context)
+                token = _SCOPE.set(scope)
+                try:
+                    yield from inner_ss(itertools.chain(() if first is None else (first,), request_iterator), context)
+                finally:
+                    _SCOPE.reset(token)
+
+            return grpc.stream_stream_rpc_method_handler(stream_stream, handler.request_deserializer,
+                                                         handler.response_serializer)
         return _refusing(handler, grpc.StatusCode.UNIMPLEMENTED, "streaming requests are not served")
 
 
@@ -366,4 +398,6 @@ def _refusing(handler, code, message: str):
 
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(refuse, None, handler.response_serializer)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(refuse, None, handler.response_serializer)
     return grpc.unary_unary_rpc_method_handler(refuse, None, handler.response_serializer)

@@ -1,5 +1,7 @@
-"""Arrow Flight `DoGet` on the gRPC port, with InfluxDB 3's ticket: the InfluxDB 3 clients
-(influxdb3-python's `InfluxDBClient3.query`, and the others) query this server unchanged.
+"""Arrow Flight on the gRPC port: `DoGet` with InfluxDB 3's ticket, so the InfluxDB 3 clients
+(influxdb3-python's `InfluxDBClient3.query`, and the others) query this server unchanged, and
+Flight SQL (GetFlightInfo, GetSchema, DoGet of its tickets, DoAction, DoPut, ListActions: the
+commands are server/api/flight_sql.py's).
 
 Invariant: a ticket's query runs exactly as a Query RPC of the same SQL does (the same read
 barrier, sandbox, retention, limits: `IoxServer.query`) and its rows are streamed as Arrow IPC
@@ -13,12 +15,17 @@ Where it runs: the gRPC server's handler threads (driver), registered by `build_
 """
 from __future__ import annotations
 
+import io
+import itertools
 import json
+import struct
 
 import grpc
 import pyarrow as pa
 
 from iox import flight_pb2, flight_pb2_grpc
+from server.api.flight_sql import ACTIONS, FlightSql, flight_info, header_database, unpack
+from server.errors import InvalidArgument, NotServed
 
 __all__ = ["FlightService", "ticket_query", "TicketQuery"]
 
@@ -86,15 +93,53 @@ def _flight_data(message_buffer) -> flight_pb2.FlightData:
                                  data_body=msg.body.to_pybytes() if msg.body is not None else b"")
 
 
+def _ipc_table(messages) -> pa.Table:
+    """The table of (data_header, data_body) pairs of FlightData: Arrow IPC messages, the schema first."""
+    buf = io.BytesIO()
+    for header, body in messages:
+        if not header:
+            continue
+        pad = -(8 + len(header)) % 8  # the body starts 8-byte aligned
+        buf.write(b"\xff\xff\xff\xff" + struct.pack("<i", len(header) + pad) + header + b"\x00" * pad + body)
+    buf.write(b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    return pa.ipc.open_stream(buf.getvalue()).read_all()
+
+
 class FlightService(flight_pb2_grpc.FlightServiceServicer):
-    """The Flight service of an IoxServer (`server.query`)."""
+    """The Flight service of an IoxServer (`server.query`): InfluxDB 3's tickets, and Flight SQL
+    (server/api/flight_sql.py)."""
 
     def __init__(self, server, batch_rows: int, abort):
         self.server = server
         self.batch_rows = batch_rows
         self._abort = abort  # server/api/grpc_services.py's: a ServerError's status
+        self.sql = FlightSql(server)
+
+    def _stream(self, res, context):
+        """FlightData of a QueryResult or a pa.Table: the schema, then its batches (each cut at
+        batch_rows rows)."""
+        try:
+            yield _flight_data(res.schema.serialize())
+            batches = res.batches() if hasattr(res, "batches") else res.to_batches()
+            for batch in batches:
+                for off in range(0, batch.num_rows, self.batch_rows):
+                    yield _flight_data(batch.slice(off, self.batch_rows).serialize())
+        except Exception as e:  # noqa: BLE001
+            self._abort(context, e)
+        finally:
+            if hasattr(res, "close"):
+                res.close()
 
     def DoGet(self, request, context):  # noqa: N802 - the protocol's name
+        try:
+            command = unpack(request.ticket)
+            res = None if command is None else \
+                self.sql.answer(command, header_database(context.invocation_metadata()), context.time_remaining())
+        except Exception as e:  # noqa: BLE001 - each cause has its status (_abort)
+            self._abort(context, e)
+        if res is not None:  # a Flight SQL ticket
+            yield from self._stream(res, context)
+            return
         try:
             q = ticket_query(request.ticket)
         except _BadTicket as e:
@@ -103,12 +148,54 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
             res = self.server.query(q.database, q.sql, "", False, deadline_s=context.time_remaining())
         except Exception as e:  # noqa: BLE001 - each cause has its status (_abort)
             self._abort(context, e)
+        yield from self._stream(res, context)
+
+    def _command(self, descriptor):
+        if descriptor.type != flight_pb2.FlightDescriptor.CMD:
+            raise NotServed("a FlightDescriptor of a path", "send a Flight SQL command (CMD)")
+        command = unpack(descriptor.cmd)
+        if command is None:
+            raise InvalidArgument("the FlightDescriptor's command is not a Flight SQL command")
+        return command
+
+    def GetFlightInfo(self, request, context):  # noqa: N802
         try:
-            yield _flight_data(res.schema.serialize())
-            for batch in res.batches():
-                for off in range(0, batch.num_rows, self.batch_rows):
-                    yield _flight_data(batch.slice(off, self.batch_rows).serialize())
+            schema, ticket = self.sql.plan(self._command(request), header_database(context.invocation_metadata()),
+                                           context.time_remaining())
+            return flight_info(request, schema, ticket)
         except Exception as e:  # noqa: BLE001
             self._abort(context, e)
-        finally:
-            res.close()
+
+    def GetSchema(self, request, context):  # noqa: N802
+        try:
+            schema, _ticket = self.sql.plan(self._command(request), header_database(context.invocation_metadata()),
+                                            context.time_remaining())
+            return flight_pb2.SchemaResult(schema=schema.serialize().to_pybytes())
+        except Exception as e:  # noqa: BLE001
+            self._abort(context, e)
+
+    def DoAction(self, request, context):  # noqa: N802
+        try:
+            bodies = self.sql.act(request.type, request.body, header_database(context.invocation_metadata()),
+                                  context.time_remaining())
+        except Exception as e:  # noqa: BLE001
+            self._abort(context, e)
+        for body in bodies:
+            yield flight_pb2.Result(body=body)
+
+    def ListActions(self, request, context):  # noqa: N802
+        for name, description in ACTIONS:
+            yield flight_pb2.ActionType(type=name, description=description)
+
+    def DoPut(self, request_iterator, context):  # noqa: N802
+        try:
+            first = next(request_iterator, None)
+            if first is None:
+                raise InvalidArgument("a DoPut without a message")
+            command = unpack(first.flight_descriptor.cmd) if first.HasField("flight_descriptor") else None
+            rest = ((m.data_header, m.data_body) for m in request_iterator)
+            parameters = _ipc_table(itertools.chain([(first.data_header, first.data_body)], rest))
+            result = self.sql.bind(command, parameters)
+        except Exception as e:  # noqa: BLE001
+            self._abort(context, e)
+        yield flight_pb2.PutResult(app_metadata=result)

@@ -36,7 +36,7 @@ from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, W
 from server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotPartitionOwner, NotReadyToAccept, OwnerNotCaughtUp,
                            OwnershipMoving,
                            PoisonedMessageNotFound, StreamRestartTimedOut)
-from server.errors import QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
+from server.errors import NotServed, QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
 from server.api.auth import PermissionDenied, current_scope
 from server.write.router import ArrowTableWrite
 from server.query.pool_rows import NOT_OWNER_METADATA, scans_of
@@ -92,6 +92,8 @@ def _abort(context, err: Exception):
         detail.Pack(br)
         st = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(err), details=[detail])
         context.abort_with_status(rpc_status.to_status(st))
+    if isinstance(err, NotServed):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, str(err))
     if isinstance(err, (InvalidArgument, NotAQuery)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
     if isinstance(err, (QueryRefused, PermissionDenied)):

@@ -183,6 +183,63 @@ def test_flight_doget_needs_query_on_the_tickets_database(srv):
         do_get(ADMIN_B, DB)  # every permission, on another database
 
 
+def test_flight_sql_needs_query_on_the_database_of_its_header_or_handle(srv):
+    """ADBC's Flight SQL driver with a token: the `database` header is the database its scope is
+    checked on; a statement handle naming another database is checked on that one (GetFlightInfo,
+    DoGet, DoPut), so a forged handle reads nothing beyond the token's databases."""
+    import adbc_driver_flightsql.dbapi as flight_sql
+    import pyarrow as pa
+    import pyarrow.flight as fl
+    from adbc_driver_flightsql import DatabaseOptions
+    from adbc_driver_manager import dbapi as adbc_dbapi
+
+    from iox import flight_sql_pb2
+    from server.api.flight_sql import pack
+
+    with IoxClient(srv.addr, token=MAIN) as m:  # both databases exist
+        m.write(DB, f"cpu,host=fsql-m v=1 {T0}")
+        m.write("org_bucket", f"cpu,host=fsql-o v=2 {T0}")
+
+    def rows(token, database, sql="SELECT host FROM cpu WHERE host LIKE 'fsql-%'"):
+        kwargs = {f"{DatabaseOptions.RPC_CALL_HEADER_PREFIX.value}database": database}
+        if token:
+            kwargs[DatabaseOptions.AUTHORIZATION_HEADER.value] = f"Bearer {token}"
+        with flight_sql.connect(f"grpc://127.0.0.1:{srv.grpc_port}", db_kwargs=kwargs, autocommit=True) as c, \
+                c.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetchall()
+
+    assert rows(READER, DB) == [("fsql-m",)]
+    assert rows(ADMIN_B, "org_bucket") == [("fsql-o",)]
+    with pytest.raises(adbc_dbapi.Error, match="(?i)unauthenticated|no token"):
+        rows(None, DB)
+    with pytest.raises(adbc_dbapi.Error, match="query"):
+        rows(WRITER, DB)  # write only
+    with pytest.raises(adbc_dbapi.Error, match="'metrics'"):
+        rows(ADMIN_B, DB)  # every permission, on another database
+
+    handle = json.dumps({"database": DB, "sql": "SELECT host FROM cpu WHERE host LIKE 'fsql-%'"}).encode()
+    opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {ADMIN_B}".encode()),
+                                         (b"database", b"org_bucket")])
+    forged = fl.FlightDescriptor.for_command(pack(flight_sql_pb2.CommandPreparedStatementQuery(
+        prepared_statement_handle=handle)))
+    ticket = fl.Ticket(pack(flight_sql_pb2.TicketStatementQuery(statement_handle=handle)))
+    with fl.FlightClient(f"grpc+tcp://127.0.0.1:{srv.grpc_port}") as f:
+        with pytest.raises(fl.FlightUnauthorizedError, match="'metrics'"):
+            f.get_flight_info(forged, opts)
+        with pytest.raises(fl.FlightUnauthorizedError, match="'metrics'"):
+            f.do_get(ticket, opts).read_all()
+        writer, reader = f.do_put(forged, pa.schema([("0", pa.string())]), opts)
+        with pytest.raises(fl.FlightUnauthorizedError, match="'metrics'"):
+            writer.write_table(pa.table({"0": ["f"]}))
+            writer.done_writing()
+            reader.read()
+        # the same handle of the token's own database is answered
+        own = json.dumps({"database": "org_bucket", "sql": "SELECT host FROM cpu WHERE host LIKE 'fsql-%'"}).encode()
+        own_ticket = fl.Ticket(pack(flight_sql_pb2.TicketStatementQuery(statement_handle=own)))
+        assert f.do_get(own_ticket, opts).read_all().to_pylist() == [{"host": "fsql-o"}]
+
+
 def test_an_admin_token_of_one_database_never_acts_beyond_it(srv):
     """Server-wide operations need a token for every database; listings show its databases only;
     another database's retention cannot be set, by RPC or through the buckets API."""

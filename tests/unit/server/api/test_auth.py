@@ -367,8 +367,37 @@ def _services():
         sd = mod.DESCRIPTOR.services_by_name[svc]
         for m in sd.methods:
             req_cls = getattr(mod, m.input_type.name, None) or _message_class(m.input_type)
-            out[f"/{sd.full_name}/{m.name}"] = (req_cls, m.server_streaming)
+            out[f"/{sd.full_name}/{m.name}"] = (req_cls, m.server_streaming, m.client_streaming)
     return out
+
+
+def _flight_request(method: str, database: str, handle_database: str | None = None):
+    """(request, metadata) of a Flight method naming `database` as its clients do: DoGet in
+    InfluxDB 3's ticket, Flight SQL in the `database` header, or in a statement handle naming
+    `handle_database` (then the header names `database`)."""
+    from iox import flight_sql_pb2
+    from server.api.flight_sql import pack
+
+    md = [("database", database)] if database else []
+    name = method.rsplit("/", 1)[1]
+    if name == "DoGet":
+        return flight_pb2.Ticket(ticket=json.dumps({"database": handle_database or database,
+                                                    "sql_query": "SELECT 1"}).encode()), md
+    handle = json.dumps({"database": handle_database, "sql": "SELECT 1"}).encode() if handle_database else None
+    if name in ("GetFlightInfo", "GetSchema", "DoPut"):
+        cmd = pack(flight_sql_pb2.CommandPreparedStatementQuery(prepared_statement_handle=handle)) if handle else \
+            pack(flight_sql_pb2.CommandStatementQuery(query="SELECT 1"))
+        descriptor = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.CMD, cmd=cmd)
+        if name == "DoPut":
+            return flight_pb2.FlightData(flight_descriptor=descriptor), md
+        return descriptor, md
+    if name == "DoAction":
+        if handle:
+            return flight_pb2.Action(type="ClosePreparedStatement", body=pack(
+                flight_sql_pb2.ActionClosePreparedStatementRequest(prepared_statement_handle=handle))), md
+        return flight_pb2.Action(type="CreatePreparedStatement", body=pack(
+            flight_sql_pb2.ActionCreatePreparedStatementRequest(query="SELECT 1"))), md
+    return flight_pb2.Empty(), md
 
 
 def _message_class(descriptor):
@@ -398,13 +427,18 @@ def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
     def stream(request, context):
         yield management_pb2.ListDatabasesResponse()
 
+    def stream_stream(requests, context):
+        list(requests)
+        yield management_pb2.ListDatabasesResponse()
+
     handlers = {}
-    for full, (req_cls, streams) in list(methods.items()) + [("/iox.management.ManagementService/NotInTable",
-                                                                (management_pb2.ListDatabasesRequest, False))]:
+    for full, (req_cls, streams, streamed) in list(methods.items()) + [(
+            "/iox.management.ManagementService/NotInTable", (management_pb2.ListDatabasesRequest, False, False))]:
         svc, name = full[1:].split("/")
-        h = (grpc.unary_stream_rpc_method_handler(stream, req_cls.FromString, lambda m: m.SerializeToString())
-             if streams else
-             grpc.unary_unary_rpc_method_handler(answer, req_cls.FromString, lambda m: m.SerializeToString()))
+        ser = lambda m: m.SerializeToString()  # noqa: E731
+        h = (grpc.stream_stream_rpc_method_handler(stream_stream, req_cls.FromString, ser) if streamed else
+             grpc.unary_stream_rpc_method_handler(stream, req_cls.FromString, ser) if streams else
+             grpc.unary_unary_rpc_method_handler(answer, req_cls.FromString, ser))
         handlers.setdefault(svc, {})[name] = h
     g = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(auth)])
     g.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(svc, hs) for svc, hs in handlers.items()])
@@ -412,15 +446,18 @@ def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
     g.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        def call(method, req_cls, streams, database, token="tok-a"):
-            req = req_cls()
+        def call(method, req_cls, streams, database, token="tok-a", streamed=False, handle_database=None):
+            req, md = req_cls(), []
             if "database" in req_cls.DESCRIPTOR.fields_by_name:
                 req.database = database
-            if req_cls is flight_pb2.Ticket:  # Flight DoGet: InfluxDB 3's ticket names the database
-                req.ticket = json.dumps({"database": database, "sql_query": "SELECT 1"}).encode()
-            md = [("authorization", f"Token {token}")]
+            if method.startswith("/arrow.flight.protocol.FlightService/"):
+                req, md = _flight_request(method, database, handle_database)
+            md = md + [("authorization", f"Token {token}")]
             try:
-                if streams:
+                if streamed:
+                    list(channel.stream_stream(method, req_cls.SerializeToString, lambda b: b)(iter([req]), metadata=md,
+                                                                                               timeout=10))
+                elif streams:
                     list(channel.unary_stream(method, req_cls.SerializeToString, lambda b: b)(req, metadata=md,
                                                                                               timeout=10))
                 else:
@@ -430,15 +467,20 @@ def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
                 return e.code()
 
         ok, denied = grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED
-        for method, (req_cls, streams) in sorted(methods.items()):
-            names_db = "database" in req_cls.DESCRIPTOR.fields_by_name or req_cls is flight_pb2.Ticket
+        flight = "/arrow.flight.protocol.FlightService/"
+        for method, (req_cls, streams, streamed) in sorted(methods.items()):
+            names_db = ("database" in req_cls.DESCRIPTOR.fields_by_name
+                        or (method.startswith(flight) and method not in LISTINGS))  # a ticket, a header, a handle
             assert names_db or method in SERVER_WIDE | LISTINGS, f"{method}: no database, no listing, not server-wide"
             want_a = denied if method in SERVER_WIDE else ok
-            assert call(method, req_cls, streams, "a") == want_a, method
+            assert call(method, req_cls, streams, "a", streamed=streamed) == want_a, method
             if names_db and method not in SERVER_WIDE:
-                assert call(method, req_cls, streams, "b") == denied, method
-                assert call(method, req_cls, streams, "") == (ok if method in LISTINGS else denied), method
-            assert call(method, req_cls, streams, "b", token="main") == ok, method  # a token for every database
+                assert call(method, req_cls, streams, "b", streamed=streamed) == denied, method
+                assert call(method, req_cls, streams, "", streamed=streamed) == \
+                    (ok if method in LISTINGS else denied), method
+            if method.startswith(flight) and method not in LISTINGS:  # a handle of another database than the header's
+                assert call(method, req_cls, streams, "a", streamed=streamed, handle_database="b") == denied, method
+            assert call(method, req_cls, streams, "b", token="main", streamed=streamed) == ok, method
         assert call("/iox.management.ManagementService/NotInTable", management_pb2.ListDatabasesRequest, False,
                     "a", token="main") == denied
     finally:
