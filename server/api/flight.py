@@ -7,8 +7,9 @@ Invariant: a ticket's query runs exactly as a Query RPC of the same SQL does (th
 barrier, sandbox, retention, limits: `IoxServer.query`) and its rows are streamed as Arrow IPC
 messages, one FlightData each (the schema first, then each record batch as Spark makes it, cut
 at QUERY_BATCH_ROWS rows). A ticket is JSON `{"database": D, "sql_query": Q, "query_type": "sql"}`
-as InfluxDB 3 reads it; a ticket that is not, another query type (InfluxQL) or query parameters
-are refused with INVALID_ARGUMENT / UNIMPLEMENTED naming what to send instead. With tokens, it
+as InfluxDB 3 reads it, with `"params": {name: value}` bound to the query's `$name` placeholders as
+literals (server/query/params.py); a ticket that is not, or another query type (InfluxQL), is
+refused with INVALID_ARGUMENT / UNIMPLEMENTED naming what to send instead. With tokens, it
 needs the `query` permission on the ticket's database (server/api/auth.py `request_database`).
 
 Where it runs: the gRPC server's handler threads (driver), registered by `build_grpc_server`.
@@ -73,9 +74,16 @@ def ticket_query(raw: bytes) -> TicketQuery:
     if not isinstance(kind, str) or kind.lower() != _SQL:
         raise _BadTicket(f"query_type {kind!r} is not served: send SQL (query_type \"sql\"; Spark SQL over the "
                          f"database's tables)", grpc.StatusCode.UNIMPLEMENTED)
-    if doc.get("params"):
-        raise _BadTicket("query parameters (\"params\") are not served: put the values in the SQL",
-                         grpc.StatusCode.UNIMPLEMENTED)
+    params = doc.get("params") or {}
+    if not isinstance(params, dict) or any(isinstance(v, (dict, list)) for v in params.values()):
+        raise _BadTicket('"params" must be a JSON object {name: value} of the query\'s $name placeholders, '
+                         'each a string, number, boolean or null')
+    from server.query.params import bind_parameters
+
+    try:
+        sql = bind_parameters(sql, named=params)  # a placeholder without a value is refused too
+    except InvalidArgument as e:
+        raise _BadTicket(str(e)) from None
     return TicketQuery(database, sql)
 
 

@@ -73,7 +73,8 @@ from server.errors import LinesRejected, OlderThanRetention, QueryTimedOut
 from server.write_buffer.write_token import format_token, token_for
 from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
-from server.api.http_query import QUERY_PATH, answer_headers, encoded_rows, query_request
+from server.api.http_query import (MAX_QUERY_BODY_BYTES, QUERY_PATH, answer_headers, encoded_rows, query_body,
+                                   query_request)
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
            "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "V3_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
@@ -418,11 +419,13 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404)
 
-    def _query(self) -> None:
-        """`GET /api/v3/query_sql` (server/api/http_query.py); needs the `query` permission on the database.
-        The first batch is read before the status is sent, so what refuses a query maps to its status."""
+    def _query(self, body: bytes | None = None) -> None:
+        """`GET /api/v3/query_sql`, or POST with the JSON `body` (server/api/http_query.py); needs the
+        `query` permission on the database. The first batch is read before the status is sent, so what
+        refuses a query maps to its status."""
         try:
-            req = query_request(parse_qs(urlsplit(self.path).query, keep_blank_values=True), self.headers)
+            qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True) if body is None else query_body(body)
+            req = query_request(qs, self.headers)
         except InvalidArgument as e:
             self._send_error(e)
             return
@@ -505,9 +508,20 @@ class _Handler(BaseHTTPRequestHandler):
             except _BodyTooLarge as e:
                 self._send_error(RequestTooLarge(e.size, MAX_BUCKETS_BODY_BYTES), close=not e.drained)
             return
+        if route == QUERY_PATH:
+            try:
+                body = self._read_body(MAX_QUERY_BODY_BYTES)
+            except _BodyTooLarge as e:
+                self._send_error(RequestTooLarge(e.size, MAX_QUERY_BODY_BYTES), close=not e.drained)
+                return
+            except InvalidArgument as e:
+                self._send_error(e, close=True)
+                return
+            self._query(body)
+            return
         if route not in (WRITE_PATH, V1_WRITE_PATH, V3_WRITE_PATH):
             drained = self._drain_any()
-            if route in ("/health", "/ping", "/ready", METRICS_PATH, QUERY_PATH):
+            if route in ("/health", "/ping", "/ready", METRICS_PATH):
                 self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
                            [("Allow", "GET")], close=not drained)
             else:

@@ -1,4 +1,7 @@
-"""HTTP SQL queries: `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv]`, streamed as the rows arrive.
+"""HTTP SQL queries: `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv][&params=JSON]`, or the
+same as a JSON body `POST /api/v3/query_sql {"db", "q", "format", "params"}` (InfluxDB 3's), streamed as
+the rows arrive. `params` is a JSON object {name: value} of the query's `$name` placeholders, bound as
+literals (server/query/params.py).
 
 `format` (InfluxDB 3's names): `json` (the default) an array of row objects, `jsonl` one row object per line,
 `csv` a header line and one line per row (RFC 4180; NULL an empty field; nested values as JSON text).
@@ -33,7 +36,8 @@ from decimal import Decimal
 from server.errors import InvalidArgument
 
 __all__ = ["QUERY_PATH", "AFTER_HEADER", "ALLOW_PARTIAL_HEADER", "TIMEOUT_HEADER", "DEFAULT_TIMEOUT_S",
-           "MAX_TIMEOUT_S", "FORMATS", "QueryRequest", "query_request", "answer_headers", "encoded_rows"]
+           "MAX_TIMEOUT_S", "FORMATS", "QueryRequest", "query_request", "query_body", "MAX_QUERY_BODY_BYTES",
+           "answer_headers", "encoded_rows"]
 
 QUERY_PATH = "/api/v3/query_sql"
 AFTER_HEADER = "X-Iox-After"
@@ -66,14 +70,57 @@ class QueryRequest:
         return FORMATS[self.format]
 
 
+#: the largest JSON body of `POST /api/v3/query_sql`
+MAX_QUERY_BODY_BYTES = 1024 * 1024
+
+
+def query_body(body: bytes) -> dict:
+    """The parameters of a `POST /api/v3/query_sql` JSON body (`{"db", "q", "format", "params"}`, as
+    InfluxDB 3 takes them) in `parse_qs`'s shape, `params` as its JSON text; InvalidArgument when the
+    body is not such an object."""
+    try:
+        doc = json.loads(body.decode("utf-8")) if body.strip() else None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InvalidArgument(f"the body is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument('the body must be a JSON object {"db": ..., "q": ..., "format": ..., "params": {...}}')
+    out = {}
+    for key in ("db", "q", "format"):
+        value = doc.get(key)
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"{key} must be a string")
+        if value is not None:
+            out[key] = [value]
+    if doc.get("params") is not None:
+        out["params"] = [json.dumps(doc["params"])]
+    return out
+
+
+def _bound(sql: str, raw: str) -> str:
+    """`sql` with the `$name` placeholders bound to the JSON object `raw` (server/query/params.py)."""
+    from server.query.params import bind_parameters
+
+    try:
+        params = json.loads(raw)
+    except ValueError as e:
+        raise InvalidArgument(f"params must be a JSON object of parameter values: {e}") from None
+    if not isinstance(params, dict):
+        raise InvalidArgument("params must be a JSON object {name: value} (the query names them $name)")
+    if any(isinstance(v, (dict, list)) for v in params.values()):
+        raise InvalidArgument("a parameter value must be a string, number, boolean or null")
+    return bind_parameters(sql, named=params)
+
+
 def query_request(qs: dict, headers) -> QueryRequest:
-    """The checked parameters of a request; InvalidArgument naming what is wrong."""
+    """The checked parameters of a request (`qs`: the query string's, or `query_body`'s); its SQL with
+    `params` bound; InvalidArgument naming what is wrong."""
     database = (qs.get("db") or [""])[0]
     sql = (qs.get("q") or [""])[0]
     if not database:
         raise InvalidArgument("the db query parameter is required")
     if not sql.strip():
         raise InvalidArgument("the q query parameter (the SQL statement) is required")
+    sql = _bound(sql, (qs.get("params") or [""])[0].strip() or "{}")  # a placeholder without a value is refused
     fmt = (qs.get("format") or ["json"])[0].strip().lower() or "json"
     if fmt not in FORMATS:
         raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")

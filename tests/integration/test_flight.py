@@ -39,6 +39,15 @@ def test_the_influxdb3_client_queries_with_flight(v3, client, db):
     assert v3.query("SELECT host FROM cpu WHERE host = 'zzz'").num_rows == 0  # no row: the schema alone
 
 
+def test_the_influxdb3_client_binds_query_parameters(v3, client, db):
+    tok = _write(client, db, [f"cpu,host=a usage=1.5 {T0}", f"cpu,host=it's usage=2.5 {T0 + 1000}"])
+    client.query(db, "SELECT 1 FROM cpu", after=tok)
+    t = v3.query("SELECT usage FROM cpu WHERE host = $host AND usage > $min",
+                 query_parameters={"host": "it's", "min": 2})
+    assert t.column("usage").to_pylist() == [2.5]
+    assert v3.query("SELECT usage FROM cpu WHERE host = $host", query_parameters={"host": "a' OR 'x'='x"}).num_rows == 0
+
+
 def test_a_large_answer_comes_in_many_batches(iox_server, client, db):
     n = 150_000
     tok = _write(client, db, [f"big,k=x v={i} {T0 + i}" for i in range(n)])
@@ -97,8 +106,10 @@ def test_errors_carry_the_status_a_client_acts_on(iox_server, v3, client, db):
         for ticket, cls, text in ((b"not json", pa.ArrowInvalid, "not InfluxDB 3's JSON"),
                                   (json.dumps({"sql_query": "SELECT 1"}).encode(), pa.ArrowInvalid,
                                    "names no database"),
-                                  (json.dumps({"database": db, "sql_query": "SELECT $x", "params": {"x": 1}}).encode(),
-                                   pa.ArrowNotImplementedError, "params"),
+                                  (json.dumps({"database": db, "sql_query": "SELECT $x", "params": [1]}).encode(),
+                                   pa.ArrowInvalid, "params"),
+                                  (json.dumps({"database": db, "sql_query": "SELECT $x, $y", "params": {"x": 1}}).encode(),
+                                   pa.ArrowInvalid, "no value is given for the parameter \\$y"),
                                   (json.dumps({"database": db, "sql_query": "DROP TABLE cpu"}).encode(),
                                    pa.ArrowInvalid, "not a query")):
             with pytest.raises(cls, match=text):

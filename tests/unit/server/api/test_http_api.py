@@ -434,6 +434,45 @@ def test_a_query_answers_json_rows_and_says_what_it_reflects_in_headers():
         srv.stop()
 
 
+def test_query_sql_binds_params_by_get_and_by_a_json_post_as_influxdb3_takes_them():
+    from urllib.parse import quote
+
+    calls = []
+
+    def query(database, sql, after, allow_partial, deadline_s):
+        calls.append((database, sql))
+        return _Result([{"v": 1}])
+
+    srv = HttpWriteServer(FakeRouter(), "127.0.0.1", free_port())
+    srv.query = query
+    srv.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        sql = quote("SELECT v FROM m WHERE host = $host AND v > $min")
+        params = quote(json.dumps({"host": "it's", "min": -2}))
+        assert _req(conn, "GET", f"/api/v3/query_sql?db=d&q={sql}&params={params}")[0] == 200
+        assert calls[-1] == ("d", "SELECT v FROM m WHERE host = 'it\\'s' AND v > (-2)")
+        body = json.dumps({"db": "d", "q": "SELECT v FROM m WHERE ok = $ok", "format": "jsonl", "params": {"ok": True}})
+        status, headers, answer = _req(conn, "POST", "/api/v3/query_sql", body.encode(),
+                                       {"Content-Type": "application/json"})
+        assert (status, json.loads(answer)) == (200, {"v": 1}) and headers["content-type"].startswith("application/jsonl")
+        assert calls[-1] == ("d", "SELECT v FROM m WHERE ok = TRUE")
+        n = len(calls)
+        for method, path, payload in (
+                ("GET", f"/api/v3/query_sql?db=d&q={sql}", None),  # placeholders without params
+                ("GET", f"/api/v3/query_sql?db=d&q={sql}&params=%5B1%5D", None),  # params not an object
+                ("GET", f"/api/v3/query_sql?db=d&q={sql}&params=" + quote(json.dumps({"host": "a"})), None),
+                ("POST", "/api/v3/query_sql", b"not json"),
+                ("POST", "/api/v3/query_sql", json.dumps({"db": "d", "q": "SELECT $x", "params": {"x": [1]}}).encode()),
+                ("POST", "/api/v3/query_sql", json.dumps({"db": 1, "q": "SELECT 1"}).encode())):
+            status, _, answer = _req(conn, method, path, payload)
+            assert status == 400, (path, payload, answer)
+        assert len(calls) == n  # none of them ran
+        conn.close()
+    finally:
+        srv.stop()
+
+
 def test_a_query_streams_json_jsonl_or_csv_batch_by_batch_and_an_error_after_the_first_rows_cuts_it_off():
     from server.errors import InvalidArgument, QueryResultTooLarge
 
