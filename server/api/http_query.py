@@ -1,12 +1,13 @@
-"""HTTP SQL queries: `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv][&params=JSON]`, or the
+"""HTTP SQL queries: `GET /api/v3/query_sql?db=D&q=SQL[&format=json|jsonl|csv|parquet|pretty][&params=JSON]`, or the
 same as a JSON body `POST /api/v3/query_sql {"db", "q", "format", "params"}` (InfluxDB 3's), streamed as
 the rows arrive. `params` is a JSON object {name: value} of the query's `$name` placeholders, bound as
 literals (server/query/params.py).
 
 `format` (InfluxDB 3's names): `json` (the default) an array of row objects, `jsonl` one row object per line,
-`csv` a header line and one line per row (RFC 4180; NULL an empty field; nested values as JSON text).
+`csv` a header line and one line per row (RFC 4180; NULL an empty field; nested values as JSON text),
+`parquet` a Parquet file (a row group per batch), `pretty` an ASCII table (sent once every row arrived).
 The answer streams (HTTP/1.1 chunked transfer encoding): rows are encoded batch by batch as Spark
-returns them, never as Python objects of the whole result. Everything a query can refuse before its
+returns them, never as Python objects of the whole result (but for `pretty`). Everything a query can refuse before its
 first batch maps to a status; an error after the first rows were sent (the result grew over
 `--max-query-bytes`, the query timed out) ends the connection without the chunked body's last chunk,
 so a client never takes a cut-off answer for a whole one.
@@ -51,7 +52,8 @@ MAX_TIMEOUT_S = 300.0
 
 #: the answer formats of `format=` and their content types (json is the default)
 FORMATS = {"json": "application/json; charset=utf-8", "jsonl": "application/jsonl; charset=utf-8",
-           "csv": "text/csv; charset=utf-8"}
+           "csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet",
+           "pretty": "text/plain; charset=utf-8"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,15 @@ def answer_headers(res) -> list:
 
 def encoded_rows(fmt: str, schema, batches):
     """The answer's body in `fmt`, as pieces of bytes, one per record batch (json's opening bracket
-    and closing bracket, csv's header line are pieces of their own). Errors of `batches` propagate."""
+    and closing bracket, csv's header line are pieces of their own; parquet's footer is the last
+    piece, each batch a row group; pretty, a table whose column widths depend on every row, is one
+    piece once every batch arrived). Errors of `batches` propagate."""
+    if fmt == "parquet":
+        yield from _parquet_pieces(schema, batches)
+        return
+    if fmt == "pretty":
+        yield _pretty(schema, batches)
+        return
     names = list(schema.names)
     if fmt == "csv":
         yield _csv_line(names)
@@ -172,6 +182,72 @@ def encoded_rows(fmt: str, schema, batches):
         first = False
     if fmt == "json":
         yield b"]"
+
+
+class _Pieces(io.RawIOBase):
+    """A write-only file whose bytes written since the last `take` are taken (a Parquet writer's sink)."""
+
+    def __init__(self):
+        super().__init__()
+        self._parts: list = []
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        data = bytes(b)
+        self._parts.append(data)
+        self._pos += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def take(self) -> bytes:
+        out, self._parts = b"".join(self._parts), []
+        return out
+
+
+def _parquet_pieces(schema, batches):
+    """A Parquet file of the batches, in pieces: each batch a row group, sent once written."""
+    import pyarrow.parquet as pq
+
+    sink = _Pieces()
+    writer = pq.ParquetWriter(sink, schema)
+    try:
+        for b in batches:
+            if b.num_rows:
+                writer.write_batch(b)
+                yield sink.take()
+    finally:
+        writer.close()
+    yield sink.take()
+
+
+def _pretty_value(v) -> str:
+    v = _jsonable(v)
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, allow_nan=False)
+    return str(v)
+
+
+def _pretty(schema, batches) -> bytes:
+    """InfluxDB 3's `pretty` format: an ASCII table, a header row between rules, NULL empty."""
+    names = list(schema.names)
+    rows = [[_pretty_value(r[n]) for n in names] for b in batches for r in b.to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells):
+        return "|" + "|".join(f" {c.ljust(w)} " for c, w in zip(cells, widths)) + "|"
+
+    out = [rule, line(names), rule] + [line(r) for r in rows] + [rule]
+    return ("\n".join(out) + "\n").encode()
 
 
 def _csv_line(values: list) -> bytes:

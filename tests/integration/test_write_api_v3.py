@@ -126,3 +126,45 @@ def test_no_sync_answers_before_the_acknowledgement_and_the_write_is_read(iox_se
     status, _b, headers = _post(iox_server, f"/api/v3/write_lp?db={db}&no_sync=true", f"ns v=5 {T0 + 5}".encode())
     assert status == 204 and "X-Iox-Write-Token" not in headers  # not acknowledged yet: no token to give
     assert sorted(r["v"] for r in _rows_once(client, db, "SELECT v FROM ns", 6)) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_query_sql_answers_parquet_pretty_and_binds_params_as_influxdb3_does(iox_server, client, db):
+    """`/api/v3/query_sql` of the running server: format=parquet (a Parquet file of the exact rows),
+    format=pretty (an ASCII table), params by GET, and POST of InfluxDB 3's JSON body."""
+    import io
+    from urllib.parse import quote
+
+    import pyarrow.parquet as pq
+
+    tok = client.write_response(db, f"cpu,host=a usage=1.5 {T0 * 10**9}\ncpu,host=b usage=2.5 {T0 * 10**9 + 1}") \
+        .token_text
+    client.query(db, "SELECT 1 FROM cpu", after=tok)
+
+    def get(path):
+        conn = http.client.HTTPConnection("127.0.0.1", iox_server.http.port, timeout=60)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    sql = quote("SELECT host, usage FROM cpu ORDER BY host")
+    status, body = get(f"/api/v3/query_sql?db={db}&q={sql}&format=parquet")
+    assert status == 200
+    assert pq.read_table(io.BytesIO(body)).to_pylist() == [{"host": "a", "usage": 1.5}, {"host": "b", "usage": 2.5}]
+    status, body = get(f"/api/v3/query_sql?db={db}&q={sql}&format=pretty")
+    assert (status, body.decode()) == (200, "+------+-------+\n| host | usage |\n+------+-------+\n"
+                                            "| a    | 1.5   |\n| b    | 2.5   |\n+------+-------+\n")
+    where = quote("SELECT usage FROM cpu WHERE host = $host")
+    status, body = get(f"/api/v3/query_sql?db={db}&q={where}&params=" + quote(json.dumps({"host": "b"})))
+    assert (status, json.loads(body)) == (200, [{"usage": 2.5}])
+    conn = http.client.HTTPConnection("127.0.0.1", iox_server.http.port, timeout=60)
+    try:
+        conn.request("POST", "/api/v3/query_sql", body=json.dumps(
+            {"db": db, "q": "SELECT host FROM cpu WHERE usage > $min", "format": "jsonl", "params": {"min": 2}}),
+            headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert (r.status, r.read()) == (200, b'{"host": "b"}\n')
+    finally:
+        conn.close()

@@ -473,7 +473,7 @@ def test_query_sql_binds_params_by_get_and_by_a_json_post_as_influxdb3_takes_the
         srv.stop()
 
 
-def test_a_query_streams_json_jsonl_or_csv_batch_by_batch_and_an_error_after_the_first_rows_cuts_it_off():
+def test_a_query_streams_json_jsonl_csv_or_parquet_batch_by_batch_and_an_error_after_the_first_rows_cuts_it_off():
     from server.errors import InvalidArgument, QueryResultTooLarge
 
     rows = [{"host": f"h{i}", "v": i / 2, "ok": i % 2 == 0, "n": None if i % 3 == 0 else i, "tags": {"i": i, "s": "x"}}
@@ -513,6 +513,26 @@ def test_a_query_streams_json_jsonl_or_csv_batch_by_batch_and_an_error_after_the
         assert lines[0] == ["host", "v", "ok", "n", "tags"] and len(lines) == 2501
         assert lines[1] == ["h0", "0.0", "true", "", '{"i": 0, "s": "x"}'] and lines[2] == ["h1", "0.5", "false", "1", '{"i": 1, "s": "x"}']
         assert [ln[0] for ln in lines[1:]] == [f"h{i}" for i in range(2500)]
+        st, h, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=all&format=parquet")
+        assert (st, h["content-type"]) == (200, "application/vnd.apache.parquet")
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(io.BytesIO(body))
+        assert pf.metadata.num_row_groups == 3  # a row group per batch, sent as each came
+        assert pf.read().to_pylist() == expect
+        st, h, body = _req(conn, "GET", "/api/v3/query_sql?db=d&q=all&format=pretty")
+        assert (st, h["content-type"]) == (200, "text/plain; charset=utf-8")
+        text = body.decode().splitlines()
+        assert text[0] == text[2] == text[-1] and set(text[0]) == {"+", "-"}
+        assert [c.strip() for c in text[1].split("|")[1:-1]] == ["host", "v", "ok", "n", "tags"]
+        assert [c.strip() for c in text[3].split("|")[1:-1]] == ["h0", "0.0", "true", "", '{"i": 0, "s": "x"}']
+        widest_tags = len('{"i": 2499, "s": "x"}')
+        assert {len(ln) for ln in text} == {1 + (5 + 2 + 1) + (6 + 2 + 1) + (5 + 2 + 1) + (4 + 2 + 1) + (widest_tags + 2 + 1)}
+        assert len(text) == 2500 + 4
+        assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty&format=pretty")[::2] == \
+            (200, b"+------+---+\n| host | v |\n+------+---+\n+------+---+\n")
+        assert pq.read_table(io.BytesIO(_req(conn, "GET", "/api/v3/query_sql?db=d&q=empty&format=parquet")[2])) \
+            .num_rows == 0
         assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty")[::2] == (200, b"[]")
         assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty&format=csv")[::2] == (200, b"host,v\r\n")
         assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty&format=jsonl")[::2] == (200, b"")
@@ -524,7 +544,7 @@ def test_a_query_streams_json_jsonl_or_csv_batch_by_batch_and_an_error_after_the
         # the keep-alive connection still serves after those
         assert _req(conn, "GET", "/api/v3/query_sql?db=d&q=empty")[0] == 200
         # an error after the first rows: the answer is cut off, never a shorter one that looks whole
-        for fmt in ("json", "jsonl", "csv"):
+        for fmt in ("json", "jsonl", "csv", "parquet"):
             conn.request("GET", f"/api/v3/query_sql?db=d&q=grows&format={fmt}")
             r = conn.getresponse()
             assert r.status == 200
