@@ -381,6 +381,7 @@ class IoxServer:
                                         workers=cfg.http_workers)
             self.http.buckets = BucketsApi(self, database_for)  # /api/v2/buckets (server/api/buckets.py)
             self.http.query = self.query  # /api/v3/query_sql (server/api/http_query.py)
+            self.http.iox = self  # InfluxQL: /query, /api/v3/query_influxql (server/api/influxql_answer.py)
             self.http.start()
         self.one_port = None
         if cfg.influxdb3_port and self.http is not None:  # last: both servers behind it are serving
@@ -1017,6 +1018,25 @@ class IoxServer:
             return reserve_columns(self.store, database, columns, self.config.pool_member)
         except Exception as e:  # noqa: BLE001  (the object store's errors, an unreadable reservation)
             raise ColumnAgreementUnavailable(database, f"{type(e).__name__}: {e}") from e
+
+    def table_columns(self, database: str) -> dict:
+        """{table: [(column, role, type)]} of a database's tables, as its schemas hold them (InfluxQL's
+        tags and fields); DatabaseNotFound when there is no such database. Handler threads (driver)."""
+        if self.pool is not None and self.catalog.peek_database(database) is None:
+            self.pool.learn_database(database)  # written through another member only
+        db = self.catalog.peek_database(database)
+        if db is None:
+            raise DatabaseNotFound(database)
+        with self.catalog.lock:
+            out = {}
+            for table in sorted(db.schemas.tables()):
+                sch = db.schemas.get(table)
+                out[table] = [(c.name, c.role, c.type) for c in (sch.columns if sch else [])]
+        return out
+
+    def database_names(self) -> list:
+        """The names of the databases this server knows, sorted. Handler threads (driver)."""
+        return sorted(d.name for d in self.catalog.databases())
 
     def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
                          written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):

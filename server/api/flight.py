@@ -8,8 +8,9 @@ barrier, sandbox, retention, limits: `IoxServer.query`) and its rows are streame
 messages, one FlightData each (the schema first, then each record batch as Spark makes it, cut
 at QUERY_BATCH_ROWS rows). A ticket is JSON `{"database": D, "sql_query": Q, "query_type": "sql"}`
 as InfluxDB 3 reads it, with `"params": {name: value}` bound to the query's `$name` placeholders as
-literals (server/query/params.py); a ticket that is not, or another query type (InfluxQL), is
-refused with INVALID_ARGUMENT / UNIMPLEMENTED naming what to send instead. With tokens, it
+literals (server/query/params.py); query_type `influxql` is answered as InfluxDB 3 answers it
+(server/api/influxql_answer.py); a ticket that is not, or another query type, is refused with
+INVALID_ARGUMENT / UNIMPLEMENTED naming what to send instead. With tokens, it
 needs the `query` permission on the ticket's database (server/api/auth.py `request_database`).
 
 Where it runs: the gRPC server's handler threads (driver), registered by `build_grpc_server`.
@@ -32,13 +33,14 @@ __all__ = ["FlightService", "ticket_query", "TicketQuery"]
 
 #: InfluxDB 3's query types in a ticket
 _SQL = "sql"
+_INFLUXQL = "influxql"
 
 
 class TicketQuery:
-    """What a ticket asks: `database`, `sql`."""
+    """What a ticket asks: `database`, `sql` (the query text), `language` ("sql" or "influxql")."""
 
-    def __init__(self, database: str, sql: str):
-        self.database, self.sql = database, sql
+    def __init__(self, database: str, sql: str, language: str = "sql"):
+        self.database, self.sql, self.language = database, sql, language
 
 
 class _BadTicket(ValueError):
@@ -71,9 +73,14 @@ def ticket_query(raw: bytes) -> TicketQuery:
         raise _BadTicket("the ticket names no database (\"database\")")
     if not isinstance(sql, str) or not sql.strip():
         raise _BadTicket("the ticket holds no query (\"sql_query\")")
-    if not isinstance(kind, str) or kind.lower() != _SQL:
-        raise _BadTicket(f"query_type {kind!r} is not served: send SQL (query_type \"sql\"; Spark SQL over the "
-                         f"database's tables)", grpc.StatusCode.UNIMPLEMENTED)
+    if not isinstance(kind, str) or kind.lower() not in (_SQL, _INFLUXQL):
+        raise _BadTicket(f"query_type {kind!r} is not served: send query_type \"sql\" (Spark SQL over the "
+                         f"database's tables) or \"influxql\"", grpc.StatusCode.UNIMPLEMENTED)
+    if kind.lower() == _INFLUXQL:
+        if doc.get("params"):
+            raise _BadTicket("params with InfluxQL are not served: put the values in the query",
+                             grpc.StatusCode.UNIMPLEMENTED)
+        return TicketQuery(database, sql, _INFLUXQL)
     params = doc.get("params") or {}
     if not isinstance(params, dict) or any(isinstance(v, (dict, list)) for v in params.values()):
         raise _BadTicket('"params" must be a JSON object {name: value} of the query\'s $name placeholders, '
@@ -117,10 +124,12 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
     """The Flight service of an IoxServer (`server.query`): InfluxDB 3's tickets, and Flight SQL
     (server/api/flight_sql.py)."""
 
-    def __init__(self, server, batch_rows: int, abort):
+    def __init__(self, server, batch_rows: int, abort, scope=lambda: None):
+        """`scope`: the token scope of the RPC being served (server/api/auth.py `current_scope`)."""
         self.server = server
         self.batch_rows = batch_rows
         self._abort = abort  # server/api/grpc_services.py's: a ServerError's status
+        self._scope = scope
         self.sql = FlightSql(server)
 
     def _stream(self, res, context):
@@ -153,10 +162,26 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
         except _BadTicket as e:
             context.abort(e.code, str(e))
         try:
-            res = self.server.query(q.database, q.sql, "", False, deadline_s=context.time_remaining())
+            if q.language == _INFLUXQL:
+                res = self._influxql(q, context)
+            else:
+                res = self.server.query(q.database, q.sql, "", False, deadline_s=context.time_remaining())
         except Exception as e:  # noqa: BLE001 - each cause has its status (_abort)
             self._abort(context, e)
         yield from self._stream(res, context)
+
+    def _influxql(self, q: TicketQuery, context) -> pa.Table:
+        """InfluxQL's answer as InfluxDB 3 gives it (server/api/influxql_answer.py `v3_table`)."""
+        from server.api.influxql_answer import AnswerContext, run, v3_table
+        from server.query.influxql import InfluxQLSyntaxError
+
+        try:
+            results = run(AnswerContext(self.server, self._scope(), context.time_remaining()), q.database, q.sql)
+        except InfluxQLSyntaxError as e:
+            raise InvalidArgument(str(e)) from None
+        if results[0].error is not None:
+            raise InvalidArgument(results[0].error)
+        return v3_table(results[0])
 
     def _command(self, descriptor):
         if descriptor.type != flight_pb2.FlightDescriptor.CMD:

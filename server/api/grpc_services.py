@@ -337,7 +337,7 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
 
     from server.api.flight import FlightService
 
-    flight_pb2_grpc.add_FlightServiceServicer_to_server(FlightService(server, QUERY_BATCH_ROWS, _abort), g)
+    flight_pb2_grpc.add_FlightServiceServicer_to_server(FlightService(server, QUERY_BATCH_ROWS, _abort, current_scope), g)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, g)
     names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

@@ -73,8 +73,8 @@ from server.errors import LinesRejected, OlderThanRetention, QueryTimedOut
 from server.write_buffer.write_token import format_token, token_for
 from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
-from server.api.http_query import (MAX_QUERY_BODY_BYTES, QUERY_PATH, answer_headers, encoded_rows, query_body,
-                                   query_request)
+from server.api.http_query import (DEFAULT_TIMEOUT_S, FORMATS, MAX_QUERY_BODY_BYTES, QUERY_PATH, answer_headers,
+                                   encoded_rows, query_body, query_request)
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
            "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "V3_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
@@ -85,6 +85,9 @@ log = logging.getLogger(__name__)
 WRITE_PATH = "/api/v2/write"
 #: InfluxDB 1.x's write endpoint
 V1_WRITE_PATH = "/write"
+#: InfluxQL: InfluxDB 1.x's query endpoint, and InfluxDB 3's
+V1_QUERY_PATH = "/query"
+V3_INFLUXQL_PATH = "/api/v3/query_influxql"
 #: InfluxDB 3's write endpoint (server/write/lp_v3.py)
 V3_WRITE_PATH = "/api/v3/write_lp"
 #: InfluxDB 1.x precision names -> the parser's
@@ -379,7 +382,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _plain_errors(self) -> bool:
         """Errors as `{"error": "..."}`: InfluxDB 1.x's form, and InfluxDB 3's."""
-        return self._route() in (V1_WRITE_PATH, V3_WRITE_PATH)
+        return self._route() in (V1_WRITE_PATH, V3_WRITE_PATH, V1_QUERY_PATH, V3_INFLUXQL_PATH)
 
     def _ping(self) -> None:
         qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
@@ -402,6 +405,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._buckets("GET")
         elif route == QUERY_PATH:
             self._query()
+        elif route in (V1_QUERY_PATH, V3_INFLUXQL_PATH):
+            self._influxql()
         elif route == METRICS_PATH:
             if self._authorized("admin", None):
                 self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
@@ -447,6 +452,84 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_chunked(answer_headers(res), req.content_type, encoded_rows(req.format, res.schema, rest))
         finally:
             batches.close()
+
+    def _influxql(self, body: bytes | None = None) -> None:
+        """InfluxQL: InfluxDB 1.x's `/query?db=&q=&epoch=&chunked=&chunk_size=` (GET, or POST with the
+        parameters in a form body) answered in 1.x's JSON; InfluxDB 3's `/api/v3/query_influxql`
+        (as query_sql: `db`, `q`, `format`; a JSON body by POST) answered as a table. Needs the `query`
+        permission on `db` (and on each database a statement names); SHOW DATABASES lists the
+        token's databases (server/api/influxql_answer.py)."""
+        from server.api.influxql_answer import AnswerContext, EPOCHS, run, v1_chunks, v1_document, v3_table
+        from server.query.influxql import InfluxQLSyntaxError
+
+        v1 = self._route() == V1_QUERY_PATH
+        qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        if body:
+            if v1 or not body.lstrip().startswith(b"{"):
+                try:
+                    form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+                except UnicodeDecodeError:
+                    form = {}
+            else:
+                try:
+                    form = query_body(body)
+                except InvalidArgument as e:
+                    self._send_error(e)
+                    return
+            qs = {**qs, **form}
+        database = (qs.get("db") or [""])[0]
+        text = (qs.get("q") or [""])[0]
+        epoch = (qs.get("epoch") or [""])[0] or None
+        fmt = (qs.get("format") or ["json"])[0].strip().lower() or "json"
+        problem = None
+        if not text.strip():
+            problem = 'missing required parameter "q"'
+        elif v1 and epoch is not None and epoch not in EPOCHS:
+            problem = f"invalid epoch {epoch!r}: one of {', '.join(EPOCHS)}"
+        elif not v1 and fmt not in FORMATS:
+            problem = f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"
+        elif not v1 and not database:
+            problem = "the db query parameter is required"
+        if problem is not None:
+            self._send(400, {"error": problem})
+            return
+        auth = getattr(self.server, "authenticator", None)
+        scope = None
+        if auth is not None and auth.enabled:
+            if database and not self._authorized("query", database):
+                return
+            try:
+                scope = auth.authorize(self._presented_token(), None, None)
+            except Unauthenticated as e:
+                self._send(401, {"error": str(e)}, [("WWW-Authenticate", 'Token realm="iox"')])
+                return
+        server = getattr(self.server, "iox", None)
+        if server is None:
+            self._send(404, {"error": "no query API on this server"})
+            return
+        try:
+            results = run(AnswerContext(server, scope, DEFAULT_TIMEOUT_S), database, text)
+        except InfluxQLSyntaxError as e:
+            self._send(400, {"error": str(e)})
+            return
+        except Exception as e:  # noqa: BLE001 - a status the user can act on
+            self._send_error(e)
+            return
+        if v1:
+            chunked = (qs.get("chunked") or [""])[0].lower() == "true"
+            if chunked:
+                raw = (qs.get("chunk_size") or ["10000"])[0]
+                size = int(raw) if raw.isdigit() and int(raw) > 0 else 10000
+                self._send_chunked([], "application/json", v1_chunks(results, epoch, size))
+            else:
+                self._send(200, v1_document(results, epoch), content_type="application/json")
+            return
+        first = results[0]
+        if first.error is not None:
+            self._send(400, {"error": first.error})
+            return
+        table = v3_table(first)
+        self._send_chunked([], FORMATS[fmt], encoded_rows(fmt, table.schema, table.to_batches()))
 
     def _send_chunked(self, headers: list, content_type: str, pieces) -> None:
         """A 200 answer whose body is `pieces` (bytes), sent as they come in HTTP/1.1 chunks. An error
@@ -508,7 +591,7 @@ class _Handler(BaseHTTPRequestHandler):
             except _BodyTooLarge as e:
                 self._send_error(RequestTooLarge(e.size, MAX_BUCKETS_BODY_BYTES), close=not e.drained)
             return
-        if route == QUERY_PATH:
+        if route in (QUERY_PATH, V1_QUERY_PATH, V3_INFLUXQL_PATH):
             try:
                 body = self._read_body(MAX_QUERY_BODY_BYTES)
             except _BodyTooLarge as e:
@@ -517,7 +600,10 @@ class _Handler(BaseHTTPRequestHandler):
             except InvalidArgument as e:
                 self._send_error(e, close=True)
                 return
-            self._query(body)
+            if route == QUERY_PATH:
+                self._query(body)
+            else:
+                self._influxql(body)
             return
         if route not in (WRITE_PATH, V1_WRITE_PATH, V3_WRITE_PATH):
             drained = self._drain_any()
@@ -774,6 +860,8 @@ class HttpWriteServer:
         self._httpd.buckets = getattr(self, "buckets", None)
         #: IoxServer.query (server/api/http_query.py), or None: no query endpoint
         self._httpd.query = getattr(self, "query", None)
+        #: the IoxServer (InfluxQL: server/api/influxql_answer.py), or None: no InfluxQL endpoint
+        self._httpd.iox = getattr(self, "iox", None)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="http-write-api", daemon=True)

@@ -5,7 +5,8 @@ sandbox (`sql_sandbox.py`: only read-only queries over the database's tables run
 and the write buffer's tail (`tail.py`: acknowledged writes Spark has not applied
 yet, visible at once), the read barrier (`read_barrier.py`: a query waits for a replay and for its write
 token, or says why not), the check of answers against the write buffer (`verify.py`, `iox verify`)
-and query parameters bound as literals (`params.py`).
+query parameters bound as literals (`params.py`) and InfluxQL (`influxql_parse.py`: its syntax;
+`influxql.py`: statements answered over the same query path).
 
 May import: every layer below it: `catalog`, `lifecycle`, `server.errors`,
 `server.metrics`, `server.write_buffer`, `server.runtime`, `server.config`,

@@ -229,11 +229,15 @@ def test_flight_sql_needs_query_on_the_database_of_its_header_or_handle(srv):
             f.get_flight_info(forged, opts)
         with pytest.raises(fl.FlightUnauthorizedError, match="'metrics'"):
             f.do_get(ticket, opts).read_all()
-        writer, reader = f.do_put(forged, pa.schema([("0", pa.string())]), opts)
         with pytest.raises(fl.FlightUnauthorizedError, match="'metrics'"):
-            writer.write_table(pa.table({"0": ["f"]}))
-            writer.done_writing()
-            reader.read()
+            # the call's status comes with whichever step hears of it first; at the latest at close
+            writer, reader = f.do_put(forged, pa.schema([("0", pa.string())]), opts)
+            try:
+                writer.write_table(pa.table({"0": ["f"]}))
+                writer.done_writing()
+                reader.read()
+            finally:
+                writer.close()
         # the same handle of the token's own database is answered
         own = json.dumps({"database": "org_bucket", "sql": "SELECT host FROM cpu WHERE host LIKE 'fsql-%'"}).encode()
         own_ticket = fl.Ticket(pack(flight_sql_pb2.TicketStatementQuery(statement_handle=own)))
@@ -289,6 +293,43 @@ def _http(port, method, path, body=b"", headers=None):
         return r.status, raw
     finally:
         conn.close()
+
+
+def test_influxql_needs_query_on_every_database_it_reads_and_lists_only_the_tokens(srv):
+    """`/query`: the `db` parameter's database, and each database a statement names (ON), is checked
+    against the token's scope; SHOW DATABASES lists the token's databases only."""
+    from urllib.parse import quote
+
+    from influxdb import InfluxDBClient
+    from influxdb.exceptions import InfluxDBClientError
+
+    with IoxClient(srv.addr, token=MAIN) as m:  # both databases exist
+        m.write(DB, f"cpu,host=iql-m v=1 {T0}")
+        m.write("org_bucket", f"cpu,host=iql-o v=2 {T0}")
+
+    def query(token, db, q):
+        headers = {"Authorization": f"Token {token}"} if token else {}
+        st, raw = _http(srv.http_port, "GET", f"/query?db={db}&q={quote(q)}", headers=headers)
+        return st, json.loads(raw)
+
+    st, doc = query(READER, DB, "SELECT v FROM cpu WHERE host = 'iql-m'")
+    assert st == 200 and doc["results"][0]["series"][0]["values"][0][1] == 1.0
+    assert query(None, DB, "SHOW MEASUREMENTS")[0] == 401
+    st, doc = query(ADMIN_B, DB, "SHOW MEASUREMENTS")  # every permission, on another database
+    assert st == 403 and "'metrics'" in doc["error"]
+    st, doc = query(WRITER, DB, "SHOW MEASUREMENTS")
+    assert st == 403 and "query" in doc["error"]
+    st, doc = query(ADMIN_B, "org_bucket", "SHOW DATABASES; SHOW MEASUREMENTS ON metrics")
+    assert st == 200 and doc["results"][0]["series"][0]["values"] == [["org_bucket"]]
+    assert "'metrics'" in doc["results"][1]["error"]
+    # the 1.x client sends the token as the password
+    c = InfluxDBClient(host="127.0.0.1", port=srv.http_port, username="any", password=ADMIN_B, database="org_bucket")
+    try:
+        assert [p["host"] for p in c.query("SELECT v, host FROM cpu WHERE host =~ /^iql/").get_points()] == ["iql-o"]
+        with pytest.raises(InfluxDBClientError, match="'metrics'"):
+            c.query("SELECT v FROM cpu", database=DB)
+    finally:
+        c.close()
 
 
 def test_http_open_endpoints_and_metrics(srv):

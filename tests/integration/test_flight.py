@@ -99,8 +99,10 @@ def test_errors_carry_the_status_a_client_acts_on(iox_server, v3, client, db):
     _write(client, db, [f"cpu v=1 {T0}"])
     with pytest.raises(InfluxDB3ClientQueryError, match="invalid argument.*nope"):
         v3.query("SELECT nope FROM cpu")
-    with pytest.raises(InfluxDB3ClientQueryError, match="unimplemented.*query_type 'influxql'"):
-        v3.query("SELECT * FROM cpu", language="influxql")
+    with pytest.raises(InfluxDB3ClientQueryError, match="unimplemented.*query_type 'flux'"):
+        v3.query("from(bucket: \"b\")", language="flux")
+    with pytest.raises(InfluxDB3ClientQueryError, match="invalid argument.*error parsing query"):
+        v3.query("SELEC * FROM cpu", language="influxql")
     with fl.FlightClient(f"grpc+tcp://127.0.0.1:{iox_server.grpc_port}") as f:
         # pyarrow raises INVALID_ARGUMENT as ArrowInvalid, UNIMPLEMENTED as ArrowNotImplementedError
         for ticket, cls, text in ((b"not json", pa.ArrowInvalid, "not InfluxDB 3's JSON"),

@@ -1,0 +1,631 @@
+"""InfluxQL answered over the same tables as SQL: each statement is translated to Spark SQL, run by
+the query path (the read barrier, the sandbox, retention and limits apply), and its rows are
+shaped into InfluxDB 1.x's series.
+
+Invariants:
+- A SELECT reads only through `run_sql` (server/app.py `query`): the same rows a SQL query sees.
+  Per measurement, Spark filters (WHERE: time bounds on `time_ns`, tags as InfluxDB compares them,
+  a missing tag being ''), groups (GROUP BY time(interval[, offset]) buckets of `time_ns`, tags) and
+  aggregates; then, per series (one per group-by tag set, in tag order): fill() of the buckets of
+  the time range, transformations (derivative, non_negative_derivative, difference,
+  non_negative_difference, moving_average, cumulative_sum) over the aggregated or raw values,
+  ORDER BY time DESC, OFFSET/LIMIT; then SOFFSET/SLIMIT over the series.
+- Aggregates are InfluxDB's: mean, median, count, sum, min, max, first, last, spread, stddev
+  (sample), percentile (nearest rank), mode-free. A lone selector (first, last, min, max) without
+  GROUP BY time answers the time of its point; any other aggregate the start of its bucket or of
+  the time range (0 without a lower bound).
+- The time range of GROUP BY time is the WHERE clause's top-level `time` bounds; without an upper
+  bound it ends at `now_ns`; without a lower bound it starts at the first bucket with data.
+- What this server does not answer (subqueries, INTO, aggregates mixed with raw fields, an unknown
+  function) is an error of that statement in the result, never a wrong answer.
+
+Pure apart from `run_sql`, `tables` and `databases`, the callables the caller passes; no clock:
+`now_ns` comes in. Who calls it: server/api (the 1.x `/query`, `/api/v3/query_influxql`, Flight
+tickets of query_type influxql) on handler threads (driver).
+"""
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from server.query.influxql_parse import (TIME, Binary, BoolLit, Call, DurationLit, Ident, InfluxQLSyntaxError,
+                                         Now, NumberLit, RegexLit, Select, Show, StringLit, Wildcard, parse)
+from server.errors import ServerError
+from server.query.params import sql_literal
+
+__all__ = ["Series", "StatementResult", "InfluxQLError", "execute", "parse_time_ns", "FIELD_TYPES",
+           "InfluxQLSyntaxError", "parse"]
+
+#: InfluxDB 1.x's names of the field types (SHOW FIELD KEYS)
+FIELD_TYPES = {"float": "float", "integer": "integer", "uinteger": "unsigned", "string": "string",
+               "boolean": "boolean"}
+_AGGREGATES = {"mean", "median", "count", "sum", "min", "max", "first", "last", "spread", "stddev", "percentile"}
+_SELECTORS = {"first", "last", "min", "max"}
+_TRANSFORMS = {"derivative", "non_negative_derivative", "difference", "non_negative_difference", "moving_average",
+               "cumulative_sum"}
+
+
+class InfluxQLError(ValueError):
+    """A statement this server does not answer, or cannot answer as written: the error of that
+    statement in the result (InfluxDB 1.x's per-statement `error`)."""
+
+
+@dataclass
+class Series:
+    name: str | None
+    columns: list
+    values: list  # rows; the first column is the time (int nanoseconds) in a SELECT's series
+    tags: dict | None = None
+
+
+@dataclass
+class StatementResult:
+    statement_id: int
+    series: list = field(default_factory=list)
+    error: str | None = None
+    tz: str | None = None  # a SELECT's tz(): how its times are written
+
+
+def parse_time_ns(text: str) -> int:
+    """Nanoseconds since the epoch of an InfluxQL time string (RFC 3339, a date, or
+    `YYYY-MM-DD HH:MM:SS[.fff]`, UTC unless it names an offset); InfluxQLError when it is none."""
+    s = text.strip().replace(" ", "T", 1)
+    frac_ns = 0
+    m = re.match(r"^(\d{4}-\d{2}-\d{2}(?:T\d{2}:\d{2}:\d{2})?)(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})?$", s)
+    if m is None:
+        raise InfluxQLError(f"invalid time {text!r}: give RFC 3339 (2006-01-02T15:04:05Z), a date or an integer")
+    base, frac, zone = m.groups()
+    if frac:
+        frac_ns = int(frac.ljust(9, "0"))
+    try:
+        dt = datetime.datetime.fromisoformat(base + ("+00:00" if zone in (None, "Z") else zone))
+    except ValueError as e:
+        raise InfluxQLError(f"invalid time {text!r}: {e}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    delta = dt - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000 + frac_ns
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass
+class _Schema:
+    tags: list
+    fields: dict  # name -> type
+
+    def role(self, ident: Ident) -> str | None:
+        if ident.cast == "tag":
+            return "tag" if ident.name in self.tags else None
+        if ident.cast == "field":
+            return "field" if ident.name in self.fields else None
+        if ident.name in self.fields:
+            return "field"
+        if ident.name in self.tags:
+            return "tag"
+        return None
+
+
+def _time_value(expr, now_ns: int) -> int:
+    """The nanoseconds a time comparison's other side stands for."""
+    if isinstance(expr, StringLit):
+        return parse_time_ns(expr.value)
+    if isinstance(expr, NumberLit) and isinstance(expr.value, int):
+        return expr.value
+    if isinstance(expr, NumberLit):
+        return int(expr.value)
+    if isinstance(expr, DurationLit):
+        return expr.ns
+    if isinstance(expr, Now):
+        return now_ns
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        left, right = _time_value(expr.left, now_ns), _time_value(expr.right, now_ns)
+        return left + right if expr.op == "+" else left - right
+    raise InfluxQLError("invalid time comparison: compare time with now(), a duration, an RFC 3339 string "
+                        "or an integer of nanoseconds")
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "=", "!=": "!="}
+
+
+def _time_side(expr: Binary):
+    """(op, other side) of a comparison of `time`, written as `time op other`; None when it is not one."""
+    if isinstance(expr.left, Ident) and expr.left.name.lower() == TIME:
+        return expr.op, expr.right
+    if isinstance(expr.right, Ident) and expr.right.name.lower() == TIME:
+        return _FLIP.get(expr.op, expr.op), expr.left
+    return None
+
+
+def _time_range(cond, now_ns: int) -> tuple[int | None, int | None]:
+    """(lo_inclusive, hi_inclusive) nanoseconds of the top-level AND-ed time bounds of `cond`."""
+    lo = hi = None
+    stack = [cond] if cond is not None else []
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Binary) and e.op == "AND":
+            stack += [e.left, e.right]
+            continue
+        if isinstance(e, Binary) and e.op in _FLIP:
+            side = _time_side(e)
+            if side is None:
+                continue
+            op, value = side[0], _time_value(side[1], now_ns)
+            if op in (">", ">=", "="):
+                v = value + (1 if op == ">" else 0)
+                lo = v if lo is None else max(lo, v)
+            if op in ("<", "<=", "="):
+                v = value - (1 if op == "<" else 0)
+                hi = v if hi is None else min(hi, v)
+    return lo, hi
+
+
+class _Translator:
+    """InfluxQL expressions of one measurement as Spark SQL."""
+
+    def __init__(self, schema: _Schema, now_ns: int):
+        self.schema, self.now_ns = schema, now_ns
+
+    def cond(self, e) -> str:
+        if isinstance(e, Binary) and e.op in ("AND", "OR"):
+            return f"({self.cond(e.left)}) {e.op} ({self.cond(e.right)})"
+        if isinstance(e, Binary) and e.op in _FLIP:
+            side = _time_side(e)
+            if side is not None:
+                op = "!=" if side[0] == "!=" else side[0]
+                return f"time_ns {op} {_time_value(side[1], self.now_ns)}"
+        if isinstance(e, Binary) and e.op in ("=~", "!~"):
+            left = self._text(e.left)
+            rx = sql_literal(e.right.pattern)
+            return f"{'NOT ' if e.op == '!~' else ''}({left} RLIKE {rx})"
+        if isinstance(e, Binary) and e.op in _FLIP:
+            string_side = isinstance(e.left, StringLit) or isinstance(e.right, StringLit)
+            left = self._text(e.left) if string_side else self.value(e.left)
+            right = self._text(e.right) if string_side else self.value(e.right)
+            return f"{left} {e.op} {right}"
+        if isinstance(e, BoolLit):
+            return "TRUE" if e.value else "FALSE"
+        raise InfluxQLError(f"invalid condition: {e}")
+
+    def _text(self, e) -> str:
+        """A tag or a string as InfluxDB compares it: a missing tag is ''."""
+        if isinstance(e, Ident):
+            role = self.schema.role(e)
+            if role == "tag":
+                return f"coalesce({_q(e.name)}, '')"
+            if role == "field":
+                return _q(e.name)
+            return "''"  # an unknown name: missing everywhere
+        return self.value(e)
+
+    def value(self, e) -> str:
+        if isinstance(e, Ident):
+            if e.name.lower() == TIME:
+                return "time_ns"
+            return _q(e.name) if self.schema.role(e) is not None else "NULL"
+        if isinstance(e, StringLit):
+            return sql_literal(e.value)
+        if isinstance(e, NumberLit):
+            return sql_literal(e.value)
+        if isinstance(e, BoolLit):
+            return "TRUE" if e.value else "FALSE"
+        if isinstance(e, DurationLit):
+            return str(e.ns)
+        if isinstance(e, Binary) and e.op in ("+", "-", "*", "/", "%"):
+            op = e.op
+            if op == "/":
+                return f"(CAST({self.value(e.left)} AS DOUBLE) / {self.value(e.right)})"
+            return f"({self.value(e.left)} {op} {self.value(e.right)})"
+        if isinstance(e, Call) and e.name in _AGGREGATES:
+            return self.aggregate(e)
+        raise InfluxQLError(f"unsupported expression {e}")
+
+    def aggregate(self, call: Call) -> str:
+        if not call.args or not isinstance(call.args[0], Ident):
+            raise InfluxQLError(f"expected field argument in {call.name}()")
+        f = call.args[0]
+        if self.schema.role(f) != "field":
+            x = "NULL"  # a tag or an unknown name: aggregates of fields only; no value
+        else:
+            x = _q(f.name)
+        n = call.name
+        if n == "percentile":
+            if len(call.args) != 2 or not isinstance(call.args[1], NumberLit):
+                raise InfluxQLError("expected percentile(field, N)")
+            p = float(call.args[1].value)
+            return (f"get(array_sort(collect_list({x})), CAST(floor({p!r} / 100.0 * count({x}) + 0.5) AS INT) - 1)")
+        if len(call.args) != 1:
+            raise InfluxQLError(f"invalid number of arguments for {n}, expected 1, got {len(call.args)}")
+        return {"mean": f"avg({x})", "median": f"median({x})", "count": f"count({x})", "sum": f"sum({x})",
+                "min": f"min({x})", "max": f"max({x})", "spread": f"max({x}) - min({x})",
+                "stddev": f"stddev_samp({x})",
+                "first": f"min_by({x}, CASE WHEN {x} IS NOT NULL THEN time_ns END)",
+                "last": f"max_by({x}, CASE WHEN {x} IS NOT NULL THEN time_ns END)"}[n]
+
+    def selector_time(self, call: Call) -> str | None:
+        """SQL of the time of a lone selector's point."""
+        if call.name not in _SELECTORS or not call.args or not isinstance(call.args[0], Ident) \
+                or self.schema.role(call.args[0]) != "field":
+            return None
+        x = _q(call.args[0].name)
+        return {"first": f"min(CASE WHEN {x} IS NOT NULL THEN time_ns END)",
+                "last": f"max(CASE WHEN {x} IS NOT NULL THEN time_ns END)",
+                "min": f"min_by(time_ns, {x})", "max": f"max_by(time_ns, {x})"}[call.name]
+
+
+def _has_aggregate(e) -> bool:
+    if isinstance(e, Call):
+        return e.name in _AGGREGATES or any(_has_aggregate(a) for a in e.args)
+    if isinstance(e, Binary):
+        return _has_aggregate(e.left) or _has_aggregate(e.right)
+    return False
+
+
+def _bare_fields(e) -> bool:
+    """Whether `e` reads a column outside of any aggregate."""
+    if isinstance(e, Ident):
+        return True
+    if isinstance(e, Call):
+        if e.name in _AGGREGATES:
+            return False
+        return any(_bare_fields(a) for a in e.args if not isinstance(a, (DurationLit, NumberLit)))
+    if isinstance(e, Binary):
+        return _bare_fields(e.left) or _bare_fields(e.right)
+    return False
+
+
+def _name_of(e) -> str:
+    if isinstance(e, Ident):
+        return e.name
+    if isinstance(e, Call):
+        return e.name
+    if isinstance(e, Binary):
+        parts = [p for p in (_name_of(e.left), _name_of(e.right)) if p]
+        return "_".join(parts)
+    return ""
+
+
+@dataclass
+class _Column:
+    name: str
+    expr: object  # the InfluxQL expression computed in SQL (the inner one of a transformation)
+    transform: Call | None = None
+
+
+def _columns(st: Select, schema: _Schema) -> list[_Column]:
+    out, seen = [], {}
+    for f in st.fields:
+        exprs = [f.expr]
+        if isinstance(f.expr, Wildcard):
+            kinds = {"field": sorted(schema.fields), "tag": sorted(schema.tags)}
+            names = kinds.get(f.expr.kind) or sorted(list(schema.fields) + list(schema.tags))
+            exprs = [Ident(n) for n in names]
+        for e in exprs:
+            transform = None
+            if isinstance(e, Call) and e.name in _TRANSFORMS:
+                if not e.args:
+                    raise InfluxQLError(f"invalid number of arguments for {e.name}")
+                transform, e = e, e.args[0]
+            elif isinstance(e, Call) and e.name not in _AGGREGATES:
+                raise InfluxQLError(f"undefined function {e.name}()")
+            name = f.alias or (transform.name if transform is not None else _name_of(e)) or "expr"
+            if name in seen:
+                seen[name] += 1
+                name = f"{name}_{seen[name]}"
+            else:
+                seen[name] = 0
+            out.append(_Column(name, e, transform))
+    return out
+
+
+def _transformed(values: list, times: list, call: Call) -> tuple[list, list]:
+    """(times, values) of a transformation over one column's values (nulls skipped)."""
+    points = [(t, v) for t, v in zip(times, values) if v is not None]
+    n = call.name
+    if n in ("derivative", "non_negative_derivative"):
+        unit = call.args[1].ns if len(call.args) > 1 and isinstance(call.args[1], DurationLit) else 1_000_000_000
+        out = []
+        for (t0, v0), (t1, v1) in zip(points, points[1:]):
+            if t1 == t0:
+                continue
+            d = (v1 - v0) / ((t1 - t0) / unit)
+            if n == "derivative" or d >= 0:
+                out.append((t1, d))
+    elif n in ("difference", "non_negative_difference"):
+        out = [(t1, v1 - v0) for (_t0, v0), (t1, v1) in zip(points, points[1:])
+               if n == "difference" or v1 - v0 >= 0]
+    elif n == "moving_average":
+        if len(call.args) != 2 or not isinstance(call.args[1], NumberLit) or int(call.args[1].value) < 1:
+            raise InfluxQLError("moving_average window must be greater than 1")
+        w = int(call.args[1].value)
+        out = [(points[i][0], sum(v for _t, v in points[i - w + 1:i + 1]) / w) for i in range(w - 1, len(points))]
+    else:  # cumulative_sum
+        total, out = 0, []
+        for t, v in points:
+            total += v
+            out.append((t, total))
+    return [t for t, _v in out], [v for _t, v in out]
+
+
+def _filled(rows: dict, buckets: list, ncols: int, fill) -> list:
+    """[[time, v...]] of every bucket: rows where there are some, else filled as `fill` says."""
+    out = []
+    for b in buckets:
+        r = rows.get(b)
+        if r is not None:
+            out.append([b] + list(r))
+        elif fill == "none":
+            continue
+        elif fill in ("null", "previous", "linear"):
+            out.append([b] + [None] * ncols)
+        else:
+            out.append([b] + [fill] * ncols)
+    if fill == "previous":
+        last = [None] * ncols
+        for r in out:
+            for i in range(ncols):
+                if r[i + 1] is None:
+                    r[i + 1] = last[i]
+                else:
+                    last[i] = r[i + 1]
+    elif fill == "linear":
+        for i in range(ncols):
+            known = [(k, r[0], r[i + 1]) for k, r in enumerate(out) if r[i + 1] is not None]
+            for (k0, t0, v0), (k1, t1, v1) in zip(known, known[1:]):
+                if not (isinstance(v0, (int, float)) and isinstance(v1, (int, float))):
+                    continue
+                for k in range(k0 + 1, k1):
+                    out[k][i + 1] = v0 + (v1 - v0) * (out[k][0] - t0) / (t1 - t0)
+    return out
+
+
+def _select(st: Select, database: str, run_sql, tables: dict, now_ns: int) -> list[Series]:
+    if any(s.subquery is not None for s in st.sources):
+        raise InfluxQLError("subqueries are not supported by this server yet")
+    names = []
+    for s in st.sources:
+        if s.regex is not None:
+            try:
+                rx = re.compile(s.regex)
+            except re.error as e:
+                raise InfluxQLError(f"invalid regex /{s.regex}/: {e}") from None
+            names += [t for t in sorted(tables) if rx.search(t)]
+        elif s.name in tables:
+            names.append(s.name)
+    out = []
+    for m in dict.fromkeys(names):
+        out += _select_one(st, m, run_sql, tables[m], now_ns)
+    series = sorted(out, key=lambda s: (s.name, sorted((s.tags or {}).items())))
+    if st.soffset:
+        series = series[st.soffset:]
+    if st.slimit:
+        series = series[:st.slimit]
+    return series
+
+
+def _select_one(st: Select, measurement: str, run_sql, columns: list, now_ns: int) -> list[Series]:
+    schema = _Schema(tags=[c for c, role, _t in columns if role == "tag"],
+                     fields={c: t for c, role, t in columns if role == "field"})
+    tr = _Translator(schema, now_ns)
+    cols = _columns(st, schema)
+    aggregate = any(_has_aggregate(c.expr) for c in cols)
+    if aggregate and any(_bare_fields(c.expr) for c in cols):
+        raise InfluxQLError("mixing aggregate and non-aggregate queries is not supported")
+    interval = offset = None
+    group_tags: list = []
+    for d in st.dimensions:
+        if isinstance(d, Call) and d.name == "time":
+            if not d.args or not isinstance(d.args[0], DurationLit) or d.args[0].ns <= 0:
+                raise InfluxQLError("time dimension expected a positive duration")
+            interval = d.args[0].ns
+            offset = 0
+            if len(d.args) > 1:
+                if isinstance(d.args[1], DurationLit):
+                    offset = d.args[1].ns
+                elif isinstance(d.args[1], Now):
+                    offset = now_ns
+                else:
+                    raise InfluxQLError("time dimension offset must be a duration or now()")
+        elif isinstance(d, Ident):
+            group_tags.append(d.name)
+        elif isinstance(d, Wildcard):
+            group_tags += schema.tags
+        elif isinstance(d, RegexLit):
+            group_tags += [t for t in schema.tags if re.search(d.pattern, t)]
+        else:
+            raise InfluxQLError(f"only time() and tag dimensions allowed, got {d}")
+    if interval is not None and not aggregate:
+        raise InfluxQLError("GROUP BY requires at least one aggregate function")
+    group_tags = list(dict.fromkeys(group_tags))
+    lo, hi = _time_range(st.condition, now_ns)
+    tz_offset = 0
+    if st.tz:
+        try:
+            zone = ZoneInfo(st.tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InfluxQLError(f"unable to find time zone {st.tz}") from None
+        at = datetime.datetime.fromtimestamp(((lo if lo is not None else now_ns) // 10**9), tz=datetime.timezone.utc)
+        tz_offset = int(zone.utcoffset(at.replace(tzinfo=None)).total_seconds()) * 10**9
+    where = f" WHERE {tr.cond(st.condition)}" if st.condition is not None else ""
+    tag_sql = [f"coalesce({_q(t)}, '') AS __g{i}" if t in schema.tags else f"'' AS __g{i}"
+               for i, t in enumerate(group_tags)]
+    value_sql = [f"{tr.value(c.expr)} AS __c{i}" for i, c in enumerate(cols)]
+    if aggregate:
+        if interval is not None:
+            off = (offset - tz_offset) % interval
+            t_sql = f"time_ns - pmod(time_ns - {off}, {interval})"
+        else:
+            lone = [c for c in cols if isinstance(c.expr, Call) and c.transform is None]
+            sel = tr.selector_time(lone[0].expr) if len(cols) == 1 and lone else None
+            t_sql = sel if sel is not None else str(lo if lo is not None else 0)
+            if sel is None:
+                t_sql = f"{t_sql} + 0 * count(*)"  # a constant beside the aggregates
+        group = ", ".join(str(k) for k in range(1, 2 + len(group_tags))) if interval is not None else \
+            ", ".join(str(k) for k in range(2, 2 + len(group_tags)))
+        sql = (f"SELECT {t_sql} AS __t, {', '.join(tag_sql + value_sql + ['count(*) AS __n'])} "
+               f"FROM {_q(measurement)}{where}" + (f" GROUP BY {group}" if group else ""))
+    else:
+        sql = f"SELECT time_ns AS __t, {', '.join(tag_sql + value_sql)} FROM {_q(measurement)}{where}"
+    table = run_sql(sql)
+    data = table.to_pydict()
+    n = table.num_rows
+    groups: dict = {}
+    field_cols = [i for i, c in enumerate(cols) if not (isinstance(c.expr, Ident) and schema.role(c.expr) == "tag")]
+    for r in range(n):
+        if aggregate and data["__n"][r] == 0:
+            continue
+        key = tuple(data[f"__g{i}"][r] for i in range(len(group_tags)))
+        vals = [data[f"__c{i}"][r] for i in range(len(cols))]
+        if not aggregate and field_cols and all(vals[i] is None for i in field_cols):
+            continue  # a point without any of the selected fields
+        groups.setdefault(key, []).append((data["__t"][r], vals))
+    out = []
+    for key in sorted(groups):
+        points = sorted(groups[key], key=lambda p: p[0])
+        if aggregate and interval is not None:
+            first = points[0][0]
+            start = first if lo is None else lo - (lo - (offset - tz_offset) % interval) % interval
+            end = hi if hi is not None else now_ns
+            if lo is None:
+                start = first
+            buckets = list(range(start, max(end, points[-1][0]) + 1, interval)) if st.fill != "none" else \
+                [t for t, _v in points]
+            if len(buckets) > 1_000_000:
+                raise InfluxQLError(f"GROUP BY time({interval}ns) over this time range makes {len(buckets)} buckets: "
+                                    f"give a narrower time range, a larger interval or fill(none)")
+            rows = _filled({t: v for t, v in points}, buckets, len(cols), st.fill)
+        else:
+            rows = [[t] + v for t, v in points]
+        if any(c.transform is not None for c in cols):
+            rows = _apply_transforms(rows, cols)
+        if st.order_desc:
+            rows.reverse()
+        if st.offset:
+            rows = rows[st.offset:]
+        if st.limit:
+            rows = rows[:st.limit]
+        if not rows:
+            continue
+        tags = dict(zip(group_tags, key)) if group_tags else None
+        out.append(Series(measurement, [TIME] + [c.name for c in cols], rows, tags))
+    return out
+
+
+def _apply_transforms(rows: list, cols: list) -> list:
+    """Rows after each column's transformation (a transformed column keeps the times it answers;
+    the other columns the values at those times)."""
+    times = [r[0] for r in rows]
+    by_time: dict = {}
+    for i, c in enumerate(cols):
+        values = [r[i + 1] for r in rows]
+        if c.transform is not None:
+            ts, vs = _transformed(values, times, c.transform)
+            for t, v in zip(ts, vs):
+                by_time.setdefault(t, [None] * len(cols))[i] = v
+    for i, c in enumerate(cols):
+        if c.transform is None:
+            for r in rows:
+                if r[0] in by_time:
+                    by_time[r[0]][i] = r[i + 1]
+    return [[t] + v for t, v in sorted(by_time.items())]
+
+
+def _show(st: Show, database: str, run_sql, tables: dict, databases) -> list[Series]:
+    if st.what == "databases":
+        return [Series("databases", ["name"], [[d] for d in databases()])]
+    if st.what == "retention policies":
+        return [Series(None, ["name", "duration", "shardGroupDuration", "replicaN", "default"],
+                       [["autogen", "0s", "168h0m0s", 1, True]])]
+    names = sorted(tables)
+    if st.sources:
+        wanted = set()
+        for s in st.sources:
+            if s.regex is not None:
+                wanted |= {t for t in names if re.search(s.regex, t)}
+            elif s.name is not None:
+                wanted.add(s.name)
+        names = [t for t in names if t in wanted]
+    if st.what == "measurements":
+        if isinstance(st.measurement, RegexLit):
+            names = [t for t in names if re.search(st.measurement.pattern, t)]
+        elif isinstance(st.measurement, Ident):
+            names = [t for t in names if t == st.measurement.name]
+        if st.condition is not None:
+            names = [t for t in names if _any_row(t, st.condition, run_sql, tables[t])]
+        rows = [[t] for t in names][st.offset:]
+        rows = rows[:st.limit] if st.limit else rows
+        return [Series("measurements", ["name"], rows)] if rows else []
+    out = []
+    for t in names:
+        schema = _Schema([c for c, role, _t in tables[t] if role == "tag"],
+                         {c: ty for c, role, ty in tables[t] if role == "field"})
+        if st.what == "tag keys":
+            rows = [[k] for k in sorted(schema.tags)]
+            out.append(Series(t, ["tagKey"], rows))
+        elif st.what == "field keys":
+            rows = [[k, FIELD_TYPES.get(ty, ty)] for k, ty in sorted(schema.fields.items())]
+            out.append(Series(t, ["fieldKey", "fieldType"], rows))
+        else:  # tag values
+            keys = _keys(st, schema.tags)
+            rows = []
+            tr = _Translator(schema, 0)
+            where = f" AND ({tr.cond(st.condition)})" if st.condition is not None else ""
+            for k in keys:
+                got = run_sql(f"SELECT DISTINCT {_q(k)} AS v FROM {_q(t)} WHERE {_q(k)} IS NOT NULL AND "
+                              f"{_q(k)} != ''{where}")
+                rows += [[k, v] for v in sorted(got.column("v").to_pylist())]
+            out.append(Series(t, ["key", "value"], rows))
+        if st.offset or st.limit:
+            out[-1].values = out[-1].values[st.offset:]
+            if st.limit:
+                out[-1].values = out[-1].values[:st.limit]
+    return [s for s in out if s.values]
+
+
+def _keys(st: Show, tags: list) -> list:
+    if st.key_op == "in":
+        return [k for k in st.keys if k in tags]
+    if st.key_op == "=":
+        return [st.keys] if st.keys in tags else []
+    if st.key_op == "!=":
+        return [k for k in sorted(tags) if k != st.keys]
+    rx = re.compile(st.keys.pattern)
+    return [k for k in sorted(tags) if bool(rx.search(k)) == (st.key_op == "=~")]
+
+
+def _any_row(table: str, cond, run_sql, columns: list) -> bool:
+    schema = _Schema([c for c, role, _t in columns if role == "tag"], {c: t for c, role, t in columns if role == "field"})
+    return run_sql(f"SELECT 1 AS x FROM {_q(table)} WHERE {_Translator(schema, 0).cond(cond)} LIMIT 1").num_rows > 0
+
+
+def execute(text: str, database: str, run_sql, tables, databases, now_ns: int) -> list[StatementResult]:
+    """The results of the statements of `text` (InfluxQLSyntaxError when any does not parse: nothing
+    runs). `run_sql(database, sql) -> pa.Table` runs a query through the query path; `tables(database)
+    -> {table: [(column, role, type)]}`; `databases() -> [names]` (those the caller may list). A
+    statement that fails has its `error` (InfluxQLError, or the query path's error: `str(e)`), the
+    others still run. A database is needed for every statement but SHOW DATABASES (InfluxQLError)."""
+    statements = parse(text)
+    out = []
+    for i, st in enumerate(statements):
+        res = StatementResult(i, tz=st.tz if isinstance(st, Select) else None)
+        try:
+            db = (st.on if isinstance(st, Show) and st.on else database)
+            if not db and not (isinstance(st, Show) and st.what == "databases"):
+                raise InfluxQLError("database name required")
+            known = tables(db) if db and not (isinstance(st, Show) and st.what in ("databases",)) else {}
+
+            def run(sql, _db=db):
+                return run_sql(_db, sql)
+
+            if isinstance(st, Select):
+                res.series = _select(st, db, run, known, now_ns)
+            else:
+                res.series = _show(st, db, run, known, databases)
+        except (InfluxQLError, ServerError) as e:  # the query path's errors too: this statement's only
+            res.error = str(e)
+        out.append(res)
+    return out

@@ -1,0 +1,162 @@
+"""InfluxQL through the clients users have: the `influxdb` 1.x Python client on `/query` (1.x JSON,
+epoch, chunked), influxdb3-python over Flight (query_type influxql) and `/api/v3/query_influxql`:
+exact series for the queries Grafana's InfluxQL editor writes (GROUP BY time and tags, fill, time
+filters as `$timeFilter` expands them), selectors, transformations, SHOW statements, and errors in
+1.x's shape."""
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import quote
+
+import pytest
+from influxdb import InfluxDBClient
+from influxdb.exceptions import InfluxDBClientError
+from influxdb_client_3 import InfluxDBClient3
+
+S = 1_000_000_000
+T0 = 1_700_000_000 * S  # 2023-11-14T22:13:20Z
+T0_TEXT = "2023-11-14T22:13:20Z"
+
+
+@pytest.fixture
+def data(iox_server, client, db):
+    """cpu: host a every 10 s from T0 (usage 1..6), host b at T0 and T0+30 s (usage 10, 40), one point
+    without a host; mem: one point."""
+    lines = [f"cpu,host=a,region=eu usage={i + 1}.0,n={i}i {T0 + i * 10 * S}" for i in range(6)]
+    lines += [f"cpu,host=b,region=us usage=10.0,n=100i {T0}", f"cpu,host=b,region=us usage=40.0,n=103i {T0 + 30 * S}",
+              f"cpu usage=7.0 {T0 + 5 * S}", f"mem,host=a free=5i {T0}"]
+    token = client.write_response(db, "\n".join(lines)).token_text
+    client.query(db, "SELECT 1 FROM cpu", after=token)
+    client.query(db, "SELECT 1 FROM mem", after=token)
+    return db
+
+
+@pytest.fixture
+def v1(iox_server, data):
+    c = InfluxDBClient(host="127.0.0.1", port=iox_server.http.port, database=data)
+    yield c
+    c.close()
+
+
+def _series(rs) -> list:
+    return rs.raw.get("series", [])
+
+
+def test_grafanas_mean_by_time_and_host_with_fill_null(v1):
+    rs = v1.query(f'SELECT mean("usage") FROM "cpu" WHERE time >= {T0 // 10**6}ms and time <= {(T0 + 59 * S) // 10**6}ms '
+                  f'GROUP BY time(20s), "host" fill(null)', epoch="s")
+    series = _series(rs)
+    assert [s["tags"] for s in series] == [{"host": ""}, {"host": "a"}, {"host": "b"}]
+    t = T0 // S
+    assert series[1] == {"name": "cpu", "tags": {"host": "a"}, "columns": ["time", "mean"],
+                         "values": [[t, 1.5], [t + 20, 3.5], [t + 40, 5.5]]}
+    assert series[2]["values"] == [[t, 10.0], [t + 20, 40.0], [t + 40, None]]
+    assert series[0]["values"] == [[t, 7.0], [t + 20, None], [t + 40, None]]
+
+
+@pytest.mark.parametrize("fill,expect", [
+    ("none", [[0, 10.0], [30, 40.0]]),
+    ("0", [[0, 10.0], [10, 0], [20, 0], [30, 40.0]]),
+    ("previous", [[0, 10.0], [10, 10.0], [20, 10.0], [30, 40.0]]),
+    ("linear", [[0, 10.0], [10, 20.0], [20, 30.0], [30, 40.0]]),
+])
+def test_fill(v1, fill, expect):
+    rs = v1.query(f"SELECT max(usage) FROM cpu WHERE host = 'b' AND time >= '{T0_TEXT}' AND time < '{T0_TEXT}' + 40s "
+                  f"GROUP BY time(10s) fill({fill})", epoch="s")
+    assert _series(rs)[0]["values"] == [[T0 // S + dt, v] for dt, v in expect]
+
+
+def test_aggregates_and_selectors_without_group_by_time(v1):
+    rs = v1.query("SELECT count(usage), sum(n), min(usage), spread(usage), median(usage), percentile(usage, 50), "
+                  "first(usage), last(usage) FROM cpu WHERE host = 'a'", epoch="s")
+    s = _series(rs)[0]
+    assert s["columns"] == ["time", "count", "sum", "min", "spread", "median", "percentile", "first", "last"]
+    assert s["values"] == [[0, 6, 15, 1.0, 5.0, 3.5, 3.0, 1.0, 6.0]]
+    # a lone selector answers the time of its point
+    assert _series(v1.query("SELECT max(usage) FROM cpu", epoch="s"))[0]["values"] == [[T0 // S + 30, 40.0]]
+    assert _series(v1.query("SELECT last(usage) FROM cpu WHERE host = 'a'", epoch="s"))[0]["values"] == \
+        [[T0 // S + 50, 6.0]]
+
+
+def test_raw_points_tags_regexes_order_and_limits(v1):
+    rs = v1.query("SELECT usage, host FROM cpu WHERE host =~ /^(a|b)$/ AND usage > 3 ORDER BY time DESC LIMIT 3",
+                  epoch="s")
+    t = T0 // S
+    assert _series(rs) == [{"name": "cpu", "columns": ["time", "usage", "host"],
+                            "values": [[t + 50, 6.0, "a"], [t + 40, 5.0, "a"], [t + 30, 40.0, "b"]]}]
+    # a missing tag compares as ''; != matches it too
+    assert _series(v1.query("SELECT usage FROM cpu WHERE host = ''", epoch="s"))[0]["values"] == [[t + 5, 7.0]]
+    assert [v[1] for v in _series(v1.query("SELECT usage FROM cpu WHERE host != 'a'"))[0]["values"]] == [10.0, 7.0, 40.0]
+    # RFC 3339 times without epoch; SLIMIT over the series of GROUP BY tags
+    rs = v1.query("SELECT usage FROM cpu WHERE region !~ /eu/ GROUP BY host SLIMIT 1 SOFFSET 1")
+    assert _series(rs) == [{"name": "cpu", "tags": {"host": "b"}, "columns": ["time", "usage"],
+                            "values": [[T0_TEXT, 10.0], ["2023-11-14T22:13:50Z", 40.0]]}]
+    assert len(list(v1.query("SELECT * FROM cpu").get_points())) == 9
+    assert list(v1.query("SELECT * FROM cpu WHERE host = 'b' LIMIT 1").get_points()) == \
+        [{"time": T0_TEXT, "host": "b", "n": 100, "region": "us", "usage": 10.0}]
+
+
+def test_transformations(v1):
+    rs = v1.query(f"SELECT derivative(mean(usage), 1s), difference(max(usage)), moving_average(max(usage), 2) "
+                  f"FROM cpu WHERE host = 'a' AND time >= {T0} AND time < {T0 + 40 * S} GROUP BY time(20s)", epoch="s")
+    t = T0 // S
+    assert _series(rs)[0]["values"] == [[t + 20, 0.1, 2.0, 3.0]]
+    rs = v1.query("SELECT non_negative_derivative(usage, 10s) FROM cpu WHERE host = 'b'", epoch="s")
+    assert _series(rs)[0]["values"] == [[t + 30, 10.0]]
+
+
+def test_show_statements(v1, data):
+    assert data in [d["name"] for d in v1.get_list_database()]
+    assert [m["name"] for m in v1.get_list_measurements()] == ["cpu", "mem"]
+    assert _series(v1.query("SHOW MEASUREMENTS WITH MEASUREMENT =~ /^c/"))[0]["values"] == [["cpu"]]
+    assert _series(v1.query("SHOW TAG KEYS FROM cpu")) == [{"name": "cpu", "columns": ["tagKey"],
+                                                            "values": [["host"], ["region"]]}]
+    assert _series(v1.query('SHOW TAG VALUES FROM cpu WITH KEY = "host"'))[0]["values"] == [["host", "a"], ["host", "b"]]
+    assert _series(v1.query("SHOW TAG VALUES WITH KEY IN (host, region) WHERE region = 'us'")) == [
+        {"name": "cpu", "columns": ["key", "value"], "values": [["host", "b"], ["region", "us"]]}]
+    assert _series(v1.query("SHOW FIELD KEYS")) == [
+        {"name": "cpu", "columns": ["fieldKey", "fieldType"], "values": [["n", "integer"], ["usage", "float"]]},
+        {"name": "mem", "columns": ["fieldKey", "fieldType"], "values": [["free", "integer"]]}]
+    assert v1.get_list_retention_policies(data)[0]["name"] == "autogen"
+
+
+def test_several_statements_errors_and_chunks(iox_server, v1, data):
+    rs = v1.query("SELECT count(usage) FROM cpu; SELECT count(free) FROM mem", epoch="s")
+    assert [r.raw["series"][0]["values"] for r in rs] == [[[0, 9]], [[0, 1]]]
+    # a statement that fails has its error; the others still answer (the 1.x client raises on any)
+    conn = http.client.HTTPConnection("127.0.0.1", iox_server.http.port, timeout=60)
+    conn.request("GET", f"/query?db={data}&epoch=s&q=" + quote("SELECT count(usage) FROM cpu; SELECT nope(usage) FROM cpu"))
+    r = conn.getresponse()
+    assert (r.status, json.loads(r.read())) == (200, {"results": [
+        {"statement_id": 0, "series": [{"name": "cpu", "columns": ["time", "count"], "values": [[0, 9]]}]},
+        {"statement_id": 1, "error": "undefined function nope()"}]})
+    conn.request("GET", f"/query?db={data}&q=" + quote("SELEC 1"))
+    r = conn.getresponse()
+    assert r.status == 400 and json.loads(r.read())["error"].startswith("error parsing query: found SELEC")
+    conn.close()
+    with pytest.raises(InfluxDBClientError, match="error parsing query"):
+        v1.query("SELEC usage FROM cpu")
+    pieces = list(v1.query("SELECT usage FROM cpu WHERE host = 'a'", chunked=True, chunk_size=4, epoch="s"))
+    assert [[p["usage"] for p in rs.get_points()] for rs in pieces] == [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0]]
+
+
+def test_influxdb3_clients_query_influxql_over_flight_and_http(iox_server, data):
+    c = InfluxDBClient3(host=f"http://127.0.0.1:{iox_server.http.port}", query_port_overwrite=iox_server.grpc_port,
+                        database=data, token="unused")
+    try:
+        t = c.query("SELECT mean(usage) FROM cpu WHERE host = 'a' GROUP BY time(30s) fill(none)", language="influxql")
+    finally:
+        c.close()
+    assert t.column_names == ["iox::measurement", "time", "mean"]
+    # buckets aligned to the epoch: T0 is 20 s into one of 30 s
+    assert t.column("mean").to_pylist() == [1.0, 3.0, 5.5]
+    assert t.column("time").cast("int64").to_pylist() == [T0 - 20 * S, T0 + 10 * S, T0 + 40 * S]
+    conn = http.client.HTTPConnection("127.0.0.1", iox_server.http.port, timeout=60)
+    conn.request("GET", f"/api/v3/query_influxql?db={data}&format=jsonl&q=" +
+                 quote("SELECT max(usage) FROM cpu GROUP BY host"))
+    r = conn.getresponse()
+    rows = [json.loads(line) for line in r.read().decode().splitlines()]
+    conn.close()
+    assert r.status == 200
+    assert [(row["host"], row["max"]) for row in rows] == [("", 7.0), ("a", 6.0), ("b", 40.0)]
