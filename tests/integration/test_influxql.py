@@ -160,3 +160,58 @@ def test_influxdb3_clients_query_influxql_over_flight_and_http(iox_server, data)
     conn.close()
     assert r.status == 200
     assert [(row["host"], row["max"]) for row in rows] == [("", 7.0), ("a", 6.0), ("b", 40.0)]
+
+
+#: Grafana's InfluxQL editor's queries, with its macros expanded as it sends them ($timeFilter as
+#: `time >= <ms>ms and time <= <ms>ms`, $__interval as a duration), each with the answer it must get
+#: (series name, tags, values; times in ms as Grafana asks with epoch=ms)
+_FROM_MS, _TO_MS = T0 // 10**6, (T0 + 59 * S) // 10**6
+_TIME_FILTER = f"time >= {_FROM_MS}ms and time <= {_TO_MS}ms"
+_GRAFANA = [
+    (f'SELECT mean("usage") FROM "cpu" WHERE ("host" =~ /^a$/) AND {_TIME_FILTER} GROUP BY time(30s) fill(null)',
+     [("cpu", None, [[_FROM_MS - 20_000, 1.0], [_FROM_MS + 10_000, 3.0], [_FROM_MS + 40_000, 5.5]])]),
+    (f'SELECT mean("usage") AS "avg" FROM "autogen"."cpu" WHERE {_TIME_FILTER} GROUP BY time(1m), "host" fill(none)',
+     [("cpu", {"host": ""}, [[_FROM_MS - 20_000, 7.0]]),
+      ("cpu", {"host": "a"}, [[_FROM_MS - 20_000, 2.5], [_FROM_MS + 40_000, 5.5]]),
+      ("cpu", {"host": "b"}, [[_FROM_MS - 20_000, 25.0]])]),
+    (f'SELECT last("usage") FROM "cpu" WHERE ("region" = \'us\') AND {_TIME_FILTER} GROUP BY time(20s) fill(previous)',
+     [("cpu", None, [[_FROM_MS, 10.0], [_FROM_MS + 20_000, 40.0], [_FROM_MS + 40_000, 40.0]])]),
+    (f'SELECT non_negative_derivative(mean("n"), 1s) FROM "cpu" WHERE "host" = \'a\' AND {_TIME_FILTER} '
+     f'GROUP BY time(20s) fill(null)',
+     [("cpu", None, [[_FROM_MS + 20_000, 0.1], [_FROM_MS + 40_000, 0.1]])]),
+    (f'SELECT percentile("usage", 95) FROM "cpu" WHERE {_TIME_FILTER} GROUP BY "region"',
+     [("cpu", {"region": ""}, [[_FROM_MS, 7.0]]), ("cpu", {"region": "eu"}, [[_FROM_MS, 6.0]]),
+      ("cpu", {"region": "us"}, [[_FROM_MS, 40.0]])]),
+    (f'SELECT count("usage") FROM "cpu" WHERE {_TIME_FILTER} GROUP BY time(1m) tz(\'Europe/Berlin\')',
+     [("cpu", None, [[_FROM_MS - 20_000, 7], [_FROM_MS + 40_000, 2]])]),
+    ('SELECT "usage" FROM "cpu" WHERE time >= now() - 100000d and time <= now() AND "host" = \'b\'',
+     [("cpu", None, [[_FROM_MS, 10.0], [_FROM_MS + 30_000, 40.0]])]),
+    ("SHOW MEASUREMENTS WITH MEASUREMENT =~ /(?i)CP/ LIMIT 100", [("measurements", None, [["cpu"]])]),
+    ('SHOW TAG KEYS FROM "cpu"', [("cpu", None, [["host"], ["region"]])]),
+    ('SHOW FIELD KEYS FROM "cpu"', [("cpu", None, [["n", "integer"], ["usage", "float"]])]),
+    ('SHOW TAG VALUES FROM "cpu" WITH KEY = "host" WHERE "region" = \'eu\'', [("cpu", None, [["host", "a"]])]),
+]
+
+
+@pytest.mark.parametrize("query,expect", _GRAFANA, ids=[q[:48] for q, _ in _GRAFANA])
+def test_the_queries_grafanas_influxql_editor_sends(iox_server, data, query, expect):
+    conn = http.client.HTTPConnection("127.0.0.1", iox_server.http.port, timeout=60)
+    try:
+        conn.request("GET", f"/query?db={data}&epoch=ms&q=" + quote(query))
+        r = conn.getresponse()
+        doc = json.loads(r.read())
+    finally:
+        conn.close()
+    assert r.status == 200
+    [result] = doc["results"]
+    assert "error" not in result, result
+    assert [(s.get("name"), s.get("tags"), s["values"]) for s in result.get("series", [])] == expect
+
+
+def test_tz_aligns_days_and_writes_times_in_the_zone(v1):
+    rs = v1.query("SELECT count(usage) FROM cpu WHERE time >= '2023-11-13T00:00:00Z' AND time < '2023-11-16T00:00:00Z' "
+                  "GROUP BY time(1d) fill(none) tz('Europe/Berlin')")
+    assert _series(rs)[0]["values"] == [["2023-11-14T00:00:00+01:00", 9]]  # 22:13Z is 23:13 in Berlin
+    rs = v1.query("SELECT count(usage) FROM cpu WHERE time >= '2023-11-13T00:00:00Z' AND time < '2023-11-16T00:00:00Z' "
+                  "GROUP BY time(1d) fill(none)")
+    assert _series(rs)[0]["values"] == [["2023-11-14T00:00:00Z", 9]]
