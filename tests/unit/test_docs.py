@@ -1,0 +1,42 @@
+"""The docs match the code: every invariant the code cites by number is in docs/ARCHITECTURE.md's
+table under that number, and every file of the project that the code or the docs name exists."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: a path of the project as text names it: from one of its top folders, to a file with an extension
+_PATH = re.compile(r"(?<![\w./-])((?:server|catalog|lifecycle|tests|bench|docs|scripts|proto|iox_spark_source|"
+                   r"pyspark_iox)/[\w./-]*\w\.(?:py|md|proto|sh|json|toml|c))\b")
+_CITED = re.compile(r"docs/ARCHITECTURE\.md,? invariant (\d+[a-z]?)")
+
+
+def _tracked() -> list:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [p for p in out.splitlines() if p.endswith((".py", ".md", ".proto", ".sh", ".toml"))]
+
+
+def _text(path: str) -> str:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_every_invariant_cited_by_number_is_in_the_architectures_table():
+    table = set(re.findall(r"^\| (\d+[a-z]?) \|", _text("docs/ARCHITECTURE.md"), re.M))
+    cited = {(p, n) for p in _tracked() for n in _CITED.findall(_text(p))}
+    assert cited, "the code cites invariants by number"
+    assert sorted((p, n) for p, n in cited if n not in table) == []
+
+
+def test_every_project_file_named_in_code_or_docs_exists():
+    tracked = _tracked()
+    files = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.splitlines())
+    missing = []
+    for p in tracked:
+        for named in _PATH.findall(_text(p)):
+            if named not in files and not os.path.exists(os.path.join(ROOT, named)):
+                missing.append((p, named))
+    assert sorted(set(missing)) == []
