@@ -1,4 +1,5 @@
-"""Scenarios 6 (query latency), 5 (persist throughput) and 8a (memory per point).
+"""Scenarios 6 (query latency), 5 (persist throughput) and 8a (memory per point), and the
+Flight report (Arrow Flight DoGet against our gRPC Query).
 
 They share one dataset of N generated points (N = 10M full, less in quick mode), written
 through gRPC as 5,000-point line-protocol batches to two tables:
@@ -23,6 +24,10 @@ for `settle_quiet_s` (5 s): a table that is read repeatedly (a dashboard) is rea
 warm-up's latency and the settle wait are kept in the row's `extra` (`first_query_s`,
 `settle_s`): the cost of the first query right after a large load. The baseline's Parquet
 files never change: one warm-up, then `query_repeat` runs.
+
+Flight: on the persisted `qm`, right after its Query runs, the same grouped aggregate through Arrow
+Flight DoGet (InfluxDB 3's ticket), and a raw scan of FLIGHT_SCAN_ROWS rows through both; reported
+beside our gRPC Query, no target.
 """
 from __future__ import annotations
 
@@ -192,6 +197,8 @@ def run(ctx) -> list[Row]:
     states_pers = _storage(srv, "qm")
     q_pers, _, ok_pers, w_pers = _query(srv, "qm", s["query_repeat"], s["settle_quiet_s"], expect)
     laps.lap("query_persisted")
+    rows += _flight_rows(srv, s["query_repeat"], min(n, FLIGHT_SCAN_ROWS), q_pers, expect, size)
+    laps.lap("flight")
 
     # ---------------------------------------------------------- mixed
     half = len(lp) // 2
@@ -222,6 +229,54 @@ def run(ctx) -> list[Row]:
         r.met = r.ratio is not None and r.ratio <= 1.2 and ok
         rows.append(r)
     return rows
+
+
+#: rows of the raw scan read over Flight and over our gRPC Query
+FLIGHT_SCAN_ROWS = 1_000_000
+
+
+def _flight_rows(srv, repeat: int, scan_rows: int, query_times: list, expect: dict, size: str) -> list[Row]:
+    """Arrow Flight DoGet (InfluxDB 3's ticket) against our gRPC Query, on the settled, persisted
+    table: the grouped aggregate (beside the Query runs just made) and a raw scan of `scan_rows` rows,
+    medians of `repeat`; a report, no target."""
+    import json
+
+    import pyarrow.flight as fl
+
+    def do_get(sql: str):
+        ticket = fl.Ticket(json.dumps({"database": DB, "sql_query": sql, "query_type": "sql"}).encode())
+        with fl.FlightClient(f"grpc+tcp://{srv.addr}") as f:
+            return f.do_get(ticket).read_all()
+
+    agg = SQL.format(t="qm")
+    times, exact = [], True
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        t = do_get(agg)
+        times.append(time.monotonic() - t0)
+        exact = exact and {r["host"]: (r["n"], r["r"]) for r in t.to_pylist()} == expect
+    scan = f"SELECT time, host, usage_user, requests FROM qm LIMIT {scan_rows}"
+    f_scan, q_scan, counts = [], [], set()
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        counts.add(do_get(scan).num_rows)
+        f_scan.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        counts.add(srv.client.query(DB, scan, timeout_s=600).num_rows)
+        q_scan.append(time.monotonic() - t0)
+    out = []
+    for name, ours, base, ok, note in (
+            ("query latency over Flight DoGet, grouped aggregate, all persisted", times, query_times, exact,
+             "exact count and sum per host"),
+            (f"query latency over Flight DoGet, raw scan of {scan_rows:,} rows", f_scan, q_scan,
+             counts == {scan_rows}, f"every answer {scan_rows:,} rows")):
+        r = Row(name, "s", statistics.median(ours), "our gRPC Query, same SQL", statistics.median(base),
+                target="report", better="lower", size=size,
+                note=f"median of {repeat}, InfluxDB 3's ticket through pyarrow.flight; {note}: {ok}",
+                extra={"times_s": [round(t, 4) for t in ours], "baseline_times_s": [round(t, 4) for t in base]})
+        r.met = ok
+        out.append(r)
+    return out
 
 
 def _storage(srv, table: str) -> list:
