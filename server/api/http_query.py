@@ -226,14 +226,8 @@ def _parquet_pieces(schema, batches):
 
 
 def _pretty_value(v) -> str:
-    v = _jsonable(v)
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, allow_nan=False)
-    return str(v)
+    """A result value in a `pretty` table: as a CSV field writes it."""
+    return str(_csv_value(v))
 
 
 def _pretty(schema, batches) -> bytes:
