@@ -490,6 +490,8 @@ class _Handler(BaseHTTPRequestHandler):
             problem = f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"
         elif not v1 and not database:
             problem = "the db query parameter is required"
+        elif (qs.get("params") or [""])[0].strip() not in ("", "{}", "null"):
+            problem = "params with InfluxQL are not served: put the values in the query"
         if problem is not None:
             self._send(400, {"error": problem})
             return

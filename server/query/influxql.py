@@ -16,8 +16,12 @@ Invariants:
   the time range (0 without a lower bound).
 - The time range of GROUP BY time is the WHERE clause's top-level `time` bounds; without an upper
   bound it ends at `now_ns`; without a lower bound it starts at the first bucket with data.
-- What this server does not answer (subqueries, INTO, aggregates mixed with raw fields, an unknown
-  function) is an error of that statement in the result, never a wrong answer.
+- A subquery (`FROM (SELECT ...)`) is nested in the outer query's SQL: its group-by tags are the
+  outer query's tags, its columns the outer query's fields, its buckets' (or points') times the
+  outer query's times; its fill() does not apply (the outer query sees its buckets with data), and
+  a subquery with a transformation, ORDER BY, LIMIT, OFFSET, SLIMIT or SOFFSET is refused.
+- What this server does not answer (INTO, aggregates mixed with raw fields, an unknown function)
+  is an error of that statement in the result, never a wrong answer.
 
 Pure apart from `run_sql`, `tables` and `databases`, the callables the caller passes; no clock:
 `now_ns` comes in. Who calls it: server/api (the 1.x `/query`, `/api/v3/query_influxql`, Flight
@@ -383,22 +387,55 @@ def _filled(rows: dict, buckets: list, ncols: int, fill) -> list:
     return out
 
 
-def _select(st: Select, database: str, run_sql, tables: dict, now_ns: int) -> list[Series]:
-    if any(s.subquery is not None for s in st.sources):
-        raise InfluxQLError("subqueries are not supported by this server yet")
-    names = []
+def _sources(st: Select, tables: dict, now_ns: int) -> list[tuple[str, str, list]]:
+    """(measurement, FROM clause SQL, [(column, role, type)]) of each source of `st`: a table, the
+    tables a regex matches, or a subquery (its SQL nested: its group-by tags are the outer query's
+    tags, its columns its fields)."""
+    out = []
     for s in st.sources:
         if s.regex is not None:
             try:
                 rx = re.compile(s.regex)
             except re.error as e:
                 raise InfluxQLError(f"invalid regex /{s.regex}/: {e}") from None
-            names += [t for t in sorted(tables) if rx.search(t)]
-        elif s.name in tables:
-            names.append(s.name)
+            out += [(t, _q(t), tables[t]) for t in sorted(tables) if rx.search(t)]
+        elif s.name is not None:
+            if s.name in tables:
+                out.append((s.name, _q(s.name), tables[s.name]))
+        else:
+            out += _subquery(s.subquery, tables, now_ns)
+    seen, unique = set(), []
+    for src in out:
+        if src[:2] not in seen:
+            seen.add(src[:2])
+            unique.append(src)
+    return unique
+
+
+def _subquery(inner: Select, tables: dict, now_ns: int) -> list[tuple[str, str, list]]:
+    if inner.order_desc or inner.limit or inner.offset or inner.slimit or inner.soffset:
+        raise InfluxQLError("ORDER BY, LIMIT, OFFSET, SLIMIT and SOFFSET in a subquery are not supported")
     out = []
-    for m in dict.fromkeys(names):
-        out += _select_one(st, m, run_sql, tables[m], now_ns)
+    for measurement, from_sql, columns in _sources(inner, tables, now_ns):
+        plan = _plan(inner, from_sql, columns, now_ns)
+        if any(c.transform is not None for c in plan.cols):
+            raise InfluxQLError("transformations in a subquery are not supported")
+        names = [c.name for c in plan.cols]
+        tags = [t for t in plan.group_tags if t not in names]
+        select = ["__t AS time_ns"] + [f"__g{i} AS {_q(t)}" for i, t in enumerate(plan.group_tags) if t in tags] + \
+            [f"__c{i} AS {_q(n)}" for i, n in enumerate(names)]
+        keep = "__n > 0" if plan.aggregate else \
+            " OR ".join(f"__c{i} IS NOT NULL" for i in plan.field_cols) or "TRUE"
+        sql = f"(SELECT {', '.join(select)} FROM ({plan.sql}) WHERE {keep})"
+        cols = [(t, "tag", "string") for t in tags] + [(n, "field", "float") for n in names]
+        out.append((measurement, sql, cols))
+    return out
+
+
+def _select(st: Select, database: str, run_sql, tables: dict, now_ns: int) -> list[Series]:
+    out = []
+    for measurement, from_sql, columns in _sources(st, tables, now_ns):
+        out += _select_one(st, measurement, from_sql, run_sql, columns, now_ns)
     series = sorted(out, key=lambda s: (s.name, sorted((s.tags or {}).items())))
     if st.soffset:
         series = series[st.soffset:]
@@ -407,7 +444,23 @@ def _select(st: Select, database: str, run_sql, tables: dict, now_ns: int) -> li
     return series
 
 
-def _select_one(st: Select, measurement: str, run_sql, columns: list, now_ns: int) -> list[Series]:
+@dataclass
+class _Plan:
+    """One measurement's SQL of a SELECT and what shapes its rows."""
+
+    sql: str
+    cols: list
+    group_tags: list
+    aggregate: bool
+    interval: int | None
+    offset: int
+    tz_offset: int
+    lo: int | None
+    hi: int | None
+    field_cols: list  # indexes of the columns that are not tags
+
+
+def _plan(st: Select, from_sql: str, columns: list, now_ns: int) -> _Plan:
     schema = _Schema(tags=[c for c, role, _t in columns if role == "tag"],
                      fields={c: t for c, role, t in columns if role == "field"})
     tr = _Translator(schema, now_ns)
@@ -415,14 +468,14 @@ def _select_one(st: Select, measurement: str, run_sql, columns: list, now_ns: in
     aggregate = any(_has_aggregate(c.expr) for c in cols)
     if aggregate and any(_bare_fields(c.expr) for c in cols):
         raise InfluxQLError("mixing aggregate and non-aggregate queries is not supported")
-    interval = offset = None
+    interval = None
+    offset = 0
     group_tags: list = []
     for d in st.dimensions:
         if isinstance(d, Call) and d.name == "time":
             if not d.args or not isinstance(d.args[0], DurationLit) or d.args[0].ns <= 0:
                 raise InfluxQLError("time dimension expected a positive duration")
             interval = d.args[0].ns
-            offset = 0
             if len(d.args) > 1:
                 if isinstance(d.args[1], DurationLit):
                     offset = d.args[1].ns
@@ -467,14 +520,21 @@ def _select_one(st: Select, measurement: str, run_sql, columns: list, now_ns: in
         group = ", ".join(str(k) for k in range(1, 2 + len(group_tags))) if interval is not None else \
             ", ".join(str(k) for k in range(2, 2 + len(group_tags)))
         sql = (f"SELECT {t_sql} AS __t, {', '.join(tag_sql + value_sql + ['count(*) AS __n'])} "
-               f"FROM {_q(measurement)}{where}" + (f" GROUP BY {group}" if group else ""))
+               f"FROM {from_sql}{where}" + (f" GROUP BY {group}" if group else ""))
     else:
-        sql = f"SELECT time_ns AS __t, {', '.join(tag_sql + value_sql)} FROM {_q(measurement)}{where}"
+        sql = f"SELECT time_ns AS __t, {', '.join(tag_sql + value_sql)} FROM {from_sql}{where}"
+    field_cols = [i for i, c in enumerate(cols) if not (isinstance(c.expr, Ident) and schema.role(c.expr) == "tag")]
+    return _Plan(sql, cols, group_tags, aggregate, interval, offset, tz_offset, lo, hi, field_cols)
+
+
+def _select_one(st: Select, measurement: str, from_sql: str, run_sql, columns: list, now_ns: int) -> list[Series]:
+    p = _plan(st, from_sql, columns, now_ns)
+    sql, cols, group_tags, aggregate, interval = p.sql, p.cols, p.group_tags, p.aggregate, p.interval
+    offset, tz_offset, lo, hi, field_cols = p.offset, p.tz_offset, p.lo, p.hi, p.field_cols
     table = run_sql(sql)
     data = table.to_pydict()
     n = table.num_rows
     groups: dict = {}
-    field_cols = [i for i, c in enumerate(cols) if not (isinstance(c.expr, Ident) and schema.role(c.expr) == "tag")]
     for r in range(n):
         if aggregate and data["__n"][r] == 0:
             continue

@@ -10,7 +10,7 @@ SHOW ... WITH); durations are integers with a unit (`ns u µ ms s m h d w`, also
 Served: SELECT (fields, `*`, calls, arithmetic, `::field`/`::tag` casts, AS) FROM (names, `db.rp.name`,
 regexes) WHERE GROUP BY (time(interval[, offset]), tags, `*`, regexes) fill(...) ORDER BY time
 LIMIT OFFSET SLIMIT SOFFSET tz(...); SHOW DATABASES, MEASUREMENTS, TAG KEYS, TAG VALUES, FIELD KEYS,
-RETENTION POLICIES. Subqueries parse (FROM (SELECT ...)) and are refused by the planner.
+RETENTION POLICIES. Subqueries: FROM (SELECT ...).
 
 Pure; who calls it: server/query/influxql.py on the handler threads (driver).
 """

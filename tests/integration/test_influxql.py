@@ -106,6 +106,19 @@ def test_transformations(v1):
     assert _series(rs)[0]["values"] == [[t + 30, 10.0]]
 
 
+def test_subqueries(v1):
+    t = T0 // S
+    rs = v1.query("SELECT max(mean) FROM (SELECT mean(usage) FROM cpu GROUP BY time(20s), host) GROUP BY host",
+                  epoch="s")
+    assert [(s["tags"], s["values"]) for s in _series(rs)] == [
+        ({"host": ""}, [[t, 7.0]]), ({"host": "a"}, [[t + 40, 5.5]]), ({"host": "b"}, [[t + 20, 40.0]])]  # max: its point's time
+    rs = v1.query("SELECT mean(m) FROM (SELECT max(usage) AS m FROM cpu GROUP BY host)", epoch="s")
+    assert _series(rs)[0]["values"] == [[0, pytest.approx((6.0 + 40.0 + 7.0) / 3)]]
+    rs = v1.query("SELECT m FROM (SELECT max(usage) AS m FROM cpu GROUP BY time(30s), host) WHERE host = 'b'",
+                  epoch="s")
+    assert _series(rs)[0]["values"] == [[t - 20, 10.0], [t + 10, 40.0]]
+
+
 def test_show_statements(v1, data):
     assert data in [d["name"] for d in v1.get_list_database()]
     assert [m["name"] for m in v1.get_list_measurements()] == ["cpu", "mem"]
