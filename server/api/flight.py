@@ -39,8 +39,10 @@ _INFLUXQL = "influxql"
 class TicketQuery:
     """What a ticket asks: `database`, `sql` (the query text), `language` ("sql" or "influxql")."""
 
-    def __init__(self, database: str, sql: str, language: str = "sql"):
+    def __init__(self, database: str, sql: str, language: str = "sql", params: dict | None = None):
         self.database, self.sql, self.language = database, sql, language
+        #: InfluxQL's `$name` values (SQL's are bound into `sql` already)
+        self.params = params or {}
 
 
 class _BadTicket(ValueError):
@@ -76,15 +78,12 @@ def ticket_query(raw: bytes) -> TicketQuery:
     if not isinstance(kind, str) or kind.lower() not in (_SQL, _INFLUXQL):
         raise _BadTicket(f"query_type {kind!r} is not served: send query_type \"sql\" (Spark SQL over the "
                          f"database's tables) or \"influxql\"", grpc.StatusCode.UNIMPLEMENTED)
-    if kind.lower() == _INFLUXQL:
-        if doc.get("params"):
-            raise _BadTicket("params with InfluxQL are not served: put the values in the query",
-                             grpc.StatusCode.UNIMPLEMENTED)
-        return TicketQuery(database, sql, _INFLUXQL)
     params = doc.get("params") or {}
     if not isinstance(params, dict) or any(isinstance(v, (dict, list)) for v in params.values()):
         raise _BadTicket('"params" must be a JSON object {name: value} of the query\'s $name placeholders, '
                          'each a string, number, boolean or null')
+    if kind.lower() == _INFLUXQL:
+        return TicketQuery(database, sql, _INFLUXQL, params)
     from server.query.params import bind_parameters
 
     try:
@@ -176,7 +175,8 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
         from server.query.influxql import InfluxQLSyntaxError
 
         try:
-            results = run(AnswerContext(self.server, self._scope(), context.time_remaining()), q.database, q.sql)
+            results = run(AnswerContext(self.server, self._scope(), context.time_remaining()), q.database, q.sql,
+                          q.params)
         except InfluxQLSyntaxError as e:
             raise InvalidArgument(str(e)) from None
         if results[0].error is not None:

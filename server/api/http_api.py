@@ -490,8 +490,15 @@ class _Handler(BaseHTTPRequestHandler):
             problem = f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"
         elif not v1 and not database:
             problem = "the db query parameter is required"
-        elif (qs.get("params") or [""])[0].strip() not in ("", "{}", "null"):
-            problem = "params with InfluxQL are not served: put the values in the query"
+        params = None
+        raw_params = (qs.get("params") or [""])[0].strip()
+        if problem is None and raw_params:
+            try:
+                params = json.loads(raw_params)
+            except ValueError:
+                params = None
+            if not isinstance(params, dict):
+                problem = "params must be a JSON object {name: value} (the query names them $name)"
         if problem is not None:
             self._send(400, {"error": problem})
             return
@@ -510,7 +517,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": "no query API on this server"})
             return
         try:
-            results = run(AnswerContext(server, scope, DEFAULT_TIMEOUT_S), database, text)
+            results = run(AnswerContext(server, scope, DEFAULT_TIMEOUT_S), database, text, params)
         except InfluxQLSyntaxError as e:
             self._send(400, {"error": str(e)})
             return

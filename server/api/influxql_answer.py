@@ -50,9 +50,10 @@ class AnswerContext:
         return [d for d in self.server.database_names() if self.scope is None or self.scope.allows("query", d)]
 
 
-def run(ctx: AnswerContext, database: str, text: str) -> list[StatementResult]:
-    """The statements' results (InfluxQLSyntaxError when the text does not parse)."""
-    return execute(text, database, ctx.run_sql, ctx.tables, ctx.databases, time.time_ns())
+def run(ctx: AnswerContext, database: str, text: str, params: dict | None = None) -> list[StatementResult]:
+    """The statements' results (InfluxQLSyntaxError when the text does not parse, or `params` does
+    not fit its `$name` placeholders)."""
+    return execute(text, database, ctx.run_sql, ctx.tables, ctx.databases, time.time_ns(), params)
 
 
 def _rfc3339(ns: int, tz: str | None) -> str:

@@ -662,13 +662,15 @@ def _any_row(table: str, cond, run_sql, columns: list) -> bool:
     return run_sql(f"SELECT 1 AS x FROM {_q(table)} WHERE {_Translator(schema, 0).cond(cond)} LIMIT 1").num_rows > 0
 
 
-def execute(text: str, database: str, run_sql, tables, databases, now_ns: int) -> list[StatementResult]:
+def execute(text: str, database: str, run_sql, tables, databases, now_ns: int,
+            params: dict | None = None) -> list[StatementResult]:
     """The results of the statements of `text` (InfluxQLSyntaxError when any does not parse: nothing
     runs). `run_sql(database, sql) -> pa.Table` runs a query through the query path; `tables(database)
     -> {table: [(column, role, type)]}`; `databases() -> [names]` (those the caller may list). A
     statement that fails has its `error` (InfluxQLError, or the query path's error: `str(e)`), the
-    others still run. A database is needed for every statement but SHOW DATABASES (InfluxQLError)."""
-    statements = parse(text)
+    others still run. A database is needed for every statement but SHOW DATABASES (InfluxQLError).
+    `params`: the values of `$name` placeholders (`parse`)."""
+    statements = parse(text, params)
     out = []
     for i, st in enumerate(statements):
         res = StatementResult(i, tz=st.tz if isinstance(st, Select) else None)

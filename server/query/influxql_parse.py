@@ -5,7 +5,8 @@ Invariant: a statement either parses whole into the tree below or raises InfluxQ
 naming the position and what was expected; nothing is guessed. Keywords are case-insensitive;
 identifiers are bare (`[A-Za-z_][A-Za-z0-9_]*`) or double-quoted (backslash escapes); strings are
 single-quoted; regexes are `/.../` where a regex may stand (after `=~`/`!~`, in FROM, GROUP BY and
-SHOW ... WITH); durations are integers with a unit (`ns u µ ms s m h d w`, also compound `1h30m`).
+SHOW ... WITH); durations are integers with a unit (`ns u µ ms s m h d w`, also compound `1h30m`);
+`$name` is a parameter, replaced by the literal of its value.
 
 Served: SELECT (fields, `*`, calls, arithmetic, `::field`/`::tag` casts, AS) FROM (names, `db.rp.name`,
 regexes) WHERE GROUP BY (time(interval[, offset]), tags, `*`, regexes) fill(...) ORDER BY time
@@ -221,6 +222,8 @@ class _Scanner:
         m = _IDENT.match(t, p)
         if m is not None:
             return _Tok("ident", m.group(0), p, m.end())
+        if ch == "$" and (m := _IDENT.match(t, p + 1)) is not None:
+            return _Tok("param", m.group(0), p, m.end())
         for op in _OPS:
             if t.startswith(op, p):
                 return _Tok("op", op, p, p + len(op))
@@ -252,8 +255,10 @@ class _Scanner:
 
 
 class _Parser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, params: dict | None = None):
         self.s = _Scanner(text)
+        self.params = dict(params or {})
+        self.used: set = set()
 
     # -- tokens -------------------------------------------------------------------------------
     def _kw(self, *words: str) -> bool:
@@ -486,6 +491,8 @@ class _Parser:
             return StringLit(tok.value)
         if tok.kind in ("int", "float"):
             return NumberLit(tok.value)
+        if tok.kind == "param":
+            return self._param(tok)
         if tok.kind == "duration":
             return DurationLit(tok.value)
         if tok.kind == "ident" and tok.value.lower() in ("true", "false"):
@@ -506,6 +513,20 @@ class _Parser:
             cast = self._ident("type").lower() if self._op("::") else None
             return Ident(tok.value, cast)
         raise InfluxQLSyntaxError(f"found {self._show(tok)}, expected identifier, string, number, bool", tok.pos)
+
+    def _param(self, tok: _Tok):
+        """The literal a `$name` placeholder stands for (its value in `params`)."""
+        if tok.value not in self.params:
+            raise InfluxQLSyntaxError(f"no value is given for the parameter ${tok.value}", tok.pos)
+        self.used.add(tok.value)
+        v = self.params[tok.value]
+        if isinstance(v, bool):
+            return BoolLit(v)
+        if isinstance(v, (int, float)):
+            return NumberLit(v)
+        if isinstance(v, str):
+            return StringLit(v)
+        raise InfluxQLSyntaxError(f"the parameter ${tok.value} must be a string, number or boolean", tok.pos)
 
     def _peek_regex(self) -> bool:
         self.s._skip()
@@ -579,7 +600,15 @@ class _Parser:
                 setattr(st, kw, self._int(kw.upper()))
 
 
-def parse(text: str) -> list:
+def parse(text: str, params: dict | None = None) -> list:
     """The statements of `text` (`;`-separated): Select and Show trees; InfluxQLSyntaxError when
-    any does not parse."""
-    return _Parser(text).statements()
+    any does not parse. `params`: the values of its `$name` placeholders (each read as the literal
+    of its value, never as InfluxQL); a placeholder without a value, or a value without a
+    placeholder, is an InfluxQLSyntaxError."""
+    parser = _Parser(text, params)
+    out = parser.statements()
+    unused = sorted(set(parser.params) - parser.used)
+    if unused:
+        raise InfluxQLSyntaxError(f"parameter(s) {', '.join('$' + u for u in unused)} given but not used in the "
+                                  f"query", len(text))
+    return out

@@ -119,6 +119,22 @@ def test_subqueries(v1):
     assert _series(rs)[0]["values"] == [[t - 20, 10.0], [t + 10, 40.0]]
 
 
+def test_bound_parameters(iox_server, v1, data):
+    """1.x's `params` (the client's bind_params) and InfluxDB 3's (query_parameters) fill `$name`
+    placeholders with literals: a value never reads as InfluxQL."""
+    rs = v1.query("SELECT usage FROM cpu WHERE host = $host AND usage > $min", bind_params={"host": "b", "min": 20},
+                  epoch="s")
+    assert _series(rs)[0]["values"] == [[T0 // S + 30, 40.0]]
+    assert _series(v1.query("SELECT usage FROM cpu WHERE host = $host", bind_params={"host": "b' OR host = 'a"})) == []
+    c = InfluxDBClient3(host=f"http://127.0.0.1:{iox_server.http.port}", query_port_overwrite=iox_server.grpc_port,
+                        database=data, token="unused")
+    try:
+        t = c.query("SELECT max(usage) FROM cpu WHERE region = $r", language="influxql", query_parameters={"r": "eu"})
+    finally:
+        c.close()
+    assert t.column("max").to_pylist() == [6.0]
+
+
 def test_show_statements(v1, data):
     assert data in [d["name"] for d in v1.get_list_database()]
     assert [m["name"] for m in v1.get_list_measurements()] == ["cpu", "mem"]

@@ -75,3 +75,16 @@ def test_a_statement_error_leaves_the_others_and_a_database_is_needed():
         "ORDER BY, LIMIT, OFFSET, SLIMIT and SOFFSET in a subquery are not supported",
         "mixing aggregate and non-aggregate queries is not supported",
         "transformations in a subquery are not supported"]
+
+
+def test_parameters_stand_for_literals_and_must_fit_the_placeholders():
+    [st] = parse("SELECT x FROM m WHERE host = $host AND x > $min AND ok = $ok", {"host": "a' OR 'b", "min": -2,
+                                                                                "ok": True})
+    assert st.condition.left.left.right == StringLit("a' OR 'b")
+    assert st.condition.left.right.right.value == -2 and st.condition.right.right.value is True
+    with pytest.raises(InfluxQLSyntaxError, match=r"no value is given for the parameter \$host"):
+        parse("SELECT x FROM m WHERE host = $host")
+    with pytest.raises(InfluxQLSyntaxError, match=r"\$extra given but not used"):
+        parse("SELECT x FROM m", {"extra": 1})
+    with pytest.raises(InfluxQLSyntaxError, match="must be a string, number or boolean"):
+        parse("SELECT x FROM m WHERE a = $a", {"a": [1]})
