@@ -10,6 +10,7 @@ Where it runs: HTTP worker threads and gRPC handler threads (driver).
 from __future__ import annotations
 
 import datetime
+import decimal
 import json
 import math
 import time
@@ -77,11 +78,17 @@ def _rfc3339(ns: int, tz: str | None) -> str:
 
 
 def _value(v):
+    """A value as 1.x's JSON writes it: NaN and infinities null, decimals as numbers, anything else
+    that is not a JSON scalar as text."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
+    if isinstance(v, decimal.Decimal):
+        return float(v) if v.is_finite() else None
     if isinstance(v, (bytes, bytearray)):
         return v.decode("utf-8", "replace")
-    return v
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
 
 
 def _series_doc(s: Series, epoch: str | None, tz: str | None, timed: bool, rows: list) -> dict:

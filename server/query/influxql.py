@@ -15,11 +15,13 @@ Invariants:
   GROUP BY time answers the time of its point; any other aggregate the start of its bucket or of
   the time range (0 without a lower bound).
 - The time range of GROUP BY time is the WHERE clause's top-level `time` bounds; without an upper
-  bound it ends at `now_ns`; without a lower bound it starts at the first bucket with data.
+  bound it ends at `now_ns`; without a lower bound it runs from the first bucket with data to the
+  last (or to the upper bound).
 - A subquery (`FROM (SELECT ...)`) is nested in the outer query's SQL: its group-by tags are the
   outer query's tags, its columns the outer query's fields, its buckets' (or points') times the
-  outer query's times; its fill() does not apply (the outer query sees its buckets with data), and
-  a subquery with a transformation, ORDER BY, LIMIT, OFFSET, SLIMIT or SOFFSET is refused.
+  outer query's times; its fill() does not apply (the outer query sees its buckets with data), its
+  transformations are Spark window functions over each series in time order, and a subquery with
+  ORDER BY, LIMIT, OFFSET, SLIMIT or SOFFSET is refused.
 - What this server does not answer (INTO, aggregates mixed with raw fields, an unknown function)
   is an error of that statement in the result, never a wrong answer.
 
@@ -418,18 +420,49 @@ def _subquery(inner: Select, tables: dict, now_ns: int) -> list[tuple[str, str, 
     out = []
     for measurement, from_sql, columns in _sources(inner, tables, now_ns):
         plan = _plan(inner, from_sql, columns, now_ns)
-        if any(c.transform is not None for c in plan.cols):
-            raise InfluxQLError("transformations in a subquery are not supported")
         names = [c.name for c in plan.cols]
         tags = [t for t in plan.group_tags if t not in names]
-        select = ["__t AS time_ns"] + [f"__g{i} AS {_q(t)}" for i, t in enumerate(plan.group_tags) if t in tags] + \
-            [f"__c{i} AS {_q(n)}" for i, n in enumerate(names)]
         keep = "__n > 0" if plan.aggregate else \
             " OR ".join(f"__c{i} IS NOT NULL" for i in plan.field_cols) or "TRUE"
-        sql = f"(SELECT {', '.join(select)} FROM ({plan.sql}) WHERE {keep})"
+        rows_sql = f"SELECT * FROM ({plan.sql}) WHERE {keep}"
+        transformed = [i for i, c in enumerate(plan.cols) if c.transform is not None]
+        if transformed:  # computed over each series' rows in time order, as Spark window functions
+            if not plan.aggregate:
+                rows_sql += "".join(f" AND __c{i} IS NOT NULL" for i in transformed)
+            w = (f"PARTITION BY {', '.join(f'__g{i}' for i in range(len(plan.group_tags)))} "
+                 if plan.group_tags else "") + "ORDER BY __t"
+            values = [_window_sql(c.transform, f"__c{i}", w) if c.transform is not None else f"__c{i}"
+                      for i, c in enumerate(plan.cols)]
+            rows_sql = (f"SELECT * FROM (SELECT __t, {', '.join(f'__g{i}' for i in range(len(plan.group_tags)))}"
+                        f"{', ' if plan.group_tags else ''}{', '.join(f'{v} AS __c{i}' for i, v in enumerate(values))} "
+                        f"FROM ({rows_sql})) WHERE {' OR '.join(f'__c{i} IS NOT NULL' for i in transformed)}")
+        select = ["__t AS time_ns"] + [f"__g{i} AS {_q(t)}" for i, t in enumerate(plan.group_tags) if t in tags] + \
+            [f"__c{i} AS {_q(n)}" for i, n in enumerate(names)]
+        sql = f"(SELECT {', '.join(select)} FROM ({rows_sql}))"
         cols = [(t, "tag", "string") for t in tags] + [(n, "field", "float") for n in names]
         out.append((measurement, sql, cols))
     return out
+
+
+def _window_sql(call: Call, v: str, w: str) -> str:
+    """A transformation of column `v` over the window `w` (a series in time order, `__t` its time),
+    as `_transformed` computes it: NULL where it has no value (the first rows, a negative rate of a
+    non_negative_ one, a moving average's first window - 1 rows)."""
+    n = call.name
+    if n in ("derivative", "non_negative_derivative"):
+        unit = call.args[1].ns if len(call.args) > 1 and isinstance(call.args[1], DurationLit) else 1_000_000_000
+        d = f"(CAST({v} - lag({v}) OVER ({w}) AS DOUBLE) / ((__t - lag(__t) OVER ({w})) / {unit}D))"
+    elif n in ("difference", "non_negative_difference"):
+        d = f"({v} - lag({v}) OVER ({w}))"
+    elif n == "moving_average":
+        if len(call.args) != 2 or not isinstance(call.args[1], NumberLit) or int(call.args[1].value) < 1:
+            raise InfluxQLError("moving_average window must be greater than 1")
+        k = int(call.args[1].value)
+        frame = f"{w} ROWS BETWEEN {k - 1} PRECEDING AND CURRENT ROW"
+        return f"CASE WHEN count({v}) OVER ({frame}) = {k} THEN avg({v}) OVER ({frame}) END"
+    else:  # cumulative_sum
+        return f"sum({v}) OVER ({w} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+    return f"CASE WHEN {d} >= 0 THEN {d} END" if n.startswith("non_negative") else d
 
 
 def _select(st: Select, database: str, run_sql, tables: dict, now_ns: int) -> list[Series]:
@@ -549,7 +582,9 @@ def _select_one(st: Select, measurement: str, from_sql: str, run_sql, columns: l
         if aggregate and interval is not None:
             first = points[0][0]
             start = first if lo is None else lo - (lo - (offset - tz_offset) % interval) % interval
-            end = hi if hi is not None else now_ns
+            # without a lower bound the buckets are those from the first with data to the last (or
+            # the upper bound); with one and no upper bound, up to now, as InfluxDB does
+            end = hi if hi is not None else (now_ns if lo is not None else points[-1][0])
             if lo is None:
                 start = first
             buckets = list(range(start, max(end, points[-1][0]) + 1, interval)) if st.fill != "none" else \

@@ -117,6 +117,16 @@ def test_subqueries(v1):
     rs = v1.query("SELECT m FROM (SELECT max(usage) AS m FROM cpu GROUP BY time(30s), host) WHERE host = 'b'",
                   epoch="s")
     assert _series(rs)[0]["values"] == [[t - 20, 10.0], [t + 10, 40.0]]
+    # transformations inside: the rate of each host's counter, summed across hosts
+    rs = v1.query(f"SELECT sum(rate) FROM (SELECT non_negative_derivative(max(n), 1s) AS rate FROM cpu "
+                  f"WHERE time >= {T0} AND time < {T0 + 60 * S} GROUP BY time(10s), host) "
+                  f"WHERE time >= {T0 - 20 * S} AND time < {T0 + 60 * S} GROUP BY time(30s)", epoch="s")
+    # host a: n = 0..5 every 10 s, a rate of 0.1/s at T0+10 .. T0+50; host b: 100 at T0, 103 at T0+30 (0.1/s
+    # at T0+30); 30 s buckets from T0-20 (T0 is 20 s into one)
+    assert _series(rs)[0]["values"] == [[t - 20, None], [t + 10, pytest.approx(0.4)], [t + 40, pytest.approx(0.2)]]
+    rs = v1.query("SELECT c FROM (SELECT cumulative_sum(usage) AS c, moving_average(usage, 2) AS m FROM cpu "
+                  "WHERE host = 'a')", epoch="s")
+    assert [v[1] for v in _series(rs)[0]["values"]] == [1.0, 3.0, 6.0, 10.0, 15.0, 21.0]
 
 
 def test_bound_parameters(iox_server, v1, data):
