@@ -724,5 +724,7 @@ def execute(text: str, database: str, run_sql, tables, databases, now_ns: int,
                 res.series = _show(st, db, run, known, databases)
         except (InfluxQLError, ServerError) as e:  # the query path's errors too: this statement's only
             res.error = str(e)
+        except (TypeError, ArithmeticError) as e:  # a function of values it cannot take (a rate of strings)
+            res.error = f"cannot compute this statement over the values it reads: {e}"
         out.append(res)
     return out

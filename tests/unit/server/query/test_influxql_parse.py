@@ -86,3 +86,13 @@ def test_parameters_stand_for_literals_and_must_fit_the_placeholders():
         parse("SELECT x FROM m", {"extra": 1})
     with pytest.raises(InfluxQLSyntaxError, match="must be a string, number or boolean"):
         parse("SELECT x FROM m WHERE a = $a", {"a": [1]})
+
+
+def test_a_transformation_of_values_it_cannot_take_is_that_statements_error():
+    import pyarrow as pa
+
+    tables = {"m": [("s", "field", "string"), ("x", "field", "float")]}
+    rows = pa.table({"__t": [1, 2], "__c0": ["a", "b"]})
+    [r] = execute("SELECT derivative(s) FROM m", "d", run_sql=lambda db, sql: rows, tables=lambda db: tables,
+                  databases=lambda: [], now_ns=0)
+    assert r.error.startswith("cannot compute this statement over the values it reads") and r.series == []
