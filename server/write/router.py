@@ -256,7 +256,8 @@ class Router:
         (metadata only, no buffer built) and the stream's size after decompression counted
         (`ipc_decoded_size`); then, batch by batch, a dictionary-encoded column counts as the size
         of its values once expanded (the string cast that follows). Past the budget:
-        DecompressedRequestTooLarge (RESOURCE_EXHAUSTED), nothing more is built."""
+        DecompressedRequestTooLarge (RESOURCE_EXHAUSTED), nothing more is built. A stream that is not
+        valid Arrow once read (strings that are not UTF-8 among them) is InvalidArgument."""
         limit = self.max_request_bytes
         try:
             if ipc_decoded_size(t.arrow_ipc, budget) > budget:
@@ -269,7 +270,11 @@ class Router:
                 if used > budget:
                     raise DecompressedRequestTooLarge(limit, "Arrow IPC")
                 batches.append(b)
-            return pa.Table.from_batches(batches, schema=reader.schema), used
+            table = pa.Table.from_batches(batches, schema=reader.schema)
+            # Arrow reads a stream without checking its strings: text that is not UTF-8 (in a value
+            # or a dictionary) would be stored, then fail whoever reads it
+            table.validate(full=True)
+            return table, used
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError,
                 pa.ArrowKeyError, OSError, UnicodeDecodeError, _BadMessage) as e:  # a name that is not UTF-8
             raise InvalidArgument(f"table {t.table!r}: arrow_ipc is not a readable Arrow IPC stream: {e}") from None
