@@ -14,21 +14,6 @@ from server.write.router import ArrowTableWrite, Router
 T0 = 1_700_000_000_000_000_000
 
 
-class _Buffer:
-    def __init__(self):
-        self.produced = []
-
-    def ensure_topic(self, database):
-        return f"iox.{database}"
-
-    def topic_id(self, topic):
-        return "id-1"
-
-    def produce(self, database, writes):
-        self.produced.append([w.table for w in writes])
-        return {0: len(self.produced) - 1}
-
-
 def _not_utf8(n: int) -> pa.Array:
     """n strings of the one byte 0x80 (not UTF-8), built from buffers as a stream would hold them."""
     offsets = pa.py_buffer(pa.array(list(range(n + 1)), pa.int32()).buffers()[1])
@@ -43,7 +28,7 @@ def _ipc(table: pa.Table) -> bytes:
 
 
 @pytest.mark.parametrize("where", ["tag dictionary", "tag", "string field"])
-def test_strings_that_are_not_utf8_are_refused_whole(where):
+def test_strings_that_are_not_utf8_are_refused_whole(where, recording_buffer):
     n = 3
     time = pa.array([T0 + i for i in range(n)], pa.int64())
     bad = _not_utf8(n)
@@ -57,7 +42,7 @@ def test_strings_that_are_not_utf8_are_refused_whole(where):
     else:
         roles = [("time", "time"), ("s", "field")]
         table = pa.table({"time": time, "s": bad})
-    buf = _Buffer()
+    buf = recording_buffer
     r = Router(Catalog(), buf, 2, 1 << 20)
     with pytest.raises(InvalidArgument, match="UTF-8|utf-8|UTF8"):
         r.write_arrow("db", [ArrowTableWrite("m", _ipc(table), roles)])

@@ -11,22 +11,7 @@ from server.errors import SchemaConflict, TooManyColumns
 from server.write.router import Router
 
 
-class _Buffer:
-    def __init__(self):
-        self.produced = []
-
-    def ensure_topic(self, database):
-        return f"iox.{database}"
-
-    def topic_id(self, topic):
-        return "id-1"
-
-    def produce(self, database, writes):
-        self.produced.append([w.table for w in writes])
-        return {0: len(self.produced) - 1}
-
-
-def _router(pool: dict):
+def _router(pool: dict, buf):
     """`pool`: {(table, column): Column} already reserved by other members."""
     asked = []
 
@@ -34,14 +19,14 @@ def _router(pool: dict):
         asked.append({t: [c.name for c in cols] for t, cols in columns.items()})
         return {t: [pool.get((t, c.name), c) for c in cols] for t, cols in columns.items()}
 
-    cat, buf = Catalog(), _Buffer()
+    cat = Catalog()
     r = Router(cat, buf, 2, 1 << 20)
     r.agree_columns = agree
     return r, cat, buf, asked
 
 
-def test_a_type_another_member_reserved_first_refuses_the_write_whole():
-    r, cat, buf, asked = _router({("m", "c"): Column("c", "field", "string")})
+def test_a_type_another_member_reserved_first_refuses_the_write_whole(recording_buffer):
+    r, cat, buf, asked = _router({("m", "c"): Column("c", "field", "string")}, recording_buffer)
     with pytest.raises(SchemaConflict) as ei:
         r.write_line_protocol("d", b"m,host=a c=1i,v=2 1\nn v=1 1")
     assert "'c'" in str(ei.value) and "string field" in str(ei.value) and buf.produced == []
@@ -51,8 +36,8 @@ def test_a_type_another_member_reserved_first_refuses_the_write_whole():
     assert asked[-1] == {"m": ["host", "v", "time"]}  # c is known here now: not asked again
 
 
-def test_the_column_limit_still_counts_the_columns_the_pool_agreed_to():
-    r, cat, buf, _asked = _router({})
+def test_the_column_limit_still_counts_the_columns_the_pool_agreed_to(recording_buffer):
+    r, cat, buf, _asked = _router({}, recording_buffer)
     r.max_columns_per_table = 3
     with pytest.raises(TooManyColumns):
         r.write_line_protocol("d", b"m a=1,b=2,c=3 1")
