@@ -78,15 +78,12 @@ def ticket_query(raw: bytes) -> TicketQuery:
     if not isinstance(kind, str) or kind.lower() not in (_SQL, _INFLUXQL):
         raise _BadTicket(f"query_type {kind!r} is not served: send query_type \"sql\" (Spark SQL over the "
                          f"database's tables) or \"influxql\"", grpc.StatusCode.UNIMPLEMENTED)
-    params = doc.get("params") or {}
-    if not isinstance(params, dict) or any(isinstance(v, (dict, list)) for v in params.values()):
-        raise _BadTicket('"params" must be a JSON object {name: value} of the query\'s $name placeholders, '
-                         'each a string, number, boolean or null')
-    if kind.lower() == _INFLUXQL:
-        return TicketQuery(database, sql, _INFLUXQL, params)
-    from server.query.params import bind_parameters
+    from server.query.params import bind_parameters, named_values
 
     try:
+        params = named_values(doc.get("params") or {})
+        if kind.lower() == _INFLUXQL:
+            return TicketQuery(database, sql, _INFLUXQL, params)
         sql = bind_parameters(sql, named=params)  # a placeholder without a value is refused too
     except InvalidArgument as e:
         raise _BadTicket(str(e)) from None

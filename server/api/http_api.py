@@ -74,7 +74,7 @@ from server.write_buffer.write_token import format_token, token_for
 from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
 from server.api.http_query import (DEFAULT_TIMEOUT_S, FORMATS, MAX_QUERY_BODY_BYTES, QUERY_PATH, answer_headers,
-                                   encoded_rows, query_body, query_request)
+                                   encoded_rows, query_body, query_params, query_request)
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
            "error_response", "error_response_v1", "WRITE_PATH", "V1_WRITE_PATH", "V3_WRITE_PATH", "METRICS_PATH", "MAX_DRAIN_BYTES",
@@ -494,11 +494,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw_params = (qs.get("params") or [""])[0].strip()
         if problem is None and raw_params:
             try:
-                params = json.loads(raw_params)
-            except ValueError:
-                params = None
-            if not isinstance(params, dict):
-                problem = "params must be a JSON object {name: value} (the query names them $name)"
+                params = query_params(raw_params)
+            except InvalidArgument as e:
+                problem = str(e)
         if problem is not None:
             self._send(400, {"error": problem})
             return

@@ -37,7 +37,7 @@ from decimal import Decimal
 from server.errors import InvalidArgument
 
 __all__ = ["QUERY_PATH", "AFTER_HEADER", "ALLOW_PARTIAL_HEADER", "TIMEOUT_HEADER", "DEFAULT_TIMEOUT_S",
-           "MAX_TIMEOUT_S", "FORMATS", "QueryRequest", "query_request", "query_body", "MAX_QUERY_BODY_BYTES",
+           "MAX_TIMEOUT_S", "FORMATS", "QueryRequest", "query_request", "query_body", "query_params", "MAX_QUERY_BODY_BYTES",
            "answer_headers", "encoded_rows"]
 
 QUERY_PATH = "/api/v3/query_sql"
@@ -98,19 +98,23 @@ def query_body(body: bytes) -> dict:
     return out
 
 
+def query_params(raw: str) -> dict:
+    """The `params` query parameter (JSON text) as {name: value} (server/query/params.py
+    `named_values`); InvalidArgument when it is not such an object."""
+    from server.query.params import named_values
+
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise InvalidArgument(f"params must be a JSON object of parameter values: {e}") from None
+    return named_values(value)
+
+
 def _bound(sql: str, raw: str) -> str:
     """`sql` with the `$name` placeholders bound to the JSON object `raw` (server/query/params.py)."""
     from server.query.params import bind_parameters
 
-    try:
-        params = json.loads(raw)
-    except ValueError as e:
-        raise InvalidArgument(f"params must be a JSON object of parameter values: {e}") from None
-    if not isinstance(params, dict):
-        raise InvalidArgument("params must be a JSON object {name: value} (the query names them $name)")
-    if any(isinstance(v, (dict, list)) for v in params.values()):
-        raise InvalidArgument("a parameter value must be a string, number, boolean or null")
-    return bind_parameters(sql, named=params)
+    return bind_parameters(sql, named=query_params(raw))
 
 
 def query_request(qs: dict, headers) -> QueryRequest:

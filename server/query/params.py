@@ -20,7 +20,7 @@ import re
 
 from server.errors import InvalidArgument
 
-__all__ = ["bind_parameters", "sql_literal", "placeholders"]
+__all__ = ["bind_parameters", "sql_literal", "placeholders", "named_values"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -66,6 +66,16 @@ def _scan(sql: str):
             i = m.end()
         else:
             i += 1
+
+
+def named_values(value) -> dict:
+    """A request's `params` (a decoded JSON value, as InfluxDB 3 and 1.x send them) as {name: value};
+    InvalidArgument unless it is an object whose values are strings, numbers, booleans or nulls."""
+    if not isinstance(value, dict):
+        raise InvalidArgument("params must be a JSON object {name: value} (the query names them $name)")
+    if any(isinstance(v, (dict, list)) for v in value.values()):
+        raise InvalidArgument("a parameter value must be a string, number, boolean or null")
+    return value
 
 
 def placeholders(sql: str) -> tuple[int, list[str]]:
