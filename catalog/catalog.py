@@ -282,6 +282,8 @@ class Catalog:
         #: a member of an ingester pool: a database's partitions are applied only once claimed
         #: (`Database.owned_partitions`); set before any database exists
         self.pool_member = False
+        #: database name -> {kp: lowest offset} of the micro-batch being applied (`begin_applying`)
+        self._applying: dict[str, dict[int, int]] = {}
 
     def freeze(self, last_applied: dict | None = None) -> dict:
         """Frozen mode: holds every Kafka partition of every database after its last applied offset
@@ -452,6 +454,41 @@ class Catalog:
     def memory_bytes(self) -> int:
         """Bytes of chunk data held in memory (every chunk that has an in-memory copy)."""
         return sum(c.size_bytes for c in self.all_chunks() if c.in_memory)
+
+    def begin_applying(self, lowest: dict) -> None:
+        """A micro-batch starts to change the catalog: ``lowest`` = {database name: {kp: lowest
+        offset of the batch}}. Until `end_applying`, its chunks and their persistence windows may
+        be in the catalog before its transaction state, its deletes and its applied offsets are, so
+        every checkpoint built meanwhile starts replay at or below those offsets (`replay_pins`):
+        a persist then never claims the batch's messages read when the rest of them may be lost
+        with the process. Called by the micro-batch thread (one batch at a time)."""
+        with self._lock:
+            for name, offsets in lowest.items():
+                mine = self._applying.setdefault(name, {})
+                for kp, off in offsets.items():
+                    mine[kp] = min(off, mine.get(kp, off))
+
+    def end_applying(self, names) -> None:
+        """The micro-batch `begin_applying` announced for the databases `names` is applied (its
+        applied offsets advanced) or withdrawn."""
+        with self._lock:
+            for name in names:
+                self._applying.pop(name, None)
+
+    def replay_pins(self, db: Database, unpersisted_lo: dict) -> dict:
+        """{kp: lowest offset a replay must still read}, whatever the persistence windows say:
+        transaction parts without a marker and commit decisions whose parts elsewhere have none,
+        committed parts whose rows may be unpersisted (catalog/transactions.py; `unpersisted_lo`:
+        {kp: lowest offset whose rows stay unpersisted}), and the micro-batch being applied
+        (`begin_applying`). Every checkpoint a lifecycle action builds registers them, as
+        ``(offset, max(offset, applied))``. Caller holds the lock."""
+        with self._lock:
+            pins = db.txns.pinned_offsets()
+            for kp, off in db.txns.applied_part_pins(unpersisted_lo).items():
+                pins[kp] = min(pins.get(kp, off), off)
+            for kp, off in self._applying.get(db.name, {}).items():
+                pins[kp] = min(pins.get(kp, off), off)
+            return pins
 
     def advance_applied(self, db: Database, hi_inclusive: dict) -> None:
         """Records offsets up to `hi_inclusive` ({kp: offset}) as applied; a failed batch's hold

@@ -137,6 +137,9 @@ class DelayPoint(enum.StrEnum):
 
     #: a micro-batch with messages is about to be applied (every one, replay or not)
     APPLY_BATCH = "apply_batch"
+    #: a micro-batch's chunks are in the catalog; its transaction state, its deletes' effect on
+    #: the new chunks and its applied offsets are not yet (the lifecycle may act meanwhile)
+    BATCH_CHUNKS_ADDED = "batch_chunks_added"
 
 
 class InvalidDelay(CatalogError):

@@ -620,11 +620,9 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             builder.register_other_partition({kp: UnpersistedOffsets(None, hi) for kp, hi in applied.items()
                                               if hi >= 0})
             # transaction parts without a marker, commit decisions whose parts elsewhere have
-            # none yet, and committed parts whose rows (at their marker's offset) may be unpersisted,
-            # must be read again by a replay (catalog/transactions.py)
-            pins = db.txns.pinned_offsets()
-            for kp, off in db.txns.applied_part_pins(unpersisted_lo).items():
-                pins[kp] = min(pins.get(kp, off), off)
+            # none yet, committed parts whose rows (at their marker's offset) may be unpersisted,
+            # and a micro-batch half applied must be read again by a replay (Catalog.replay_pins)
+            pins = catalog.replay_pins(db, unpersisted_lo)
             builder.register_other_partition({kp: UnpersistedOffsets(off, max(off, applied.get(kp, off)))
                                               for kp, off in pins.items()})
             part_ckpt, db_ckpt = builder.build()

@@ -697,7 +697,7 @@ class LifecycleWorker:
                 flushed = mailbox_actions(db, pc, [], actions)
                 actions += [RemoveParquet(key=k) for k in keys]
                 if unpersisted:
-                    actions.append(db.checkpoint_action(_checkpoint_without(db, part)))
+                    actions.append(db.checkpoint_action(_checkpoint_without(self.catalog, db, part)))
                 part.persisting = True  # no persist or compaction of it while it is committed
             # the commit (an object-store write, retried on S3) outside the catalog lock: micro-batches
             # and queries go on meanwhile; what they add after the checkpoint was built has later offsets
@@ -751,10 +751,10 @@ class LifecycleWorker:
             log.info("backpressure released")
 
 
-def _checkpoint_without(db, part) -> dict:
+def _checkpoint_without(catalog, db, part) -> dict:
     """The database checkpoint's sequencer numbers ({kp: (min unpersisted or None, max seen)})
     once `part` is dropped: the lowest unpersisted offset of every other partition, and the offsets
-    transactions pin (catalog/transactions.py), as a persist computes them (lifecycle/persist.py).
+    replay must still read (`Catalog.replay_pins`), as a persist computes them (lifecycle/persist.py).
     Under the catalog lock."""
     applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
     lo: dict = {}
@@ -765,9 +765,6 @@ def _checkpoint_without(db, part) -> dict:
             for kp, r in other.windows.offset_ranges().items():
                 if r.min_unpersisted_offset is not None:
                     lo[kp] = min(lo.get(kp, r.min_unpersisted_offset), r.min_unpersisted_offset)
-    pins = db.txns.pinned_offsets()
-    for kp, off in db.txns.applied_part_pins(dict(lo)).items():
-        pins[kp] = min(pins.get(kp, off), off)
-    for kp, off in pins.items():
+    for kp, off in catalog.replay_pins(db, dict(lo)).items():
         lo[kp] = min(lo.get(kp, off), off)
     return {kp: (lo.get(kp), max(hi, lo.get(kp, hi))) for kp, hi in applied.items()}

@@ -3,10 +3,15 @@
 When it runs: once per micro-batch of the `iox_kafka` stream, in the server's
 driver process (Spark calls back into Python). It stops with the stream.
 
-Invariant: a micro-batch is applied whole or not at all: new chunks are built
-and registered first, table views are swapped next, and only then does
+Invariant: a micro-batch is applied whole or not at all: its deletes enter the
+mailbox first, new chunks are built and registered next, then table views are
+swapped, and only then do the batch's transaction state and
 `applied_hi_inclusive` advance, so a reader that sees an offset as applied sees
-all of its rows. The driver only collects per-message metadata; a table's
+all of its rows. The lifecycle acts meanwhile, and sees the batch half applied:
+from its first change to its last the batch is announced to the catalog
+(`Catalog.begin_applying`), so no checkpoint built meanwhile starts replay past
+its first offset, and a chunk of it merged by a persist or a compaction meets
+its deletes. The driver only collects per-message metadata; a table's
 messages of one UTC day become a chunk held in the write-buffer form
 (lifecycle/ipc_segments.py): their Arrow IPC payloads copied into one
 checkpointed segment, with no decoding (the source already checked that every
@@ -320,6 +325,12 @@ class Ingestor:
         t_meta = time.perf_counter()
         #: [(db, chunk)] this attempt added to the catalog: withdrawn if it fails after all
         added: list = []
+        # until its applied offsets advance, every checkpoint starts replay at or below the batch
+        lowest: dict = defaultdict(dict)
+        for m in meta:
+            kps = lowest[database_of_topic(m["topic"])]
+            kps[m["kp"]] = min(m["offset"], kps.get(m["kp"], m["offset"]))
+        self.catalog.begin_applying(lowest)
         try:
             by_table: dict = defaultdict(list)
             hi: dict = defaultdict(dict)
@@ -360,6 +371,11 @@ class Ingestor:
             if txn_rows:
                 staged_txns, stash_changes = self._resolve_transactions(
                     readable, txn_rows, hi, by_table, at_offset, stashed, committed_deletes, skipped, F)
+            # the batch's deletes are in the mailbox before its chunks are in the catalog: a
+            # persist or compaction that merges a new chunk with older ones applies them (a
+            # delete removes only rows before it, so the new rows after it stay)
+            deleted = self._record_deletes(readable, F, has_deletes, committed_deletes, skipped) \
+                if has_deletes or committed_deletes else []
             touched = []
             builds: list[_ChunkBuild] = []
             for (topic, table), msgs in by_table.items():
@@ -369,8 +385,8 @@ class Ingestor:
                 builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
             skipped += self._build_and_add_chunks(builds, added)
-            if has_deletes or committed_deletes:
-                touched += self._apply_deletes(readable, F, has_deletes, committed_deletes, skipped)
+            delay_point(DelayPoint.BATCH_CHUNKS_ADDED)
+            touched += self._close_for_deletes(deleted)
             t_chunks = time.perf_counter()
             for db, table in touched:
                 self._refresh_after_batch(db, table)
@@ -405,6 +421,8 @@ class Ingestor:
         except Exception:
             self._withdraw(added)
             raise
+        finally:
+            self.catalog.end_applying(lowest)
 
     # -- poisoned messages (server/write_buffer/poison.py) ---------------------------------------------
     def _poison_state(self) -> tuple[dict, set]:
@@ -794,15 +812,14 @@ class Ingestor:
         # a message spanning several days is decoded by each day's build: reported once
         return sorted({(b.topic, kp, off, why) for b in builds for kp, off, why in b.unreadable_seen})
 
-    def _apply_deletes(self, raw, F, has_deletes: bool, committed: list, skipped: list) -> list:
-        """Records the batch's deletes; returns the (db, table) pairs whose view must change.
+    def _record_deletes(self, raw, F, has_deletes: bool, committed: list, skipped: list) -> list:
+        """Adds the batch's deletes to their databases' mailboxes; returns them as [(db, Delete)]
+        for `_close_for_deletes`. Called before the batch's chunks are added.
 
         `committed`: delete parts of transactions committed in this batch, as
         (topic, kp, offset applied at, (kp, part offset), payload or None when in this batch).
-        The table's open chunk is closed first: a delete never lands in a chunk that may
-        still grow, so compaction and persist materialise it against a fixed set of rows.
         """
-        touched = []
+        added = []
         found = []
         payloads = {}  # delete parts of this batch, by (topic, kp, offset)
         wanted = F.col("kind") == "delete" if has_deletes else F.lit(False)
@@ -823,6 +840,16 @@ class Ingestor:
                 skipped.append((topic, kp, offset, f"delete whose value is not a delete ({type(e).__name__}: {e})"))
                 continue
             db.deletes.add(d)
+            added.append((db, d))
+        return added
+
+    def _close_for_deletes(self, deleted: list) -> list:
+        """Closes the open chunks of every table the batch's deletes `deleted` ([(db, Delete)])
+        apply to, the batch's own new chunks included: a delete never lands in a chunk that may
+        still grow, so compaction and persist materialise it against a fixed set of rows. Returns
+        the (db, table) pairs whose view must change."""
+        touched = []
+        for db, d in deleted:
             with self.catalog.lock:
                 for table in list(db.partitions):
                     if d.applies_to(table, partition_for(table, db.kafka_partitions)):

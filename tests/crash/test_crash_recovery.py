@@ -233,6 +233,68 @@ def test_a_committed_request_whose_rows_are_not_persisted_survives_a_restart(dat
             s.kill()
 
 
+#: how long each micro-batch of `test_the_lifecycle_acting_on_a_half_applied_batch_loses_nothing`
+#: stays half applied (its chunks in the catalog, the rest not yet): the policy persists within it
+_HALF_APPLIED_S = 8
+
+
+def test_the_lifecycle_acting_on_a_half_applied_batch_loses_nothing(data_dir):
+    """The lifecycle acts while a micro-batch is half applied: its chunks (and their persistence
+    windows) are in the catalog, its transaction state and applied offsets not yet. The policy
+    persists (row threshold) within that time, twice:
+    - a delete and a later write of the row it deletes, in flight together: the persist merges
+      the new row with the deleted one, and must apply the delete first (the deleted field does
+      not come back, before or after a restart);
+    - a two-table request (a transaction): the persist of one table must leave replay able to
+      read the request's parts again, since the other table's rows are in no Parquet file.
+    The server is killed once everything is applied, and the restart answers the same."""
+    from catalog.crash_points import DELAY_ENV
+    from catalog.sharding import partition_for
+    from tests.waiting import wait_for
+
+    assert partition_for("cpu", 2) != partition_for("net", 2)
+    db, S = f"ha_{uuid.uuid4().hex[:8]}", 1_000_000_000
+    policy = ["--persist-row-threshold", "3", "--late-arrive-window-s", "1", "--persist-age-threshold-s", "3600",
+              "--worker-backoff-ms", "200"]
+    s1 = ServerProcess(data_dir, extra=policy, env={DELAY_ENV: f"batch_chunks_added={_HALF_APPLIED_S}"}).wait_ready()
+    servers = [s1]
+    c = s1.client
+
+    def persisted_while_applying(table: str, tok: dict) -> None:
+        def has_files():
+            return any(p.get("files") for d in c.status(db).get("databases", []) for t in d.get("tables", [])
+                       if t["name"] == table for p in t.get("partitions", []))
+
+        wait_for(has_files, 60, f"the policy to persist {table}")
+        applied = c.applied(db)
+        assert any(applied.get(kp, -1) < off for kp, off in tok.items()), \
+            f"{table} was persisted only once the batch was applied ({applied} >= {tok}): the test shows nothing"
+        c.wait_applied(db, tok, timeout_s=60)
+
+    m = "SELECT host, v, w FROM m ORDER BY host"
+    m_want = [{"host": "a", "v": None, "w": 2}, {"host": "b", "v": None, "w": 3}]
+    try:
+        c.write(db, f"m,host=a v=1i {T0}")
+        c.delete(db, T0, T0 + S, predicate='host="a"', table="m")
+        tok = c.write(db, f"m,host=a w=2i {T0}\nm,host=b w=3i {T0}")
+        persisted_while_applying("m", tok)
+        assert c.query(db, m).to_pylist() == m_want
+
+        tok = c.write(db, "\n".join([f"cpu,src=w id={i}i {T0 + i}" for i in range(3)] + [f"net,src=w id=3i {T0}"]))
+        persisted_while_applying("cpu", tok)
+        assert _ids(c, db, "cpu") == [0, 1, 2] and _ids(c, db, "net") == [3]
+        s1.kill()
+        s2 = ServerProcess(data_dir, extra=policy).wait_ready()
+        servers.append(s2)
+        s2.client.wait_caught_up(db, 120)
+        assert _ids(s2.client, db, "cpu") == [0, 1, 2]
+        assert _ids(s2.client, db, "net") == [3]
+        assert s2.client.query(db, m).to_pylist() == m_want
+    finally:
+        for s in servers:
+            s.kill()
+
+
 def test_a_lost_in_memory_broker_is_found_at_start_from_the_first_write_on(data_dir):
     """Nothing persisted yet, the server and its in-memory broker SIGKILLed: the next server
     refuses to start (the database and its topic were recorded at its first write), naming

@@ -101,3 +101,25 @@ def test_a_held_message_forgets_what_failed_attempts_recorded_after_it_and_ends_
     # resolved: 7..9 are applied and recorded again
     cat.add_chunk(db, _chunk(4, {0: (7, 9)}), now=103.0, seen_before_ok=True)
     assert _windows(cat, db).offset_ranges()[0].max_seen_offset == 9
+
+
+def test_a_batch_being_applied_pins_replay_at_its_first_offsets_until_it_ends():
+    from catalog.transactions import PART, TxnRecord
+
+    cat = Catalog()
+    db = cat.ensure_database("d", "t", 2)
+    other = cat.ensure_database("e", "u", 2)
+    assert cat.replay_pins(db, {}) == {}
+    # a transaction part without a marker pins its own offset
+    db.txns.apply_batch([TxnRecord(kp=1, offset=7, kind=PART, txn="x", ts_ms=0, coordinator_kp=1)], {1: 7}, 0.0)
+    assert cat.replay_pins(db, {}) == {1: 7}
+    # a batch being applied: its chunks may be in the catalog before its transaction state
+    cat.begin_applying({"d": {0: 20, 1: 9}, "e": {0: 3}})
+    cat.add_chunk(db, _chunk(1, {0: (21, 21)}), now=100.0)
+    assert cat.replay_pins(db, {0: 21}) == {0: 20, 1: 7}
+    assert cat.replay_pins(other, {}) == {0: 3}
+    cat.end_applying(["d"])
+    assert cat.replay_pins(db, {0: 21}) == {1: 7}
+    assert cat.replay_pins(other, {}) == {0: 3}
+    cat.end_applying(["e"])
+    assert cat.replay_pins(other, {}) == {}
