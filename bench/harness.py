@@ -594,7 +594,8 @@ class ServerProcess:
             from server.runtime.broker import BrokerHandle
 
             BrokerHandle(pid=int(r["pid"]), port=int(r["port"]), storage=r["storage"], owned=True,
-                         record_path=rec, store_pid=int(r["store_pid"]), pid_start=r.get("pid_start"),
+                         record_path=rec, store_pid=int(r["store_pid"]), store_port=r.get("store_port"),
+                         store_dir=r.get("store_dir"), pid_start=r.get("pid_start"),
                          store_pid_start=r.get("store_pid_start")).stop()
             return
         pid = int(r["pid"])

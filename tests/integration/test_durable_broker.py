@@ -1,6 +1,8 @@
 """The durable embedded broker (Tansu on its SeaweedFS store, server/runtime/broker.py): a SIGKILL of
-the broker (and of its store) between produces loses and overwrites no acknowledged message, and
-concurrent idempotent producers on one partition each get offsets of their own."""
+the broker (and of its store) between produces loses and overwrites no acknowledged message,
+concurrent idempotent producers on one partition each get offsets of their own, and the store leaves
+no file in /tmp."""
+import glob
 import os
 import signal
 import threading
@@ -108,6 +110,37 @@ def test_a_killed_durable_broker_keeps_every_acknowledged_offset_and_continues_t
     got = _read_all(h.bootstrap, len(acked))
     assert dict(got) == acked  # every acknowledged message, with its value, at its offset
     assert len(got) == len(acked)  # and once
+
+
+def test_the_store_leaves_no_socket_or_log_file_in_tmp(durable, tmp_path):
+    """SeaweedFS makes unix sockets named after its ports in /tmp, and its log files go there unless
+    it is given a directory: a stop, and the start after a crash, remove every socket the store left
+    there; its log files are in its own directory."""
+    def in_tmp():
+        return set(glob.glob("/tmp/seaweedfs-*.sock")) | set(glob.glob("/tmp/weed.*"))
+
+    before = in_tmp()  # other processes' (their stores may add more meanwhile, named by ports of their own)
+    store_dir = str(tmp_path / "broker-store")
+    h = durable()
+    used, pids = [broker._recorded_store_ports(store_dir)], [h.store_pid]
+    for pid in (h.pid, h.store_pid):  # a crash: the sockets stay until the next start
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while broker._alive(pid) and time.monotonic() < deadline:
+            broker._reap(pid)
+            time.sleep(0.05)
+    h = durable()
+    used.append(broker._recorded_store_ports(store_dir))
+    pids.append(h.store_pid)
+    broker.store_client(h.store_port).head_bucket(Bucket=broker.STORE_BUCKET)
+    h.stop()
+    assert None not in used
+    ports = {p + off for u in used for p in u.values() for off in (0, broker._GRPC_PORT_OFFSET)}
+    new = in_tmp() - before
+    assert sorted(f for f in new if f.endswith(tuple(f"-{p}.sock" for p in ports))) == []
+    assert sorted(f for f in new if f.endswith(tuple(f".{pid}" for pid in pids))) == []
+    assert [f for u in used for f in broker._store_sockets(store_dir, u) if os.path.exists(f)] == []
+    assert all(glob.glob(f"{store_dir}/log/weed.*.{pid}") for pid in pids)  # its log files: in its directory
 
 
 def test_concurrent_idempotent_producers_on_one_partition_each_keep_their_offsets(durable):
