@@ -606,8 +606,9 @@ class IoxServer:
             unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
                            if p.windows is not None and not p.windows.is_empty()]
             applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
-            if not db.txns.is_idle():
-                unpersisted.append(("undecided transaction parts", sorted(db.txns.pinned_offsets().items())))
+            pins = self.catalog.replay_pins(db, {})  # undecided transaction parts, a batch half applied
+            if pins:
+                unpersisted.append(("offsets replay must read", sorted(pins.items())))
         if unpersisted:
             log.error("clean stop: %s still holds unpersisted rows in %s; not recording a complete checkpoint",
                       db.name, unpersisted[:5])
