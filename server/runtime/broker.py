@@ -58,7 +58,7 @@ __all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "
            "process_start",
            "map_count_warning", "MAP_COUNT_FOR_MEMORY_STORAGE", "STORAGE_DURABLE", "STORAGE_MEMORY",
            "DEFAULT_BROKER_STORAGE", "MEMORY_BROKER_MAX_PERSIST_AGE_S", "object_server_binary", "BrokerStoreMissing",
-           "STORE_BUCKET", "TANSU_CLUSTER_ID", "store_client"]
+           "STORE_BUCKET", "TANSU_CLUSTER_ID", "store_client", "remove_left_sockets"]
 
 log = logging.getLogger(__name__)
 
@@ -336,13 +336,13 @@ class BrokerHandle:
         A broker on durable storage gets SIGTERM and up to ``STOP_TIMEOUT_S`` to exit (then
         SIGKILL). An in-memory broker is killed at once: it has nothing to flush, its messages go
         either way, and Tansu's graceful stop waits ~5 s for connected clients to leave. A durable
-        broker's store goes next, the same way, and then the sockets it left (`_remove_left_sockets`)."""
+        broker's store goes next, the same way, and then the sockets it left (`remove_left_sockets`)."""
         if self.broker_is_ours():
             _stop_process(self.pid, signal.SIGKILL if self.in_memory else signal.SIGTERM)
         if self.store_pid is not None and self.store_is_ours():  # after the broker: it may still write
             _stop_process(self.store_pid, signal.SIGTERM)
         if self.store_dir:
-            _remove_left_sockets(self.store_dir)
+            remove_left_sockets(self.store_dir)
         if self.record_path and os.path.exists(self.record_path):
             os.unlink(self.record_path)
 
@@ -502,7 +502,7 @@ def _recorded_store_ports(store_dir: str) -> dict[str, int] | None:
     return {name: ports[name] for name in _STORE_COMPONENTS}
 
 
-def _remove_left_sockets(store_dir: str) -> None:
+def remove_left_sockets(store_dir: str) -> None:
     """Removes the sockets (`_store_sockets`) the store last started on `store_dir` left, once it
     stopped or crashed, then its ports record. Only those exact paths, and only where no process
     listens: while the store (or a later process on one of its ports) serves a socket, it stays, and so
@@ -558,9 +558,9 @@ def _start_store(store_dir: str, port: int, log_path: str | None) -> subprocess.
 
     The sockets a store that crashed on `store_dir` left, and stale ones at the paths of this store's
     (of an earlier process on its ports) are removed first; the ports are recorded in `store_dir` for
-    the stop (`_remove_left_sockets`). A store that fails to start leaves none of its sockets."""
+    the stop (`remove_left_sockets`). A store that fails to start leaves none of its sockets."""
     os.makedirs(os.path.join(store_dir, _STORE_LOG_DIR), exist_ok=True)
-    _remove_left_sockets(store_dir)
+    remove_left_sockets(store_dir)
     ports = _store_ports(port)
     for path in _store_sockets(store_dir, ports):
         _remove_stale_socket(path)
@@ -572,7 +572,7 @@ def _start_store(store_dir: str, port: int, log_path: str | None) -> subprocess.
                       env, timeout_s=STORE_STARTUP_TIMEOUT_S)
         _wait_for_bucket(proc, port, log_path)
     except Exception:
-        _remove_left_sockets(store_dir)
+        remove_left_sockets(store_dir)
         raise
     return proc
 
@@ -623,7 +623,7 @@ def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | N
     except BaseException:
         if store is not None:
             _stop_process(store.pid, signal.SIGTERM)
-            _remove_left_sockets(store_dir)
+            remove_left_sockets(store_dir)
         raise
     return BrokerHandle(pid=proc.pid, port=port, storage=url, owned=True,
                         store_pid=store.pid if store is not None else None,

@@ -18,7 +18,7 @@ import time
 import grpc
 
 from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
-from server.runtime.broker import free_port
+from server.runtime.broker import free_port, remove_left_sockets
 from server.api.client import IoxClient
 from tests.waiting import accepts_connections
 
@@ -133,17 +133,37 @@ def broker_record(data_dir: str) -> dict:
 
 
 def stop_embedded_broker(data_dir: str) -> None:
-    """SIGKILLs the embedded broker recorded in `data_dir` and, for a durable one, its store."""
+    """SIGKILLs the embedded broker recorded in `data_dir` and, for a durable one, its store, and
+    removes the unix sockets the store leaves in /tmp once it is gone."""
     try:
         rec = broker_record(data_dir)
     except (OSError, ValueError):
         return
-    for pid in (rec.get("pid"), rec.get("store_pid")):
+    pids = [pid for pid in (rec.get("pid"), rec.get("store_pid")) if pid]
+    for pid in pids:
         try:
-            if pid:
-                os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    if rec.get("store_dir"):
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        remove_left_sockets(rec["store_dir"])
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
+    except OSError:
+        return False
 
 
 #: pause between the batches of Writer.write_until_dead: writers that never pause kept both cores busy

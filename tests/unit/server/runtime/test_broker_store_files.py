@@ -113,17 +113,17 @@ def test_a_stop_removes_only_its_own_sockets_and_only_those_nothing_listens_on(m
     broker._record_store_ports(store_dir, PORTS)
     assert broker._recorded_store_ports(store_dir) == PORTS
     try:
-        broker._remove_left_sockets(store_dir)
+        broker.remove_left_sockets(store_dir)
         assert sorted(p for p in mine if os.path.exists(p)) == sorted([not_a_socket, live])
         assert all(os.path.exists(p) for p in others)
         assert broker._recorded_store_ports(store_dir) == PORTS  # kept while one of them is served
     finally:
         served.close()
-    broker._remove_left_sockets(store_dir)
+    broker.remove_left_sockets(store_dir)
     assert [p for p in mine if os.path.exists(p)] == [not_a_socket]
     assert all(os.path.exists(p) for p in others)
     assert not os.path.exists(os.path.join(store_dir, broker._STORE_PORTS_RECORD))
-    broker._remove_left_sockets(store_dir)  # no record: nothing to do
+    broker.remove_left_sockets(store_dir)  # no record: nothing to do
 
 
 def test_a_ports_record_that_is_not_one_removes_nothing(monkeypatch, short_dir):
@@ -134,7 +134,7 @@ def test_a_ports_record_that_is_not_one_removes_nothing(monkeypatch, short_dir):
         with open(os.path.join(short_dir, broker._STORE_PORTS_RECORD), "w") as f:
             f.write(text)
         assert broker._recorded_store_ports(short_dir) is None
-        broker._remove_left_sockets(short_dir)
+        broker.remove_left_sockets(short_dir)
         assert os.path.exists(path)
     assert not os.path.exists(os.path.join(short_dir, broker._STORE_PORTS_RECORD))
 
