@@ -2,7 +2,8 @@
 write, delete, persist, compact (chunks and Parquet files), send several requests at once, and kill
 the server (SIGKILL, SIGKILL with requests in flight, SIGKILL while a persist runs, at a named crash
 point of catalog/crash_points.py) or stop it cleanly, while the lifecycle policy persists and
-compacts on its own with low thresholds. Requests race the policy: the model is checked only after
+compacts on its own with low thresholds, also while a micro-batch is half applied (every batch
+is held so for `HALF_APPLIED_S`). Requests race the policy: the model is checked only after
 each restart and when the `check` rule comes up, never after every step.
 
 The oracle (tests/crash/model.py, invariants 1-4 of docs/ARCHITECTURE.md): the database answers
@@ -35,7 +36,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from catalog.crash_points import CrashPoint
+from catalog.crash_points import DELAY_ENV, CrashPoint, DelayPoint
 from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
 from tests.crash.model import (DRIVEN_POINTS, T0, Request, answers, bursts, check_requests, deletes, describe,
                                drive_to, fold, new_request, points, read_log, recorded, send)
@@ -48,6 +49,10 @@ TABLES = ("m", "p")  # on Kafka partitions 0 and 1: a request of both is a trans
 LIFECYCLE = ["--persist-row-threshold", "12", "--persist-age-threshold-s", "3", "--late-arrive-window-s", "1",
              "--persisted-compaction-cold-s", "2", "--persisted-compaction-file-threshold", "3",
              "--worker-backoff-ms", "200", "--txn-timeout-s", "20", "--partitions", str(PARTITIONS)]
+#: every micro-batch stays half applied this long (its chunks in the catalog, its transaction state,
+#: its deletes' effect on the new chunks and its applied offsets not yet: the delay point
+#: batch_chunks_added), so the policy, which acts every 200 ms, often acts on a half-applied batch
+HALF_APPLIED_S = 0.3
 #: a request's answer within this, or the server is taken as hung
 REQUEST_TIMEOUT_S = 60
 #: how many requests (and actions after each) `crash_at` drives an armed server with toward its crash point
@@ -94,7 +99,8 @@ class _Servers:
         self.fired_while_starting = False
         extra = LIFECYCLE + (["--kafka-bootstrap", self._bootstrap] if self._bootstrap
                              else ["--broker-storage", "durable", "--broker-persisted-retention-s", "inf"])
-        self.server = ServerProcess(self.data_dir, crash_at=crash_at, extra=extra)
+        self.server = ServerProcess(self.data_dir, crash_at=crash_at, extra=extra,
+                                    env={DELAY_ENV: f"{DelayPoint.BATCH_CHUNKS_ADDED.value}={HALF_APPLIED_S}"})
         self.killed = False
         try:
             self.server.wait_ready()
