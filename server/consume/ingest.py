@@ -325,12 +325,8 @@ class Ingestor:
         t_meta = time.perf_counter()
         #: [(db, chunk)] this attempt added to the catalog: withdrawn if it fails after all
         added: list = []
-        # until its applied offsets advance, every checkpoint starts replay at or below the batch
-        lowest: dict = defaultdict(dict)
-        for m in meta:
-            kps = lowest[database_of_topic(m["topic"])]
-            kps[m["kp"]] = min(m["offset"], kps.get(m["kp"], m["offset"]))
-        self.catalog.begin_applying(lowest)
+        #: (topic, kp) -> lowest offset of the batch: announced before the batch changes the catalog
+        lowest: dict = {}
         try:
             by_table: dict = defaultdict(list)
             hi: dict = defaultdict(dict)
@@ -339,18 +335,22 @@ class Ingestor:
             skipped = []
             passed = []  # accepted messages of this batch: not read, not counted as skipped
             for m in meta:
-                hi[m["topic"]][m["kp"]] = max(hi[m["topic"]].get(m["kp"], -1), m["offset"])
-                if accepted and (m["topic"], m["kp"], m["offset"]) in accepted:
-                    passed.append((m["topic"], m["kp"], m["offset"]))
+                topic, kp, offset = m["topic"], m["kp"], m["offset"]
+                if offset > hi[topic].get(kp, -1):
+                    hi[topic][kp] = offset
+                if offset < lowest.get((topic, kp), offset + 1):
+                    lowest[(topic, kp)] = offset
+                if accepted and (topic, kp, offset) in accepted:
+                    passed.append((topic, kp, offset))
                     continue
                 if m["fmt"] and m["fmt"] not in SUPPORTED_FORMATS:
-                    raise WireFormatMismatch(FORMAT_VERSION, m["fmt"], m["topic"], m["offset"])
+                    raise WireFormatMismatch(FORMAT_VERSION, m["fmt"], topic, offset)
                 problem = header_problem(m["fmt"], m["kind"], m["tbl"], m["schema"], m["days"], m["txn"],
                                          m["txn_info"])
                 if problem is None and m["kind"] == "write":
                     problem = m["problem"]  # the source could not decode its payload
                 if problem is not None:
-                    skipped.append((m["topic"], m["kp"], m["offset"], problem))
+                    skipped.append((topic, kp, offset, problem))
                     continue
                 if m["kind"] == "write":
                     by_table[(m["topic"], m["tbl"])].append(m.asDict())
@@ -358,6 +358,11 @@ class Ingestor:
                     has_deletes = True
                 elif m["kind"] in TXN_KINDS:
                     txn_rows[m["topic"]].append(m)
+            # until its applied offsets advance, every checkpoint starts replay at or below the batch
+            announced: dict = defaultdict(dict)
+            for (topic, kp), offset in lowest.items():
+                announced[database_of_topic(topic)][kp] = offset
+            self.catalog.begin_applying(announced)
             # what plans and reads payloads below sees: `raw` without the skipped and accepted messages
             readable = raw.filter(~_message_in(skipped + passed, F)) if skipped or passed else raw
             #: (topic, kp, offset of the part) -> offset it is applied at
@@ -422,7 +427,7 @@ class Ingestor:
             self._withdraw(added)
             raise
         finally:
-            self.catalog.end_applying(lowest)
+            self.catalog.end_applying({database_of_topic(topic) for topic, _kp in lowest})
 
     # -- poisoned messages (server/write_buffer/poison.py) ---------------------------------------------
     def _poison_state(self) -> tuple[dict, set]:
