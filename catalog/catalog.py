@@ -481,7 +481,7 @@ class Catalog:
         committed parts whose rows may be unpersisted (catalog/transactions.py; `unpersisted_lo`:
         {kp: lowest offset whose rows stay unpersisted}), and the micro-batch being applied
         (`begin_applying`). Every checkpoint a lifecycle action builds registers them, as
-        ``(offset, max(offset, applied))``. Caller holds the lock."""
+        ``(offset, max(offset, applied))``, under the lock that they hold while they build it."""
         with self._lock:
             pins = db.txns.pinned_offsets()
             for kp, off in db.txns.applied_part_pins(unpersisted_lo).items():
