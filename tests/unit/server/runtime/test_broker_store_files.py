@@ -33,13 +33,13 @@ def _flag(cmd: list[str], name: str) -> str:
     return value
 
 
-def test_the_store_logs_and_keeps_its_local_sockets_in_its_directory(monkeypatch, tmp_path):
+def test_the_store_logs_in_its_directory_and_keeps_its_local_sockets_beside_it(monkeypatch, tmp_path):
     store_dir = str(tmp_path / "broker-store")
     cmd = _command(monkeypatch, store_dir)
     # glog's directory is an option of `weed` itself, before the subcommand
     assert cmd[:3] == ["weed", f"-logdir={os.path.join(store_dir, 'log')}", "mini"]
-    assert _flag(cmd, "-filer.localSocket") == _flag(cmd, "-s3.localFilerSocket") == f"{store_dir}/filer.sock"
-    assert _flag(cmd, "-s3.localSocket") == f"{store_dir}/s3.sock"
+    assert _flag(cmd, "-filer.localSocket") == _flag(cmd, "-s3.localFilerSocket") == f"{store_dir}-sockets/filer.sock"
+    assert _flag(cmd, "-s3.localSocket") == f"{store_dir}-sockets/s3.sock"
     for name, port in PORTS.items():
         assert _flag(cmd, f"-{name}.port") == str(port)
         assert _flag(cmd, f"-{name}.port.grpc") == str(port + broker._GRPC_PORT_OFFSET)
@@ -49,29 +49,31 @@ def test_a_relative_store_directory_gets_absolute_socket_paths(monkeypatch, tmp_
     monkeypatch.chdir(tmp_path)
     cmd = _command(monkeypatch, "broker-store")
     assert _flag(cmd, "-dir") == "broker-store"
-    assert _flag(cmd, "-s3.localSocket") == f"{tmp_path}/broker-store/s3.sock"
+    assert _flag(cmd, "-s3.localSocket") == f"{tmp_path}/broker-store-sockets/s3.sock"
 
 
 def test_a_socket_path_too_long_for_a_unix_socket_is_seaweedfs_default_in_tmp(monkeypatch, tmp_path):
-    """Each socket on its own: `<dir>/filer.sock` 104 bytes long does not fit, `<dir>/s3.sock` (101) does.
-    The default is named explicitly (`weed mini` would take an earlier start's path from mini.options)."""
-    store_dir = str(tmp_path / ("x" * (broker._UNIX_SOCKET_PATH_MAX - len(str(tmp_path)) - len("/filer.sock") - 1)))
-    assert len(os.path.join(store_dir, "filer.sock")) == broker._UNIX_SOCKET_PATH_MAX
+    """Each socket on its own: `<dir>-sockets/filer.sock` 104 bytes long does not fit,
+    `<dir>-sockets/s3.sock` (101) does. The default is named explicitly (`weed mini` would take an
+    earlier start's path from mini.options)."""
+    tail = len("-sockets/filer.sock")
+    store_dir = str(tmp_path / ("x" * (broker._UNIX_SOCKET_PATH_MAX - len(str(tmp_path)) - tail - 1)))
+    assert len(f"{store_dir}-sockets/filer.sock") == broker._UNIX_SOCKET_PATH_MAX
     cmd = _command(monkeypatch, store_dir)
     assert _flag(cmd, "-filer.localSocket") == _flag(cmd, "-s3.localFilerSocket") == \
         "/tmp/seaweedfs-filer-11003.sock"
-    assert _flag(cmd, "-s3.localSocket") == f"{store_dir}/s3.sock"
+    assert _flag(cmd, "-s3.localSocket") == f"{store_dir}-sockets/s3.sock"
     assert _flag(cmd, "-logdir") == f"{store_dir}/log"  # a log file's path has no such limit
 
     fits = store_dir[:-1]  # 103 bytes: fits
-    assert _flag(_command(monkeypatch, fits), "-filer.localSocket") == f"{fits}/filer.sock"
+    assert _flag(_command(monkeypatch, fits), "-filer.localSocket") == f"{fits}-sockets/filer.sock"
 
 
 def test_the_sockets_of_a_store_are_its_local_ones_and_one_per_grpc_port():
     assert broker._weed_socket("master-grpc", 21001) == "/tmp/seaweedfs-master-grpc-21001.sock"
     assert broker._weed_socket("s3", 11005) == "/tmp/seaweedfs-s3-11005.sock"
     assert broker._store_sockets("/data/broker-store", PORTS) == [
-        "/data/broker-store/filer.sock", "/data/broker-store/s3.sock",
+        "/data/broker-store-sockets/filer.sock", "/data/broker-store-sockets/s3.sock",
         "/tmp/seaweedfs-master-grpc-21001.sock", "/tmp/seaweedfs-volume-grpc-21002.sock",
         "/tmp/seaweedfs-filer-grpc-21003.sock", "/tmp/seaweedfs-admin-grpc-21004.sock",
         "/tmp/seaweedfs-s3-grpc-21005.sock"]
@@ -94,6 +96,7 @@ def test_a_stop_removes_only_its_own_sockets_and_only_those_nothing_listens_on(m
     store_dir = os.path.join(short_dir, "store")
     os.makedirs(tmp)
     os.makedirs(store_dir)
+    os.makedirs(broker._sockets_dir(store_dir))
     monkeypatch.setattr(broker, "_WEED_SOCKET_DIR", tmp)
     mine = broker._store_sockets(store_dir, PORTS)
     for path in mine:
@@ -122,7 +125,7 @@ def test_a_stop_removes_only_its_own_sockets_and_only_those_nothing_listens_on(m
     broker.remove_left_sockets(store_dir)
     assert [p for p in mine if os.path.exists(p)] == [not_a_socket]
     assert all(os.path.exists(p) for p in others)
-    assert not os.path.exists(os.path.join(store_dir, broker._STORE_PORTS_RECORD))
+    assert not os.path.exists(broker._sockets_dir(store_dir))  # the record, and the directory once empty
     broker.remove_left_sockets(store_dir)  # no record: nothing to do
 
 
@@ -131,12 +134,13 @@ def test_a_ports_record_that_is_not_one_removes_nothing(monkeypatch, short_dir):
     path = broker._weed_socket("master-grpc", PORTS["master"] + broker._GRPC_PORT_OFFSET)
     _stale_socket(path)
     for text in ("{", "[]", '{"master": 11001}', '{"master": "11001", "volume": 1, "filer": 1, "admin": 1, "s3": 1}'):
-        with open(os.path.join(short_dir, broker._STORE_PORTS_RECORD), "w") as f:
+        os.makedirs(broker._sockets_dir(short_dir), exist_ok=True)
+        with open(os.path.join(broker._sockets_dir(short_dir), broker._STORE_PORTS_RECORD), "w") as f:
             f.write(text)
         assert broker._recorded_store_ports(short_dir) is None
         broker.remove_left_sockets(short_dir)
         assert os.path.exists(path)
-    assert not os.path.exists(os.path.join(short_dir, broker._STORE_PORTS_RECORD))
+    assert not os.path.exists(os.path.join(broker._sockets_dir(short_dir), broker._STORE_PORTS_RECORD))
 
 
 def test_a_process_whose_main_thread_exited_is_alive_until_its_last_thread_does():
