@@ -87,6 +87,7 @@ def durable(tmp_path):
         for pid in (h.pid, h.store_pid):
             if pid and broker._alive(pid):
                 broker._stop_process(pid, signal.SIGKILL)
+    broker.remove_left_sockets(str(tmp_path / "broker-store"))  # what SIGKILLed stores leave in /tmp
 
 
 @pytest.mark.parametrize("kill_store", [False, True], ids=["broker", "broker-and-store"])
