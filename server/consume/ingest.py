@@ -325,8 +325,9 @@ class Ingestor:
         t_meta = time.perf_counter()
         #: [(db, chunk)] this attempt added to the catalog: withdrawn if it fails after all
         added: list = []
-        #: (topic, kp) -> lowest offset of the batch: announced before the batch changes the catalog
+        #: (topic, kp) -> lowest offset of the batch, and the same by database as announced to the catalog
         lowest: dict = {}
+        announced: dict = defaultdict(dict)
         try:
             by_table: dict = defaultdict(list)
             hi: dict = defaultdict(dict)
@@ -359,7 +360,6 @@ class Ingestor:
                 elif m["kind"] in TXN_KINDS:
                     txn_rows[m["topic"]].append(m)
             # until its applied offsets advance, every checkpoint starts replay at or below the batch
-            announced: dict = defaultdict(dict)
             for (topic, kp), offset in lowest.items():
                 announced[database_of_topic(topic)][kp] = offset
             self.catalog.begin_applying(announced)
@@ -427,7 +427,7 @@ class Ingestor:
             self._withdraw(added)
             raise
         finally:
-            self.catalog.end_applying({database_of_topic(topic) for topic, _kp in lowest})
+            self.catalog.end_applying(announced)
 
     # -- poisoned messages (server/write_buffer/poison.py) ---------------------------------------------
     def _poison_state(self) -> tuple[dict, set]:
