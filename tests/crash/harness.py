@@ -18,7 +18,7 @@ import time
 import grpc
 
 from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
-from server.runtime.broker import free_port, remove_left_sockets
+from server.runtime.broker import _alive as process_alive, free_port, remove_left_sockets
 from server.api.client import IoxClient
 from tests.waiting import accepts_connections
 
@@ -147,23 +147,9 @@ def stop_embedded_broker(data_dir: str) -> None:
             pass
     if rec.get("store_dir"):
         deadline = time.monotonic() + 10
-        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         remove_left_sockets(rec["store_dir"])
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
-    except OSError:
-        return False
 
 
 #: pause between the batches of Writer.write_until_dead: writers that never pause kept both cores busy
