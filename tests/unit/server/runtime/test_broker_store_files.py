@@ -146,21 +146,22 @@ def test_a_ports_record_that_is_not_one_removes_nothing(monkeypatch, short_dir):
 def test_a_process_whose_main_thread_exited_is_alive_until_its_last_thread_does():
     """A Go program's main thread becomes a zombie before its other threads exit, and those still hold
     its sockets: a stop that took it for gone found the store's sockets still served."""
+    # its other thread lives until the test closes its stdin: the process cannot end before it is looked at
     child = subprocess.Popen([sys.executable, "-c",
-                              "import ctypes, threading, time\n"
-                              "threading.Thread(target=time.sleep, args=(1.5,)).start()\n"
-                              "time.sleep(0.2)\n"
-                              "ctypes.CDLL(None).pthread_exit(None)\n"])
+                              "import ctypes, sys, threading\n"
+                              "threading.Thread(target=sys.stdin.read).start()\n"
+                              "ctypes.CDLL(None).pthread_exit(None)\n"], stdin=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        while True:
             with open(f"/proc/{child.pid}/stat") as f:
                 if f.read().rsplit(") ", 1)[1][0] == "Z":
                     break
+            assert time.monotonic() < deadline, "the child's main thread did not exit"
             time.sleep(0.02)
-        if child.poll() is not None:
-            pytest.skip("the process exited before its main thread could be seen exited alone")
+        assert child.poll() is None
         assert broker._alive(child.pid)
+        child.stdin.close()
         child.wait(10)
         assert not broker._alive(child.pid)
     finally:
