@@ -319,7 +319,8 @@ class IoxServer:
         self.memory_guard = MemoryGuard(cfg.memory_limit_bytes, cfg.memory_soft_fraction,
                                         cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
                                         cfg.max_messages_per_partition_per_batch,
-                                        measure=lambda: process_tree_rss_bytes(extra_pids=broker_pids()))
+                                        measure=lambda: process_tree_rss_bytes(extra_pids=broker_pids()),
+                                        bound=lambda: process_tree_rss_bytes(extra_pids=broker_pids(), exact=False))
         self.consumer.throttle_file = self.memory_guard.throttle_file
         self.consumer.freeze_file = self.freeze.path
         self.memory_guard.start()
