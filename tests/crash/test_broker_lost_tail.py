@@ -134,7 +134,7 @@ def test_a_broker_that_lost_its_tail_is_found_at_start_and_while_running(data_di
         # the broker alone SIGKILLed while the server runs: the server starts it again, writes go on
         os.kill(broker_record(data_dir)["pid"], signal.SIGKILL)
         pts.write_once_taken(s1.client, kp)
-        pts.write_n(s1.client, kp, 3)
+        s1.client.wait_applied(db, pts.write_n(s1.client, kp, 3), timeout_s=120)  # the last of them all
         pts.check(s1.client)
         assert s1.client.status(db)["databases"][0]["tables"][0]["partitions"][0]["files"] == []
         s1.kill()

@@ -196,9 +196,9 @@ def test_flight_sql_needs_query_on_the_database_of_its_header_or_handle(srv):
     from iox import flight_sql_pb2
     from server.api.flight_sql import pack
 
-    with IoxClient(srv.addr, token=MAIN) as m:  # both databases exist
-        m.write(DB, f"cpu,host=fsql-m v=1 {T0}")
-        m.write("org_bucket", f"cpu,host=fsql-o v=2 {T0}")
+    with IoxClient(srv.addr, token=MAIN) as m:  # both databases exist, these rows applied
+        m.wait_applied(DB, m.write(DB, f"cpu,host=fsql-m v=1 {T0}"), timeout_s=60)
+        m.wait_applied("org_bucket", m.write("org_bucket", f"cpu,host=fsql-o v=2 {T0}"), timeout_s=60)
 
     def rows(token, database, sql="SELECT host FROM cpu WHERE host LIKE 'fsql-%'"):
         kwargs = {f"{DatabaseOptions.RPC_CALL_HEADER_PREFIX.value}database": database}

@@ -239,7 +239,7 @@ def test_a_persist_run_as_one_task_per_executor_writes_disjoint_time_ranges_exac
     c, db = manual.client, f"pt_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(60)])
     _write(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 60, 5)])  # rewrites 12 points' v
-    c.delete(db, T0 + 20, T0 + 30, table="cpu")  # takes 20..29 (10 points, 2 of them rewritten)
+    c.wait_applied(db, c.delete(db, T0 + 20, T0 + 30, table="cpu"), timeout_s=60)  # 20..29 (10 points, 2 rewritten)
     kept = [i for i in range(60) if not 20 <= i < 30]
     vs = {i: float(1000 + i if i % 5 == 0 else i) for i in kept}
     before = c.query(db, Q).to_pylist()

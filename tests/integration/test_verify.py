@@ -31,7 +31,8 @@ def test_verify_agrees_with_a_database_written_deleted_persisted_and_written_to_
     client.delete(db, T0, T0 + 3 * S, predicate='host="h1"', table="cpu")
     client.write(db, f"cpu,host=h1 v=99i {T0 + S}")
     client.persist(db)
-    client.write(db, f"cpu,host=h2 u=5u {T0 + 2 * S}\ncpu,host=h4 s=\"x\",b=true,f=0.25 {T0 + 9 * S}")
+    client.wait_applied(db, client.write(db, f"cpu,host=h2 u=5u {T0 + 2 * S}\ncpu,host=h4 s=\"x\",b=true,f=0.25 {T0 + 9 * S}"),
+                        timeout_s=60)
     rows = client.query(db, "SELECT * FROM cpu").num_rows + client.query(db, "SELECT * FROM mem").num_rows
 
     r = client.verify(db)
