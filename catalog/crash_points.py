@@ -32,6 +32,7 @@ from .errors import CatalogError
 
 __all__ = ["CrashPoint", "crash_point", "armed_points", "UnknownCrashPoint", "ENV", "FaultPoint", "fault_point",
            "arm_fault", "disarm_fault", "InjectedFault", "DelayPoint", "delay_point", "armed_delays", "DELAY_ENV",
+           "DELAY_GATE_ENV", "DELAY_GATE_MAX_S",
            "InvalidDelay"]
 
 #: the environment variable that arms points (comma-separated names)
@@ -138,7 +139,8 @@ class DelayPoint(enum.StrEnum):
     #: a micro-batch with messages is about to be applied (every one, replay or not)
     APPLY_BATCH = "apply_batch"
     #: a micro-batch's chunks are in the catalog; its transaction state, its deletes' effect on
-    #: the new chunks and its applied offsets are not yet (the lifecycle may act meanwhile)
+    #: the new chunks and its applied offsets are not yet (the lifecycle may act meanwhile).
+    #: Gated when the batch added chunks
     BATCH_CHUNKS_ADDED = "batch_chunks_added"
 
 
@@ -170,11 +172,25 @@ def armed_delays(text: str) -> dict:
 
 
 _DELAYS = armed_delays(os.environ.get(DELAY_ENV, ""))
+#: the environment variable naming a gate file: an armed delay point of a `gated` call waits, after
+#: its seconds, for as long as that file exists (a test holds a batch exactly until it has looked)
+DELAY_GATE_ENV = "IOX_DELAY_GATE"
+#: a gate holds for at most this long, so a test that never removes its file cannot hang a server
+DELAY_GATE_MAX_S = 120.0
+#: how often a held point looks for its gate file
+_GATE_POLL_S = 0.05
 
 
-def delay_point(point: DelayPoint) -> None:
-    """Sleeps as long as `IOX_DELAY_AT` arms `point` for; otherwise nothing."""
+def delay_point(point: DelayPoint, gated: bool = False) -> None:
+    """Sleeps as long as `IOX_DELAY_AT` arms `point` for (0 arms it without a sleep); then, when
+    `gated` and the file `IOX_DELAY_GATE` names exists, waits until it is removed (at most
+    DELAY_GATE_MAX_S). Nothing when `point` is not armed."""
     if _DELAYS:
         s = _DELAYS.get(point)
         if s:
             time.sleep(s)
+        gate = os.environ.get(DELAY_GATE_ENV, "") if s is not None and gated else ""
+        if gate:
+            deadline = time.monotonic() + DELAY_GATE_MAX_S
+            while os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(_GATE_POLL_S)

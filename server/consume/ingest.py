@@ -390,7 +390,7 @@ class Ingestor:
                 builds += self._plan_table(readable, db, topic, table, msgs, F, at_offset, stashed.get((topic, table), []))
                 touched.append((db, table))
             skipped += self._build_and_add_chunks(builds, added)
-            delay_point(DelayPoint.BATCH_CHUNKS_ADDED)
+            delay_point(DelayPoint.BATCH_CHUNKS_ADDED, gated=bool(builds))
             touched += self._close_for_deletes(deleted)
             t_chunks = time.perf_counter()
             for db, table in touched:

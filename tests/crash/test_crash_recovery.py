@@ -233,11 +233,6 @@ def test_a_committed_request_whose_rows_are_not_persisted_survives_a_restart(dat
             s.kill()
 
 
-#: how long each micro-batch of `test_the_lifecycle_acting_on_a_half_applied_batch_loses_nothing`
-#: stays half applied (its chunks in the catalog, the rest not yet): the policy persists within it
-_HALF_APPLIED_S = 8
-
-
 def test_the_lifecycle_acting_on_a_half_applied_batch_loses_nothing(data_dir):
     """The lifecycle acts while a micro-batch is half applied: its chunks (and their persistence
     windows) are in the catalog, its transaction state and applied offsets not yet. The policy
@@ -247,41 +242,56 @@ def test_the_lifecycle_acting_on_a_half_applied_batch_loses_nothing(data_dir):
       not come back, before or after a restart);
     - a two-table request (a transaction): the persist of one table must leave replay able to
       read the request's parts again, since the other table's rows are in no Parquet file.
+    A batch that adds chunks is held half applied for as long as the test's gate file exists
+    (`IOX_DELAY_GATE`), i.e. until the test saw the persist and the offsets not yet applied.
     The server is killed once everything is applied, and the restart answers the same."""
-    from catalog.crash_points import DELAY_ENV
+    from catalog.crash_points import DELAY_ENV, DELAY_GATE_ENV
     from catalog.sharding import partition_for
     from tests.waiting import wait_for
 
     assert partition_for("cpu", 2) != partition_for("net", 2)
     db, S = f"ha_{uuid.uuid4().hex[:8]}", 1_000_000_000
+    gate = os.path.join(data_dir, "half-applied-gate")
     policy = ["--persist-row-threshold", "3", "--late-arrive-window-s", "1", "--persist-age-threshold-s", "3600",
               "--worker-backoff-ms", "200"]
-    s1 = ServerProcess(data_dir, extra=policy, env={DELAY_ENV: f"batch_chunks_added={_HALF_APPLIED_S}"}).wait_ready()
+    s1 = ServerProcess(data_dir, extra=policy,
+                       env={DELAY_ENV: "batch_chunks_added=0", DELAY_GATE_ENV: gate}).wait_ready()
     servers = [s1]
     c = s1.client
 
-    def persisted_while_applying(table: str, tok: dict) -> None:
+    def persisted_while_applying(table: str, write) -> None:
+        """Runs `write` (it returns its token) with the gate closed, waits for the policy to
+        persist `table`, checks that the batch is still half applied, then opens the gate."""
         def has_files():
             return any(p.get("files") for d in c.status(db).get("databases", []) for t in d.get("tables", [])
                        if t["name"] == table for p in t.get("partitions", []))
 
-        wait_for(has_files, 60, f"the policy to persist {table}")
-        applied = c.applied(db)
-        assert any(applied.get(kp, -1) < off for kp, off in tok.items()), \
-            f"{table} was persisted only once the batch was applied ({applied} >= {tok}): the test shows nothing"
+        with open(gate, "w"):
+            pass
+        try:
+            tok = write()
+            wait_for(has_files, 120, f"the policy to persist {table}")
+            applied = c.applied(db)
+            assert any(applied.get(kp, -1) < off for kp, off in tok.items()), \
+                f"{table} was persisted only once the batch was applied ({applied} >= {tok}): the test shows nothing"
+        finally:
+            os.remove(gate)
         c.wait_applied(db, tok, timeout_s=60)
 
     m = "SELECT host, v, w FROM m ORDER BY host"
     m_want = [{"host": "a", "v": None, "w": 2}, {"host": "b", "v": None, "w": 3}]
     try:
-        c.write(db, f"m,host=a v=1i {T0}")
-        c.delete(db, T0, T0 + S, predicate='host="a"', table="m")
-        tok = c.write(db, f"m,host=a w=2i {T0}\nm,host=b w=3i {T0}")
-        persisted_while_applying("m", tok)
+        c.wait_applied(db, c.write(db, f"m,host=a v=1i {T0}"), timeout_s=60)
+
+        def delete_and_write():
+            c.delete(db, T0, T0 + S, predicate='host="a"', table="m")
+            return c.write(db, f"m,host=a w=2i {T0}\nm,host=b w=3i {T0}")
+
+        persisted_while_applying("m", delete_and_write)
         assert c.query(db, m).to_pylist() == m_want
 
-        tok = c.write(db, "\n".join([f"cpu,src=w id={i}i {T0 + i}" for i in range(3)] + [f"net,src=w id=3i {T0}"]))
-        persisted_while_applying("cpu", tok)
+        persisted_while_applying("cpu", lambda: c.write(db, "\n".join(
+            [f"cpu,src=w id={i}i {T0 + i}" for i in range(3)] + [f"net,src=w id=3i {T0}"])))
         assert _ids(c, db, "cpu") == [0, 1, 2] and _ids(c, db, "net") == [3]
         s1.kill()
         s2 = ServerProcess(data_dir, extra=policy).wait_ready()

@@ -60,3 +60,29 @@ def test_armed_delays_parses_points_and_seconds():
     for bad in ("apply_batch", "apply_batch=x", "apply_batch=-1", "apply_batch=nan"):
         with pytest.raises(InvalidDelay):
             armed_delays(bad)
+
+
+def test_a_gated_delay_point_waits_while_its_gate_file_exists(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import catalog.crash_points as cp
+
+    gate = tmp_path / "gate"
+    gate.write_text("")
+    monkeypatch.setenv(cp.DELAY_GATE_ENV, str(gate))
+    monkeypatch.setattr(cp, "_DELAYS", {DelayPoint.BATCH_CHUNKS_ADDED: 0.0})
+    cp.delay_point(DelayPoint.BATCH_CHUNKS_ADDED)  # not gated: passes at once
+    cp.delay_point(DelayPoint.APPLY_BATCH, gated=True)  # not armed: passes at once
+    passed = threading.Event()
+    t = threading.Thread(target=lambda: (cp.delay_point(DelayPoint.BATCH_CHUNKS_ADDED, gated=True), passed.set()))
+    t.start()
+    assert not passed.wait(0.3)  # held while the gate exists
+    gate.unlink()
+    assert passed.wait(5)
+    t.join()
+    monkeypatch.setattr(cp, "DELAY_GATE_MAX_S", 0.2)
+    gate.write_text("")
+    t0 = time.monotonic()
+    cp.delay_point(DelayPoint.BATCH_CHUNKS_ADDED, gated=True)  # a gate never removed holds at most its bound
+    assert 0.2 <= time.monotonic() - t0 < 5
