@@ -9,8 +9,9 @@ installed. Each page is counted once: a process's proportional share (PSS, from
 their RSS counted it once per worker (RSS where smaps_rollup cannot be read). Not the catalog's
 size estimate: everything the kernel would count against the host.
 
-What a sample costs: the kernel computes PSS by walking every resident page (about 8 ms of CPU per
-GiB, 55 ms for a server tree of 3.4 GiB), where RSS (/proc/<pid>/statm) is a counter. A process's
+What a sample costs: the kernel computes PSS by walking every resident page (15-20 ms of CPU per
+GiB: 55-73 ms for a server tree of 3.4-3.6 GiB), where RSS (/proc/<pid>/statm) is a counter (2 ms
+for the same tree). A process's
 RSS is never below its PSS, so the tree's RSS sum is an upper bound: a sample first reads it, and
 reads PSS only when that bound reaches the soft fraction of the limit (a state may change), or
 when the last PSS reading is older than `EXACT_MAX_AGE_S` (for /metrics). The state a sample
