@@ -11,11 +11,10 @@ size estimate: everything the kernel would count against the host.
 
 What a sample costs: the kernel computes PSS by walking every resident page (15-20 ms of CPU per
 GiB: 55-73 ms for a server tree of 3.4-3.6 GiB), where RSS (/proc/<pid>/statm) is a counter (2 ms
-for the same tree). A process's
-RSS is never below its PSS, so the tree's RSS sum is an upper bound: a sample first reads it, and
-reads PSS only when that bound reaches the soft fraction of the limit (a state may change), or
-when the last PSS reading is older than `EXACT_MAX_AGE_S` (for /metrics). The state a sample
-decides is the one the PSS reading would give.
+for the same tree). A process's RSS is never below its PSS, so the tree's RSS sum is an upper
+bound: a sample first reads it, and reads PSS only when that bound reaches the soft fraction of
+the limit (a state may change), or when the last PSS reading is older than `EXACT_MAX_AGE_S` (for
+/metrics). The state a sample decides is the one the PSS reading would give.
 
 States (`state`), re-evaluated at every sample:
 - NORMAL: below `soft_fraction * limit`.
