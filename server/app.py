@@ -316,11 +316,11 @@ class IoxServer:
         # children of this process then); read at each sample: the supervisor may restart them
         broker_pids = lambda: [p for p in ((self.broker.pid, self.broker.store_pid)  # noqa: E731
                                            if self.broker is not None else ()) if p]
+        tree_bytes = lambda exact=True: process_tree_rss_bytes(extra_pids=broker_pids(), exact=exact)  # noqa: E731
         self.memory_guard = MemoryGuard(cfg.memory_limit_bytes, cfg.memory_soft_fraction,
                                         cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
                                         cfg.max_messages_per_partition_per_batch,
-                                        measure=lambda: process_tree_rss_bytes(extra_pids=broker_pids()),
-                                        bound=lambda: process_tree_rss_bytes(extra_pids=broker_pids(), exact=False))
+                                        measure=tree_bytes, bound=lambda: tree_bytes(exact=False))
         self.consumer.throttle_file = self.memory_guard.throttle_file
         self.consumer.freeze_file = self.freeze.path
         self.memory_guard.start()

@@ -176,9 +176,10 @@ class MemoryGuard:
         """Measures once and updates the state (and the throttle file); returns the state.
         `now_monotonic`: `time.monotonic()` of the sample."""
         limit = self.limit_bytes
+        soft = limit * self.soft_fraction  # at most the limit (config: 0 < soft_fraction <= 1)
         bound = self._bound() if self._bound is not None and self._measured_at is not None \
             and now_monotonic - self._measured_at < EXACT_MAX_AGE_S else None
-        if bound is not None and (not limit or bound < limit * min(self.soft_fraction, 1.0)):
+        if bound is not None and (not limit or bound < soft):
             # the exact figure is at most the bound, so below every threshold too: the state is
             # decided on the bound, and rss_bytes keeps the last exact figure
             rss = bound
@@ -192,7 +193,7 @@ class MemoryGuard:
         elif rss >= limit:
             state = REFUSING
             self.refusing_samples += 1
-        elif rss >= limit * self.soft_fraction:
+        elif rss >= soft:
             state = THROTTLED
         else:
             state = NORMAL
