@@ -5,7 +5,7 @@ batches of 5,000 points (one table per request, one table per Kafka
 partition) for a bounded time; a point counts once its request is acknowledged
 (after Kafka acked it). Baseline: confluent-kafka producing the same request
 bytes straight to the same broker, with the server's producer configuration
-(idempotent, acks=all, one message per record batch) and the same number of
+(idempotent, acks=all, concurrent messages of a partition batched) and the same number of
 concurrent requests in flight — the write buffer's limit. The baseline runs
 after our server applied everything our run wrote (so it does not share the
 machine with our backlog); then the run's points are persisted (not measured),

@@ -27,8 +27,8 @@ Invariants:
 - `latestOffset` never reports an end beyond what Kafka holds and never stops
   short of the last message for longer than one trigger after a partition
   stops moving: Tansu reports the high watermark as the base offset of the
-  last record batch + 1 (exact for the router's single-message batches, short
-  of the rest of another producer's larger batch). A partition whose watermark
+  last record batch + 1 (short of the rest of a batch of several messages: the
+  router's messages of concurrent requests to one partition share batches). A partition whose watermark
   moved since the last trigger ends at the watermark; once it did not move,
   its true end is found by reading its last batch (a no-op on Apache Kafka,
   where the batch ends at the watermark). Reading the last batch costs Tansu a
@@ -403,8 +403,8 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
                     self._stale_probed_at[(topic, p)] = now
                     grown[p] = known
             elif moved:
-                # still growing: up to the watermark now (exact for single-message batches); the
-                # rest of a larger last batch once the partition stops moving (read below then)
+                # still growing: up to the watermark now; the rest of a last batch of several
+                # messages at the next trigger, or once the partition stops moving (read below then)
                 out[p] = hi
             else:
                 grown[p] = hi

@@ -212,7 +212,7 @@ def test_a_partition_holding_more_batches_than_a_short_fetch_lists_is_read_to_it
     _create_topic(h.bootstrap)
     n = 3000
     p = Producer({"bootstrap.servers": h.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                  "batch.num.messages": 1, "log_level": 3})  # one message per stored batch, as the router
+                  "batch.num.messages": 1, "log_level": 3})  # one message per stored batch: 3,000 batches
     for i in range(n):
         p.produce(TOPIC, b"m%d" % i, partition=0)
         p.poll(0)
