@@ -268,7 +268,13 @@ class IoxServer:
                                if (n := sum(1 for r in db.lost_writes if r.detected_at_s >= t_recover))}
         # frozen mode (server/write_buffer/freeze.py): a record a previous run left stays in force, and
         # the replay reads only up to what was applied when the server froze
-        self.freeze = FreezeControl(self, data_dir, cfg.freeze_at_percent, cfg.memory_limit_bytes)
+        # resident bytes of the process tree (server/runtime/memory_guard.py): the embedded broker and
+        # its store count too, also when reused from an earlier run (no children of this process
+        # then); their pids are read at each sample: the supervisor may restart them
+        broker_pids = lambda: [p for p in ((self.broker.pid, self.broker.store_pid)  # noqa: E731
+                                           if self.broker is not None else ()) if p]
+        tree_bytes = lambda exact=True: process_tree_rss_bytes(extra_pids=broker_pids(), exact=exact)  # noqa: E731
+        self.freeze = FreezeControl(self, data_dir, cfg.freeze_at_percent, cfg.memory_limit_bytes, rss=tree_bytes)
         self.freeze.hold_recorded()
         self._replay_until = {t: dict(p) for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items()
                               if p}
@@ -311,12 +317,7 @@ class IoxServer:
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
             cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file,
             self.acked_marks.directory, holds_file)
-        # RSS of the process tree against --memory-limit-bytes (server/runtime/memory_guard.py)
-        # the embedded broker and its store count too, also when reused from an earlier run (no
-        # children of this process then); read at each sample: the supervisor may restart them
-        broker_pids = lambda: [p for p in ((self.broker.pid, self.broker.store_pid)  # noqa: E731
-                                           if self.broker is not None else ()) if p]
-        tree_bytes = lambda exact=True: process_tree_rss_bytes(extra_pids=broker_pids(), exact=exact)  # noqa: E731
+        # the process tree's resident bytes (tree_bytes, above) against --memory-limit-bytes
         self.memory_guard = MemoryGuard(cfg.memory_limit_bytes, cfg.memory_soft_fraction,
                                         cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
                                         cfg.max_messages_per_partition_per_batch,

@@ -47,7 +47,8 @@ class FreezeControl:
         self.data_dir = data_dir
         self.at_percent = at_percent
         self.memory_limit_bytes = memory_limit_bytes
-        self._rss = rss or (lambda: process_tree_rss_bytes())
+        #: rss(exact=...) -> bytes of the process tree (`process_tree_rss_bytes`'s contract)
+        self._rss = rss or (lambda exact=True: process_tree_rss_bytes(exact=exact))
         self._disk_usage = disk_usage or (lambda: shutil.disk_usage(data_dir))
         self._lock = threading.Lock()
         #: the record in force (None: not frozen); read from the data directory at start
@@ -59,10 +60,16 @@ class FreezeControl:
         return self.record is not None
 
     def usage(self) -> tuple[int, int, int, int]:
-        """(memory used, memory total, disk used, disk total) in bytes: the process tree's RSS against
-        --memory-limit-bytes (the host's memory without one), the data directory's file system."""
+        """(memory used, memory total, disk used, disk total) in bytes: the process tree's resident
+        bytes against --memory-limit-bytes (the host's memory without one), the data directory's file
+        system. The tree's RSS sum (an upper bound, no page walk) stands for memory used while it is
+        below the threshold; at or above it each page is counted once (PSS)."""
         du = self._disk_usage()
-        return self._rss(), self.memory_limit_bytes or host_memory_bytes(), du.used, du.total
+        total = self.memory_limit_bytes or host_memory_bytes()
+        used = self._rss(exact=False)
+        if total > 0 and 100.0 * used / total >= self.at_percent:
+            used = self._rss(exact=True)
+        return used, total, du.used, du.total
 
     def hold_recorded(self) -> None:
         """At start, before the stream starts: a freeze a previous run recorded holds every partition
