@@ -89,9 +89,9 @@ def test_a_micro_batch_takes_at_most_the_read_limit_of_each_kafka_partition(brok
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
     p = Producer(_producer_conf(broker.bootstrap, 10_000))
-    for i, kp in enumerate([0] * 7 + [1] * 2):
+    for i, kp in enumerate([0] * 7 + [1] * 2):  # one at a time: a batch each, so every watermark is exact
         p.produce(topic, value=b"x%d" % i, partition=kp)
-    assert p.flush(30) == 0
+        assert p.flush(30) == 0
     r = IoxKafkaStreamReader({"bootstrap": broker.bootstrap, "topic_prefix": topic, "max_messages_per_partition": "3"})
     try:
         limit = r.getDefaultReadLimit()
