@@ -63,7 +63,7 @@ SINK_TOPIC = "bench.sink"
 def produce_as_router(bootstrap: str, topic: str, partitions: int, bodies: dict) -> dict:
     """Creates `topic` (`partitions` partitions) and produces {partition: [line-protocol body]} to it,
     each body encoded as our router encodes a write request (one message per table), with the
-    write buffer's producer settings; returns {"<partition>": end offset}."""
+    write buffer's producer settings and a record batch per message; returns {"<partition>": end offset}."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -77,7 +77,9 @@ def produce_as_router(bootstrap: str, topic: str, partitions: int, bodies: dict)
         admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(15)
     except Exception:  # noqa: BLE001 - already exists
         pass
-    producer = Producer(_producer_conf(bootstrap, 60_000))
+    # a record batch per message, as our topic holds them: the bench's writers have one request in
+    # flight per partition, so the server's producer never shares a batch between two of them
+    producer = Producer({**_producer_conf(bootstrap, 60_000), "batch.num.messages": 1})
     ends: dict = {}
     errors: list = []
 
