@@ -4,7 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-.venv/bin/python -m pytest tests "$@"
+# no arguments: pyproject.toml's testpaths (tests/); paths given run instead of the whole suite
+.venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests: failing loudly" >&2
