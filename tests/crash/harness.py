@@ -132,6 +132,18 @@ def broker_record(data_dir: str) -> dict:
         return json.load(f)
 
 
+def stored_offsets(data_dir: str, topic: str, kp: int) -> list[int]:
+    """Base offsets of the record batches the durable embedded broker's store holds for one
+    partition, in order (listed with boto3 as Tansu lays them out)."""
+    from server.runtime.broker import STORE_BUCKET, TANSU_CLUSTER_ID, store_client
+    from server.runtime.broker_truncation import batch_offset, partition_prefix
+
+    pages = store_client(broker_record(data_dir)["store_port"]).get_paginator("list_objects_v2").paginate(
+        Bucket=STORE_BUCKET, Prefix=partition_prefix(TANSU_CLUSTER_ID, topic, kp))
+    return sorted(o for page in pages for o in (batch_offset(c["Key"]) for c in page.get("Contents", ()))
+                  if o is not None)
+
+
 def stop_embedded_broker(data_dir: str) -> None:
     """SIGKILLs the embedded broker recorded in `data_dir` and, for a durable one, its store, and
     removes the unix sockets the store leaves in /tmp once it is gone."""

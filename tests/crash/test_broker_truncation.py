@@ -14,20 +14,11 @@ import uuid
 from confluent_kafka import Consumer, TopicPartition
 
 from catalog.sharding import topic_for
-from server.runtime.broker import STORE_BUCKET, TANSU_CLUSTER_ID, free_port, store_client
-from server.runtime.broker_truncation import batch_offset, partition_prefix
-from tests.crash.harness import ServerProcess, Writer, broker_record
+from server.runtime.broker import free_port
+from tests.crash.harness import ServerProcess, Writer, broker_record, stored_offsets
 from tests.waiting import wait_for
 
 DURABLE = ["--broker-storage", "durable"]
-
-
-def _stored_offsets(data_dir: str, topic: str, kp: int) -> list[int]:
-    """Base offsets of the record batches the store holds for one partition, in order."""
-    pages = store_client(broker_record(data_dir)["store_port"]).get_paginator("list_objects_v2").paginate(
-        Bucket=STORE_BUCKET, Prefix=partition_prefix(TANSU_CLUSTER_ID, topic, kp))
-    return sorted(o for page in pages for o in (batch_offset(c["Key"]) for c in page.get("Contents", ()))
-                  if o is not None)
 
 
 def _low_watermark(bootstrap: str, topic: str, kp: int) -> int:
@@ -60,12 +51,12 @@ def test_persisted_batches_leave_the_store_and_a_killed_server_recovers_from_wha
             for kp, off in tok.items():
                 ends[int(kp)] = max(ends.get(int(kp), -1), off)
         assert ends, "the writes landed somewhere"
-        written = {kp: _stored_offsets(data_dir, topic, kp) for kp in ends}
+        written = {kp: stored_offsets(data_dir, topic, kp) for kp in ends}
         assert all(offs[-1] == ends[kp] and len(offs) >= 12 // len(ends) for kp, offs in written.items()), written
         s1.client.wait_applied(db, ends, timeout_s=120)
         s1.client.persist(db, timeout_s=180)
         # everything is persisted: only each partition's last batch stays (the watermark is read from it)
-        wait_for(lambda: all(_stored_offsets(data_dir, topic, kp) == [end] for kp, end in ends.items()), 60,
+        wait_for(lambda: all(stored_offsets(data_dir, topic, kp) == [end] for kp, end in ends.items()), 60,
                  "the persisted batches deleted from the store")
         deleted = sum(len(offs) - 1 for offs in written.values())
         # the counter is raised once a truncation round's deletes of every partition are done

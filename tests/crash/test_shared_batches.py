@@ -9,12 +9,12 @@ listed with boto3 as Tansu lays it out."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 from catalog.sharding import partition_for, topic_for
-from tests.crash.harness import ServerProcess, Writer
-from tests.crash.test_broker_truncation import DURABLE, _stored_offsets
+from tests.crash.harness import ServerProcess, Writer, stored_offsets
+from tests.crash.test_broker_truncation import DURABLE
+from tests.waiting import wait_for
 
 WRITERS = 8
 TABLE = "shared"
@@ -57,13 +57,11 @@ def test_concurrent_writes_share_batches_and_are_applied_exactly_once_across_a_k
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + SHARE_WAIT_S
-        while True:
+        def shared_now() -> bool:
             end = 1 + max((tok[kp] for w in writers for tok in list(w.tokens)), default=-1)
-            if end > 0 and _shared(_stored_offsets(data_dir, topic, kp), end):
-                break
-            assert time.monotonic() < deadline, "no record batch holds two messages: no group commit"
-            time.sleep(0.2)
+            return end > 0 and _shared(stored_offsets(data_dir, topic, kp), end)
+
+        wait_for(shared_now, SHARE_WAIT_S, "a record batch holding two messages (group commit)", poll_s=0.2)
         s1.kill()  # amid the writes: those in flight may or may not be there, once
     finally:
         stop.set()
