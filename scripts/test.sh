@@ -4,7 +4,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-# no arguments: pyproject.toml's testpaths (tests/); paths given run instead of the whole suite
+# no arguments: pyproject.toml's testpaths (tests/), in IOX_TEST_WORKERS processes (default 2),
+# each test file in one of them (its module fixtures, a Spark cluster or a broker, start once);
+# arguments given: passed to pytest as they are (one process unless they say -n)
+if [ "$#" -eq 0 ]; then
+  set -- -n "${IOX_TEST_WORKERS:-2}" --dist loadfile
+fi
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

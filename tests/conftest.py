@@ -1,5 +1,8 @@
 """Shared fixtures: ONE real Tansu broker and ONE real in-process server (real Spark,
-real gRPC) per test session. Tests isolate themselves by unique database names.
+real gRPC) per test session, that is per pytest process (scripts/test.sh runs the suite in
+IOX_TEST_WORKERS of them, each test file whole in one). Tests isolate themselves by unique
+database names, and by data directories, brokers and ports of their own: never by a resource
+of the machine that another process could hold.
 
 Integration tests that cannot reach a required part fail (fixtures raise); they never skip.
 """

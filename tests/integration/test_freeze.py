@@ -38,10 +38,11 @@ def _files(client, db: str) -> int:
     return sum(len(p["files"]) for t in d["tables"] for p in t["partitions"])
 
 
-def test_freeze_persist_restart_unfreeze_and_freeze_by_usage(broker, session_tmp):
+def test_freeze_persist_restart_unfreeze_and_freeze_by_usage(own_broker, session_tmp):
     db = f"fz_{uuid.uuid4().hex[:8]}"
-    # thresholds far away: only a frozen server persists here
-    cfg = make_config(os.path.join(session_tmp, f"freeze-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
+    # a broker of its own: on the session's, the server would first replay every database the
+    # session wrote before it. Thresholds far away: only a frozen server persists here
+    cfg = make_config(os.path.join(session_tmp, f"freeze-{uuid.uuid4().hex[:6]}"), own_broker.bootstrap, http_port=0,
                       lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
                                  "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
     srv, c = start_server(cfg)
