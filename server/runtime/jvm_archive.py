@@ -15,9 +15,10 @@ Invariants:
 - A server never maps a half-written archive: the JVM that builds it dumps it to
   a temporary file when it exits, and the file is renamed into place only after
   that JVM exited.
-- One archive per installation and JVM: its name carries PySpark's version and
-  the Java binary (path and modification time), so an upgrade of either makes
-  the next `python -m server.cli.build_jvm_archive` build a new one.
+- One archive per installation and JVM: its name carries PySpark's version, the
+  Java binary (path and modification time) and the Spark home the JVM runs from
+  (server/runtime/spark_home.py: the class path lies under it), so a change of
+  any of them makes the next `python -m server.cli.build_jvm_archive` build a new one.
 
 Who calls it: `build_spark` adds `java_options()` to the driver's JVM options;
 `python -m server.cli.build_jvm_archive` (scripts/setup.sh, docker/Dockerfile) builds the
@@ -63,9 +64,12 @@ def archive_path() -> str | None:
         return None
     import pyspark
 
+    from server.runtime import spark_home
+
     real = os.path.realpath(java)
     try:
-        stamp = f"{real}:{os.stat(real).st_mtime_ns}"
+        # the JVM's class path lies under the Spark home: an archive made from another is not used
+        stamp = f"{real}:{os.stat(real).st_mtime_ns}:{os.environ.get(spark_home.ENV) or spark_home.path()}"
     except OSError:
         return None
     key = hashlib.sha1(stamp.encode()).hexdigest()[:12]

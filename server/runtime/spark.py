@@ -63,7 +63,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
     from pyspark.sql import SparkSession
 
     from lifecycle.cluster import is_local_master
-    from server.runtime import jvm_archive, spark_worker_daemon
+    from server.runtime import jvm_archive, spark_home, spark_worker_daemon
     from server.write_buffer.kafka_source import IoxKafkaDataSource
 
     os.makedirs(scratch_dir, exist_ok=True)
@@ -118,6 +118,11 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
             v = f"{java_opts} {v}"
         b = b.config(k, v)
+    # the installation's Spark home without PySpark's sources zip (server/runtime/spark_home.py),
+    # unless the user names a Spark home of their own
+    home = None if os.environ.get(spark_home.ENV) else spark_home.ensure()
+    if home:
+        os.environ[spark_home.ENV] = home
     try:
         _launch_jvm_in_own_session(b)
         spark = b.getOrCreate()
@@ -125,6 +130,8 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         # the JVM read it at its launch; gone from this process, it reaches no later subprocess (a
         # PySpark Connect client started from here would take it for its own token)
         os.environ.pop(SPARK_CONNECT_TOKEN_ENV, None)
+        if home:
+            os.environ.pop(spark_home.ENV, None)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(IoxKafkaDataSource)
     from lifecycle.parquet_source import IoxParquetDataSource

@@ -112,7 +112,11 @@ def test_request_spanning_partitions_is_parts_a_commit_and_markers(client, db, i
     assert sorted(m["kp"] for m in parts) == kps
     assert len(decisions) == 1 and decisions[0]["kp"] == kps[-1] and decisions[0]["info"]["decision"] == "commit"
     assert sorted(map(tuple, decisions[0]["info"]["parts"])) == sorted((m["kp"], m["offset"]) for m in parts)
-    assert sorted(m["kp"] for m in markers) == kps[:-1]
+    # one commit marker on every other partition of a part; the consumer writes the markers too when
+    # they have not reached it marker_repair_s after the decision (a micro-batch that lags under load),
+    # so a partition may hold the router's and the consumer's: both commit, and the first decides
+    assert sorted({m["kp"] for m in markers}) == kps[:-1]
+    assert {m["info"]["decision"] for m in markers} == {"commit"}
     assert {m["txn"] for m in parts + decisions + markers} == {decisions[0]["txn"]}
     assert not [m for m in msgs if m["kind"] == "write"]  # nothing of the request bypassed the transaction
     st = _db_status(client, db)
