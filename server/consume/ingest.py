@@ -59,7 +59,8 @@ from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, L
 
 from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point, delay_point, fault_point
 from catalog.delete_predicate import from_json
-from server.write_buffer.poison import holds_of, isolate, select, set_aside, settle_retried, write_holds
+from server.write_buffer.holds_file import holds_of, write_holds
+from server.write_buffer.poison import isolate, select, set_aside, settle_retried
 from server.errors import ServerError
 from server.consume.recovery import keep_mask_fn
 from lifecycle.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql

@@ -48,7 +48,7 @@ Invariants:
 - A micro-batch takes at most `max_messages_per_partition` messages of each Kafka
   partition (`getDefaultReadLimit`), so a backlog is applied in bounded steps.
 - A partition held at a poisoned message (option `holds_file`, written by the
-  consumer: server/write_buffer/poison.py) is not read past it (`poison.held_end`); the
+  consumer: server/write_buffer/poison.py) is not read past it (`holds_file.held_end`); the
   consumer reads it again from there once the message is retried or accepted.
 - While the server is frozen (option `freeze_file` exists: server/write_buffer/freeze.py), no
   partition is read past the offset it was applied to at the freeze, and a topic or partition
@@ -72,7 +72,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from server.write_buffer.end_polls import AckMarks, EndPolls
 from server.write_buffer.freeze import source_holds
-from server.write_buffer.poison import held_end, read_holds
+from server.write_buffer.holds_file import held_end, read_holds
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "EndNotConfirmed", "TRUE_END_WAIT_S",
            "reader_consumer",

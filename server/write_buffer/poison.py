@@ -3,8 +3,9 @@
 When it runs: `Ingestor.apply_batch` (server/consume/ingest.py) calls `isolate` when a
 micro-batch failed, in the micro-batch's thread; the server's admin RPCs
 (`iox poison retry|accept`) call `select` and the record helpers from gRPC threads
-while no micro-batch runs (server/consume/consumer.py `restart`). Pure, except
-`write_holds` / `read_holds` (a small JSON file).
+while no micro-batch runs (server/consume/consumer.py `restart`). Pure. The holds file
+that keeps the streaming source from reading past a held message is
+server/write_buffer/holds_file.py.
 
 Why: a micro-batch is applied whole or not at all, and a failed one used to be
 retried from its first offset, forever: one message that always fails (a payload
@@ -21,7 +22,7 @@ Invariants:
 - A HELD message's partition stops: its applied watermark stays at the offset
   before it, so nothing after it is applied out of order and persist checkpoints
   stay correct; the streaming source does not read that partition past it (the
-  holds file, `held_end`) and the consumer drops whatever of it a batch still
+  holds file, `holds_file.held_end`) and the consumer drops whatever of it a batch still
   brings. Every other partition and database goes on.
 - Never silent: a set-aside message is logged, counted in /metrics and listed in
   `iox status` (topic, partition, offset, table, error, when) until it is retried
@@ -38,8 +39,7 @@ import os
 
 from catalog.catalog import ACCEPTED, HELD, RETRYING, Database, PoisonedMessage
 
-__all__ = ["isolate", "first_failing", "set_aside", "select", "settle_retried", "holds_of", "write_holds",
-           "read_holds", "held_end", "MAX_ERROR_CHARS"]
+__all__ = ["isolate", "first_failing", "set_aside", "select", "settle_retried", "MAX_ERROR_CHARS"]
 
 #: error texts kept in a record (and in the preserved catalog) are cut to this many characters
 MAX_ERROR_CHARS = 2000
@@ -149,41 +149,3 @@ def settle_retried(db: Database) -> list:
     if done:
         db.poisoned = [r for r in db.poisoned if not any(r is d for d in done)]
     return done
-
-
-def holds_of(databases: list) -> dict:
-    """{topic: {"<kp>": offset}} of every HELD message (the streaming source's holds file).
-    Caller holds Catalog.lock."""
-    out: dict = {}
-    for db in databases:
-        held = db.held_offsets()
-        if held:
-            out[db.topic] = {str(kp): off for kp, off in sorted(held.items())}
-    return out
-
-
-def write_holds(path: str, holds: dict) -> None:
-    """Replaces the holds file atomically (the streaming source reads it at every trigger)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(holds, f, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def read_holds(path: str) -> dict:
-    """{topic: {"<kp>": offset}} from the holds file; {} when there is none (or it cannot be read:
-    the consumer drops held messages anyway)."""
-    if not path:
-        return {}
-    try:
-        with open(path) as f:
-            holds = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return holds if isinstance(holds, dict) else {}
-
-
-def held_end(start: int, end: int, hold: int | None) -> int:
-    """The end (exclusive) of a micro-batch's range [start, end) of a Kafka partition whose
-    message at ``hold`` is held (None: none): never past the held message, never before ``start``."""
-    return end if hold is None else max(start, min(end, hold))

@@ -543,7 +543,7 @@ def test_latest_offset_never_reads_a_held_partition_past_its_poisoned_message(tm
     message (or where it already is, when a batch read past it), the others read on."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from server.write_buffer.poison import write_holds
+    from server.write_buffer.holds_file import write_holds
 
     holds = str(tmp_path / "holds.json")
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "holds_file": holds})

@@ -1,4 +1,4 @@
-"""Poisoned messages (server/write_buffer/poison.py): the isolation search, the records, the holds file."""
+"""Poisoned messages (server/write_buffer/poison.py): the isolation search and the records."""
 from __future__ import annotations
 
 import random
@@ -6,8 +6,7 @@ import random
 import pytest
 
 from catalog.catalog import ACCEPTED, HELD, RETRYING, Database
-from server.write_buffer.poison import (first_failing, held_end, holds_of, isolate, read_holds, select, set_aside, settle_retried,
-                           write_holds)
+from server.write_buffer.poison import first_failing, isolate, select, set_aside, settle_retried
 
 
 class Fake:
@@ -154,33 +153,3 @@ def test_accepted_and_lost_records_round_trip_through_their_catalog_entries():
     assert LostWriteRange.from_entry(lost.entry()) == lost
     open_range = LostWriteRange(0, 5, 9, 90.0, "gone")
     assert LostWriteRange.from_entry(open_range.entry()) == open_range
-
-
-def test_holds_file_round_trip_and_held_end(tmp_path):
-    a, b = Database("a", "iox.a", 2), Database("b", "iox.b", 2)
-    set_aside(a, 1, 7, "cpu", "write", "x", 1.0)
-    holds = holds_of([a, b])
-    assert holds == {"iox.a": {"1": 7}}
-    path = str(tmp_path / "holds.json")
-    assert read_holds(path) == {} and read_holds("") == {}
-    write_holds(path, holds)
-    assert read_holds(path) == holds
-    (tmp_path / "holds.json").write_text("{not json")
-    assert read_holds(path) == {}
-    assert held_end(3, 10, None) == 10
-    assert held_end(3, 10, 7) == 7  # not past the held message
-    assert held_end(9, 12, 7) == 9  # read past it already (the batch that found it): no further
-    assert held_end(7, 12, 7) == 7  # restarted from it: nothing
-
-
-def test_fence_holds_join_the_poisoned_holds_and_reach_the_holds_file():
-    """A fenced database holds every partition past what it applied (`Database.fence_holds`), the
-    lower of that and a held poisoned message per partition, also in the streaming source's file."""
-    db = Database("d", "iox.d", 3)
-    assert not db.may_hold
-    set_aside(db, 1, 7, "cpu", "write", "boom", 100.0)
-    db.fence_holds = {0: 5, 1: 9, 2: 0}
-    assert db.may_hold and db.held_offsets() == {0: 5, 1: 7, 2: 0}
-    assert holds_of([db]) == {"iox.d": {"0": 5, "1": 7, "2": 0}}
-    db.poisoned = []
-    assert db.may_hold and db.held_offsets() == {0: 5, 1: 9, 2: 0}
