@@ -11,8 +11,8 @@ processes Spark starts used 9.3-9.4 core-seconds with the zip and 3.9-4.4 withou
 first write was applied 8.8-9.2 s after the server answered instead of 4.7-5.4 s.
 
 This module builds, once per installation, a directory that links every entry of the installed
-PySpark package (`bin`, `jars`, `sbin`, ...) and, under `python/lib`, every entry but
-`pyspark.zip`. With it as SPARK_HOME the JVM and its scripts find what they always found, and
+PySpark package (`bin`, `jars`, `sbin`, `python/pyspark/shell.py`, ...) but
+`python/lib/pyspark.zip`. With it as SPARK_HOME the JVM and its scripts find what they always found, and
 the Python processes import the installed package, compiled by pip, from site-packages (the
 same version: it is the package the zip was made of).
 
@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 #: The environment variable Spark's launcher reads (a user's value is left alone).
 ENV = "SPARK_HOME"
-#: The entry of PySpark's `python/lib` left out of the home: its sources without bytecode.
-_SOURCES_ZIP = "pyspark.zip"
+#: The entry of PySpark's directory left out of the home, as a relative path: its sources without bytecode.
+_SOURCES_ZIP = ("python", "lib", "pyspark.zip")
 
 
 def pyspark_dir() -> str:
@@ -66,10 +66,15 @@ def _is_complete(home: str, source: str) -> bool:
                for name in ("jars", "bin"))
 
 
-def _link_entries(src: str, dst: str, leave_out: tuple[str, ...] = ()) -> None:
+def _link_all_but(src: str, dst: str, leave_out: tuple[str, ...]) -> None:
+    """Links every entry of `src` into `dst` but the relative path `leave_out`: the directories on
+    the way to it are made in `dst` and linked entry by entry, and its last entry is not linked."""
     for name in sorted(os.listdir(src)):
-        if name not in leave_out:
+        if name != leave_out[0]:
             os.symlink(os.path.join(src, name), os.path.join(dst, name))
+        elif len(leave_out) > 1 and os.path.isdir(os.path.join(src, name)):
+            os.mkdir(os.path.join(dst, name))
+            _link_all_but(os.path.join(src, name), os.path.join(dst, name), leave_out[1:])
 
 
 def ensure() -> str | None:
@@ -89,11 +94,7 @@ def ensure() -> str | None:
         return None
     try:
         os.chmod(tmp, 0o755)
-        _link_entries(source, tmp, leave_out=("python",))
-        lib = os.path.join(source, "python", "lib")
-        if os.path.isdir(lib):
-            os.makedirs(os.path.join(tmp, "python", "lib"))
-            _link_entries(lib, os.path.join(tmp, "python", "lib"), leave_out=(_SOURCES_ZIP,))
+        _link_all_but(source, tmp, _SOURCES_ZIP)
         if os.path.lexists(home):  # links to an earlier PySpark at this version's path: moved away
             stale = tempfile.mkdtemp(prefix=".spark-home-stale-", dir=parent)
             try:

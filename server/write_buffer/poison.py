@@ -34,9 +34,6 @@ headers or payloads the server could never apply): those are skipped at once and
 """
 from __future__ import annotations
 
-import json
-import os
-
 from catalog.catalog import ACCEPTED, HELD, RETRYING, Database, PoisonedMessage
 
 __all__ = ["isolate", "first_failing", "set_aside", "select", "settle_retried", "MAX_ERROR_CHARS"]

@@ -12,12 +12,13 @@ from server.runtime import spark_home
 @pytest.fixture
 def package(tmp_path, monkeypatch):
     src = tmp_path / "site-packages" / "pyspark"
-    for d in ("bin", "jars", "sbin", "python/lib"):
+    for d in ("bin", "jars", "sbin", "python/lib", "python/pyspark"):
         (src / d).mkdir(parents=True)
     (src / "jars" / "spark-core.jar").write_bytes(b"jar")
     (src / "bin" / "spark-submit").write_text("#!/bin/sh\n")
     (src / "python" / "lib" / "pyspark.zip").write_bytes(b"zip")
     (src / "python" / "lib" / "py4j-src.zip").write_bytes(b"py4j")
+    (src / "python" / "pyspark" / "shell.py").write_text("")  # bin/pyspark's PYTHONSTARTUP
     (src / "__init__.py").write_text("")
     home = tmp_path / "prefix" / "share" / "iox" / "spark-home-9.9"
     monkeypatch.setattr(spark_home, "pyspark_dir", lambda: str(src))
@@ -31,6 +32,8 @@ def test_the_home_links_every_entry_but_the_sources_zip(package):
     assert sorted(os.listdir(home)) == ["__init__.py", "bin", "jars", "python", "sbin"]
     assert os.path.realpath(home / "jars" / "spark-core.jar") == str(src / "jars" / "spark-core.jar")
     assert os.listdir(home / "python" / "lib") == ["py4j-src.zip"]
+    assert sorted(os.listdir(home / "python")) == ["lib", "pyspark"]
+    assert os.path.realpath(home / "python" / "pyspark") == str(src / "python" / "pyspark")
     assert [n for n in os.listdir(home.parent) if n.startswith(".spark-home-")] == []  # no temporary left
 
 
