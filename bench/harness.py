@@ -800,6 +800,82 @@ def distinct_cycle(body: bytes, cycle: int) -> bytes:
     return body if cycle == 0 else body.replace(b",host=", b",host=c%d." % cycle)
 
 
+class SendFailed(Exception):
+    """A request that got no acknowledgement: `name` counts it in WriteStats.errors; the writer pauses
+    `backoff_s` before its next request."""
+
+    def __init__(self, name: str, backoff_s: float = 0.0):
+        super().__init__(name)
+        self.name, self.backoff_s = name, backoff_s
+
+
+def run_paced(connect, batches: list, clients: int, duration_s: float, rate_points_per_s: float | None,
+               points_per_batch: int, stats: WriteStats, once: bool, cycle_base: int) -> WriteStats:
+    """`clients` threads send `batches` for `duration_s` (the schedule `run_writers` documents).
+    `connect(k)` gives thread k its (send, close): `send(body)` returns the request's write token
+    ({partition: offset}, or {}) once it is acknowledged, or raises SendFailed."""
+    lock = stats.lock
+    start = time.monotonic()
+    end = start + duration_s
+    interval = None if not rate_points_per_s else points_per_batch * clients / rate_points_per_s
+
+    def worker(k: int):
+        mine = batches[k::clients] if once else (batches[k::clients] or batches)
+        if not mine:
+            return
+        send, close = connect(k)
+        lat, pts, reqs, errs, offered = [], 0, 0, {}, 0
+        i = 0
+        next_at = start + (interval * k / clients if interval else 0)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    break
+                if once and i >= len(mine):
+                    break
+                if interval:
+                    if next_at >= end:  # the schedule's last request is due before the end
+                        break
+                    if next_at > now:
+                        time.sleep(next_at - now)
+                    next_at += interval
+                body = distinct_cycle(mine[i % len(mine)], cycle_base + i // len(mine))
+                i += 1
+                offered += points_per_batch
+                t0 = time.monotonic()
+                try:
+                    t = send(body)
+                except SendFailed as e:
+                    errs[e.name] = errs.get(e.name, 0) + 1
+                    if e.backoff_s:
+                        time.sleep(e.backoff_s)
+                    continue
+                lat.append(time.monotonic() - t0)
+                pts += points_per_batch
+                reqs += 1
+                with lock:  # live token: samplers read it while the run goes on
+                    for p, off in t.items():
+                        stats.token[int(p)] = max(stats.token.get(int(p), -1), off)
+        finally:
+            close()
+            with lock:
+                stats.latencies_s.extend(lat)
+                stats.points += pts
+                stats.requests += reqs
+                stats.offered_points += offered
+                for name, n in errs.items():
+                    stats.errors[name] = stats.errors.get(name, 0) + n
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(duration_s + 120)
+    stats.seconds = time.monotonic() - start
+    return stats
+
+
 def run_writers(addr: str, database: str, batches: list, clients: int, duration_s: float,
                 rate_points_per_s: float | None = None, points_per_batch: int = POINTS_PER_BATCH,
                 stats: WriteStats | None = None,
@@ -818,62 +894,76 @@ def run_writers(addr: str, database: str, batches: list, clients: int, duration_
 
     from server.api.client import IoxClient
 
-    stats = stats if stats is not None else WriteStats()
-    lock = stats.lock
-    start = time.monotonic()
-    end = start + duration_s
-    interval = None if not rate_points_per_s else points_per_batch * clients / rate_points_per_s
-
-    def worker(k: int):
-        mine = batches[k::clients] if once else (batches[k::clients] or batches)
-        if not mine:
-            return
+    def connect(_k: int):
         c = IoxClient(addr)
-        lat, pts, reqs, errs, offered = [], 0, 0, {}, 0
-        i = 0
-        next_at = start + (interval * k / clients if interval else 0)
-        try:
-            while True:
-                now = time.monotonic()
-                if now >= end:
-                    break
-                if once and i >= len(mine):
-                    break
-                if interval:
-                    if next_at > now:
-                        time.sleep(next_at - now)
-                    next_at += interval
-                body = distinct_cycle(mine[i % len(mine)], cycle_base + i // len(mine))
-                i += 1
-                offered += points_per_batch
-                t0 = time.monotonic()
-                try:
-                    t = c.write(database, body, timeout_s=60)
-                except grpc.RpcError as e:
-                    errs[e.code().name] = errs.get(e.code().name, 0) + 1
-                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        time.sleep(0.05)
-                    continue
-                lat.append(time.monotonic() - t0)
-                pts += points_per_batch
-                reqs += 1
-                with lock:  # live token: samplers read it while the run goes on
-                    for p, off in t.items():
-                        stats.token[int(p)] = max(stats.token.get(int(p), -1), off)
-        finally:
-            c.close()
-            with lock:
-                stats.latencies_s.extend(lat)
-                stats.points += pts
-                stats.requests += reqs
-                stats.offered_points += offered
-                for name, n in errs.items():
-                    stats.errors[name] = stats.errors.get(name, 0) + n
 
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(duration_s + 120)
-    stats.seconds = time.monotonic() - start
-    return stats
+        def send(body: bytes) -> dict:
+            try:
+                return c.write(database, body, timeout_s=60)
+            except grpc.RpcError as e:
+                raise SendFailed(e.code().name, 0.05 if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else 0.0)
+
+        return send, c.close
+
+    return run_paced(connect, batches, clients, duration_s, rate_points_per_s, points_per_batch,
+                      stats if stats is not None else WriteStats(), once, cycle_base)
+
+
+#: the topic of the raw-produce baselines: not iox.*, so the server's consumer never reads it
+RAW_TOPIC = "bench.raw-write"
+
+
+def raw_produce(bootstrap: str, batches: list, clients: int, duration_s: float, partitions: int,
+                rate_points_per_s: float | None = None, points_per_batch: int = POINTS_PER_BATCH) -> WriteStats:
+    """The baseline of our write path: confluent-kafka producing the same request bytes straight to
+    the same broker, one message per request, with the server's producer configuration (idempotent,
+    `acks=all`, linger: concurrent messages of a partition share a batch) and one producer for all
+    `clients` threads, as the server has. The schedule is `run_writers`'s (same pacing, same
+    `distinct_cycle` bodies); thread k's i-th request goes to partition (k + i) % partitions. A
+    request's latency is produce() to its delivery report. Runs in the bench's process."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from server.write_buffer.producer import _producer_conf
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    fut = admin.create_topics([NewTopic(RAW_TOPIC, partitions, 1)])[RAW_TOPIC]
+    try:
+        fut.result(15)
+    except Exception:
+        pass  # already exists
+    producer = Producer(_producer_conf(bootstrap, 10_000))
+    stop = threading.Event()
+    poller = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
+    poller.start()
+    # warm-up: one message, so the producer id and metadata are in place before the clock starts
+    producer.produce(RAW_TOPIC, value=b"warmup", partition=0)
+    producer.flush(15)
+
+    def connect(k: int):
+        sent = [0]
+
+        def send(body: bytes) -> dict:
+            done = threading.Event()
+            err: list = []
+
+            def cb(e, _m):
+                err.append(e)
+                done.set()
+
+            producer.produce(RAW_TOPIC, value=body, partition=(k + sent[0]) % partitions, on_delivery=cb)
+            sent[0] += 1
+            if not done.wait(30):
+                raise SendFailed("TIMEOUT")
+            if err[0] is not None:
+                raise SendFailed(err[0].name())
+            return {}
+
+        return send, lambda: None
+
+    try:
+        return run_paced(connect, batches, clients, duration_s, rate_points_per_s, points_per_batch,
+                          WriteStats(), False, 0)
+    finally:
+        stop.set()
+        producer.flush(10)

@@ -13,67 +13,10 @@ so the next scenario starts on an idle server.
 """
 from __future__ import annotations
 
-import threading
-import time
-
-from bench.harness import POINTS_PER_BATCH, Laps, Row, lp_batches, recent_t0_ns, run_writers, tables_on_distinct_partitions
+from bench.harness import (POINTS_PER_BATCH, Laps, Row, lp_batches, raw_produce, recent_t0_ns, run_writers,
+                           tables_on_distinct_partitions)
 
 DB = "bench_write"
-
-
-def _baseline(bootstrap: str, batches: list, clients: int, duration_s: float, partitions: int) -> float:
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from server.write_buffer.producer import _producer_conf
-
-    topic = "bench.raw-write"  # not iox.*: the server's consumer ignores it
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    fut = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
-    try:
-        fut.result(15)
-    except Exception:
-        pass  # already exists
-    producer = Producer(_producer_conf(bootstrap, 10_000))
-    stop = threading.Event()
-    poller = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
-    poller.start()
-    acked = [0]
-    lock = threading.Lock()
-    end = time.monotonic() + duration_s
-
-    def worker(k: int):
-        mine = batches[k::clients] or batches
-        i = 0
-        while time.monotonic() < end:
-            done = threading.Event()
-            err = []
-
-            def cb(e, _m):
-                err.append(e)
-                done.set()
-
-            producer.produce(topic, value=mine[i % len(mine)], partition=(k + i) % partitions, on_delivery=cb)
-            i += 1
-            done.wait(30)
-            if err and err[0] is None:
-                with lock:
-                    acked[0] += POINTS_PER_BATCH
-
-    # warm-up: one message, so the producer id and metadata are in place
-    producer.produce(topic, value=b"warmup", partition=0)
-    producer.flush(15)
-    t0 = time.monotonic()
-    end = t0 + duration_s
-    ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(duration_s + 60)
-    secs = time.monotonic() - t0
-    stop.set()
-    producer.flush(10)
-    return acked[0] / secs
 
 
 def run(ctx) -> list[Row]:
@@ -95,7 +38,7 @@ def run(ctx) -> list[Row]:
     laps.lap("ours")
     ctx.server.client.wait_applied(DB, st.token, timeout_s=900)
     drain_s = laps.lap("drain")
-    base = _baseline(ctx.server.broker_bootstrap(), batches, s["clients"], s["write_s"], ctx.partitions)
+    base = raw_produce(ctx.server.broker_bootstrap(), batches, s["clients"], s["write_s"], ctx.partitions).rate
     laps.lap("baseline")
     # not measured: the next scenarios start on a server with nothing of this one left to do (no
     # read-buffer moves of these points while they measure; memory relief may unload them)

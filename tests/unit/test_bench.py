@@ -132,3 +132,24 @@ def test_cluster_server_args_declare_the_bench_directory_shared_unless_an_object
     assert cluster_server_args("spark://h:7077", []) == ["--spark-master", "spark://h:7077", "--object-store-shared"]
     assert cluster_server_args("spark://h:7077", ["--object-store=s3://b/p"]) == ["--spark-master", "spark://h:7077"]
     assert cluster_server_args("spark://h:7077", ["--object-store", "s3://b/p"]) == ["--spark-master", "spark://h:7077"]
+
+
+def test_paced_clients_send_each_batch_once_and_count_tokens_and_failures():
+    sent = []
+
+    def connect(k):
+        def send(body):
+            sent.append((k, body))
+            if body == b"b3":
+                raise harness.SendFailed("UNAVAILABLE")
+            return {k: len(sent)}
+
+        return send, lambda: None
+
+    st = harness.run_paced(connect, [b"b0", b"b1", b"b2", b"b3"], clients=2, duration_s=30,
+                           rate_points_per_s=None, points_per_batch=10, stats=harness.WriteStats(), once=True,
+                           cycle_base=0)
+    assert sorted(sent) == [(0, b"b0"), (0, b"b2"), (1, b"b1"), (1, b"b3")]
+    assert (st.requests, st.points, st.offered_points, st.errors) == (3, 30, 40, {"UNAVAILABLE": 1})
+    assert len(st.latencies_s) == 3 and set(st.token) == {0, 1}
+
