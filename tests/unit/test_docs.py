@@ -40,3 +40,15 @@ def test_every_project_file_named_in_code_or_docs_exists():
             if named not in files and not os.path.exists(os.path.join(ROOT, named)):
                 missing.append((p, named))
     assert sorted(set(missing)) == []
+
+
+def test_every_short_name_of_the_glossary_is_used_in_the_code():
+    """The glossary does not go stale: each short name it explains (a backticked name in its first
+    column) is still a name in the code of the server's packages."""
+    doc = _text("docs/ARCHITECTURE.md")
+    section = doc.split("## Glossary", 1)[1].split("\n## ", 1)[0]
+    names = {n for row in re.findall(r"^\| ([^|]+) \|", section, re.M) for n in re.findall(r"`(\w+)`", row)}
+    assert {"kp", "pc", "dbck"} <= names
+    code = "\n".join(_text(p) for p in _tracked()
+                     if p.endswith(".py") and p.startswith(("server/", "catalog/", "lifecycle/")))
+    assert sorted(n for n in names if not re.search(rf"\b{n}\b", code)) == []
