@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["build_spark", "SPARK_CONNECT_TOKEN_ENV", "lower_spark_priority", "use_query_pool", "QUERY_POOL"]
+__all__ = ["build_spark", "SPARK_CONNECT_TOKEN_ENV", "lower_spark_priority", "use_query_pool", "QUERY_POOL",
+           "usable_cpus"]
 
 #: Most bytes of one Arrow batch Spark sends to a Python worker. It bounds the batches of
 #: write-buffer payloads (rows of ~275 KB in the bench) that persist, the read-buffer move and
@@ -46,6 +47,15 @@ _POOLS_XML = """<?xml version="1.0"?>
 #: where Spark Connect reads its token when `spark.connect.authenticate.token` is not set: the
 #: token reaches the JVM in its environment, never on its command line (`ps`) or in its Spark conf
 SPARK_CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity (a server started under `taskset`, or in
+    a container pinned to a cpuset, has fewer than the host), at least 1. Driver side."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect_port: int = 0,
@@ -105,9 +115,10 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
          .config("spark.python.daemon.module", spark_worker_daemon.MODULE)
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
     if is_local_master(master):
-        # one shuffle partition per core of this host; on a cluster Spark's default with adaptive
+        # one shuffle partition per core this process may run on (local[*] counts them the same
+        # way: the JVM honours the CPU affinity); on a cluster Spark's default with adaptive
         # execution coalescing small shuffles (--spark-conf spark.sql.shuffle.partitions=N sets it)
-        b = b.config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2))))
+        b = b.config("spark.sql.shuffle.partitions", str(max(2, usable_cpus())))
     if spark_connect_port:
         b = (b.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
              .config("spark.connect.grpc.binding.port", str(spark_connect_port))
