@@ -451,8 +451,11 @@ class ServerProcess:
     """`iox serve` as a subprocess on free ports, the embedded broker, a data directory of its own."""
 
     def __init__(self, data_dir: str, extra_args: list | None = None, driver_memory: str = "4g",
-                 partitions: int = 4):
+                 partitions: int = 4, cpus: frozenset | None = None):
+        """`cpus`: the cores the server (its JVM and Python workers, which inherit it) may run on,
+        as `taskset -c` would pin it; None: any."""
         self.data_dir = data_dir
+        self.cpus = cpus
         self.extra_args = list(extra_args or [])
         self.driver_memory = driver_memory
         self.partitions = partitions
@@ -489,8 +492,10 @@ class ServerProcess:
         env = dict(os.environ)
         env.pop("PYSPARK_SUBMIT_ARGS", None)
         self._t_launch = time.monotonic()
+        cpus = self.cpus
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=self.data_dir,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         log.close()
         self.client = IoxClient(self.addr)
 

@@ -11,6 +11,13 @@ partitions' last acknowledged offsets, i.e. they are queryable). The ratio is ag
 one. On a machine with fewer cores than members this shows the pool's overhead (N Spark drivers
 share the cores), not scaling.
 
+Scaling: with at least two usable cores, the same points are then written to one member pinned
+to one core (its JVM and Python workers inherit the CPU affinity, as under `taskset -c 0`) and to
+two members pinned to a core each; the row is the ratio of the two (aim: 1.7x). The broker, the
+assigner and the writers are not pinned: with one member they have the other core to themselves,
+with two they share the cores with the members, so the ratio is a lower bound of the members'
+scaling on a host with cores to spare.
+
 Routing cost: the writers' acknowledgement latency (p50 / p99) at each size. A member routes a
 write for a partition it does not own exactly as one it owns (produce to the partition by the
 table's hash; nothing is forwarded to the owner), so this compares the write path of one server
@@ -33,6 +40,10 @@ from bench.harness import (IOX, POINTS_PER_BATCH, Row, ServerProcess, WriteStats
 
 PARTITIONS = 6
 SIZES = (1, 2, 3)
+#: members of the scaling comparison, each on a core of its own, against one member on one core
+SCALING_MEMBERS = 2
+#: the scaling the comparison aims at (of a linear SCALING_MEMBERS x)
+SCALING_GOAL = 1.7
 
 
 def _start_broker(data_dir: str) -> tuple[subprocess.Popen, str]:
@@ -64,10 +75,12 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def _one_size(ctx, n: int, batches: list, points: int) -> dict:
+def _one_size(ctx, n: int, batches: list, points: int, cores: list | None = None) -> dict:
+    """`cores`: member k runs on core `cores[k]` only (None: members run on any core)."""
     from server.assigner import Assigner
 
-    root = os.path.join(ctx.tmp, f"pool-{n}")
+    label = f"{n}" if cores is None else f"{n}_pinned"
+    root = os.path.join(ctx.tmp, f"pool-{label}")
     broker, bootstrap = _start_broker(os.path.join(root, "broker"))
     servers = []
     assigner = None
@@ -75,14 +88,14 @@ def _one_size(ctx, n: int, batches: list, points: int) -> dict:
         store = os.path.join(root, "objects")
         for k in range(n):
             s = ServerProcess(os.path.join(root, f"m{k}"), driver_memory=ctx.sizes["driver_memory"],
-                              partitions=PARTITIONS)
+                              partitions=PARTITIONS, cpus=frozenset({cores[k]}) if cores else None)
             s.launch(["--kafka-bootstrap", bootstrap, "--pool-member", f"m{k}", "--object-store", store,
                       "--persist-row-threshold", "100000000", "--persist-age-threshold-s", "36000"]
                      + ctx.server_extra)
             servers.append(s)
         for s in servers:
             s.wait_ready()
-        db = f"bench_pool_{n}"
+        db = f"bench_pool_{label}"
         warm = [servers[0].client.write(db, b) for b in batches[:PARTITIONS]]  # one batch per table
         assigner = Assigner([s.addr for s in servers], os.path.join(root, "assigner.json"), interval_s=0.5)
         deadline = time.monotonic() + 120
@@ -149,6 +162,13 @@ def run(ctx) -> list[Row]:
         r = results[n]
         print(f"  pool of {n}: {r['points_per_s']:,.0f} points/s, ack p50 {r['p50_ms']:.1f} ms, "
               f"p99 {r['p99_ms']:.1f} ms, errors {r['errors']}", flush=True)
+    pinned = {}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= SCALING_MEMBERS:
+        for n in (1, SCALING_MEMBERS):
+            pinned[n] = _one_size(ctx, n, batches, points, cores=cores[:n])
+            r = pinned[n]
+            print(f"  pool of {n} on {n} core(s): {r['points_per_s']:,.0f} points/s, errors {r['errors']}", flush=True)
     one = results[1]["points_per_s"]
     size = f"{points:,} points, {PARTITIONS} Kafka partitions, {ctx.sizes['clients']} writers"
     rows = []
@@ -159,6 +179,17 @@ def run(ctx) -> list[Row]:
                         target="report", met=not r["errors"] and r["acked"] == r["offered"],
                         size=size, extra=r,
                         note="overhead on this machine (members share its cores), not scaling" if n > 1 else ""))
+    if pinned:
+        n = SCALING_MEMBERS
+        p1, pn = pinned[1], pinned[n]
+        rows.append(Row(f"pool scaling, {n} members on {n} cores (one each)", "points/s", pn["points_per_s"],
+                        baseline_name="1 member on 1 core", baseline=p1["points_per_s"], target=f">= {SCALING_GOAL}x baseline",
+                        met=(not pn["errors"] and pn["acked"] == pn["offered"]
+                             and pn["points_per_s"] >= SCALING_GOAL * p1["points_per_s"]),
+                        size=size, extra={"one": p1, "many": pn},
+                        note=("each member pinned to a core of its own (CPU affinity, as taskset -c); the broker and "
+                              f"the writers run on any core; {PARTITIONS} tables, one per Kafka partition (a table "
+                              "is not spread over partitions)")))
     rows.append(Row("pool write ack p99 (routing)", "ms", results[3]["p99_ms"], baseline_name="pool of 1",
                     baseline=results[1]["p99_ms"], target="report", met=True, size=size, better="lower",
                     note=f"p50 {results[3]['p50_ms']:.1f} ms vs {results[1]['p50_ms']:.1f} ms; every member routes "
