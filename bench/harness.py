@@ -929,7 +929,7 @@ def raw_produce(bootstrap: str, batches: list, clients: int, duration_s: float, 
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from server.write_buffer.producer import _producer_conf
+    from server.write_buffer.producer import producer_conf
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     fut = admin.create_topics([NewTopic(RAW_TOPIC, partitions, 1)])[RAW_TOPIC]
@@ -937,7 +937,7 @@ def raw_produce(bootstrap: str, batches: list, clients: int, duration_s: float, 
         fut.result(15)
     except Exception:
         pass  # already exists
-    producer = Producer(_producer_conf(bootstrap, 10_000))
+    producer = Producer(producer_conf(bootstrap, 10_000))
     stop = threading.Event()
     poller = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
     poller.start()

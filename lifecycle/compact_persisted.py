@@ -20,7 +20,7 @@ Invariants (IOx compact_object_store_chunks):
 
 How: files none of whose chunks is held in memory, at most `ARROW_COMPACTION_MAX_ROWS`
 rows in all, and whose deletes Arrow evaluates are merged in ONE executor task
-in Arrow (`_arrow_compaction_fn`: read with pyarrow, lifecycle/arrow_merge.py's
+in Arrow (`arrow_compaction_fn`: read with pyarrow, lifecycle/arrow_merge.py's
 `apply_deletes` and `deduplicate`, one Parquet file written): 22M rows of the
 bench's sustained load in ~10 s on one core, where Spark's GROUP BY of every
 row took both cores for ~60 s, holding the lifecycle worker (persists wait for
@@ -45,7 +45,8 @@ from lifecycle.chunk_data import (arrow_deletes_meeting, merged_df, register_df_
                          schema_bytes, table_deletes, time_disjoint)
 from lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
-__all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks"]
+__all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks", "arrow_compaction_fn",
+           "stored_arrow_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
     try:
         schema = db.schemas.get(table)
         deletes = table_deletes(db, table)
-        plan = None if in_memory else _arrow_plan(stored, schema, deletes)
+        plan = None if in_memory else stored_arrow_plan(stored, schema, deletes)
         in_flight.add([key])
         if plan is not None:
             meta = _arrow_compact(spark, store, stored, key, schema, *plan)
@@ -151,7 +152,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
     return PersistedCompaction(table, partition_key, old_keys, new_key, rows, revision)
 
 
-def _arrow_plan(stored: list, schema, deletes: list) -> tuple | None:
+def stored_arrow_plan(stored: list, schema, deletes: list) -> tuple | None:
     """(ArrowDelete list, whether to deduplicate) when `stored` (chunks read from Parquet only) can
     be merged in Arrow: at most ARROW_COMPACTION_MAX_ROWS rows and every delete term that meets
     their time span evaluable in Arrow; else None. Deduplication is skipped when every file is
@@ -165,14 +166,14 @@ def _arrow_plan(stored: list, schema, deletes: list) -> tuple | None:
 
 
 def _arrow_compact(spark, store: ObjectStore, stored: list, key: str, schema, deletes: list, dedup: bool) -> list:
-    """Runs `_arrow_compaction_fn` as one task (driver side); returns `write_one_file`'s metadata."""
+    """Runs `arrow_compaction_fn` as one task (driver side); returns `write_one_file`'s metadata."""
     columns = layout_columns(schema)
-    fn = _arrow_compaction_fn(store, [k for c in stored for k in c.parquet_keys], key, columns,
+    fn = arrow_compaction_fn(store, [k for c in stored for k in c.parquet_keys], key, columns,
                               list(schema.tags()), [f.name for f in schema.fields()], deletes, dedup)
     return spark.range(0, 1, 1, 1).mapInArrow(fn, FILE_META_SCHEMA).collect()
 
 
-def _arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns: list, tags: list, fields: list,
+def arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns: list, tags: list, fields: list,
                          deletes: list, dedup: bool):
     """mapInArrow function of ONE task (executor side): reads `file_keys` with pyarrow in the
     chunk layout of `columns` [(name, type)] (a column a file lacks reads as NULL), applies

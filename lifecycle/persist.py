@@ -61,7 +61,7 @@ from lifecycle.policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
            "add_parquet_action", "FILE_META_SCHEMA", "write_files", "persist_tasks", "persist_time_ranges",
-           "PERSIST_TASK_MIN_ROWS"]
+           "PERSIST_TASK_MIN_ROWS", "segments_persist_fn", "time_pieces", "writer_fn"]
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class PersistOutcome:
     database_checkpoint: object = None
 
 
-def _writer_fn(store: ObjectStore, key: str):
+def writer_fn(store: ObjectStore, key: str):
     """Executor side: writes every batch it gets into ONE Parquet file at `key`, in row groups of
     ROW_GROUP_ROWS rows (the last one smaller), makes it durable (`ObjectStore.arrow_finish_write`)
     and yields its metadata.
@@ -172,7 +172,7 @@ def write_one_file(df, store: ObjectStore, key: str) -> list:
 
     Returns [Row(key, rows, size, min_t, max_t, min_seq, max_seq)], or [] when `df` is empty.
     """
-    return df.coalesce(1).mapInArrow(_writer_fn(store, key), FILE_META_SCHEMA).collect()
+    return df.coalesce(1).mapInArrow(writer_fn(store, key), FILE_META_SCHEMA).collect()
 
 
 def add_parquet_action(m, table: str, partition_key: str, schema) -> AddParquet:
@@ -294,7 +294,7 @@ def _time_split(t, parts: int) -> list:
     return [c for c in cuts if c < int(times.max())]
 
 
-def _time_pieces(t, cuts: list) -> list:
+def time_pieces(t, cuts: list) -> list:
     """`t` (chunk layout) cut at `cuts` (`_time_split`): piece i holds the rows with
     cuts[i-1] < time <= cuts[i], in `t`'s order. A record batch whose times all lie in one piece
     goes to it whole (no copy: a decoded write request usually spans a short time); only batches
@@ -322,13 +322,13 @@ def _time_pieces(t, cuts: list) -> list:
 
 def write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> list:
     """Writes `t` (chunk layout, rows) as Parquet: one file at keys[0], or, from
-    `parallel_min_rows` rows on, up to len(keys) files split by time (`_time_pieces`), each by a
+    `parallel_min_rows` rows on, up to len(keys) files split by time (`time_pieces`), each by a
     thread of its own, and makes them durable (`ObjectStore.arrow_finish_write`). Returns
     [(key, rows, size, stats)] of the files written. Executor side."""
     import pyarrow.parquet as pq
 
     cuts = _time_split(t, len(keys)) if t.num_rows >= parallel_min_rows and len(keys) > 1 else []
-    pieces = _time_pieces(t, cuts) if cuts else [t]
+    pieces = time_pieces(t, cuts) if cuts else [t]
 
     def write(i: int):
         piece = pieces[i]
@@ -348,7 +348,7 @@ def write_files(store: ObjectStore, keys: list, t, parallel_min_rows: int) -> li
     return written
 
 
-def _segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: list, flush_ts: int, deletes: list,
+def segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: list, flush_ts: int, deletes: list,
                          dedup: bool, parallel_min_rows: int = PARALLEL_WRITE_MIN_ROWS, tasks: list | None = None):
     """Executor side of a persist from the write-buffer form (one task): decodes the chunks' IPC
     streams in chunk order (column `ci`), applies `deletes` (ArrowDelete), deduplicates when
@@ -490,7 +490,7 @@ def _write_from_segments(spark, store: ObjectStore, keys: list, chunks: list, sc
     if len(ranges) > 1:  # every task reads every stream: one partition of the same input each
         task_list = [(r, keys[i * per:(i + 1) * per]) for i, r in enumerate(ranges)]
         inputs = reduce(lambda a, b: a.union(b), [inputs.withColumn("task", F.lit(i)) for i in range(len(ranges))])
-    fn = _segments_persist_fn(store, keys[:per], schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
+    fn = segments_persist_fn(store, keys[:per], schema.tags(), [(f.name, f.type) for f in schema.fields()], flush_ts,
                               arrow_deletes, dedup, PARALLEL_WRITE_MIN_ROWS, task_list)
     out = checkpoint(inputs.mapInArrow(fn, _SEGMENTS_OUT))
     rows = out.drop("payload").collect()

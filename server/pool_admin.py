@@ -36,7 +36,7 @@ from iox import management_pb2
 from server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
 from server.errors import InvalidArgument, StreamRestartTimedOut
 
-__all__ = ["PoolControl"]
+__all__ = ["PoolControl", "check_reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ _ENDS_RETRY_AFTER_S = 5.0
 _PERSISTED_STATES = ("persisted", "unloaded")
 
 
-def _check_reachable(member: str, address: str, host: str, others: list) -> None:
+def check_reachable(member: str, address: str, host: str, others: list) -> None:
     """Raises PoolAddressUnreachable when `address` (host:port) is a loopback one and a member of
     `others` (published records) recorded another host; logs a member on another host that
     published a loopback address (this one cannot reach it). Pure but for the log."""
@@ -590,7 +590,7 @@ class PoolControl:
 
         host = socket.gethostname()
         others = [r for r in read_member_records(self.server.store) if r["member"] != self.member]
-        _check_reachable(self.member, address, host, others)
+        check_reachable(self.member, address, host, others)
         self.server.store.put(member_address_key(self.member), member_address_record(self.member, address,
                                                                                      time.time(), host))
         self.address = address

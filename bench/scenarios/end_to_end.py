@@ -69,7 +69,7 @@ def produce_as_router(bootstrap: str, topic: str, partitions: int, bodies: dict)
 
     from catalog.schema import Column
     from server.write.line_protocol import parse_lines
-    from server.write_buffer.producer import _producer_conf
+    from server.write_buffer.producer import producer_conf
     from server.write_buffer.wire_format import encode_write
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
@@ -79,7 +79,7 @@ def produce_as_router(bootstrap: str, topic: str, partitions: int, bodies: dict)
         pass
     # a record batch per message, as our topic holds them: the bench's writers have one request in
     # flight per partition, so the server's producer never shares a batch between two of them
-    producer = Producer({**_producer_conf(bootstrap, 60_000), "batch.num.messages": 1})
+    producer = Producer({**producer_conf(bootstrap, 60_000), "batch.num.messages": 1})
     ends: dict = {}
     errors: list = []
 

@@ -67,12 +67,12 @@ def _direct_producers(bootstrap: str, partitions: int, batches: list, rate: floa
     from catalog.schema import Column
     from server.write.line_protocol import parse_lines
     from server.write_buffer.wire_format import encode_write
-    from server.write_buffer.producer import _producer_conf
+    from server.write_buffer.producer import producer_conf
     from catalog.sharding import partition_for, topic_for
 
     topic = topic_for(DB)
     stats = WriteStats()
-    producer = Producer(_producer_conf(bootstrap, 10_000))
+    producer = Producer(producer_conf(bootstrap, 10_000))
     stop = threading.Event()
     poller = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
     poller.start()

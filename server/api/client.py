@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-__all__ = ["IoxClient", "NotAPoolMember", "DEFAULT_ADDR", "owned_partitions_status"]
+__all__ = ["IoxClient", "NotAPoolMember", "DEFAULT_ADDR", "owned_partitions_status", "as_dict"]
 
 DEFAULT_ADDR = "localhost:8082"
 _MAX = 256 * 1024 * 1024
@@ -179,7 +179,7 @@ class IoxClient:
 
     def status(self, database: str = "") -> dict:
         """GetStatus as a dict; every field present (zeros included), int64 as int."""
-        return _as_dict(self.status_proto(database))
+        return as_dict(self.status_proto(database))
 
     def delete(self, database: str, start: str | int, stop: str | int, predicate: str = "", table: str = "",
                timeout_s: float = 60.0) -> dict:
@@ -196,44 +196,44 @@ class IoxClient:
     def persist(self, database: str, table: str = "", partition_key: str = "", timeout_s: float = 300.0) -> dict:
         r = self.mgmt_stub.Persist(management_pb2.PersistRequest(database=database, table=table,
                                                                   partition_key=partition_key), timeout=timeout_s)
-        return _as_dict(r)
+        return as_dict(r)
 
     def compact(self, database: str, table: str, partition_key: str, timeout_s: float = 300.0,
                 persisted: bool = False) -> dict:
         r = self.mgmt_stub.Compact(management_pb2.CompactRequest(database=database, table=table,
                                                                   partition_key=partition_key, persisted=persisted),
                                    timeout=timeout_s)
-        return _as_dict(r)
+        return as_dict(r)
 
     def retry_poisoned(self, database: str, partition: int | None = None, offset: int | None = None,
                        timeout_s: float = 300.0) -> list:
         """Applies the database's held poisoned messages again (of `partition`, at `offset`, when
         given); returns them (dicts, as in status) as they are now."""
         r = self.mgmt_stub.RetryPoisoned(_poisoned_request(database, partition, offset), timeout=timeout_s)
-        return _as_dict(r)["messages"]
+        return as_dict(r)["messages"]
 
     def accept_poisoned(self, database: str, partition: int | None = None, offset: int | None = None,
                         timeout_s: float = 300.0) -> list:
         """Skips the database's held poisoned messages for good (recorded, marked accepted);
         returns them (dicts, as in status)."""
         r = self.mgmt_stub.AcceptPoisoned(_poisoned_request(database, partition, offset), timeout=timeout_s)
-        return _as_dict(r)["messages"]
+        return as_dict(r)["messages"]
 
     def accept_lost_writes(self, database: str, timeout_s: float = 300.0) -> dict:
         """Accepts the database's lost writes while the server runs; returns {accepted: [...], epoch, new_topic}."""
         r = self.mgmt_stub.AcceptLostWrites(management_pb2.AcceptLostWritesRequest(database=database),
                                             timeout=timeout_s)
-        return _as_dict(r)
+        return as_dict(r)
 
     def freeze(self, reason: str = "", timeout_s: float = 120.0) -> dict:
         """Freezes the server (server/write_buffer/freeze.py); returns {frozen, reason, since_s, offsets}."""
-        return _as_dict(self.mgmt_stub.Freeze(management_pb2.FreezeRequest(reason=reason), timeout=timeout_s))
+        return as_dict(self.mgmt_stub.Freeze(management_pb2.FreezeRequest(reason=reason), timeout=timeout_s))
 
     def claim_partitions(self, database: str, partitions, timeout_s: float = 120.0) -> dict:
         """Ingester pool: claims Kafka `partitions` of `database` for this server; returns {database,
         claimed: [{partition, epoch, resume_offset}], catalog_revision}."""
         req = management_pb2.ClaimPartitionsRequest(database=database, partitions=list(partitions))
-        return _as_dict(self.mgmt_stub.ClaimPartitions(req, timeout=timeout_s))
+        return as_dict(self.mgmt_stub.ClaimPartitions(req, timeout=timeout_s))
 
     def verify(self, database: str, table: str = "", max_differences: int = 0, timeout_s: float = 900.0,
                here_only: bool = False) -> dict:
@@ -242,7 +242,7 @@ class IoxClient:
         dicts, None for no row)."""
         import json
 
-        out = _as_dict(self.verify_proto(database, table, max_differences, timeout_s, here_only))
+        out = as_dict(self.verify_proto(database, table, max_differences, timeout_s, here_only))
         for p in out["partitions"]:
             for d in p["differences"]:
                 d["want"], d["got"] = json.loads(d.pop("want_json")), json.loads(d.pop("got_json"))
@@ -256,14 +256,14 @@ class IoxClient:
 
     def unfreeze(self, timeout_s: float = 60.0) -> dict:
         """Ends frozen mode; returns {frozen, reason, since_s, offsets} as it is now."""
-        return _as_dict(self.mgmt_stub.Unfreeze(management_pb2.UnfreezeRequest(), timeout=timeout_s))
+        return as_dict(self.mgmt_stub.Unfreeze(management_pb2.UnfreezeRequest(), timeout=timeout_s))
 
     def set_retention(self, database: str, period_s: int, timeout_s: float = 60.0) -> dict:
         """Sets (period_s > 0) or removes (0) the database's retention; returns {database, period_s,
         reader_lo_ns?, pruner_hi_ns?}."""
         r = self.mgmt_stub.SetRetention(management_pb2.SetRetentionRequest(database=database, period_s=period_s),
                                         timeout=timeout_s)
-        return _as_dict(r)
+        return as_dict(r)
 
     def applied(self, database: str) -> dict:
         """{kafka partition: applied_hi_inclusive}."""
@@ -342,7 +342,7 @@ def owned_partitions_status(d, member: str) -> dict:
     return {"name": d.name, "partitions": parts}
 
 
-def _as_dict(msg) -> dict:
+def as_dict(msg) -> dict:
     """A response as a dict: every field present (zeros included), field names as in the .proto,
     and 64-bit integers as ints (protobuf's JSON mapping writes them as strings)."""
     return _ints_as_ints(msg.DESCRIPTOR, MessageToDict(msg, preserving_proto_field_name=True,

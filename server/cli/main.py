@@ -35,7 +35,7 @@ from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_M
                      parse_memory_bytes)
 
 __all__ = ["main", "build_parser", "parse_log_levels", "write_input", "SERVE_OPTIONS",
-           "DEFAULT_WRITE_BATCH_BYTES"]
+           "DEFAULT_WRITE_BATCH_BYTES", "config_from_args"]
 
 #: `iox write`: the largest request it sends (below the server's default --max-request-bytes, 10 MiB)
 DEFAULT_WRITE_BATCH_BYTES = 8 << 20
@@ -381,7 +381,7 @@ def _spark_conf(pairs: list) -> dict:
     return out
 
 
-def _config_from_args(a) -> ServerConfig:
+def config_from_args(a) -> ServerConfig:
     return ServerConfig(grpc_port=a.grpc_port, http_port=a.http_port, influxdb3_port=a.influxdb3_port,
                         data_dir=a.data_dir, kafka_bootstrap=a.kafka_bootstrap or None,
                         partitions=a.partitions, replication_factor=a.replication_factor, spark_master=a.spark_master, driver_memory=a.driver_memory,
@@ -563,7 +563,7 @@ def main(argv=None) -> int:
         from server.app import IoxServer
 
         try:
-            cfg = _config_from_args(a)
+            cfg = config_from_args(a)
         except InvalidConfig as e:
             build_parser().error(f"--{e.field.replace('_', '-')}: {e}")
         if cfg.auth_tokens_file:

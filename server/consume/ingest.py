@@ -16,7 +16,7 @@ messages of one UTC day become a chunk held in the write-buffer form
 (lifecycle/ipc_segments.py): their Arrow IPC payloads copied into one
 checkpointed segment, with no decoding (the source already checked that every
 payload decodes). While a table replays after a restart its rows are decoded on
-the executors instead (`_decode_fn`), dropping those already in Parquet. A
+the executors instead (`payload_decode_fn`), dropping those already in Parquet. A
 batch's chunks are built as concurrent Spark jobs from a small thread pool
 (`_build_pool`; small jobs are latency-bound) and added to the catalog only
 once every one was built.
@@ -68,7 +68,8 @@ from server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, 
 from catalog.partition_keys import NS_PER_DAY, day_numbers
 from catalog.sharding import database_of_topic, partition_for
 
-__all__ = ["Ingestor", "decode_delete", "disjoint_unique"]
+__all__ = ["Ingestor", "decode_delete", "disjoint_unique", "check_seqs_fit", "payload_decode_fn", "executor_lost",
+           "local_payloads", "table_messages_condition"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def _seq_base_column(origin: int, offset, F):
                             f"{origin}")))
 
 
-def _check_seqs_fit(origin: int, offsets) -> None:
+def check_seqs_fit(origin: int, offsets) -> None:
     """Raises SeqOverflow (on the driver, before a Spark job computes a seq) unless the seqs of every
     message applied at one of `offsets` fit from seq origin `origin`."""
     hi = max(offsets, default=None)
@@ -120,7 +121,7 @@ def _forget_accumulator(acc) -> None:
     _accumulatorRegistry.pop(acc.aid, None)
 
 
-def _decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, seq_origin: int = 0,
+def payload_decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, seq_origin: int = 0,
                at_offset: dict | None = None, unreadable=None):
     """Builds the executor-side decoder: payload messages -> rows of the table's chunk schema.
 
@@ -274,7 +275,7 @@ class Ingestor:
         except Exception as e:
             if self.quiescing.is_set():
                 raise
-            if _executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
+            if executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
                 self._back_off(batch_id, e)
                 raise
             log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
@@ -282,7 +283,7 @@ class Ingestor:
             try:
                 self._isolate(raw, meta, accepted, batch_id, t0, e, F)
             except Exception as e2:
-                if _executor_lost(e2) and not self.quiescing.is_set():
+                if executor_lost(e2) and not self.quiescing.is_set():
                     self._back_off(batch_id, e2)
                 raise
         self._infrastructure_failures = 0
@@ -464,7 +465,7 @@ class Ingestor:
             try:
                 self._apply(raw.filter(_ranges_condition(msgs, F)), msgs, accepted, batch_id, t0, F)
             except Exception as e:
-                if _executor_lost(e):  # the infrastructure, not these messages: the isolation stops here
+                if executor_lost(e):  # the infrastructure, not these messages: the isolation stops here
                     raise
                 log.info("micro-batch %s: %d message(s) of %s fail together (%s: %s)", batch_id, len(msgs),
                          sorted({(m["topic"], m["kp"]) for m in msgs}), type(e).__name__, e)
@@ -696,7 +697,7 @@ class Ingestor:
         remap = {(kp, off): at for (t, kp, off), at in at_offset.items() if t == topic}
         # a table lives on one Kafka partition, so its rows are in one partition of `raw`:
         # one task (not one per Kafka partition, mostly empty ones) reads them
-        sel = raw.filter(_table_messages_condition(topic, table, remap, F))
+        sel = raw.filter(table_messages_condition(topic, table, remap, F))
         offsets_by_kp: dict = {}
         for m in msgs:
             lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
@@ -705,8 +706,8 @@ class Ingestor:
         filters = self.row_filters.get((db.name, table))
         keep = keep_mask_fn(filters) if filters else None
         nbytes = sum(m.get("nbytes") or 0 for m in msgs) + sum(len(p) for _kp, _off, p in stashed)
-        local = _local_payloads(msgs) if keep is None and not stashed and not remap else None
-        _check_seqs_fit(db.seq_origin, [m["offset"] for m in msgs] + list(remap.values())
+        local = local_payloads(msgs) if keep is None and not stashed and not remap else None
+        check_seqs_fit(db.seq_origin, [m["offset"] for m in msgs] + list(remap.values())
                         + [at for _kp, at, _payload in stashed])
         out = []
         pruner_hi = db.pruner_hi_ns
@@ -737,7 +738,8 @@ class Ingestor:
                         self.spark.createDataFrame(stashed, "kp int, offset long, payload binary"))
                 b.unreadable = self.spark.sparkContext.accumulator([], _ListParam())
                 b.decoded = decode_sel.mapInArrow(
-                    _decode_fn(value_cols, bounds, keep, db.seq_origin, remap, b.unreadable), spark_struct_for(schema))
+                    payload_decode_fn(value_cols, bounds, keep, db.seq_origin, remap, b.unreadable),
+                    spark_struct_for(schema))
                 b.count_rows = True
             out.append(b)
         return out
@@ -988,7 +990,7 @@ def _ranges_condition(msgs: list, F):
     return cond
 
 
-def _table_messages_condition(topic: str, table: str, remap: dict, F):
+def table_messages_condition(topic: str, table: str, remap: dict, F):
     """A Spark condition true for the messages of `table` in `topic` a batch applies: its plain
     writes and the transaction parts committed in the batch (`remap`: {(kp, part offset): offset
     applied at}), each named by its Kafka partition *and* offset. Another part of the table at the
@@ -1088,7 +1090,7 @@ def infrastructure_backoff_s(failures_in_a_row: int) -> float:
     return min(INFRASTRUCTURE_BACKOFF_MAX_S, INFRASTRUCTURE_BACKOFF_S * 2 ** max(0, failures_in_a_row - 1))
 
 
-def _executor_lost(e: BaseException) -> bool:
+def executor_lost(e: BaseException) -> bool:
     """Whether `e` (or an exception it was raised from) says an executor was lost: a failure of the
     batch's infrastructure, retried whole, never blamed on a message (server/write_buffer/poison.py). Pure."""
     seen: set = set()
@@ -1104,7 +1106,7 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-def _local_payloads(msgs: list) -> list | None:
+def local_payloads(msgs: list) -> list | None:
     """[(offset, payload)] in offset order when a table's messages of a batch make a local chunk
     (lifecycle/local_rows.py: plain writes whose payloads all came with the metadata, within
     LOCAL_BUILD_MAX_BYTES and LOCAL_CHUNK_MAX_ROWS together), else None."""

@@ -43,7 +43,7 @@ from server.query.sql_sandbox import check_query, checked_dataframe, require_tab
 from lifecycle.chunk_views import hide_chunk_views, query_session
 from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
 
-__all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows"]
+__all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows", "tables_named"]
 
 _TAIL_VIEWS = itertools.count(1)
 
@@ -157,7 +157,7 @@ class QueryEngine:
         known = sorted(set(db.table_names()) | set(db.schemas.tables()))
         if _lists_tables(sql):
             return known, {}
-        named = set(_tables_named(sql, known))
+        named = set(tables_named(sql, known))
         try:
             checked = _checked(self.spark.newSession(), db.name, sql)
         except Exception:  # noqa: BLE001 - refused or unparsable: the query's own run raises it
@@ -198,7 +198,7 @@ class QueryEngine:
                     visible[kp] = max(visible.get(kp, -1), off)
             known |= set(remote[0]) if remote is not None else set()
             candidates = sorted(known | set(cut.writes if cut is not None else ()))
-            named = sorted(set(_tables_named(sql, candidates)) | (checked.tables & set(candidates)))
+            named = sorted(set(tables_named(sql, candidates)) | (checked.tables & set(candidates)))
             # a statement that lists tables sees them all; any other reads only the tables it names
             for table in (candidates if _lists_tables(sql) or not named else named):
                 chunks = self.catalog.table_chunks(db, table)
@@ -218,7 +218,7 @@ class QueryEngine:
                     r.schema = db.schemas.get(table)
                 reads[table] = r
         now = time.time()
-        for table in _tables_named(sql, db.table_names()):
+        for table in tables_named(sql, db.table_names()):
             db.queried_at[table] = now
         t_cut = time.perf_counter()
         use_query_pool(self.spark)
@@ -653,7 +653,7 @@ def _lists_tables(sql: str) -> bool:
     return re.match(r"\s*(show|describe|desc)\b", sql, re.IGNORECASE) is not None
 
 
-def _tables_named(sql: str, tables: list) -> list:
+def tables_named(sql: str, tables: list) -> list:
     """The tables whose names occur in `sql` as a whole word, ignoring case (Spark's identifiers
     do): every table the query may read, and maybe a few it does not (a name inside a string
     literal), which only moves their chunks to the read buffer sooner."""

@@ -50,7 +50,7 @@ from server.write_buffer.wire_format import (SUPPORTED_FORMATS, WireFormatMismat
                                              header_problem, header_text)
 
 __all__ = ["Difference", "PartitionReport", "VerifyReport", "VerifyFailed", "verify_partition", "merge_reports",
-           "report_to_proto", "report_from_proto", "DEFAULT_MAX_DIFFERENCES"]
+           "report_to_proto", "report_from_proto", "DEFAULT_MAX_DIFFERENCES", "TableFold", "compare"]
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class _Delete:
     on_fields: bool
 
 
-class _TableFold:
+class TableFold:
     """The fold of one table's messages (see the module docstring)."""
 
     def __init__(self, table: str, tags: list, fields: list, complete: bool):
@@ -394,14 +394,14 @@ def verify_partition(*, database: str, kp: int, tables: list, catalog, query, bo
         complete = all(s >= first_seq for s in files_min_seq[t])
         rep.complete = rep.complete and complete
         sch = schemas[t]
-        folds[t] = _TableFold(t, sch.tags() if sch is not None else [],
+        folds[t] = TableFold(t, sch.tags() if sch is not None else [],
                               [c.name for c in sch.fields()] if sch is not None else [], complete)
         folds[t].watermark = rep.visible_hi_inclusive
 
     late = [False]  # the message being applied is after the answers' watermark
 
-    def new_fold(table: str) -> _TableFold:  # a table of the write buffer not queried
-        f = _TableFold(table, [], [], True)
+    def new_fold(table: str) -> TableFold:  # a table of the write buffer not queried
+        f = TableFold(table, [], [], True)
         f.watermark = rep.visible_hi_inclusive
         # one the server knew only once the queries ran: born meanwhile, every row of it is late
         f.late = late[0] or table in known_after
@@ -443,7 +443,7 @@ def verify_partition(*, database: str, kp: int, tables: list, catalog, query, bo
         rep.messages_skipped += not _apply(folds, kp, off, kind, h, m.value(), fold_for)
     rep.tables = sorted(folds)
     for t, f in sorted(folds.items()):
-        _compare(rep, f, got[t], lo_before, lo_after, max_differences)
+        compare(rep, f, got[t], lo_before, lo_after, max_differences)
     return rep
 
 
@@ -500,7 +500,7 @@ def _answer_rows(batches, schema) -> dict:
     return out
 
 
-def _compare(rep: PartitionReport, fold: _TableFold, got: dict, lo_before, lo_after, max_differences: int) -> None:
+def compare(rep: PartitionReport, fold: TableFold, got: dict, lo_before, lo_after, max_differences: int) -> None:
     tags = fold.tags
 
     def differ(kind, key, want, have, offsets=()):

@@ -60,7 +60,7 @@ __all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "
            "process_start",
            "map_count_warning", "MAP_COUNT_FOR_MEMORY_STORAGE", "STORAGE_DURABLE", "STORAGE_MEMORY",
            "DEFAULT_BROKER_STORAGE", "MEMORY_BROKER_MAX_PERSIST_AGE_S", "object_server_binary", "BrokerStoreMissing",
-           "STORE_BUCKET", "TANSU_CLUSTER_ID", "store_client", "remove_left_sockets"]
+           "STORE_BUCKET", "TANSU_CLUSTER_ID", "store_client", "remove_left_sockets", "process_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def _reachable(port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process `pid` runs: not once it is a zombie (a child of ours not reaped yet). Its main
     thread may be one before its other threads exit (a Go program's does, SeaweedFS's), and until
     the last does, the process still holds its files and its sockets: it runs."""
@@ -267,7 +267,7 @@ def _is_ours(pid: int | None, start: int | None, binary=None) -> bool:
     """Whether `pid` is still the process this server (or an earlier run on its data directory)
     started: the same start time, or, for a record written without one, a command line that runs
     the executable `binary()` names. Checked before any signal is sent to a recorded pid."""
-    if pid is None or not _alive(pid):
+    if pid is None or not process_alive(pid):
         return False
     if start is not None:
         return process_start(pid) == start
@@ -358,10 +358,10 @@ def _stop_process(pid: int, sig: int) -> None:
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         _reap(pid)
         time.sleep(0.05)
-    if _alive(pid):
+    if process_alive(pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -704,7 +704,7 @@ def run_foreground(port: int, storage: str, data_dir: str) -> int:
     print(f"broker listening on 127.0.0.1:{h.port} (storage {storage}{where})", flush=True)
     if h.in_memory:
         print("the in-memory broker loses every message when it stops: for development only", flush=True)
-    while not stopping and _alive(h.pid):
+    while not stopping and process_alive(h.pid):
         time.sleep(0.2)
     h.stop()
     return 0

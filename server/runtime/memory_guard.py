@@ -41,7 +41,7 @@ import time
 from server.errors import MemoryLimitReached
 
 __all__ = ["MemoryGuard", "NORMAL", "THROTTLED", "REFUSING", "process_tree_rss_bytes", "THROTTLE_DIVISOR",
-           "RETRY_AFTER_S"]
+           "RETRY_AFTER_S", "children_map"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ RETRY_AFTER_S = 1.0
 EXACT_MAX_AGE_S = 10.0
 
 
-def _children_map() -> dict[int, list[int]]:
+def children_map() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -113,7 +113,7 @@ def process_tree_rss_bytes(root_pid: int | None = None, extra_pids=(), exact: bo
                 pass
         return total
     page = os.sysconf("SC_PAGE_SIZE")
-    children = _children_map()
+    children = children_map()
     total, stack, seen = 0, [root, *[p for p in extra_pids if p]], set()
     while stack:
         pid = stack.pop()

@@ -77,7 +77,7 @@ from server.write_buffer.holds_file import held_end, read_holds
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "EndNotConfirmed", "TRUE_END_WAIT_S",
            "reader_consumer",
            "consumer_positions", "FETCH_MAX_PARTITION_BYTES", "FETCH_MAX_BYTES", "IDLE_CONSUMER_MAX_S",
-           "LIST_FETCH_WAIT_MS", "SLOW_LIST_SWITCH_S"]
+           "LIST_FETCH_WAIT_MS", "SLOW_LIST_SWITCH_S", "TopicPartitionRange"]
 
 SOURCE_NAME = "iox_kafka"
 SOURCE_SCHEMA = ("topic string, kp int, offset long, ts_ms long, kind string, tbl string, "
@@ -145,7 +145,7 @@ def _take_consumer(bootstrap: str, now_monotonic: float):
     return kept[0] if kept is not None else reader_consumer(bootstrap)
 
 
-class _TopicPartitionRange(InputPartition):
+class TopicPartitionRange(InputPartition):
     def __init__(self, topic: str, partition: int, start: int, end_exclusive: int):
         self.topic = topic
         self.partition = partition
@@ -488,7 +488,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
             for p, e in parts.items():
                 s = int(prev.get(p, self._start_of(topic, int(p))))
                 if int(e) > s:
-                    out.append(_TopicPartitionRange(topic, int(p), s, int(e)))
+                    out.append(TopicPartitionRange(topic, int(p), s, int(e)))
         return out
 
     def commit(self, end: dict) -> None:
@@ -502,7 +502,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._admin = None
 
     # -- executor side -------------------------------------------------------
-    def read(self, partition: _TopicPartitionRange):
+    def read(self, partition: TopicPartitionRange):
         """Yields the messages of [start, end_exclusive) of one Kafka partition as Arrow batches of
         SOURCE_SCHEMA, in offset order, each once; an offset with no message is a gap (see the
         module invariant). Ends once the broker went past `end_exclusive - 1` (a message at or

@@ -30,7 +30,7 @@ from server.write_buffer.wire_format import EncodedWrite, as_part, encode_decisi
 from server.errors import ServerError
 
 __all__ = ["WriteBuffer", "PartitionCountMismatch", "txn_commit_deadline_s", "TXN_SLACK_S",
-           "DEFAULT_REPLICATION_FACTOR", "replication_for"]
+           "DEFAULT_REPLICATION_FACTOR", "replication_for", "producer_conf"]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _fatal_error(producer: Producer):
     return None
 
 
-def _producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
+def producer_conf(bootstrap: str, produce_timeout_ms: int) -> dict:
     return {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
@@ -170,7 +170,7 @@ class WriteBuffer:
         #: acknowledged, in the producing thread (the server marks the topic for the streaming
         #: source, end_polls.py, and the write buffer's tail holds them, write_buffer_tail.py)
         self.on_acked = None
-        self._producer = Producer(_producer_conf(bootstrap, produce_timeout_ms))
+        self._producer = Producer(producer_conf(bootstrap, produce_timeout_ms))
         #: producers replaced after a fatal error: requests that took one before it was replaced
         #: may still produce through it (their messages fail), so they are closed only by close()
         self._retired: list[Producer] = []
@@ -562,7 +562,7 @@ class WriteBuffer:
                 except KafkaException:
                     pass
                 self._retired.append(broken)
-                self._producer = Producer(_producer_conf(self.bootstrap, self.produce_timeout_ms))
+                self._producer = Producer(producer_conf(self.bootstrap, self.produce_timeout_ms))
             return self._producer
 
     def _poll_loop(self) -> None:

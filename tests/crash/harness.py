@@ -18,7 +18,7 @@ import time
 import grpc
 
 from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
-from server.runtime.broker import _alive as process_alive, free_port, remove_left_sockets
+from server.runtime.broker import free_port, process_alive, remove_left_sockets
 from server.api.client import IoxClient
 from tests.waiting import accepts_connections
 

@@ -82,13 +82,13 @@ def test_a_micro_batch_takes_at_most_the_read_limit_of_each_kafka_partition(brok
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from server.write_buffer.kafka_source import IoxKafkaStreamReader
-    from server.write_buffer.producer import _producer_conf
+    from server.write_buffer.producer import producer_conf
 
     # not an `iox.` topic: the session server's consumer would read these bare messages
     topic = f"readlimit.{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
-    p = Producer(_producer_conf(broker.bootstrap, 10_000))
+    p = Producer(producer_conf(broker.bootstrap, 10_000))
     for i, kp in enumerate([0] * 7 + [1] * 2):  # one at a time: a batch each, so every watermark is exact
         p.produce(topic, value=b"x%d" % i, partition=kp)
         assert p.flush(30) == 0

@@ -85,7 +85,7 @@ def durable(tmp_path):
     yield start
     for h in handles:
         for pid in (h.pid, h.store_pid):
-            if pid and broker._alive(pid):
+            if pid and broker.process_alive(pid):
                 broker._stop_process(pid, signal.SIGKILL)
     broker.remove_left_sockets(str(tmp_path / "broker-store"))  # what SIGKILLed stores leave in /tmp
 
@@ -100,7 +100,7 @@ def test_a_killed_durable_broker_keeps_every_acknowledged_offset_and_continues_t
         if kill_store:
             os.kill(h.store_pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while broker._alive(h.pid) and time.monotonic() < deadline:
+        while broker.process_alive(h.pid) and time.monotonic() < deadline:
             broker._reap(h.pid)
             time.sleep(0.05)
         h = durable()
@@ -127,7 +127,7 @@ def test_the_store_leaves_no_socket_or_log_file_in_tmp(durable, tmp_path):
     for pid in (h.pid, h.store_pid):  # a crash: the sockets stay until the next start
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while broker._alive(pid) and time.monotonic() < deadline:
+        while broker.process_alive(pid) and time.monotonic() < deadline:
             broker._reap(pid)
             time.sleep(0.05)
     h = durable()
@@ -204,7 +204,7 @@ def test_a_partition_holding_more_batches_than_a_short_fetch_lists_is_read_to_it
     exact end (`true_ends`, `partition_bounds`) and the streaming source's `read` use consumers that may
     wait LIST_FETCH_WAIT_MS, and reach it."""
     from server.write_buffer import kafka_source
-    from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange
+    from server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange
 
     monkeypatch.setattr(kafka_source, "_idle_consumers", {})
     monkeypatch.setattr(kafka_source, "READ_STALL_TIMEOUT_S", 30.0)
@@ -240,7 +240,7 @@ def test_a_partition_holding_more_batches_than_a_short_fetch_lists_is_read_to_it
     finally:
         wb.close()
     reader = IoxKafkaStreamReader({"bootstrap": h.bootstrap})
-    batches = list(reader.read(_TopicPartitionRange(TOPIC, 0, n - 200, n)))
+    batches = list(reader.read(TopicPartitionRange(TOPIC, 0, n - 200, n)))
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == list(range(n - 200, n))
     assert kafka_source._idle_consumers == {}  # the long-waiting consumer is not kept for the next task

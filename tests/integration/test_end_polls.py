@@ -15,10 +15,7 @@ from confluent_kafka import Producer
 
 from server.write_buffer.end_polls import DEFAULT_MAX_DELAY_S
 from catalog.sharding import partition_for, topic_for
-from tests.integration.test_foreign_messages import _applied_rows, _ipc, _write_headers
-
-T0 = 1_700_000_000_000_000_000
-PARTITIONS = 4
+from tests.integration.foreign_messages import PARTITIONS, T0, applied_rows, ipc, write_headers
 
 
 def test_writes_to_an_idle_partition_are_applied_once(client, db, iox_server):
@@ -37,9 +34,9 @@ def test_writes_to_an_idle_partition_are_applied_once(client, db, iox_server):
     time.sleep(3 * DEFAULT_MAX_DELAY_S)
     # another producer's write: no mark, found by the backed-off asks
     p = Producer({"bootstrap.servers": iox_server.bootstrap, "acks": "all", "log_level": 3})
-    value = _ipc(pa.table({"host": ["c"], "v": [1.0], "time": pa.array([T0], pa.int64())}))
+    value = ipc(pa.table({"host": ["c"], "v": [1.0], "time": pa.array([T0], pa.int64())}))
     delivered = []
-    p.produce(topic_for(db), value=value, key=b"foreign", headers=_write_headers(1),
+    p.produce(topic_for(db), value=value, key=b"foreign", headers=write_headers(1),
               partition=partition_for("cpu", PARTITIONS),
               on_delivery=lambda err, msg: delivered.append((err, msg.partition(), msg.offset())))
     assert p.flush(30) == 0
@@ -47,7 +44,7 @@ def test_writes_to_an_idle_partition_are_applied_once(client, db, iox_server):
     assert err is None
     # applied (the applied watermark moves once the batch's table views are made): a query reads it
     client.wait_applied(db, {kp: off}, timeout_s=60)
-    assert _applied_rows(client, db) == n + 3
+    assert applied_rows(client, db) == n + 3
     rows = client.query(db, "SELECT host, count(*) AS n, sum(v) AS s FROM cpu GROUP BY host ORDER BY host").to_pylist()
     assert rows == [{"host": "a", "n": n, "s": float(sum(range(n)))},
                     {"host": "b", "n": 1, "s": 1.0}, {"host": "c", "n": 1, "s": 1.0}]

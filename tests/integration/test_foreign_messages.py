@@ -15,42 +15,7 @@ import pyarrow as pa
 from confluent_kafka import Producer
 
 from catalog.sharding import partition_for, topic_for
-
-T0 = 1_700_000_000_000_000_000
-PARTITIONS = 4
-
-
-def _produce(bootstrap: str, topic: str, kp: int, msgs: list) -> list[int]:
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 3})
-    offsets = []
-
-    def on(err, m):
-        assert err is None, err
-        offsets.append(m.offset())
-
-    for value, headers in msgs:
-        p.produce(topic, value=value, key=b"foreign", headers=headers, partition=kp, on_delivery=on)
-    assert p.flush(30) == 0
-    return sorted(offsets)
-
-
-def _write_headers(rows: int) -> list:
-    schema = json.dumps([["host", "tag", "string"], ["v", "field", "float"], ["time", "time", "time"]])
-    return [("iox-format", b"2"), ("iox-kind", b"write"), ("iox-table", b"cpu"), ("iox-schema", schema.encode()),
-            ("iox-rows", str(rows).encode()), ("iox-days", json.dumps({"2023-11-14": [rows, T0, T0]}).encode())]
-
-
-def _ipc(t: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return sink.getvalue().to_pybytes()
-
-
-def _applied_rows(client, db) -> int:
-    """Rows in the catalog's chunks (a query would also read the write-buffer tail)."""
-    st = client.status(db)["databases"][0]
-    return sum(int(c["rows"]) for t in st["tables"] for p in t["partitions"] for c in p["chunks"])
+from tests.integration.foreign_messages import PARTITIONS, T0, applied_rows, ipc, produce, write_headers
 
 
 def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_server, caplog):
@@ -70,11 +35,11 @@ def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_serv
         (json.dumps({"table": "cpu", "start_ns": 0, "stop_ns_exclusive": 2 ** 62, "predicate": []}).encode(),
          [("iox-kind", b"delete"), ("iox-table", b"cpu")]),
         # iox headers, but a payload that is not Arrow, or rows without their time
-        (b"garbage", _write_headers(1)),
-        (_ipc(pa.table({"host": ["c"], "v": [3.0]})), _write_headers(1)),
+        (b"garbage", write_headers(1)),
+        (ipc(pa.table({"host": ["c"], "v": [3.0]})), write_headers(1)),
     ]
     with caplog.at_level(logging.WARNING, logger="server.consume.ingest"):
-        offsets = _produce(iox_server.bootstrap, topic_for(db), kp, bad)
+        offsets = produce(iox_server.bootstrap, topic_for(db), kp, bad)
         client.delete(db, 0, 2 ** 62, predicate="host = 'nobody'", table="cpu")
         second = client.write(db, f"cpu,host=b v=2 {T0 + 1}\n")
         assert second[kp] > offsets[-1]
@@ -125,8 +90,8 @@ def test_another_producers_batch_of_several_writes_is_applied_to_its_last_messag
     first = client.write(db, f"cpu,host=a v=1 {T0}\n")
     client.wait_applied(db, first, timeout_s=60)
     kp = partition_for("cpu", PARTITIONS)
-    msgs = [(_ipc(pa.table({"host": [f"f{i}"], "v": [float(i)], "time": pa.array([T0 + 1 + i], pa.int64())})),
-             _write_headers(1)) for i in range(5)]
+    msgs = [(ipc(pa.table({"host": [f"f{i}"], "v": [float(i)], "time": pa.array([T0 + 1 + i], pa.int64())})),
+             write_headers(1)) for i in range(5)]
     p = Producer({"bootstrap.servers": iox_server.bootstrap, "acks": "all", "linger.ms": 500, "log_level": 3})
     offsets = []
     for value, headers in msgs:
@@ -140,7 +105,7 @@ def test_another_producers_batch_of_several_writes_is_applied_to_its_last_messag
         c.close()
     assert hi == min(offsets) + 1, "the five writes were not one record batch: the case is not staged"
 
-    wait_for(lambda: _applied_rows(client, db) == 6, 60, "the batch's five writes applied")
+    wait_for(lambda: applied_rows(client, db) == 6, 60, "the batch's five writes applied")
     assert client.query(db, "SELECT host FROM cpu ORDER BY host").to_pylist() == [
         {"host": h} for h in ("a", "f0", "f1", "f2", "f3", "f4")]
     assert client.status(db)["databases"][0].get("skipped_messages", []) == []

@@ -18,7 +18,7 @@ from catalog.catalog import Database
 from catalog.schema import Column
 from server.write_buffer import kafka_source
 from server.consume import replay_schemas
-from server.write_buffer.kafka_source import IoxKafkaStreamReader, _TopicPartitionRange, reader_consumer, true_ends
+from server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange, reader_consumer, true_ends
 from server.write_buffer.wire_format import encode_write
 
 T0 = 1_700_000_000_000_000_000
@@ -76,7 +76,7 @@ _ENDED_AT_ONCE_S = 10.0
 
 def _read(reader, topic: str, start: int, end_exclusive: int) -> tuple[list[int], list[int], float]:
     t0 = time.monotonic()
-    batches = list(reader.read(_TopicPartitionRange(topic, 0, start, end_exclusive)))
+    batches = list(reader.read(TopicPartitionRange(topic, 0, start, end_exclusive)))
     took = time.monotonic() - t0
     t = pa.Table.from_batches(batches) if batches else None
     return ([] if t is None else t.column("offset").to_pylist(),

@@ -725,9 +725,9 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_se
     assert expect == [{"host": f"h{h}", "n": 50, "s": float(sum(range(h, 200, 4)))} for h in range(4)]
     assert c.query(db, Q2).to_pylist() == expect
     # a Spark Connect client reads the unloaded (Parquet-only) chunks too, local or S3
-    from tests.integration.test_spark_connect import _remote
+    from tests.integration.spark_connect_client import remote_sql
 
-    remote = _remote(iox_server.config.spark_connect_port, {"q": Q2.replace("FROM cpu", f"FROM global_temp.`{db}__cpu`")},
+    remote = remote_sql(iox_server.config.spark_connect_port, {"q": Q2.replace("FROM cpu", f"FROM global_temp.`{db}__cpu`")},
                      iox_server.spark_connect_token)
     assert remote["q"] == expect
 

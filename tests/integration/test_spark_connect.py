@@ -6,35 +6,15 @@ The client runs in a subprocess (a real remote Spark Connect client, pyspark[con
 from __future__ import annotations
 
 import http.client
-import json
 import subprocess
 import sys
-import textwrap
 import threading
 import urllib.parse
 
+from tests.integration.spark_connect_client import remote_sql, run_client
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000_000_000
-
-_CLIENT = textwrap.dedent('''
-    import json, sys
-    from pyspark.sql import SparkSession
-    spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
-    out = {}
-    for name, sql in json.loads(sys.argv[2]).items():
-        out[name] = [r.asDict() for r in spark.sql(sql).collect()]
-    print(json.dumps(out, default=str))
-''')
-
-
-def _remote(port: int, queries: dict, token: str) -> dict:
-    url = f"sc://localhost:{port}/;token={token}"
-    r = subprocess.run([sys.executable, "-c", _CLIENT, url, json.dumps(queries)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
 
 def _http_jsonl(server, db: str, sql: str) -> tuple:
     """(status, body) of the HTTP query `sql` on `db`, answered as JSON lines."""
@@ -69,7 +49,7 @@ def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
     w = threading.Thread(target=keep_writing)
     w.start()
     try:
-        remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`"),
+        remote = remote_sql(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`"),
                                 "mem": q2.format(f"global_temp.`{db2}__mem`")}, iox_server.spark_connect_token)
     finally:
         stop.set()
@@ -82,7 +62,7 @@ def test_spark_connect_sees_two_databases_like_iox_sql(iox_server, client, db):
 
     # after a persist (the view is swapped to the persisted chunk) the answer is the same
     client.persist(db)
-    remote = _remote(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`")}, iox_server.spark_connect_token)
+    remote = remote_sql(port, {"cpu": q1.format(f"global_temp.`{db}__cpu`")}, iox_server.spark_connect_token)
     assert remote["cpu"] == ours_cpu
 
 
@@ -97,7 +77,7 @@ def test_remote_query_running_across_a_view_swap_completes_consistently(iox_serv
     result = {}
 
     def run():
-        result.update(_remote(port, {"slow": slow}, iox_server.spark_connect_token))
+        result.update(remote_sql(port, {"slow": slow}, iox_server.spark_connect_token))
 
     t = threading.Thread(target=run)
     t.start()
@@ -128,8 +108,7 @@ def test_spark_connect_is_never_served_without_a_token(iox_server, tmp_path):
     port = iox_server.config.spark_connect_port
     assert r.returncode == 0 and r.stdout.strip() == f"sc://localhost:{port}/;token={iox_server.spark_connect_token}"
     assert len(iox_server.spark_connect_token) >= 32
-    r = subprocess.run([sys.executable, "-c", _CLIENT, f"sc://127.0.0.1:{port}", json.dumps({"x": "SELECT 1 AS x"})],
-                       capture_output=True, text=True, timeout=300)
+    r = run_client(f"sc://127.0.0.1:{port}", {"x": "SELECT 1 AS x"})
     assert r.returncode != 0 and ("UNAUTHENTICATED" in r.stderr or "nvalid" in r.stderr), r.stderr[-2000:]
     r = subprocess.run([iox, "spark-connect-url", "--data-dir", str(tmp_path)], capture_output=True, text=True,
                        timeout=60)
@@ -151,19 +130,19 @@ def test_the_views_apply_retention_like_iox_sql(iox_server, client, db):
     q = "SELECT host, v FROM {} ORDER BY host"
     view = f"global_temp.`{db}__cpu`"
     everything = [{"host": h, "v": float(i + 1)} for i, h in enumerate("abcd")]
-    assert _remote(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == everything
+    assert remote_sql(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == everything
     lifecycle = iox_server.lifecycle
     lifecycle.prune_delay_s = 10 * 86_400.0  # hidden, not pruned: removing the retention shows them again
     try:
         client.set_retention(db, 86_400)
         recent = [{"host": "b", "v": 2.0}, {"host": "d", "v": 4.0}]
         assert client.query(db, q.format("cpu")).to_pylist() == recent
-        assert _remote(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == recent
+        assert remote_sql(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == recent
         client.set_retention(db, 0)
     finally:
         lifecycle.prune_delay_s = iox_server.config.prune_delay_s
     assert client.query(db, q.format("cpu")).to_pylist() == everything
-    assert _remote(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == everything
+    assert remote_sql(port, {"q": q.format(view)}, iox_server.spark_connect_token)["q"] == everything
 
 
 def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what_queries_read(
@@ -179,7 +158,7 @@ def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what
     q_cpu, q_mem = "SELECT host, sum(v) AS s FROM cpu GROUP BY host ORDER BY host", "SELECT used FROM mem"
     expect_cpu, expect_mem = [{"host": "h0", "s": 20.0}, {"host": "h1", "s": 25.0}], [{"used": 7}]
     assert client.query(db, q_cpu).to_pylist() == expect_cpu and client.query(db, q_mem).to_pylist() == expect_mem
-    remote = _remote(port, {
+    remote = remote_sql(port, {
         "replace": f"CREATE OR REPLACE GLOBAL TEMP VIEW `{db}__cpu` AS SELECT 'x' AS host, CAST(1 AS DOUBLE) AS v",
         "drop": f"DROP VIEW global_temp.`{db}__mem`",
         "cpu": f"SELECT host, sum(v) AS s FROM global_temp.`{db}__cpu` GROUP BY host"},
@@ -191,7 +170,7 @@ def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what
     # the table's next change makes its view again
     client.wait_applied(db, client.write(db, f"cpu,host=h0 v=100 {T0 + 100}"), timeout_s=90)
     client.persist(db)
-    wait_for(lambda: _remote(port, {"cpu": f"SELECT sum(v) AS s FROM global_temp.`{db}__cpu`"},
+    wait_for(lambda: remote_sql(port, {"cpu": f"SELECT sum(v) AS s FROM global_temp.`{db}__cpu`"},
                              iox_server.spark_connect_token)["cpu"] == [{"s": 145.0}], 60, "the view made again")
 
 
@@ -216,7 +195,7 @@ def test_a_remote_client_neither_sees_nor_changes_the_chunk_views_queries_read(i
         statements[f"dropg{i}"] = f"DROP VIEW IF EXISTS global_temp.`{name}`"
         statements[f"replace{i}"] = f"CREATE OR REPLACE TEMP VIEW `{name}` AS SELECT 'x' AS host"
         statements[f"replaceg{i}"] = f"CREATE OR REPLACE GLOBAL TEMP VIEW `{name}` AS SELECT 'x' AS host"
-    remote = _remote(port, statements, iox_server.spark_connect_token)
+    remote = remote_sql(port, statements, iox_server.spark_connect_token)
     seen = {r["viewName"] for r in remote["global"] + remote["own"]}
     assert not {v for v in seen if v.startswith(("iox_chunk_", "iox_merge_"))}, seen
     assert f"{db}__cpu" in seen  # the table view Spark Connect reads
@@ -224,7 +203,7 @@ def test_a_remote_client_neither_sees_nor_changes_the_chunk_views_queries_read(i
     assert _http_jsonl(iox_server, db, "SELECT count(*) AS n FROM cpu") == (200, b'{"n": 10}\n')
     # the global views the client made under those names are its own, and the server's table view
     # still reads the server's chunks
-    assert _remote(port, {"cpu": f"SELECT count(*) AS n FROM global_temp.`{db}__cpu`"},
+    assert remote_sql(port, {"cpu": f"SELECT count(*) AS n FROM global_temp.`{db}__cpu`"},
                    iox_server.spark_connect_token)["cpu"] == [{"n": 10}]
     for name in names:
         iox_server.spark.catalog.dropGlobalTempView(name)  # the client's

@@ -1,5 +1,5 @@
-"""Tests of lifecycle/compact_persisted.py's Arrow path: which compactions it takes (`_arrow_plan`)
-and the executor side (`_arrow_compaction_fn`) against a real local object store."""
+"""Tests of lifecycle/compact_persisted.py's Arrow path: which compactions it takes (`stored_arrow_plan`)
+and the executor side (`arrow_compaction_fn`) against a real local object store."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,7 +13,7 @@ from catalog.object_store import LocalObjectStore
 from catalog.schema import TableSchema
 from lifecycle import compact_persisted
 from lifecycle.arrow_merge import as_arrow_delete
-from lifecycle.compact_persisted import _arrow_compaction_fn, _arrow_plan
+from lifecycle.compact_persisted import arrow_compaction_fn, stored_arrow_plan
 
 _COLUMNS = [("host", "string"), ("v", "float"), ("w", "integer")]
 
@@ -30,7 +30,7 @@ def _file(store, key: str, rows: list, columns=("host", "v", "w")) -> None:
 
 
 def _run(store, keys: list, deletes: list, dedup: bool) -> list:
-    fn = _arrow_compaction_fn(store, keys, "db/cpu/p/out.parquet", _COLUMNS, ["host"], ["v", "w"], deletes, dedup)
+    fn = arrow_compaction_fn(store, keys, "db/cpu/p/out.parquet", _COLUMNS, ["host"], ["v", "w"], deletes, dedup)
     return [r for b in fn(iter([pa.RecordBatch.from_pylist([{"id": 0}])])) for r in b.to_pylist()]
 
 
@@ -96,15 +96,15 @@ def test_the_plan_deduplicates_only_files_that_meet_in_time_and_keeps_the_delete
     s = _schema()
     d_in = Delete("cpu", 15, 25, (("host", "=", "a", "string"),), 9, 0)
     d_out = Delete("cpu", 100, 200, (), 9, 0)
-    assert _arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29)], s, [d_in, d_out]) == ([as_arrow_delete(d_in)], False)
-    assert _arrow_plan([_chunk(5, 10, 20), _chunk(5, 20, 29)], s, []) == ([], True)
-    assert _arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29, deduplicated=False)], s, []) == ([], True)
+    assert stored_arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29)], s, [d_in, d_out]) == ([as_arrow_delete(d_in)], False)
+    assert stored_arrow_plan([_chunk(5, 10, 20), _chunk(5, 20, 29)], s, []) == ([], True)
+    assert stored_arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29, deduplicated=False)], s, []) == ([], True)
 
 
 def test_the_plan_leaves_to_spark_a_delete_arrow_cannot_evaluate_and_too_many_rows(monkeypatch):
     s = _schema()
     ranged = Delete("cpu", 0, 100, (("v", ">", "1", "float"),), 9, 0)
-    assert _arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29)], s, [ranged]) is None
+    assert stored_arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29)], s, [ranged]) is None
     monkeypatch.setattr(compact_persisted, "ARROW_COMPACTION_MAX_ROWS", 9)
-    assert _arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29)], s, []) is None
-    assert _arrow_plan([_chunk(5, 10, 19), _chunk(4, 20, 29)], s, []) == ([], False)
+    assert stored_arrow_plan([_chunk(5, 10, 19), _chunk(5, 20, 29)], s, []) is None
+    assert stored_arrow_plan([_chunk(5, 10, 19), _chunk(4, 20, 29)], s, []) == ([], False)

@@ -1,5 +1,5 @@
 """lifecycle/local_rows.py: a local chunk's segment and rows on the driver (pure pyarrow parts), and
-which of a micro-batch's messages make a local chunk (server/consume/ingest.py `_local_payloads`)."""
+which of a micro-batch's messages make a local chunk (server/consume/ingest.py `local_payloads`)."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -12,7 +12,7 @@ from catalog.delete_mailbox import Delete
 from catalog.schema import TableSchema
 from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
                                   joined_local_rows, merged_local_rows, segment_table)
-from server.consume.ingest import _local_payloads
+from server.consume.ingest import local_payloads
 from catalog.seq_layout import seq_base
 from catalog.partition_keys import NS_PER_DAY
 
@@ -112,15 +112,15 @@ def _msg(offset, payload, kind="write", nrows=1):
 
 
 def test_a_batchs_small_plain_writes_make_a_local_chunk_in_offset_order():
-    assert _local_payloads([_msg(9, b"x"), _msg(4, b"yy")]) == [(4, b"yy"), (9, b"x")]
+    assert local_payloads([_msg(9, b"x"), _msg(4, b"yy")]) == [(4, b"yy"), (9, b"x")]
 
 
 def test_a_large_payload_a_transaction_part_too_many_bytes_or_rows_make_an_ordinary_chunk():
-    assert _local_payloads([_msg(1, b"x"), _msg(2, None)]) is None  # its payload was too large to come along
-    assert _local_payloads([_msg(1, b"x"), _msg(2, b"y", kind="part")]) is None
+    assert local_payloads([_msg(1, b"x"), _msg(2, None)]) is None  # its payload was too large to come along
+    assert local_payloads([_msg(1, b"x"), _msg(2, b"y", kind="part")]) is None
     half = b"z" * (LOCAL_BUILD_MAX_BYTES // 2 + 1)
-    assert _local_payloads([_msg(1, half), _msg(2, half)]) is None
-    assert _local_payloads([_msg(1, half)]) == [(1, half)]
+    assert local_payloads([_msg(1, half), _msg(2, half)]) is None
+    assert local_payloads([_msg(1, half)]) == [(1, half)]
     rows = LOCAL_CHUNK_MAX_ROWS // 2
-    assert _local_payloads([_msg(1, b"x", nrows=rows), _msg(2, b"y", nrows=rows)]) == [(1, b"x"), (2, b"y")]
-    assert _local_payloads([_msg(1, b"x", nrows=rows), _msg(2, b"y", nrows=rows + 1)]) is None
+    assert local_payloads([_msg(1, b"x", nrows=rows), _msg(2, b"y", nrows=rows)]) == [(1, b"x"), (2, b"y")]
+    assert local_payloads([_msg(1, b"x", nrows=rows), _msg(2, b"y", nrows=rows + 1)]) is None

@@ -17,9 +17,9 @@ import pytest
 from catalog.object_store import LocalObjectStore, parquet_key
 from catalog.preserved_catalog import PreservedCatalog, RemoveParquet, SetTableSchema, transaction_key
 from catalog.schema import TableSchema
-from lifecycle.compact_persisted import _arrow_compaction_fn
+from lifecycle.compact_persisted import arrow_compaction_fn
 from lifecycle.ipc_segments import LAYOUT_WIRE
-from lifecycle.persist import _segments_persist_fn, _writer_fn, add_parquet_action
+from lifecycle.persist import segments_persist_fn, writer_fn, add_parquet_action
 from catalog.seq_layout import seq_base
 
 DB, TABLE, PARTITION = "mydb", "cpu", "2024-01-01"
@@ -103,7 +103,7 @@ def test_a_file_written_by_write_one_file_is_durable_before_its_metadata_leaves_
     cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
     rec = _Recorder(monkeypatch)
     key = parquet_key(DB, TABLE, PARTITION, uuid.uuid4())
-    task = _writer_fn(store, key)(iter([_chunk_batch(["a", "b"], [10, 20], [1, 2]),
+    task = writer_fn(store, key)(iter([_chunk_batch(["a", "b"], [10, 20], [1, 2]),
                                         _chunk_batch(["c"], [30], [3])]))
     meta = next(task).to_pylist()[0]
     at_yield = list(rec.events)
@@ -136,13 +136,13 @@ def _wire_rows(times_per_segment: list) -> pa.RecordBatch:
 @pytest.mark.parametrize("parallel_min_rows", [10, 10**6], ids=["two-files", "one-file"])
 def test_files_a_persist_from_the_write_buffer_form_writes_are_durable_before_the_commit(
         root, monkeypatch, parallel_min_rows):
-    """`_segments_persist_fn` (persist's Arrow path, through `write_files`): every file it writes,
+    """`segments_persist_fn` (persist's Arrow path, through `write_files`): every file it writes,
     also the files written in parallel, is durable when the task yields the first file's metadata."""
     store = LocalObjectStore(root)
     cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
     rec = _Recorder(monkeypatch)
     keys = [parquet_key(DB, TABLE, PARTITION, uuid.uuid4()) for _ in range(2)]
-    task = _segments_persist_fn(store, keys, ["host"], [("v", "float")], 10**6, [], dedup=False,
+    task = segments_persist_fn(store, keys, ["host"], [("v", "float")], 10**6, [], dedup=False,
                                 parallel_min_rows=parallel_min_rows)(
         iter([_wire_rows([[30, 10, 20, 40, 50, 60], [15, 35, 55, 5, 25, 45]])]))
     first = next(task).to_pylist()[0]
@@ -159,7 +159,7 @@ def test_files_a_persist_from_the_write_buffer_form_writes_are_durable_before_th
 
 
 def test_the_file_a_compaction_in_arrow_writes_is_durable_before_the_commit(root, monkeypatch):
-    """`_arrow_compaction_fn` (compaction's Arrow path, through `write_files`)."""
+    """`arrow_compaction_fn` (compaction's Arrow path, through `write_files`)."""
     store = LocalObjectStore(root)
     cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
     old = [parquet_key(DB, TABLE, PARTITION, uuid.uuid4()) for _ in range(2)]
@@ -169,7 +169,7 @@ def test_the_file_a_compaction_in_arrow_writes_is_durable_before_the_commit(root
     _commit(cat, [{"key": k, "rows": 2, "size": 1, "min_t": 0, "max_t": 0, "min_seq": 0, "max_seq": 0} for k in old])
     rec = _Recorder(monkeypatch)
     key = parquet_key(DB, TABLE, PARTITION, uuid.uuid4())
-    task = _arrow_compaction_fn(store, old, key, [("host", "string"), ("v", "float")], ["host"], ["v"], [],
+    task = arrow_compaction_fn(store, old, key, [("host", "string"), ("v", "float")], ["host"], ["v"], [],
                                 dedup=True)(iter([pa.RecordBatch.from_pylist([{"id": 0}])]))
     meta = next(task).to_pylist()[0]
     at_yield = list(rec.events)

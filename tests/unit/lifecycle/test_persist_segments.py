@@ -1,4 +1,4 @@
-"""Tests of lifecycle/persist.py's executor side for the write-buffer form (`_segments_persist_fn`):
+"""Tests of lifecycle/persist.py's executor side for the write-buffer form (`segments_persist_fn`):
 which rows go to the Parquet file and which stay in memory, against a real local object store."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from catalog.object_store import LocalObjectStore
 from lifecycle.ipc_segments import LAYOUT_WIRE
-from lifecycle.persist import _segments_persist_fn
+from lifecycle.persist import segments_persist_fn
 from catalog.seq_layout import seq_base
 
 _SEG = pa.schema([("ci", pa.int32()), ("layout", pa.int32()), ("seq_base", pa.int64()), ("day_lo", pa.int32()),
@@ -32,7 +32,7 @@ def test_rows_up_to_the_flush_timestamp_go_to_the_file_and_the_rest_stay(tmp_pat
                  payload=_payload(["a", "b", "c"], [10, 11, 12])),
             dict(ci=1, layout=LAYOUT_WIRE, seq_base=seq_base(0, 2), day_lo=None, day_hi=None,
                  payload=_payload(["a", "b", "c"], [20, 21, 22]))]
-    fn = _segments_persist_fn(store, ["db/t/f.parquet", "db/t/g.parquet"], ["host"], [("v", "float")], flush_ts, [],
+    fn = segments_persist_fn(store, ["db/t/f.parquet", "db/t/g.parquet"], ["host"], [("v", "float")], flush_ts, [],
                               dedup=False)
     out = [r for b in fn(iter([pa.RecordBatch.from_pylist(rows, schema=_SEG)])) for r in b.to_pylist()]
     files = [r for r in out if r["kind"] == "file"]
@@ -64,7 +64,7 @@ def test_a_large_persist_writes_one_file_per_key_split_by_time(tmp_path):
     store = LocalObjectStore(str(tmp_path))
     times = [[30, 10, 20, 40, 50, 60], [15, 35, 55, 5, 25, 45]]  # unordered, in two segments
     keys = ["db/t/a.parquet", "db/t/b.parquet"]
-    fn = _segments_persist_fn(store, keys, ["host"], [("v", "float")], 10**6, [], dedup=False, parallel_min_rows=10)
+    fn = segments_persist_fn(store, keys, ["host"], [("v", "float")], 10**6, [], dedup=False, parallel_min_rows=10)
     out = [r for b in fn(iter([_rows(times)])) for r in b.to_pylist()]
     assert [r["kind"] for r in out] == ["file", "file"] and [r["key"] for r in out] == keys
     got = [sorted(pq.read_table(tmp_path / k).column("time_ns").to_pylist()) for k in keys]
@@ -78,7 +78,7 @@ def test_a_large_persist_writes_one_file_per_key_split_by_time(tmp_path):
 def test_a_large_persist_of_one_time_writes_one_file(tmp_path):
     """Rows that all share one time cannot be split by time: one file, at the first key."""
     store = LocalObjectStore(str(tmp_path))
-    fn = _segments_persist_fn(store, ["db/t/a.parquet", "db/t/b.parquet"], ["host"], [("v", "float")], 10**6, [],
+    fn = segments_persist_fn(store, ["db/t/a.parquet", "db/t/b.parquet"], ["host"], [("v", "float")], 10**6, [],
                               dedup=False, parallel_min_rows=10)
     out = [r for b in fn(iter([_rows([[7] * 6, [7] * 6])])) for r in b.to_pylist()]
     assert [(r["kind"], r["key"], r["rows"]) for r in out] == [("file", "db/t/a.parquet", 12)]
@@ -88,7 +88,7 @@ def test_a_large_persist_of_one_time_writes_one_file(tmp_path):
 def test_time_pieces_keep_whole_the_batches_within_one_piece_and_cut_the_others():
     """Piece i holds cuts[i-1] < time <= cuts[i], in the table's order; a batch within one piece is
     the same batch (no copy), a batch across cuts is filtered into each piece it meets."""
-    from lifecycle.persist import _time_pieces
+    from lifecycle.persist import time_pieces
 
     def batch(times):
         return pa.record_batch({"v": pa.array([float(x) for x in times], pa.float64()),
@@ -96,7 +96,7 @@ def test_time_pieces_keep_whole_the_batches_within_one_piece_and_cut_the_others(
 
     batches = [batch([1, 2, 3]), batch([25, 21]), batch([4, 40, 10, 20, 11]), batch([]), batch([30, 35])]
     t = pa.Table.from_batches(batches)
-    pieces = _time_pieces(t, [10, 30])
+    pieces = time_pieces(t, [10, 30])
     assert [p.column("time_ns").to_pylist() for p in pieces] == [[1, 2, 3, 4, 10], [25, 21, 20, 11, 30], [40, 35]]
     assert [p.column("v").to_pylist() for p in pieces] == [[1.0, 2.0, 3.0, 4.0, 10.0], [25.0, 21.0, 20.0, 11.0, 30.0],
                                                            [40.0, 35.0]]
@@ -155,12 +155,12 @@ def test_each_task_of_a_persist_writes_and_keeps_only_its_time_range(tmp_path):
             b = b.append_column("task", pa.array([task] * b.num_rows, pa.int32()))
         return [r for x in fn(iter([b])) for r in x.to_pylist()]
 
-    one = run(_segments_persist_fn(LocalObjectStore(str(tmp_path / "one")), ["t/a.parquet"], ["host"],
+    one = run(segments_persist_fn(LocalObjectStore(str(tmp_path / "one")), ["t/a.parquet"], ["host"],
                                    [("v", "float")], 50, deletes, dedup=True))
     ranges = persist_time_ranges(5, 50, 3)
     tasks = [(r, [f"t/{i}.parquet"]) for i, r in enumerate(ranges)]
     store = LocalObjectStore(str(tmp_path / "many"))
-    fn = _segments_persist_fn(store, ["unused"], ["host"], [("v", "float")], 50, deletes, dedup=True, tasks=tasks)
+    fn = segments_persist_fn(store, ["unused"], ["host"], [("v", "float")], 50, deletes, dedup=True, tasks=tasks)
     many = [r for i in range(len(tasks)) for r in run(fn, i)]
 
     def file_rows(root, out):

@@ -68,12 +68,12 @@ def test_lower_spark_priority_sets_every_thread_of_the_jvm_process():
 
 
 def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usage_error(capsys, monkeypatch):
-    from server.cli.main import _config_from_args, build_parser
+    from server.cli.main import config_from_args, build_parser
 
     monkeypatch.setenv("IOX_SPARK_CONF", "spark.a=1;spark.b=x=y")
     a = build_parser().parse_args(["serve", "--spark-conf", "spark.c= 2", "--read-buffer-delay-s", "5",
                                    "--persisted-compaction-cold-s", "30"])
-    cfg = _config_from_args(a)
+    cfg = config_from_args(a)
     assert cfg.extra_spark_conf == {"spark.a": "1", "spark.b": "x=y", "spark.c": " 2"}
     assert cfg.lifecycle["read_buffer_delay_s"] == 5.0
     assert cfg.lifecycle["persisted_compaction_cold_s"] == 30.0
@@ -85,12 +85,12 @@ def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usag
 
 
 def test_the_query_engine_notes_every_table_a_query_names():
-    from server.query.engine import _tables_named
+    from server.query.engine import tables_named
 
     tables = ["cpu", "cpu_total", "My-Table", "mem"]
-    assert _tables_named("SELECT * FROM cpu JOIN `my-table` USING (host)", tables) == ["cpu", "My-Table"]
-    assert _tables_named("select count(*) from CPU_TOTAL", tables) == ["cpu_total"]
-    assert _tables_named("SELECT 1", tables) == []
+    assert tables_named("SELECT * FROM cpu JOIN `my-table` USING (host)", tables) == ["cpu", "My-Table"]
+    assert tables_named("select count(*) from CPU_TOTAL", tables) == ["cpu_total"]
+    assert tables_named("SELECT 1", tables) == []
 
 
 def test_log_levels_root_then_loggers():
@@ -111,10 +111,10 @@ def test_log_levels_reject_bad_parts(bad):
 
 
 def test_tail_max_bytes_takes_sizes_and_zero_disables_it():
-    from server.cli.main import _config_from_args, build_parser
+    from server.cli.main import config_from_args, build_parser
 
-    assert _config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "64m"])).tail_max_bytes == 64 << 20
-    assert _config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "0"])).tail_max_bytes == 0
+    assert config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "64m"])).tail_max_bytes == 64 << 20
+    assert config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "0"])).tail_max_bytes == 0
     assert ServerConfig().tail_max_bytes == 256 << 20
     with pytest.raises(InvalidConfig) as ei:
         ServerConfig(tail_max_bytes=-1)
@@ -157,27 +157,27 @@ def test_write_path_rt_priority_must_be_0_to_99(prio):
 
 
 def test_write_path_rt_priority_is_off_by_default_and_an_opt_in():
-    from server.cli.main import _config_from_args, build_parser
+    from server.cli.main import config_from_args, build_parser
 
     assert ServerConfig().write_path_rt_priority == 0
-    assert _config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 0
+    assert config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 0
     a = build_parser().parse_args(["serve", "--write-path-rt-priority", "1"])
-    assert _config_from_args(a).write_path_rt_priority == 1
+    assert config_from_args(a).write_path_rt_priority == 1
 
 
 def test_request_bounds_options():
-    from server.cli.main import _config_from_args, build_parser
+    from server.cli.main import config_from_args, build_parser
     from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
                                DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS)
 
-    c = _config_from_args(build_parser().parse_args(["serve"]))
+    c = config_from_args(build_parser().parse_args(["serve"]))
     assert (c.grpc_workers, c.max_concurrent_rpcs, c.http_workers, c.max_query_rows, c.max_query_bytes) == \
         (DEFAULT_GRPC_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_QUERY_ROWS,
          DEFAULT_MAX_QUERY_BYTES)
     assert DEFAULT_MAX_QUERY_BYTES == 1 << 30 and DEFAULT_MAX_QUERY_ROWS == 0
     a = build_parser().parse_args(["serve", "--max-concurrent-rpcs", "3", "--http-workers", "2",
                                    "--max-query-rows", "10", "--max-query-bytes", "1m"])
-    c = _config_from_args(a)
+    c = config_from_args(a)
     assert (c.max_concurrent_rpcs, c.http_workers, c.max_query_rows, c.max_query_bytes) == (3, 2, 10, 1 << 20)
     for bad in (dict(http_workers=0), dict(max_concurrent_rpcs=0), dict(max_query_bytes=-1)):
         with pytest.raises(InvalidConfig):
@@ -217,11 +217,11 @@ def test_memory_and_retention_options_are_checked(field, value):
 
 
 def test_memory_and_retention_options_reach_the_config():
-    from server.cli.main import _config_from_args, build_parser
+    from server.cli.main import config_from_args, build_parser
 
     a = build_parser().parse_args(["serve", "--memory-limit-bytes", "6g", "--memory-soft-fraction", "0.7",
                                    "--prune-delay-s", "60"])
-    cfg = _config_from_args(a)
+    cfg = config_from_args(a)
     assert (cfg.memory_limit_bytes, cfg.memory_soft_fraction, cfg.prune_delay_s) == (6 << 30, 0.7, 60.0)
     assert ServerConfig().memory_limit_bytes == 0  # off by default
 

@@ -143,18 +143,18 @@ def test_a_kafka_that_cannot_be_asked_leaves_this_members_acks_and_is_not_asked_
 
 def test_a_loopback_address_is_refused_while_a_member_runs_on_another_host():
     from server.errors import PoolAddressUnreachable
-    from server.pool_admin import _check_reachable
+    from server.pool_admin import check_reachable
 
     others = [{"member": "b", "address": "10.0.0.2:50051", "host": "node-b"}]
     with pytest.raises(PoolAddressUnreachable) as e:
-        _check_reachable("a", "127.0.0.1:50051", "node-a", others)
+        check_reachable("a", "127.0.0.1:50051", "node-a", others)
     assert (e.value.other, e.value.other_host, e.value.host) == ("b", "node-b", "node-a")
     assert "--pool-address" in str(e.value)
     for loop in ("localhost:1", "[::1]:1"):
         with pytest.raises(PoolAddressUnreachable):
-            _check_reachable("a", loop, "node-a", others)
-    _check_reachable("a", "10.0.0.1:50051", "node-a", others)  # reachable: published
-    _check_reachable("a", "127.0.0.1:50051", "node-a",
+            check_reachable("a", loop, "node-a", others)
+    check_reachable("a", "10.0.0.1:50051", "node-a", others)  # reachable: published
+    check_reachable("a", "127.0.0.1:50051", "node-a",
                      [{"member": "b", "address": "127.0.0.1:2", "host": "node-a"},  # the same host
                       {"member": "c", "address": "127.0.0.1:3"}])  # host not recorded (an older member)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from iox import management_pb2, query_pb2
 
-from server.api.client import _as_dict
+from server.api.client import as_dict
 
 
 def test_int64_fields_are_ints_at_every_depth():
@@ -11,7 +11,7 @@ def test_int64_fields_are_ints_at_every_depth():
         name="db", catalog_revision=7,
         write_buffer=[management_pb2.KafkaPartitionStatus(partition=1, applied_hi_inclusive=-1,
                                                           visible_hi_inclusive=2**62)])])
-    d = _as_dict(r)
+    d = as_dict(r)
     db = d["databases"][0]
     assert db["catalog_revision"] == 7 and db["name"] == "db"
     assert db["write_buffer"][0]["applied_hi_inclusive"] == -1
@@ -23,4 +23,4 @@ def test_map_values_of_int64_are_ints():
     r = query_pb2.QueryResponse()
     r.applied_hi_inclusive[0] = 5
     r.applied_hi_inclusive[3] = 2**40
-    assert _as_dict(r)["applied_hi_inclusive"] == {"0": 5, "3": 2**40}
+    assert as_dict(r)["applied_hi_inclusive"] == {"0": 5, "3": 2**40}

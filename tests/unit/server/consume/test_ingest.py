@@ -16,7 +16,7 @@ from catalog.seq_layout import (SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin,
                                 seq_base)
 from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
 from catalog.transactions import MARKER, PART
-from server.consume.ingest import Ingestor, _check_seqs_fit, _decode_fn, _table_messages_condition, decode_delete
+from server.consume.ingest import Ingestor, check_seqs_fit, payload_decode_fn, table_messages_condition, decode_delete
 from server.write_buffer.wire_format import encode_delete, encode_write
 
 T0 = 1_700_000_000_000_000_000
@@ -199,7 +199,7 @@ def _messages(offsets: list) -> pa.RecordBatch:
 def test_the_arrow_decoder_seqs_at_epoch_255_and_after_resets():
     seqs = []
     for origin, offsets in zip(ORIGINS, ([0, 41], [0, 6], [0, 2**34])):
-        out = pa.Table.from_batches(list(_decode_fn(VALUE_COLUMNS, None, None, origin)([_messages(offsets)])))
+        out = pa.Table.from_batches(list(payload_decode_fn(VALUE_COLUMNS, None, None, origin)([_messages(offsets)])))
         got = out.column("_iox_seq").to_pylist()
         assert got == [seq_base(origin, o) + r for o in offsets for r in (0, 1)]
         seqs += got
@@ -208,17 +208,17 @@ def test_the_arrow_decoder_seqs_at_epoch_255_and_after_resets():
 
 def test_the_arrow_decoder_raises_seq_overflow_instead_of_wrapping():
     top = max_seq_offset(EPOCH_255)
-    fn = _decode_fn(VALUE_COLUMNS, None, None, EPOCH_255)
+    fn = payload_decode_fn(VALUE_COLUMNS, None, None, EPOCH_255)
     assert len(pa.Table.from_batches(list(fn([_messages([top])])))) == 2
     with pytest.raises(SeqOverflow):
         list(fn([_messages([top + 1])]))
 
 
 def test_the_driver_checks_a_batchs_offsets_before_any_job():
-    _check_seqs_fit(EPOCH_255, [])
-    _check_seqs_fit(EPOCH_255, [0, max_seq_offset(EPOCH_255)])
+    check_seqs_fit(EPOCH_255, [])
+    check_seqs_fit(EPOCH_255, [0, max_seq_offset(EPOCH_255)])
     with pytest.raises(SeqOverflow) as e:
-        _check_seqs_fit(EPOCH_255, [5, max_seq_offset(EPOCH_255) + 1, 7])
+        check_seqs_fit(EPOCH_255, [5, max_seq_offset(EPOCH_255) + 1, 7])
     assert e.value.offset == max_seq_offset(EPOCH_255) + 1
 
 
@@ -245,12 +245,12 @@ def test_a_tables_chunk_reads_only_the_parts_committed_in_its_own_kafka_partitio
     remap = {(0, 2): 3}  # the batch's committed parts: (kp, part offset) -> offset applied at
 
     def selected(table):
-        cond = _table_messages_condition("iox.db", table, remap, _F)
+        cond = table_messages_condition("iox.db", table, remap, _F)
         return [(r["kp"], r["offset"]) for r in raw if cond.fn(r)]
 
     assert selected("cpu") == [(0, 2)]
     assert selected("net") == [(1, 4)]
-    assert _table_messages_condition("iox.db", "net", {}, _F).fn(raw[2]) is False
+    assert table_messages_condition("iox.db", "net", {}, _F).fn(raw[2]) is False
 
 
 def test_a_stop_ends_a_batch_between_its_chunk_builds_with_nothing_added(monkeypatch):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from server.query.verify import PartitionReport, _compare, _TableFold
+from server.query.verify import PartitionReport, compare, TableFold
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
 ROLES = {"host": "tag", "v": "field", "w": "field", "time": "time"}
 
 
-def _write(fold: _TableFold, offset: int, rows: list) -> None:
+def _write(fold: TableFold, offset: int, rows: list) -> None:
     """rows: [(host, second, {field: value})] of one message at `offset`."""
     t = pa.table({"host": [h for h, _s, _f in rows],
                   "v": pa.array([f.get("v") for _h, _s, f in rows], pa.int64()),
@@ -21,7 +21,7 @@ def _write(fold: _TableFold, offset: int, rows: list) -> None:
     fold.write(0, offset, t, ROLES)
 
 
-def _delete(fold: _TableFold, offset: int, lo: int, hi: int, host: str | None = None, column: str = "host") -> None:
+def _delete(fold: TableFold, offset: int, lo: int, hi: int, host: str | None = None, column: str = "host") -> None:
     fold.late = offset > fold.watermark
     fold.delete(0, offset, T0 + lo * S, T0 + hi * S, [(column, "=", host)] if host is not None else [])
 
@@ -30,14 +30,14 @@ def _key(host: str, second: int) -> tuple:
     return ((host,), T0 + second * S)
 
 
-def _check(fold: _TableFold, answer: dict, lo_before=None, lo_after=None) -> PartitionReport:
+def _check(fold: TableFold, answer: dict, lo_before=None, lo_after=None) -> PartitionReport:
     rep = PartitionReport(partition=0)
-    _compare(rep, fold, {k: dict(v) for k, v in answer.items()}, lo_before, lo_after, 100)
+    compare(rep, fold, {k: dict(v) for k, v in answer.items()}, lo_before, lo_after, 100)
     return rep
 
 
-def _fold(complete: bool = True, watermark: int = 1_000) -> _TableFold:
-    f = _TableFold("cpu", ["host"], ["v", "w"], complete)
+def _fold(complete: bool = True, watermark: int = 1_000) -> TableFold:
+    f = TableFold("cpu", ["host"], ["v", "w"], complete)
     f.watermark = watermark
     return f
 

@@ -24,7 +24,7 @@ def test_an_in_memory_broker_is_killed_at_once_a_durable_one_asked_to_stop(monke
 
     sent = []
     monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "process_alive", lambda pid: False)
     monkeypatch.setattr(broker, "_is_ours", lambda pid, start, binary=None: True)
     monkeypatch.setattr(broker, "_reap", lambda pid: None)
     broker.BrokerHandle(pid=11, port=1, storage=broker._storage_url("memory"), owned=True).stop()
@@ -39,7 +39,7 @@ def test_a_durable_broker_is_asked_to_stop_before_its_store(monkeypatch):
 
     sent = []
     monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    monkeypatch.setattr(broker, "_alive", lambda pid: False)
+    monkeypatch.setattr(broker, "process_alive", lambda pid: False)
     monkeypatch.setattr(broker, "_is_ours", lambda pid, start, binary=None: True)
     monkeypatch.setattr(broker, "_reap", lambda pid: None)
     broker.BrokerHandle(pid=21, port=1, storage="s3://tansu/", owned=True, store_pid=22, store_port=2,

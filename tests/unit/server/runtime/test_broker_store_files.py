@@ -160,10 +160,10 @@ def test_a_process_whose_main_thread_exited_is_alive_until_its_last_thread_does(
             assert time.monotonic() < deadline, "the child's main thread did not exit"
             time.sleep(0.02)
         assert child.poll() is None
-        assert broker._alive(child.pid)
+        assert broker.process_alive(child.pid)
         child.stdin.close()
         child.wait(10)
-        assert not broker._alive(child.pid)
+        assert not broker.process_alive(child.pid)
     finally:
         child.kill()
         child.wait()

@@ -120,12 +120,12 @@ def test_pages_forked_workers_share_count_once_and_reused_processes_count_too() 
     import subprocess
     import sys
 
-    from server.runtime.memory_guard import _children_map
+    from server.runtime.memory_guard import children_map
 
     parent = subprocess.Popen([sys.executable, "-c", _FORKED], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "ready"
-        pids = [parent.pid] + _children_map().get(parent.pid, [])
+        pids = [parent.pid] + children_map().get(parent.pid, [])
         assert len(pids) == 4
         rss = sum(int(open(f"/proc/{p}/statm").read().split()[1]) * 4096 for p in pids)
         tree = process_tree_rss_bytes(parent.pid)
@@ -139,7 +139,7 @@ def test_pages_forked_workers_share_count_once_and_reused_processes_count_too() 
             other.kill()
             other.wait()
     finally:
-        for pid in _children_map().get(parent.pid, []):
+        for pid in children_map().get(parent.pid, []):
             os.kill(pid, 9)
         parent.kill()
         parent.wait()

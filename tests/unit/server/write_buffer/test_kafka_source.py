@@ -12,143 +12,10 @@ import time
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import OFFSET_INVALID, TopicPartition
 
-from catalog.schema import Column
 from server.write_buffer import kafka_source
-from server.write_buffer.kafka_source import EndNotConfirmed, IoxKafkaStreamReader, _TopicPartitionRange, true_ends
-from server.write_buffer.wire_format import encode_write
-
-TOPIC = "iox.db"
-T0 = 1_700_000_000_000_000_000
-
-
-class _Msg:
-    def __init__(self, partition: int, offset: int, value: bytes = b"", headers=None):
-        self._p, self._o, self._v, self._h = partition, offset, value, headers or []
-
-    def error(self):
-        return None
-
-    def topic(self):
-        return TOPIC
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def value(self):
-        return self._v
-
-    def headers(self):
-        return self._h
-
-    def timestamp(self):
-        return (1, 1_700_000_000_000)
-
-
-class _Control:
-    """A transaction control record (commit or abort marker) at `offset`: in the log, fetched like a
-    message, but `consume` never returns it; it moves the partition's position past it."""
-
-    def __init__(self, partition: int, offset: int):
-        self._p, self._o = partition, offset
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-
-class _Consumer:
-    """Holds {partition: [records]} (messages and control records in offset order; an offset with
-    neither is a gap, as compaction leaves). `consume` hands out the assigned partitions' messages in
-    order, passing control records, and records (num_messages, timeout, how many it returned):
-    fewer returned than asked with a timeout > 0 is a call that would have waited out its timeout.
-
-    Arrival: the first `slow` consume calls of an assignment receive nothing (messages slow to
-    come); from then on each call first receives one fetch: the next `fetch` records of each
-    assigned partition (all of them when None). `stale_position`: the position `assign` leaves
-    (an earlier assignment's, not reset yet) instead of OFFSET_INVALID. The cached watermark of a
-    partition fetched in this assignment is its true end (Tansu's own, which a fetch answers with);
-    `fetch_hw` overrides it; `max_fetches` bounds the fetches an assignment receives (the next
-    one has not arrived yet)."""
-
-    def __init__(self, log: dict[int, list], fetch: int | None = None, slow: int = 0,
-                 stale_position: int | None = None, fetch_hw: dict | None = None,
-                 max_fetches: int | None = None):
-        self.log = log
-        self.max_fetches = max_fetches
-        self._fetches = 0
-        self.fetch_hw = fetch_hw or {}
-        self._fetched: set = set()  # partitions a fetch answered in this assignment
-        self.fetch, self.slow, self.stale_position = fetch, slow, stale_position
-        self.pending: dict[int, list] = {}  # partition -> records not fetched yet
-        self.queue: list = []  # fetched records, not passed yet
-        self.positions: dict[int, int] = {}
-        self._slow_left = 0
-        self.calls: list[tuple[int, float, int]] = []
-        self.closed = False
-
-    def assign(self, tps):
-        self.pending = {tp.partition: [r for r in self.log[tp.partition] if r.offset() >= tp.offset] for tp in tps}
-        self.queue = []
-        start = OFFSET_INVALID if self.stale_position is None else self.stale_position
-        self.positions = {tp.partition: start for tp in tps}
-        self._slow_left = self.slow
-        self._fetched = set()
-        self._fetches = 0
-
-    def unassign(self):
-        self.pending, self.queue, self.positions = {}, [], {}
-        self._fetched = set()
-
-    def get_watermark_offsets(self, tp, timeout=None, cached=False):
-        assert cached, "only the cached watermark of a fetch is asked"
-        if tp.partition not in self._fetched:
-            return OFFSET_INVALID, OFFSET_INVALID
-        log = self.log[tp.partition]
-        return 0, self.fetch_hw.get(tp.partition, log[-1].offset() + 1 if log else 0)
-
-    def close(self):
-        self.closed = True
-
-    def consume(self, num_messages=1, timeout=-1):
-        if self._slow_left > 0:
-            self._slow_left -= 1
-        elif self.max_fetches is None or self._fetches < self.max_fetches:
-            self._fetches += 1
-            for p, records in self.pending.items():
-                n = len(records) if self.fetch is None else self.fetch
-                self.queue += records[:n]
-                self.pending[p] = records[n:]
-                self._fetched.add(p)
-        out = []
-        while self.queue and len(out) < num_messages:
-            r = self.queue.pop(0)
-            # librdkafka moves a position only forward: a leftover higher one stays
-            self.positions[r.partition()] = max(self.positions[r.partition()], r.offset() + 1)
-            if isinstance(r, _Msg):
-                out.append(r)
-        self.calls.append((num_messages, timeout, len(out)))
-        return out
-
-    def position(self, tps):
-        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, OFFSET_INVALID))
-                for tp in tps]
-
-    def waited_out(self):
-        return [c for c in self.calls if c[1] > 0 and c[2] < c[0]]
-
-
-def _write(table: str, n: int, field: str = "v", typ: str = "float"):
-    """A write-buffer message of `n` rows of `table`: one field column of `typ` (float or integer)."""
-    arrow = {"float": pa.float64(), "integer": pa.int64()}[typ]
-    data = pa.table({field: pa.array(range(n), arrow), "time": pa.array([T0 + i for i in range(n)], pa.int64())})
-    return encode_write(table, [Column(field, "field", typ), Column("time", "time", "time")], data)
+from server.write_buffer.kafka_source import EndNotConfirmed, IoxKafkaStreamReader, TopicPartitionRange, true_ends
+from tests.unit.server.write_buffer.fake_consumer import TOPIC, Msg, RecordingConsumer, partition_log, write_message
 
 
 @pytest.fixture
@@ -160,10 +27,10 @@ def reader(monkeypatch):
 
 @pytest.mark.parametrize("end_exclusive", [1, 3, 7])
 def test_read_asks_for_no_more_messages_than_its_range_holds(reader, end_exclusive):
-    w = _write("cpu", 4)
-    c = _Consumer({2: [_Msg(2, off, w.value, w.headers) for off in range(10)]})
+    w = write_message("cpu", 4)
+    c = RecordingConsumer({2: [Msg(2, off, w.value, w.headers) for off in range(10)]})
     kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
-    batches = list(reader.read(_TopicPartitionRange(TOPIC, 2, 0, end_exclusive)))
+    batches = list(reader.read(TopicPartitionRange(TOPIC, 2, 0, end_exclusive)))
     t = pa.Table.from_batches(batches)
     assert t.column("offset").to_pylist() == list(range(end_exclusive))
     assert t.column("nrows").to_pylist() == [4] * end_exclusive
@@ -174,10 +41,10 @@ def test_read_asks_for_no_more_messages_than_its_range_holds(reader, end_exclusi
 
 
 def test_read_of_a_range_larger_than_one_consume_call_asks_for_what_is_left(reader):
-    w = _write("cpu", 1)
-    c = _Consumer({0: [_Msg(0, off, w.value, w.headers) for off in range(1_200)]})
+    w = write_message("cpu", 1)
+    c = RecordingConsumer({0: [Msg(0, off, w.value, w.headers) for off in range(1_200)]})
     kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
-    rows = sum(b.num_rows for b in reader.read(_TopicPartitionRange(TOPIC, 0, 100, 1_150)))
+    rows = sum(b.num_rows for b in reader.read(TopicPartitionRange(TOPIC, 0, 100, 1_150)))
     assert rows == 1_050
     assert [n for n, _t, _got in c.calls] == [500, 500, 50]
     assert c.waited_out() == []
@@ -185,12 +52,12 @@ def test_read_of_a_range_larger_than_one_consume_call_asks_for_what_is_left(read
 
 def test_a_consumer_idle_for_too_long_is_closed_by_the_next_task_whatever_broker_it_reads(reader, monkeypatch):
     # a worker once read a broker that is gone: its idle consumer must not reconnect to it forever
-    w = _write("cpu", 1)
-    gone, recent, stale = _Consumer({}), _Consumer({}), _Consumer({})
-    created: list[tuple[str, _Consumer]] = []
+    w = write_message("cpu", 1)
+    gone, recent, stale = RecordingConsumer({}), RecordingConsumer({}), RecordingConsumer({})
+    created: list[tuple[str, RecordingConsumer]] = []
 
     def new_consumer(bootstrap):
-        created.append((bootstrap, _Consumer({0: [_Msg(0, 0, w.value, w.headers)]})))
+        created.append((bootstrap, RecordingConsumer({0: [Msg(0, 0, w.value, w.headers)]})))
         return created[-1][1]
 
     monkeypatch.setattr(kafka_source, "reader_consumer", new_consumer)
@@ -199,7 +66,7 @@ def test_a_consumer_idle_for_too_long_is_closed_by_the_next_task_whatever_broker
         "gone:9092": (gone, now - kafka_source.IDLE_CONSUMER_MAX_S - 1),
         "recent:9092": (recent, now - kafka_source.IDLE_CONSUMER_MAX_S + 30),
         "fake:9092": (stale, now - kafka_source.IDLE_CONSUMER_MAX_S - 1)})
-    assert sum(b.num_rows for b in reader.read(_TopicPartitionRange(TOPIC, 0, 0, 1))) == 1
+    assert sum(b.num_rows for b in reader.read(TopicPartitionRange(TOPIC, 0, 0, 1))) == 1
     assert gone.closed and "gone:9092" not in kafka_source._idle_consumers
     assert not recent.closed and kafka_source._idle_consumers["recent:9092"][0] is recent
     # the task's own broker's idle consumer was as old: closed too, and the task read with a new one,
@@ -212,7 +79,7 @@ def test_a_consumer_idle_for_too_long_is_closed_by_the_next_task_whatever_broker
 def test_true_ends_reads_each_last_batch_without_waiting_out_a_timeout():
     # Tansu's watermark is the last batch's base offset + 1: partition 0's last batch holds 5-7,
     # partition 1's is one message at 3, partition 2 is empty
-    c = _Consumer({0: [_Msg(0, off) for off in range(8)], 1: [_Msg(1, off) for off in range(4)], 2: []})
+    c = RecordingConsumer({0: [Msg(0, off) for off in range(8)], 1: [Msg(1, off) for off in range(4)], 2: []})
     assert true_ends(c, TOPIC, {0: 6, 1: 4, 2: 0}) == {0: 8, 1: 4, 2: 0}
     assert c.waited_out() == []
     assert c.queue == []  # unassigned
@@ -220,17 +87,9 @@ def test_true_ends_reads_each_last_batch_without_waiting_out_a_timeout():
 
 # -- offsets with no message: transaction control records, compaction -----------------------------
 
-def _records(partition: int, messages, controls=(), w=None) -> list:
-    """A partition's log: a message at each offset of `messages`, a control record at each of
-    `controls`; any other offset is a gap."""
-    w = w or _write("cpu", 1)
-    out = [_Msg(partition, o, w.value, w.headers) for o in messages] + [_Control(partition, o) for o in controls]
-    return sorted(out, key=lambda r: r.offset())
-
-
-def _read(reader, c: _Consumer, partition: int, start: int, end_exclusive: int) -> pa.Table:
+def _read(reader, c: RecordingConsumer, partition: int, start: int, end_exclusive: int) -> pa.Table:
     kafka_source._idle_consumers["fake:9092"] = (c, time.monotonic())
-    batches = list(reader.read(_TopicPartitionRange(TOPIC, partition, start, end_exclusive)))
+    batches = list(reader.read(TopicPartitionRange(TOPIC, partition, start, end_exclusive)))
     return pa.Table.from_batches(batches) if batches else pa.table({"offset": pa.array([], pa.int64())})
 
 
@@ -244,7 +103,7 @@ def short_stall(monkeypatch):
 @pytest.mark.parametrize("gap", ["control record", "compacted"])
 def test_a_range_with_a_gap_in_the_middle_is_read_whole_and_ends(reader, short_stall, gap, fetch):
     controls = [3] if gap == "control record" else []
-    c = _Consumer({1: _records(1, [0, 1, 2, 4, 5, 6], controls)}, fetch=fetch)
+    c = RecordingConsumer({1: partition_log(1, [0, 1, 2, 4, 5, 6], controls)}, fetch=fetch)
     t = _read(reader, c, 1, 0, 7)
     assert t.column("offset").to_pylist() == [0, 1, 2, 4, 5, 6]
     assert t.column("nrows").to_pylist() == [1] * 6
@@ -262,7 +121,7 @@ def test_a_range_with_a_gap_in_the_middle_is_read_whole_and_ends(reader, short_s
 def test_a_range_whose_last_offsets_are_control_records_ends_without_waiting(reader, short_stall, start,
                                                                              end_exclusive, fetch, expected):
     # nothing follows the markers: the range ends on the consumer's position alone
-    c = _Consumer({0: _records(0, range(5), [5, 6])}, fetch=fetch)
+    c = RecordingConsumer({0: partition_log(0, range(5), [5, 6])}, fetch=fetch)
     t = _read(reader, c, 0, start, end_exclusive)
     assert t.column("offset").to_pylist() == expected
     assert c.waited_out() == []
@@ -275,7 +134,7 @@ def test_a_compacted_range_is_read_whole_once(reader, short_stall):
     # gap and larger than one consume call, the partition going on after it
     kept = [o for o in range(1, 1_300) if o % 7 == 0 or o % 11 == 0]
     controls = [o for o in range(1, 1_300) if o % 13 == 0 and o not in kept]
-    c = _Consumer({3: _records(3, kept, controls)}, fetch=64)
+    c = RecordingConsumer({3: partition_log(3, kept, controls)}, fetch=64)
     t = _read(reader, c, 3, 1, 1_200)
     expected = [o for o in kept if o < 1_200]
     assert t.column("offset").to_pylist() == expected  # each once, in order, none beyond the range
@@ -285,7 +144,7 @@ def test_a_compacted_range_is_read_whole_once(reader, short_stall):
 def test_a_range_ending_in_gaps_ends_once_a_later_message_arrives(reader, short_stall):
     # offsets 6-9 compacted away (no record at all: the position does not pass them); the message
     # at 12, beyond the range, proves the broker holds nothing at 6-9, and is not the range's
-    c = _Consumer({0: _records(0, [0, 1, 2, 3, 4, 5, 12, 13])}, fetch=3)
+    c = RecordingConsumer({0: partition_log(0, [0, 1, 2, 3, 4, 5, 12, 13])}, fetch=3)
     t = _read(reader, c, 0, 2, 10)
     assert t.column("offset").to_pylist() == [2, 3, 4, 5]
     assert c.waited_out() == []
@@ -295,7 +154,7 @@ def test_a_range_ending_in_gaps_ends_once_a_later_message_arrives(reader, short_
 def test_a_range_is_not_ended_early_while_its_messages_are_slow_to_arrive(reader, short_stall, fetch):
     # Tansu: the range's end is real, but the messages take several calls to come; nothing before
     # them (no message, no position) may end the read
-    c = _Consumer({0: _records(0, [0, 1, 3, 4], [2, 5])}, fetch=fetch, slow=6)
+    c = RecordingConsumer({0: partition_log(0, [0, 1, 3, 4], [2, 5])}, fetch=fetch, slow=6)
     t = _read(reader, c, 0, 0, 6)
     assert t.column("offset").to_pylist() == [0, 1, 3, 4]
     # the calls that brought nothing waited for one message each, never for more
@@ -306,9 +165,9 @@ def test_a_range_is_not_ended_early_while_its_messages_are_slow_to_arrive(reader
 def test_a_reused_consumer_with_an_earlier_assignments_position_is_replaced(reader, short_stall, monkeypatch):
     # librdkafka resets a partition's position when its earlier assignment stops; one not reset yet
     # (100, beyond this range) would end the range before a single message was read
-    w = _write("cpu", 1)
-    stale = _Consumer({0: _records(0, range(10), w=w)}, stale_position=100)
-    fresh = _Consumer({0: _records(0, range(10), w=w)})
+    w = write_message("cpu", 1)
+    stale = RecordingConsumer({0: partition_log(0, range(10), w=w)}, stale_position=100)
+    fresh = RecordingConsumer({0: partition_log(0, range(10), w=w)})
     monkeypatch.setattr(kafka_source, "reader_consumer", lambda bootstrap: fresh)
     t = _read(reader, stale, 0, 0, 10)
     assert t.column("offset").to_pylist() == list(range(10))
@@ -320,13 +179,13 @@ def test_a_last_batch_that_never_arrives_ends_at_the_watermark_for_a_reader_and_
     # a busy broker answers the fetch of partition 0's last batch (5-7) after the wait: a reader may
     # take the watermark (it reads the rest later); what decides a loss must not (8 acknowledged
     # offsets are not lost because a fetch came late)
-    log = {0: [_Msg(0, off) for off in range(8)], 1: [_Msg(1, off) for off in range(4)]}
-    assert true_ends(_Consumer(log, slow=10**9), TOPIC, {0: 6, 1: 4}, wait_s=0.2) == {0: 6, 1: 4}
+    log = {0: [Msg(0, off) for off in range(8)], 1: [Msg(1, off) for off in range(4)]}
+    assert true_ends(RecordingConsumer(log, slow=10**9), TOPIC, {0: 6, 1: 4}, wait_s=0.2) == {0: 6, 1: 4}
     with pytest.raises(EndNotConfirmed) as ei:
-        true_ends(_Consumer(log, slow=10**9), TOPIC, {0: 6, 1: 4}, wait_s=0.2, exact=True)
+        true_ends(RecordingConsumer(log, slow=10**9), TOPIC, {0: 6, 1: 4}, wait_s=0.2, exact=True)
     assert (ei.value.topic, ei.value.partitions, ei.value.waited_s) == (TOPIC, [0, 1], 0.2)
     # once it arrives within the wait, exact answers the true ends
-    assert true_ends(_Consumer(log, slow=3), TOPIC, {0: 6, 1: 4}, wait_s=5, exact=True) == {0: 8, 1: 4}
+    assert true_ends(RecordingConsumer(log, slow=3), TOPIC, {0: 6, 1: 4}, wait_s=5, exact=True) == {0: 8, 1: 4}
 
 
 @pytest.mark.parametrize("exact", [False, True])
@@ -334,8 +193,8 @@ def test_true_ends_reads_past_a_listoffsets_watermark_short_by_several_batches(e
     """Tansu on s3:// storage answers ListOffsets latest with the first batch of the last second
     stored: the watermark of the fetch that read it tells the partition's end, whose batch is read
     then. Partition 0: single-message batches 0-9, ListOffsets said 4; partition 1: told right."""
-    log = {0: [_Msg(0, off) for off in range(10)], 1: [_Msg(1, off) for off in range(3)]}
-    c = _Consumer(log, fetch=1, max_fetches=1)
+    log = {0: [Msg(0, off) for off in range(10)], 1: [Msg(1, off) for off in range(3)]}
+    c = RecordingConsumer(log, fetch=1, max_fetches=1)
     assert true_ends(c, TOPIC, {0: 4, 1: 3}, exact=exact) == {0: 10, 1: 3}
     assert c.positions == {}  # unassigned
 
@@ -343,15 +202,15 @@ def test_true_ends_reads_past_a_listoffsets_watermark_short_by_several_batches(e
 def test_true_ends_asks_a_second_round_only_once():
     """The end is the one when the first fetch answered: one more round reads up to the watermark
     that fetch gave, and no further round chases a partition that keeps growing."""
-    log = {0: [_Msg(0, off) for off in range(6)]}
-    c = _Consumer(log, fetch=1, fetch_hw={0: 6}, max_fetches=1)
+    log = {0: [Msg(0, off) for off in range(6)]}
+    c = RecordingConsumer(log, fetch=1, fetch_hw={0: 6}, max_fetches=1)
     assigned = []
     real_assign = c.assign
     c.assign = lambda tps: (assigned.append([(tp.partition, tp.offset) for tp in tps]), real_assign(tps))[1]
     assert true_ends(c, TOPIC, {0: 2}) == {0: 6}
     assert assigned == [[(0, 1)], [(0, 5)]]
     c.fetch_hw = {0: 9}  # a fetch now says 9: writes came meanwhile; found by the next ask, not chased
-    log[0] += [_Msg(0, off) for off in range(6, 9)]
+    log[0] += [Msg(0, off) for off in range(6, 9)]
     assigned.clear()
     assert true_ends(c, TOPIC, {0: 2}) == {0: 9}
     assert len(assigned) == 2
@@ -362,7 +221,7 @@ def test_true_ends_does_not_wait_for_a_last_offset_that_is_a_control_record(fetc
     # partition 0 ends with a commit marker at 4 (its watermark 5, as on Apache Kafka and on Tansu,
     # whose last batch is the marker); partition 1 holds a marker only; partition 2's last batch is
     # messages 5-7 followed by a marker at 8 that Tansu's watermark (6) does not show
-    c = _Consumer({0: _records(0, range(4), [4]), 1: _records(1, [], [0]), 2: _records(2, range(8), [8])},
+    c = RecordingConsumer({0: partition_log(0, range(4), [4]), 1: partition_log(1, [], [0]), 2: partition_log(2, range(8), [8])},
                   fetch=fetch)
     t0 = time.monotonic()
     assert true_ends(c, TOPIC, {0: 5, 1: 1, 2: 6}) == {0: 5, 1: 1, 2: 9}
@@ -375,8 +234,8 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     """Tansu on s3:// storage can report a high watermark one short of its last message until the
     next produce: once the end is asked again (writes were acknowledged on the topic, or the poll is
     due), it is read past what is known, at most every STALE_PROBE_INTERVAL_S."""
-    log = {0: [_Msg(0, i) for i in range(3)]}
-    probe = _Consumer(log)
+    log = {0: [Msg(0, i) for i in range(3)]}
+    probe = RecordingConsumer(log)
     marks = {"hw": 2}
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
     r._probe, r._admin = probe, object()
@@ -392,7 +251,7 @@ def test_a_watermark_one_short_of_the_last_message_does_not_hide_it_for_good(mon
     r._true_end[(TOPIC, 0)] = 2  # offsets 0 and 1 were known; the watermark stays at 2 though 2 exists
     assert r._ends_of(TOPIC, 1) == {0: 3}
     # not read past again before the interval: nothing new anyway
-    log[0].append(_Msg(0, 3))
+    log[0].append(Msg(0, 3))
     clock[0] += kafka_source.STALE_PROBE_INTERVAL_S / 2
     r._polls = kafka_source.EndPolls()  # due again
     assert r._ends_of(TOPIC, 1) == {0: 3}
@@ -405,15 +264,15 @@ def test_a_true_end_is_read_by_a_consumer_made_for_that_read_and_closed_after_it
     LIST_FETCH_WAIT_MS (Tansu's object-store engine lists a long partition's batches within the
     fetch wait, else answers nothing), closed after the read: the fetch it leaves waiting at the
     end must not hold up the next read. The kept probe reads no batch."""
-    log = {0: [_Msg(0, i) for i in range(5)]}
+    log = {0: [Msg(0, i) for i in range(5)]}
     made = []
 
     def end_reader():
-        made.append(_Consumer(log))
+        made.append(RecordingConsumer(log))
         return made[-1]
 
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
-    r._probe, r._admin = _Consumer({}), object()
+    r._probe, r._admin = RecordingConsumer({}), object()
     r._end_reader = end_reader
     hw = {"hw": 3}
     r._latest_of = lambda topic, partitions: {p: hw["hw"] for p in partitions}
@@ -445,8 +304,8 @@ def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_p
 
     marks = AckMarks(str(tmp_path / "acked"))
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
-    r._probe, r._admin = _Consumer({}), object()
-    r._end_reader = lambda: _Consumer({})
+    r._probe, r._admin = RecordingConsumer({}), object()
+    r._end_reader = lambda: RecordingConsumer({})
     hws = {0: 5, 1: 7, 2: 9}
     asked = []
 
@@ -482,7 +341,7 @@ def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_p
 
 def test_an_empty_partition_backs_off_like_any_idle_one(monkeypatch):
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
-    r._probe, r._admin = _Consumer({}), object()
+    r._probe, r._admin = RecordingConsumer({}), object()
     asked = []
 
     def latest_of(topic, partitions):
@@ -518,7 +377,7 @@ def test_the_topic_list_is_asked_again_when_marked_or_after_the_longest_poll_del
             return SimpleNamespace(topics=dict(topics))
 
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
-    r._probe, r._admin = _Consumer({}), _Admin()
+    r._probe, r._admin = RecordingConsumer({}), _Admin()
     clock = [100.0]
     monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
     assert r._topics() == {TOPIC: 2} and len(calls) == 1
