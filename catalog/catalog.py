@@ -14,8 +14,11 @@ Runs on the driver only.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from catalog.chunk import Chunk
@@ -29,10 +32,19 @@ from catalog.errors import CatalogError
 from catalog.sharding import partition_for
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
-           "HELD", "RETRYING", "ACCEPTED"]
+           "HELD", "RETRYING", "ACCEPTED", "FENCED", "FROZEN", "NOT_OWNED", "merge_lost_writes"]
 
 
 _CHUNK_IDS = itertools.count(1)
+
+
+def _locked(method):
+    """Runs a `Database` operation under its catalog's lock (reentrant: callers may hold it)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 class DatabaseNotFoundError(CatalogError, KeyError):
@@ -98,11 +110,37 @@ class LostWriteRange:
         return cls(e.partition, e.from_offset, e.to_exclusive, e.detected_at_s, e.reason,
                    accepted=e.accepted_at_s is not None, accepted_at_s=e.accepted_at_s, epoch=e.epoch)
 
+    def as_accepted(self, now: float) -> "LostWriteRange":
+        """This range accepted at ``now`` (itself when it was accepted before)."""
+        return self if self.accepted else dataclasses.replace(self, accepted=True, accepted_at_s=now)
+
+
+def merge_lost_writes(records: list, found: LostWriteRange, now: float) -> list:
+    """`records` with the loss `found` at start (accepted): a record of the same Kafka partition,
+    first offset and epoch (found while a server ran, before it persisted what it had applied)
+    describes the same loss and is kept, accepted now if it was not; else `found` is added. Pure."""
+    out, same = [], False
+    for r in records:
+        if (r.partition, r.from_offset, r.epoch) == (found.partition, found.from_offset, found.epoch):
+            same = True
+            r = r.as_accepted(now)
+        out.append(r)
+    return out if same else out + [found]
+
 
 #: states of a PoisonedMessage
 HELD = "held"
 RETRYING = "retrying"
 ACCEPTED = "accepted"
+
+#: why a Kafka partition of a database is held (`Database.hold`): nothing from an offset on is
+#: applied here. FENCED: another server owns the database (set once; gone on restart); FROZEN:
+#: the server is frozen (server/write_buffer/freeze.py); NOT_OWNED: a pool member does not own
+#: the partition (catalog/ownership.py), its owner applies it
+FENCED = "fenced"
+FROZEN = "frozen"
+NOT_OWNED = "not owned"
+_HOLD_REASONS = (FENCED, FROZEN, NOT_OWNED)
 
 
 @dataclass
@@ -129,6 +167,20 @@ class PoisonedMessage:
     attempts: int = 1
     state: str = HELD
     accepted_at_s: float | None = None
+
+    def retry(self) -> None:
+        """The operator asked to apply it again."""
+        self.state = RETRYING
+
+    def accept(self, now: float) -> None:
+        """Skipped on the operator's word at ``now``."""
+        self.state, self.accepted_at_s = ACCEPTED, now
+
+    def failed_again(self, error: str, now: float) -> None:
+        """It failed on its own again: HELD, counting one more attempt if it was retried."""
+        if self.state == RETRYING:
+            self.attempts += 1
+        self.state, self.error, self.last_failed_at_s = HELD, error, now
 
     def entry(self) -> AcceptedPoisonEntry:
         """The preserved catalog's form of an ACCEPTED message."""
@@ -200,30 +252,61 @@ class Database:
     reader_lo_ns: int | None = None
     #: every row older than it was pruned (RecordPruned); None before the first prune
     pruner_hi_ns: int | None = None
-    #: {kp: first offset not applied} once another server owns the database (this one is fenced,
-    #: lifecycle/worker.py): nothing from there on is applied or followed here, so the database's
-    #: memory stops growing with the owner's writes. Set once, under Catalog.lock; gone on restart.
-    fence_holds: dict = field(default_factory=dict)
-    #: {kp: first offset not applied} while the server is frozen (server/write_buffer/freeze.py):
-    #: every partition, at what was applied when it froze. Set and cleared under Catalog.lock.
-    freeze_holds: dict = field(default_factory=dict)
     #: in an ingester pool (catalog/ownership.py): the Kafka partitions this server owns (claimed
     #: and not lost since); None outside a pool (it owns them all). Under Catalog.lock.
     owned_partitions: frozenset | None = None
-    #: {kp: first offset not applied} of every partition a pool member does not own: nothing of
-    #: it is applied here (its owner applies it). Under Catalog.lock.
-    pool_holds: dict = field(default_factory=dict)
+    #: {reason: {kp: first offset not applied}}: the holds (`hold`, `release`), apart from the
+    #: poisoned messages' (`poisoned`). Under Catalog.lock.
+    _holds: dict = field(default_factory=dict, init=False, repr=False)
+    #: the lock of the catalog that holds this database (Catalog.ensure_database sets it)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
+
+    # The operations below run on the driver, each under the catalog's lock (they take it; a
+    # caller may hold it around several): outside catalog/, they are the only writers of this
+    # database's fields. Its reads (`held_offsets`, `hold_reasons`) want the caller to hold it.
+
+    # -- holds: Kafka partitions of which nothing is applied from an offset on -----------------
+    @_locked
+    def hold(self, reason: str, offsets: Mapping[int, int]) -> None:
+        """Holds each Kafka partition of ``offsets`` ({kp: first offset not applied}) for ``reason``
+        (FENCED, FROZEN or NOT_OWNED), in place of that reason's earlier hold of it."""
+        if reason not in _HOLD_REASONS:
+            raise ValueError(f"unknown hold reason {reason!r} (one of {_HOLD_REASONS})")
+        if offsets:
+            self._holds.setdefault(reason, {}).update(offsets)
+
+    @_locked
+    def release(self, reason: str, kps: Iterable[int] | None = None) -> None:
+        """Ends ``reason``'s hold of the Kafka partitions ``kps`` (None: of every partition)."""
+        holds = self._holds.get(reason)
+        if holds is None:
+            return
+        if kps is None:
+            holds.clear()
+        for kp in kps or ():
+            holds.pop(kp, None)
+        if not holds:
+            del self._holds[reason]
+
+    def holds(self, reason: str) -> dict:
+        """{kp: first offset not applied} that ``reason`` holds (a copy)."""
+        return dict(self._holds.get(reason, {}))
+
+    @_locked
+    def hold_after_applied(self, reason: str) -> None:
+        """Holds every Kafka partition for ``reason`` after what is applied of it."""
+        self.hold(reason, {kp: self.applied_hi_inclusive.get(kp, -1) + 1 for kp in range(self.kafka_partitions)})
 
     @property
     def may_hold(self) -> bool:
         """Whether `held_offsets` may name a partition (a cheap check for every micro-batch)."""
-        return bool(self.poisoned or self.fence_holds or self.freeze_holds or self.pool_holds)
+        return bool(self.poisoned or self._holds)
 
     def held_offsets(self) -> dict:
         """{kp: offset} from which nothing is applied: the HELD messages of the current epoch, the
         fence, freeze and pool holds (the lowest of them). Caller holds Catalog.lock."""
-        out: dict = dict(self.fence_holds)
-        for holds in (self.freeze_holds, self.pool_holds):
+        out: dict = {}
+        for holds in self._holds.values():
             for kp, off in holds.items():
                 out[kp] = min(off, out.get(kp, off))
         for r in self.poisoned:
@@ -235,14 +318,178 @@ class Database:
         """{kp: [(offset, why)]}: each hold `held_offsets` merges, with why it holds ("fenced",
         "frozen", "not owned", "poisoned message"), lowest offset first. Caller holds Catalog.lock."""
         out: dict = {}
-        for holds, why in ((self.fence_holds, "fenced"), (self.freeze_holds, "frozen"),
-                           (self.pool_holds, "not owned")):
+        for why, holds in self._holds.items():
             for kp, off in holds.items():
                 out.setdefault(kp, []).append((off, why))
         for r in self.poisoned:
             if r.state == HELD and r.epoch == self.epoch:
                 out.setdefault(r.partition, []).append((r.offset, "poisoned message"))
         return {kp: sorted(v) for kp, v in sorted(out.items())}
+
+    # -- ownership in an ingester pool (catalog/ownership.py) ---------------------------------
+    @_locked
+    def own_only(self, owned: Iterable[int]) -> None:
+        """A pool member at start: owns ``owned`` and applies nothing of any other partition."""
+        self.owned_partitions = frozenset(owned)
+        self.release(NOT_OWNED)
+        self.hold(NOT_OWNED, {kp: 0 for kp in range(self.kafka_partitions) if kp not in self.owned_partitions})
+
+    @_locked
+    def adopt_claim(self, starts: Mapping[int, int]) -> None:
+        """A pool member claimed the partitions of ``starts`` ({kp: first offset to apply}): each is
+        applied here from its offset on."""
+        for kp, start in starts.items():
+            self.applied_hi_inclusive[kp] = start - 1
+        self.release(NOT_OWNED, starts)
+        self.owned_partitions = frozenset((self.owned_partitions or frozenset()) | set(starts))
+
+    @_locked
+    def lose_claim(self, kps: Iterable[int]) -> bool:
+        """A pool member lost the partitions ``kps``: each is held after what is applied of it.
+        False (and nothing changes) when it owned none of them."""
+        kps = set(kps)
+        owned = set(self.owned_partitions or ())
+        if not owned & kps:
+            return False
+        self.owned_partitions = frozenset(owned - kps)
+        self.hold(NOT_OWNED, {kp: self.applied_hi_inclusive.get(kp, -1) + 1 for kp in kps})
+        return True
+
+    # -- the write buffer: topic incarnation, epochs, applied offsets ---------------------------
+    @_locked
+    def adopt_topic_id(self, topic_id: str | None) -> str | None:
+        """Records ``topic_id`` as the topic incarnation's id when none is known; returns the id
+        known before (None: none was)."""
+        known = self.topic_id
+        if known is None:
+            self.topic_id = topic_id
+        return known
+
+    @_locked
+    def load_records(self, topic_id: str | None, lost_writes: list, poisoned: list,
+                     retention_period_s: int | None, pruner_hi_ns: int | None) -> None:
+        """Recovery: what the preserved catalog recorded of earlier runs, and the topic's id now."""
+        self.topic_id = topic_id
+        self.lost_writes = list(lost_writes)
+        self.poisoned = list(poisoned)
+        self.retention_period_s = retention_period_s or None
+        self.pruner_hi_ns = pruner_hi_ns
+
+    @_locked
+    def set_epoch(self, epoch: int, seq_origin: int) -> None:
+        """The write-buffer epoch the database is in and its seq origin (recovery; a pool member's
+        first claim of a database)."""
+        self.epoch, self.seq_origin = epoch, seq_origin
+
+    @_locked
+    def start_applying_at(self, starts: Mapping[int, int]) -> None:
+        """Each Kafka partition of ``starts`` ({kp: first offset}) is applied from there on: what is
+        below counts as applied (a new epoch's first offsets, which may be below the old ones)."""
+        for kp, start in starts.items():
+            self.applied_hi_inclusive[kp] = start - 1
+
+    @_locked
+    def continue_in_epoch(self, epoch: int, seq_origin: int, topic_id: str | None, lost_writes: list,
+                          first_offsets: Mapping[int, int]) -> None:
+        """The database continues in write-buffer ``epoch`` (a new topic, or one cut short) from
+        ``first_offsets``, once everything of the old epoch is persisted: its transactions, failed
+        batches, held or retried messages and persistence windows were of the old epoch."""
+        self.epoch, self.seq_origin, self.topic_id, self.topic_replaced = epoch, seq_origin, topic_id, False
+        self.tail_truncated = None
+        self.lost_writes = list(lost_writes)
+        self.applied_hi_inclusive = {kp: off - 1 for kp, off in first_offsets.items()}
+        self.txns = TxnLog()
+        self.failed_batch_hi = {}
+        self.poisoned = [r for r in self.poisoned if r.state == ACCEPTED]
+        for parts in self.partitions.values():
+            for p in parts.values():
+                p.windows = None  # the old epoch's offsets: all persisted
+
+    @_locked
+    def install_txns(self, staged: TxnLog) -> None:
+        """The transaction log a micro-batch staged becomes the database's (adopting the repairs
+        made to the current one meanwhile)."""
+        staged.adopt_repairs_of(self.txns)
+        self.txns = staged
+
+    @_locked
+    def note_skipped(self, kp: int, offset: int, reason: str) -> None:
+        """The consumer passed the unreadable message at ``offset`` of ``kp``."""
+        count = self.skipped_messages.get(kp, (0,))[0]
+        self.skipped_messages[kp] = (count + 1, offset, reason)
+
+    # -- losses ------------------------------------------------------------------------------
+    @_locked
+    def record_lost_writes(self, ranges: Iterable[LostWriteRange]) -> None:
+        """Losses found while the server runs (not accepted: writes are refused)."""
+        self.lost_writes.extend(ranges)
+
+    @_locked
+    def merge_lost_write(self, found: LostWriteRange, now: float) -> None:
+        """A loss found at start and accepted (`merge_lost_writes`)."""
+        self.lost_writes = merge_lost_writes(self.lost_writes, found, now)
+
+    @_locked
+    def accept_lost_writes(self, now: float) -> list:
+        """Every loss accepted (at ``now`` when it was not before); returns them."""
+        self.lost_writes = [r.as_accepted(now) for r in self.lost_writes]
+        return list(self.lost_writes)
+
+    @_locked
+    def mark_topic_replaced(self) -> bool:
+        """The topic was deleted and created again under this server; False when known before."""
+        if self.topic_replaced:
+            return False
+        self.topic_replaced = True
+        return True
+
+    @_locked
+    def record_tail_truncated(self, ends: Mapping[int, int]) -> None:
+        """The broker lost the tail of the partitions of ``ends`` ({kp: Kafka's end offset})."""
+        self.tail_truncated = dict(ends)
+
+    # -- poisoned messages (server/write_buffer/poison.py) -------------------------------------
+    @_locked
+    def add_poisoned(self, record: PoisonedMessage) -> None:
+        self.poisoned.append(record)
+
+    @_locked
+    def drop_poisoned(self, records: Iterable[PoisonedMessage]) -> None:
+        """Forgets ``records`` (the very objects)."""
+        gone = {id(r) for r in records}
+        self.poisoned = [r for r in self.poisoned if id(r) not in gone]
+
+    # -- retention (catalog/retention.py) ----------------------------------------------------
+    @_locked
+    def set_retention(self, period_s: int | None, reader_lo_ns: int | None) -> None:
+        self.retention_period_s = period_s or None
+        self.reader_lo_ns = reader_lo_ns
+
+    @_locked
+    def raise_reader_lo(self, reader_lo_ns: int) -> None:
+        """The oldest time guaranteed readable moves up to ``reader_lo_ns`` (never down)."""
+        if self.reader_lo_ns is None or reader_lo_ns > self.reader_lo_ns:
+            self.reader_lo_ns = reader_lo_ns
+
+    @_locked
+    def set_pruner_hi(self, pruner_hi_ns: int) -> None:
+        """Every row older than ``pruner_hi_ns`` was pruned (recorded)."""
+        self.pruner_hi_ns = pruner_hi_ns
+
+    # -- tables ------------------------------------------------------------------------------
+    @_locked
+    def note_queried(self, tables: Iterable[str], now: float) -> None:
+        """A query that may read ``tables`` started at ``now`` (wall seconds)."""
+        for table in tables:
+            self.queried_at[table] = now
+
+    @_locked
+    def drop_partition(self, table: str, key: str, part: "TablePartition") -> bool:
+        """Removes partition ``key`` of ``table`` if it is still ``part`` (retention pruned it)."""
+        if self.partitions.get(table, {}).get(key) is not part:
+            return False
+        del self.partitions[table][key]
+        return True
 
     def accepted_offsets(self) -> set:
         """{(kp, offset)} of the ACCEPTED messages of the current epoch: never applied."""
@@ -287,7 +534,7 @@ class Catalog:
 
     def freeze(self, last_applied: dict | None = None) -> dict:
         """Frozen mode: holds every Kafka partition of every database after its last applied offset
-        (`Database.freeze_holds`), and every database created from now on at its start, until
+        (`Database.hold`, FROZEN), and every database created from now on at its start, until
         `unfreeze`. ``last_applied``: {database: {kp: offset}} to hold after instead (a freeze a
         previous run recorded; a partition it does not name is held where it is applied). Returns
         {database: {kp: last applied offset}} as held. Call while no micro-batch is applied."""
@@ -298,7 +545,7 @@ class Catalog:
             for db in self._dbs.values():
                 named = last_applied.get(db.name, {})
                 hi = {kp: named.get(kp, db.applied_hi_inclusive.get(kp, -1)) for kp in range(db.kafka_partitions)}
-                db.freeze_holds = {kp: off + 1 for kp, off in hi.items()}
+                db.hold(FROZEN, {kp: off + 1 for kp, off in hi.items()})
                 out[db.name] = hi
         return out
 
@@ -307,7 +554,7 @@ class Catalog:
         with self._lock:
             self.frozen = False
             for db in self._dbs.values():
-                db.freeze_holds = {}
+                db.release(FROZEN)
 
     @property
     def lock(self) -> threading.RLock:
@@ -325,12 +572,12 @@ class Catalog:
             db = self._dbs.get(name)
             if db is None:
                 db = Database(name, topic, kafka_partitions)
+                db._lock = self._lock
                 db.applied_hi_inclusive = {p: -1 for p in range(kafka_partitions)}
                 if self.frozen:  # created while frozen: nothing of it is applied until unfrozen
-                    db.freeze_holds = {p: 0 for p in range(kafka_partitions)}
+                    db.hold(FROZEN, {p: 0 for p in range(kafka_partitions)})
                 if self.pool_member:  # owns nothing until it claims
-                    db.owned_partitions = frozenset()
-                    db.pool_holds = {p: 0 for p in range(kafka_partitions)}
+                    db.own_only(())
                 self._dbs[name] = db
             return db
 

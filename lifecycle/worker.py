@@ -641,9 +641,7 @@ class LifecycleWorker:
         failed_from: int | None = None  # start of the earliest partition that could not be pruned
         for action in decide_prune(self.retention_state(db), now):
             if isinstance(action, SetReaderLo):
-                with self.catalog.lock:
-                    if db.reader_lo_ns is None or action.reader_lo_ns > db.reader_lo_ns:
-                        db.reader_lo_ns = action.reader_lo_ns
+                db.raise_reader_lo(action.reader_lo_ns)
                 continue
             if self.fenced_revision(db.name) is not None:
                 break  # never commits again
@@ -666,8 +664,7 @@ class LifecycleWorker:
                 if db.pruner_hi_ns is not None and target <= db.pruner_hi_ns:
                     continue
                 self.commit_records(db, [RecordPruned(pruner_hi_ns=target)], now)
-                with self.catalog.lock:
-                    db.pruner_hi_ns = target
+                db.set_pruner_hi(target)
                 done.append(AdvancePrunerHi(target))
         return done
 
@@ -711,8 +708,7 @@ class LifecycleWorker:
             with self.catalog.lock:
                 db.deletes.mark_recorded(flushed)
                 chunks = list(part.chunks)
-                if db.partitions.get(table, {}).get(partition_key) is part:
-                    del db.partitions[table][partition_key]
+                db.drop_partition(table, partition_key, part)
             self.refresh_view(db, table)
             self.catalog.retire(chunks, now)
             self.catalog.query_pins.retire(keys)

@@ -40,7 +40,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from catalog.catalog import ACCEPTED, RETRYING, Catalog, DatabaseNotFoundError, LostWriteRange
+from catalog.catalog import ACCEPTED, FENCED, Catalog, DatabaseNotFoundError, LostWriteRange
 from iox import management_pb2
 
 from server.runtime import broker as broker_mod
@@ -744,10 +744,7 @@ class IoxServer:
         produced; a topic whose Kafka id changed under this server was deleted and created again
         (a broker that restarted empty): what it lost is recorded and writes are refused."""
         db = self.catalog.ensure_database(database, topic, self.config.partitions)
-        with self.catalog.lock:
-            known = db.topic_id
-            if known is None:
-                db.topic_id = topic_id
+        known = db.adopt_topic_id(topic_id)
         if known is None:
             if topic_id is not None and self.lifecycle is not None and not self.catalog.pool_member:
                 self.lifecycle.record_database(db, time.time())  # in a pool its owners record it
@@ -765,13 +762,12 @@ class IoxServer:
         acked = self.write_buffer.acked_of(db.topic)
         reason = f"topic {db.topic} was deleted and created again (its id is now {new_topic_id}, was {db.topic_id})"
         with self.catalog.lock:
-            if db.topic_replaced:
+            if not db.mark_topic_replaced():
                 return
-            db.topic_replaced = True
             applied = dict(db.applied_hi_inclusive)
             ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason, epoch=db.epoch)
                       for kp, off in sorted(acked.items()) if off > applied.get(kp, -1)]
-            db.lost_writes.extend(ranges)
+            db.record_lost_writes(ranges)
         if ranges:
             self.router.metrics.lost_writes(db.name, len(ranges))
             log.error("database %s: the write buffer LOST acknowledged writes (%s): %s; writes are refused until the "
@@ -866,8 +862,8 @@ class IoxServer:
                                                  f"the broker lost the tail of Kafka partition {kp}: it ended at "
                                                  f"offset {end}, below offsets this server had acknowledged",
                                                  epoch=db.epoch))
-            db.tail_truncated = dict(ends)
-            db.lost_writes.extend(ranges)
+            db.record_tail_truncated(ends)
+            db.record_lost_writes(ranges)
         if ranges:
             self.router.metrics.lost_writes(db.name, len(ranges))
             log.error("database %s: the write buffer LOST acknowledged writes (its broker lost the tail of %s): %s; "
@@ -941,7 +937,7 @@ class IoxServer:
     def _on_fenced(self, err) -> None:
         """The lifecycle found `err.db` fenced (a catalog RevisionConflict naming the other server's
         revision): from now on its writes and deletes are refused (`_refuse_writes_when_fenced`), and
-        every Kafka partition of it is held past what is applied (`Database.fence_holds`): the owner's
+        every Kafka partition of it is held past what is applied (`Database.hold`, FENCED): the owner's
         writes are neither applied nor followed here, so this server's memory of it stops growing and
         its queries answer what it held when fenced. The server keeps serving everything else (see the
         module docstring)."""
@@ -951,8 +947,7 @@ class IoxServer:
         db = self.catalog.peek_database(err.db)
         if db is None:
             return
-        with self.catalog.lock:
-            db.fence_holds = {kp: db.applied_hi_inclusive.get(kp, -1) + 1 for kp in range(db.kafka_partitions)}
+        db.hold_after_applied(FENCED)
         ingestor = getattr(self, "ingestor", None)
         if ingestor is not None:
             ingestor.poison_changed(db)  # the streaming source's holds file follows
@@ -1217,7 +1212,7 @@ class IoxServer:
             with self.catalog.lock:
                 targets = select(db, partition, offset)
                 for r in targets:
-                    r.state = RETRYING
+                    r.retry()
             if not targets:
                 raise PoisonedMessageNotFound(database, partition, offset)
             self.ingestor.poison_changed(db)
@@ -1253,7 +1248,7 @@ class IoxServer:
             self.lifecycle.commit_records(db, [RecordAcceptedPoison(messages=tuple(entries))], now)
             with self.catalog.lock:  # read again from it, it is passed (server/consume/ingest.py `accepted`)
                 for r in targets:
-                    r.state, r.accepted_at_s = ACCEPTED, now
+                    r.accept(now)
             self.ingestor.poison_changed(db)
             return targets
 
@@ -1294,10 +1289,10 @@ class IoxServer:
             self._continue_in_new_epoch(db, now)
         else:
             with self.catalog.lock:
-                lost = [_accepted(r, now) for r in db.lost_writes]
+                lost = [r.as_accepted(now) for r in db.lost_writes]
             self.lifecycle.commit_records(db, [RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
             with self.catalog.lock:
-                db.lost_writes = [_accepted(r, now) for r in db.lost_writes]
+                db.accept_lost_writes(now)
             if truncated:  # continues in a new epoch from Kafka's end once what was applied is persisted
                 self._after_tail_lost(db, lost=False)
         log.warning("database %s: lost writes ACCEPTED (iox accept-lost-writes): %s; writes are taken again%s",
@@ -1323,7 +1318,6 @@ class IoxServer:
         fenced."""
         from catalog.preserved_catalog import RecordDatabaseCheckpoint, RecordLostWrites
         from catalog.seq_layout import next_seq_origin, seq_base
-        from catalog.transactions import TxnLog
 
         lc = self.lifecycle
         lc.persist_now(db, None, None, now)
@@ -1353,7 +1347,7 @@ class IoxServer:
                                                         f"(partition: (applied, end) {behind})")
                     applied_hi = max(db.applied_hi_inclusive.values(), default=-1)
                     epoch = db.epoch + 1
-                    lost = [_accepted(r, now) for r in db.lost_writes]
+                    lost = [r.as_accepted(now) for r in db.lost_writes]
                 pc = lc.preserved_for(db.name, now)
                 # above every seq of the old epoch: the catalog's, and every offset applied in memory
                 origin = max(next_seq_origin(pc.state, db.seq_origin), seq_base(db.seq_origin, applied_hi + 1))
@@ -1363,17 +1357,7 @@ class IoxServer:
                     seq_origin=origin)
                 lc.commit_records(db, [checkpoint, RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
                 with self.catalog.lock:
-                    db.epoch, db.seq_origin, db.topic_id, db.topic_replaced = epoch, origin, topic_id, False
-                    db.tail_truncated = None
-                    db.lost_writes = lost
-                    db.applied_hi_inclusive = {kp: off - 1 for kp, off in first.items()}
-                    db.txns = TxnLog()
-                    db.failed_batch_hi = {}
-                    # held or retried messages were of the old topic: gone with it
-                    db.poisoned = [r for r in db.poisoned if r.state == ACCEPTED]
-                    for parts in db.partitions.values():
-                        for p in parts.values():
-                            p.windows = None  # the old epoch's offsets: all persisted
+                    db.continue_in_epoch(epoch, origin, topic_id, lost, first)
                 self.ingestor.forget_topic(db.topic)
                 self.ingestor.poison_changed(db)
                 for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
@@ -1480,11 +1464,6 @@ class IoxServer:
                             p.chunks.add(id=c.id, state=c.state, rows=c.rows, size_bytes=c.size_bytes,
                                          min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns, storage=c.storage)
         return resp
-
-
-def _accepted(r: LostWriteRange, now: float) -> LostWriteRange:
-    """`r` accepted at `now` (unchanged when it was accepted before)."""
-    return r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
 
 
 def _lost_status(out, r: LostWriteRange) -> None:

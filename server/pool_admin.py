@@ -2,7 +2,7 @@
 
 Invariant (catalog/ownership.py keeps the one-writer-per-partition rule in the preserved catalog):
 this server applies and persists a database's Kafka partition only while it owns it
-(`Database.owned_partitions`); every other partition is held (`Database.pool_holds`) at the
+(`Database.owned_partitions`); every other partition is held (`Database.hold`, NOT_OWNED) at the
 offset after what it applied, so nothing of it is applied here. A claim
 (`claim`, the ClaimPartitions admin call the assigner makes) commits the claim first (which fences
 the previous owner for those partitions), then, while no micro-batch runs, drops what this server
@@ -122,7 +122,7 @@ class PoolControl:
             topic = srv.write_buffer.ensure_topic(database)
             db = srv.catalog.ensure_database(database, topic, n)
             if db.topic_id is None:
-                db.topic_id = srv.write_buffer.topic_id(topic)
+                db.adopt_topic_id(srv.write_buffer.topic_id(topic))
             pc = srv.lifecycle.preserved_for(database, now)
             bounds = srv.write_buffer.partition_bounds(topic, n)
             out = management_pb2.ClaimPartitionsResponse(database=database)
@@ -156,8 +156,7 @@ class PoolControl:
         n = db.kafka_partitions
         dbck = state.database_checkpoint
         if fresh and dbck is not None:  # a database this server held nothing of: its catalog's epoch and seqs
-            db.epoch = dbck.epoch
-            db.seq_origin, _ = current_seq_origin(state)
+            db.set_epoch(dbck.epoch, current_seq_origin(state)[0])
         for table, cols in state.table_schemas.items():
             db.schemas.merge(table, [Column(*c) for c in cols])
         self._drop_unpersisted(db, kps)
@@ -185,15 +184,14 @@ class PoolControl:
         planned = set(plan.kafka_partitions())
         until = srv._replay_until.setdefault(topic_for(db.name), {})
         with catalog.lock:
+            starts = {}
             for kp in sorted(kps):
                 lo, end = bounds.get(kp, (0, 0))
                 start = plan.start_offset(kp) if kp in planned else None
-                start = lo if start is None else max(start, lo)
-                db.applied_hi_inclusive[kp] = start - 1
-                db.pool_holds.pop(kp, None)
+                starts[kp] = start = lo if start is None else max(start, lo)
                 if end - 1 >= start:
                     until[kp] = end - 1
-            db.owned_partitions = frozenset((db.owned_partitions or frozenset()) | kps)
+            db.adopt_claim(starts)
         for table in mine:
             srv.ingestor.refresh_table_view(db, table)
 
@@ -209,13 +207,9 @@ class PoolControl:
         with self._lock:
             def between():
                 with srv.catalog.lock:
-                    owned = set(db.owned_partitions or ())
-                    if not owned & kps:
+                    if not db.lose_claim(kps):
                         return
-                    db.owned_partitions = frozenset(owned - kps)
                     self.losses += 1
-                    for kp in kps:
-                        db.pool_holds[kp] = db.applied_hi_inclusive.get(kp, -1) + 1
                 self._drop_unpersisted(db, kps)
                 for kp in kps:
                     srv._replay_until.get(db.topic, {}).pop(kp, None)
@@ -469,8 +463,7 @@ class PoolControl:
             log.debug("pool member %s: database %r not learnt from Kafka (%s)", self.member, database, e)
             return
         db = srv.catalog.ensure_database(database, topic, srv.config.partitions)
-        if db.topic_id is None:
-            db.topic_id = topic_id
+        db.adopt_topic_id(topic_id)
 
     def written_before(self, db, partitions: set) -> dict:
         """{kp: offset} of `partitions` written before now: the highest this member got acknowledged

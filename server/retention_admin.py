@@ -39,9 +39,7 @@ def set_retention(server, database: str, period_s: int) -> management_pb2.SetRet
     db = server.catalog.ensure_database(database, topic_for(database), server.config.partitions)
     now = time.time()
     server.lifecycle.commit_records(db, [RecordRetention(period_s=period_s, set_at_s=now)], now)
-    with server.catalog.lock:
-        db.retention_period_s = period_s or None
-        db.reader_lo_ns = reader_lo_ns(period_s, now)
+    db.set_retention(period_s, reader_lo_ns(period_s, now))
     log.info("database %s: retention %s", database, format_duration_s(period_s) if period_s else "removed")
     _refresh_views(server, db)
     resp = management_pb2.SetRetentionResponse(database=database, period_s=period_s)

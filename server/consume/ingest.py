@@ -407,8 +407,7 @@ class Ingestor:
                 crash_point(CrashPoint.REPLAY_BATCH)
             with self.catalog.lock:
                 for db, txns in staged_txns.values():
-                    txns.adopt_repairs_of(db.txns)
-                    db.txns = txns
+                    db.install_txns(txns)
             self._record_skipped(skipped)
             added_stash, removed = stash_changes
             for key in removed:
@@ -560,9 +559,7 @@ class Ingestor:
             db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
             log.warning("database %s: skipped write-buffer message %s[%d]@%d: %s", db.name, topic, kp, offset,
                         problem)
-            with self.catalog.lock:
-                count = db.skipped_messages.get(kp, (0,))[0]
-                db.skipped_messages[kp] = (count + 1, offset, problem)
+            db.note_skipped(kp, offset, problem)
 
     # -- transactions (catalog/transactions.py) -------------------------------------------
     def _resolve_transactions(self, raw, txn_rows: dict, hi: dict, by_table: dict, at_offset: dict,

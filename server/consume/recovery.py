@@ -34,7 +34,7 @@ from server.errors import ServerError
 from server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S, settled_bounds
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
-           "lost_offsets", "truncated_tail", "replay_progress", "merge_lost_writes", "register_persisted_file", "add_recorded_delete",
+           "lost_offsets", "truncated_tail", "replay_progress", "register_persisted_file", "add_recorded_delete",
            "day_number"]
 
 log = logging.getLogger(__name__)
@@ -185,23 +185,9 @@ def _skip_or_refuse(db, name: str, kp: int, lost: tuple, reason: str, skip_lost_
         raise LostWrites(name, kp, *lost, reason=reason)
     log.error("database %s: SKIPPING lost writes of Kafka partition %d, offsets %s%s (--skip-lost-writes)",
               name, kp, _offset_range(*lost), f" ({reason})" if reason else "")
-    db.lost_writes = merge_lost_writes(db.lost_writes, LostWriteRange(
+    db.merge_lost_write(LostWriteRange(
         kp, lost[0], lost[1], now, reason or "Kafka no longer holds offsets the replay needed",
         accepted=True, accepted_at_s=now, epoch=epoch), now)
-
-
-def merge_lost_writes(records: list, found: LostWriteRange, now: float) -> list:
-    """`records` with the loss `found` at start (accepted): a record of the same Kafka partition,
-    first offset and epoch (found while a server ran, before it persisted what it had applied)
-    describes the same loss and is kept, accepted now if it was not; else `found` is added. Pure."""
-    out, same = [], False
-    for r in records:
-        if (r.partition, r.from_offset, r.epoch) == (found.partition, found.from_offset, found.epoch):
-            same = True
-            if not r.accepted:
-                r = dataclasses.replace(r, accepted=True, accepted_at_s=now)
-        out.append(r)
-    return out if same else out + [found]
 
 
 def list_catalog_databases(store) -> list[str]:
@@ -237,7 +223,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             tail_loss_grace_s: float = TAIL_LOSS_GRACE_S) -> RecoveryResult:
     """`pool_member`: this server's name in an ingester pool (catalog/ownership.py). It claims
     again the Kafka partitions the catalog says it owns (fencing the process it replaces) and
-    recovers only those; every other partition is held (`Database.pool_holds`): its owner applies
+    recovers only those; every other partition is held (`Database.hold`, NOT_OWNED): its owner applies
     it. The files of every partition are registered, so queries read what every owner persisted.
 
     `acked`: {topic: AckedOffsets} this server acknowledged in earlier runs (server/write_buffer/
@@ -265,17 +251,14 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             raise TopicMismatch(name, f"topic {dbck.topic} with {dbck.kafka_partitions} partitions",
                                 f"topic {topic} with {kafka_partitions} partitions")
         db = catalog.ensure_database(name, topic, kafka_partitions)
-        db.topic_id = write_buffer.topic_id(topic)
         if owned is not None:
-            db.owned_partitions = owned
-            db.pool_holds = {kp: 0 for kp in range(kafka_partitions) if kp not in owned}
-        # the records of earlier runs: losses of acknowledged writes (accepted or not), and messages
-        # accepted to be skipped (server/write_buffer/poison.py: the consumer passes those of the current epoch)
-        db.lost_writes = [LostWriteRange.from_entry(e) for e in state.lost_writes]
-        db.poisoned = [PoisonedMessage.from_entry(e) for e in state.accepted_poison]
-        # retention (catalog/retention.py): the period, and how far the pruner got
-        db.retention_period_s = state.retention_period_s or None
-        db.pruner_hi_ns = state.pruner_hi_ns
+            db.own_only(owned)
+        # the records of earlier runs: losses of acknowledged writes (accepted or not), messages
+        # accepted to be skipped (server/write_buffer/poison.py: the consumer passes those of the
+        # current epoch), and retention (catalog/retention.py): the period, how far the pruner got
+        db.load_records(write_buffer.topic_id(topic), [LostWriteRange.from_entry(e) for e in state.lost_writes],
+                        [PoisonedMessage.from_entry(e) for e in state.accepted_poison],
+                        state.retention_period_s, state.pruner_hi_ns)
         lost_before = list(db.lost_writes)
         # the topic the checkpoint was written for is gone (deleted, or deleted and created
         # again: Kafka gives every incarnation a new id); none of its offsets carry over
@@ -292,8 +275,8 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         for dp in state.delete_predicates:
             add_recorded_delete(db, dp)
         epoch = dbck.epoch if dbck is not None else 0
-        db.epoch = epoch
-        db.seq_origin, record_origin = current_seq_origin(state)
+        origin, record_origin = current_seq_origin(state)
+        db.set_epoch(epoch, origin)
         if record_origin:  # a legacy epoch whose seqs wrapped: continue above every known seq, from now on
             pc.commit([dataclasses.replace(dbck, seq_origin=db.seq_origin)], now)
             log.warning("database %s: write-buffer epoch %d is past the legacy seq layout; its seqs "
@@ -346,7 +329,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
                         starts[kp] = s
                         if needs_replay and s <= min(rng.max_seen_offset, end - 1):
                             until[kp] = min(rng.max_seen_offset, end - 1)  # what Kafka still holds of it
-                        db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+                        catalog.advance_applied(db, {kp: s - 1})
                     continue
             if s is None:
                 if not gone:
@@ -361,7 +344,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             starts[kp] = s
             if needs_replay and s <= rng.max_seen_offset:
                 until[kp] = rng.max_seen_offset
-            db.applied_hi_inclusive[kp] = max(db.applied_hi_inclusive.get(kp, -1), s - 1)
+            catalog.advance_applied(db, {kp: s - 1})
         reset = reset or gone
         first_offsets = None  # of a new epoch: {kp: first offset}
         if reset:
@@ -373,13 +356,12 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             if all(starts.get(kp, bounds.get(kp, (0, 0))[0]) >= end for kp, end in ends.items()):
                 first_offsets = ends  # Kafka holds nothing unpersisted: the new epoch starts now
             else:
-                db.tail_truncated = dict(truncated)  # after the replay (server/app.py)
+                db.record_tail_truncated(truncated)  # after the replay (server/app.py)
                 log.error("database %s: the broker lost the tail of its write buffer (Kafka partition ends %s); "
                           "writes are refused until the replay of what Kafka still holds is persisted, then the "
                           "database continues in a new write-buffer epoch", name, truncated)
         if skip_lost_writes:  # a loss recorded while a server ran, not accepted then, is accepted now
-            db.lost_writes = [r if r.accepted else dataclasses.replace(r, accepted=True, accepted_at_s=now)
-                              for r in db.lost_writes]
+            db.accept_lost_writes(now)
         # recorded with the epoch's checkpoint below, or on its own
         mine_lost = [r for r in db.lost_writes if owned is None or r.partition in owned]
         lost_actions = [RecordLostWrites(ranges=tuple(r.entry() for r in mine_lost))] \
@@ -388,12 +370,11 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             # offsets start over (a reset topic) or are given out again (a lost tail): a new epoch keeps
             # write-buffer order (its seq origin is above every seq the catalog knows) and ignores old
             # checkpoints; what Kafka holds below its first offsets is of the old epoch, all persisted
-            db.seq_origin = next_seq_origin(state, db.seq_origin)
-            db.epoch = epoch + 1
+            db.set_epoch(epoch + 1, next_seq_origin(state, db.seq_origin))
             starts = dict(first_offsets)
             until = {}
             filters = {}
-            db.applied_hi_inclusive = {**db.applied_hi_inclusive, **{kp: s - 1 for kp, s in starts.items()}}
+            db.start_applying_at(starts)
             pc.commit([db.checkpoint_action({kp: (None, s - 1) for kp, s in starts.items() if s > 0 and not reset})]
                       + lost_actions, now)
             lost_actions = []

@@ -218,8 +218,7 @@ class QueryEngine:
                     r.schema = db.schemas.get(table)
                 reads[table] = r
         now = time.time()
-        for table in tables_named(sql, db.table_names()):
-            db.queried_at[table] = now
+        db.note_queried(tables_named(sql, db.table_names()), now)
         t_cut = time.perf_counter()
         use_query_pool(self.spark)
         try:

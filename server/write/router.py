@@ -313,7 +313,7 @@ class Router:
         topic = self.write_buffer.ensure_topic(database)
         db = self.catalog.ensure_database(database, topic, self.kafka_partitions)
         if db.topic_id is None:
-            db.topic_id = self.write_buffer.topic_id(topic)
+            db.adopt_topic_id(self.write_buffer.topic_id(topic))
         columns = {name: cols for name, (cols, _data, _u) in batches.items()}
         try:
             if self.agree_columns is not None:  # the pool's types of the columns new here

@@ -120,13 +120,11 @@ def set_aside(db: Database, partition: int, offset: int, table: str, kind: str, 
     error = error[:MAX_ERROR_CHARS]
     for r in db.poisoned:
         if r.epoch == db.epoch and r.partition == partition and r.offset == offset and r.state != ACCEPTED:
-            if r.state == RETRYING:
-                r.attempts += 1
-            r.state, r.error, r.last_failed_at_s = HELD, error, now
+            r.failed_again(error, now)
             return r
     r = PoisonedMessage(partition=partition, offset=offset, epoch=db.epoch, table=table or "", kind=kind or "",
                         error=error, detected_at_s=now, last_failed_at_s=now)
-    db.poisoned.append(r)
+    db.add_poisoned(r)
     return r
 
 
@@ -144,5 +142,5 @@ def settle_retried(db: Database) -> list:
     done = [r for r in db.poisoned if r.state == RETRYING and r.epoch == db.epoch
             and db.applied_hi_inclusive.get(r.partition, -1) >= r.offset]
     if done:
-        db.poisoned = [r for r in db.poisoned if not any(r is d for d in done)]
+        db.drop_poisoned(done)
     return done

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from catalog.catalog import Catalog
+from catalog.catalog import FROZEN, NOT_OWNED, Catalog
 from catalog.ownership import PartitionOwner
 from catalog.sharding import partition_for
 from server.errors import NotPartitionOwner, OwnerNotCaughtUp, OwnershipMoving, WriteTokenNotVisible
@@ -65,7 +65,7 @@ def test_a_write_token_not_applied_is_deadline_exceeded_not_unavailable():
 
 def test_a_held_partition_answers_what_it_applied():
     pool, db, waits = _member({0, 1}, {0: 5, 1: 2}, acked={1: 9}, replay_until={1: 8})
-    db.freeze_holds[1] = 3  # frozen from offset 3 on: offsets 3.. wait in Kafka
+    db.hold(FROZEN, {1: 3})  # frozen from offset 3 on: offsets 3.. wait in Kafka
     msgs = list(pool.answer_rows("d", [T1], {}, 1.0, written_before={1: 7}))
     assert [(m.table, m.arrow_ipc, dict(m.applied_hi_inclusive), m.catalog_revision) for m in msgs] == \
         [(T1, b"", {0: 5, 1: 2}, 7)]
@@ -189,7 +189,7 @@ def test_a_database_known_only_from_its_kafka_topic_is_learnt_holding_everything
     pool.learn_database("other")
     db = cat.peek_database("other")
     assert db is not None and db.topic == "iox.other" and db.topic_id == "tid-1"
-    assert db.owned_partitions == frozenset() and db.pool_holds == {0: 0, 1: 0}  # applies nothing here
+    assert db.owned_partitions == frozenset() and db.holds(NOT_OWNED) == {0: 0, 1: 0}  # applies nothing here
 
 
 def test_kafka_away_leaves_the_database_unknown():

@@ -203,7 +203,7 @@ def test_replay_reads_from_past_the_checkpoint_to_the_end_and_reports_its_progre
 
 def test_a_loss_found_again_at_start_is_the_record_found_while_running_accepted_now():
     from catalog.catalog import LostWriteRange
-    from server.consume.recovery import merge_lost_writes
+    from catalog.catalog import merge_lost_writes
 
     running = LostWriteRange(0, 5, 7, 100.0, "topic replaced", epoch=2)
     other = LostWriteRange(1, 3, None, 100.0, "topic replaced", accepted=True, accepted_at_s=101.0, epoch=2)

@@ -1,7 +1,7 @@
 """The holds file (server/write_buffer/holds_file.py): what it holds, its round trip, and a batch's end."""
 from __future__ import annotations
 
-from catalog.catalog import Database
+from catalog.catalog import FENCED, Database
 from server.write_buffer.holds_file import held_end, holds_of, read_holds, write_holds
 from server.write_buffer.poison import set_aside
 
@@ -24,13 +24,13 @@ def test_holds_file_round_trip_and_held_end(tmp_path):
 
 
 def test_fence_holds_join_the_poisoned_holds_and_reach_the_holds_file():
-    """A fenced database holds every partition past what it applied (`Database.fence_holds`), the
+    """A fenced database holds every partition past what it applied (`Database.hold`, FENCED), the
     lower of that and a held poisoned message per partition, also in the streaming source's file."""
     db = Database("d", "iox.d", 3)
     assert not db.may_hold
     set_aside(db, 1, 7, "cpu", "write", "boom", 100.0)
-    db.fence_holds = {0: 5, 1: 9, 2: 0}
+    db.hold(FENCED, {0: 5, 1: 9, 2: 0})
     assert db.may_hold and db.held_offsets() == {0: 5, 1: 7, 2: 0}
     assert holds_of([db]) == {"iox.d": {"0": 5, "1": 7, "2": 0}}
-    db.poisoned = []
+    db.drop_poisoned(db.poisoned)
     assert db.may_hold and db.held_offsets() == {0: 5, 1: 9, 2: 0}

@@ -1,0 +1,86 @@
+"""The catalog owns its databases' state: no module outside catalog/ assigns a field of a
+`Database`, deletes one or mutates one in place (a dict's or list's own methods); it calls the
+database's operations (`hold`, `adopt_claim`, `record_lost_writes`, ...) instead.
+
+Walks every module of the project's packages outside catalog/ (AST) and finds, for each name
+of a `Database` field, an assignment to `X.<field>` (also `X.<field>[k] = ...`, `+=`, `del`)
+or a call `X.<field>.<mutator>(...)`, where X is a database: a name or attribute spelled `db`,
+`database` or ending in `_db`. The fields that hold catalog objects with operations of their
+own (`deletes`, `txns`, `schemas`) may have those called.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+
+from catalog.catalog import Database
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGES = ("lifecycle", "iox_spark_source", "pyspark_iox", "server")
+FIELDS = {f.name for f in dataclasses.fields(Database)}
+_MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add",
+             "discard", "sort", "reverse"}
+_OWN_OPERATIONS = {"deletes", "txns", "schemas"}
+
+
+def _is_database(node: ast.AST) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name in ("db", "database") or name.endswith("_db")
+
+
+def _field_of(node: ast.AST) -> str | None:
+    """The Database field `node` (with any subscripts) names, or None."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute) and node.attr in FIELDS and _is_database(node.value):
+        return node.attr
+    return None
+
+
+def writes_outside_catalog(source: str) -> list[tuple[int, str]]:
+    """(line, what) of every write of a Database field in `source`."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                name = _field_of(el)
+                if name is not None:
+                    out.append((node.lineno, f"assigns {name}"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            name = _field_of(node.func.value)
+            if name is not None and name not in _OWN_OPERATIONS:
+                out.append((node.lineno, f"{name}.{node.func.attr}(...)"))
+    return out
+
+
+def _modules():
+    for pkg in PACKAGES:
+        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if f.endswith(".py") and not f.endswith("_pb2.py") and not f.endswith("_pb2_grpc.py"):
+                    yield os.path.join(dirpath, f)
+
+
+def test_the_walk_finds_each_kind_of_write():
+    src = ("db.epoch = 1\ndb.applied_hi_inclusive[0] = 5\nself.db.lost_writes.extend(x)\n"
+           "del db.partitions['t']['k']\nsrc_db.poisoned += [r]\ndb.topic_id, n = 'x', 1\n"
+           "db.deletes.add(d)\nd.epoch = 2\nother.epoch = 3\nx = db.epoch\n")
+    assert writes_outside_catalog(src) == [(1, "assigns epoch"), (2, "assigns applied_hi_inclusive"),
+                                           (4, "assigns partitions"), (5, "assigns poisoned"),
+                                           (6, "assigns topic_id"), (3, "lost_writes.extend(...)")]
+
+
+def test_no_module_outside_the_catalog_writes_a_database_field():
+    found = []
+    for path in _modules():
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        for line, what in writes_outside_catalog(src):
+            found.append(f"{os.path.relpath(path, ROOT)}:{line}: {what}")
+    assert found == []
