@@ -9,7 +9,7 @@ metadata only; `order` keeps the write-buffer order of chunks in a partition.
 A chunk's rows are held in one or two forms (IOx: the mutable buffer and the
 read buffer): `segments`, the write-buffer form (the Kafka payloads' Arrow IPC
 streams, cheap to build and to persist, decoded wherever they are read; see
-lifecycle/ipc_segments.py), and `df`, the read form (deduplicated rows in
+chunk_store/ipc_segments.py), and `df`, the read form (deduplicated rows in
 Spark, fast to query). Both hold the same rows; the view reads `df` when there
 is one. A chunk with neither is read from its Parquet files.
 """
@@ -54,7 +54,7 @@ class Chunk:
     #: files); chunks straight from the write buffer may hold duplicates
     deduplicated: bool = False
     #: the write-buffer form: checkpointed DataFrames of Arrow IPC streams, in write-buffer order
-    #: (lifecycle/ipc_segments.py); empty when the chunk has none
+    #: (chunk_store/ipc_segments.py); empty when the chunk has none
     segments: list = field(default_factory=list)
     #: no two rows of the write-buffer form share (tags, time) (the writers said so, and its streams
     #: do not overlap in time)
@@ -64,11 +64,11 @@ class Chunk:
     #: where in time the rows lie, finer than [min_time_ns, max_time_ns] (catalog/time_spans.py);
     #: () = the hull
     time_spans: tuple = ()
-    #: global temp views of Arrow merges this chunk is part of (lifecycle/chunk_data.py
+    #: global temp views of Arrow merges this chunk is part of (chunk_store/chunk_data.py
     #: `arrow_merge_relations`), dropped with the chunk's data
     merge_views: set = field(default_factory=set)
     #: a local chunk's rows, held on the driver (a pyarrow Table in the chunk layout of `columns`;
-    #: lifecycle/local_rows.py): its view is a local relation of them; None for any other chunk
+    #: chunk_store/local_rows.py): its view is a local relation of them; None for any other chunk
     local_rows: Any = None
 
     def column_names(self) -> set:

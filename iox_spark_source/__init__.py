@@ -5,7 +5,7 @@ table as the server's queries present it (`data_source.py`): the options it take
 (`options.py`), the catalog snapshot it plans from (`plan.py`), the rows an executor
 reads of a group of Parquet files (`rows.py`), and its errors (`errors.py`).
 
-May import: `catalog`, `lifecycle`, pyarrow, pyspark and the other third-party
+May import: `catalog`, `chunk_store`, `lifecycle`, pyarrow, pyspark and the other third-party
 libraries; never `server`.
 """
 from iox_spark_source.data_source import IoxDataSource

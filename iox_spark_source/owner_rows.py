@@ -20,7 +20,7 @@ from catalog.object_store import ObjectStore
 from catalog.ownership import read_member_address
 from catalog.preserved_catalog import CatalogState
 from catalog.sharding import partition_for
-from lifecycle.arrow_merge import ArrowDelete
+from chunk_store.arrow_merge import ArrowDelete
 
 from iox_spark_source.errors import OwnerUnavailable
 

@@ -7,7 +7,7 @@ Invariants:
   that revision, and every partition of the read gets the plan pickled, so all of
   them read the same snapshot whatever the server commits meanwhile.
 * The rows are the server's query rows of the table's persisted data: the table's
-  files are grouped by time overlap (lifecycle/views.py ``overlap_groups``); a
+  files are grouped by time overlap (chunk_store/views.py ``overlap_groups``); a
   group's rows are merged as the table views merge chunks (each delete removes the
   rows written before it, ``_iox_seq < seq``, in its time range and matching its
   predicate; then one row per (tags, time), each field its last non-null value in
@@ -29,8 +29,8 @@ from catalog.errors import CatalogError, InvalidKey
 from catalog.object_store import ObjectStore
 from catalog.preserved_catalog import CatalogState, ColumnSpec, read_state
 from catalog.retention import reader_lo_ns
-from lifecycle.arrow_merge import ArrowDelete, deletes_supported
-from lifecycle.views import overlap_groups
+from chunk_store.arrow_merge import ArrowDelete, deletes_supported
+from chunk_store.views import overlap_groups
 
 from iox_spark_source.errors import (CatalogUnreadable, DatabaseNotFound, InvalidOption, RevisionNotFound,
                                      TableNotFound, UnsupportedDelete)

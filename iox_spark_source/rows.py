@@ -1,7 +1,7 @@
 """The rows one input partition returns: a group of Parquet files, merged, in the query layout.
 
 Invariant: :func:`read_group` returns exactly the rows the server's table view
-gives for the group's files (lifecycle/arrow_merge.py does the merge the views do in
+gives for the group's files (chunk_store/arrow_merge.py does the merge the views do in
 SQL): every recorded delete applied to the rows written before it, then one row
 per (tags, time) with each field's last non-null value in write-buffer order (a
 group of one file is already deduplicated: it is streamed batch by batch), no row
@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from catalog.object_store import ObjectStore
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
-from lifecycle.arrow_merge import apply_deletes, deduplicate
-from lifecycle.ipc_segments import LAYOUT_CHUNK, arrow_type, chunk_table
+from chunk_store.arrow_merge import apply_deletes, deduplicate
+from chunk_store.ipc_segments import LAYOUT_CHUNK, arrow_type, chunk_table
 
 from iox_spark_source.errors import FileGone
 from iox_spark_source.plan import OWNER_ROWS_KEY, FileRef, ReadPlan

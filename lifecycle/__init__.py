@@ -1,11 +1,8 @@
 """The lifecycle: what becomes of a chunk after ingest, decided by a pure policy.
 
-Chunk forms and how Spark reads them (`chunk_data.py`, `ipc_segments.py`,
-`local_rows.py`, `views.py`, `parquet_source.py`), where materialised chunk data
-lives (`chunk_checkpoint.py`), what the application runs on and its parallelism
-(`cluster.py`), the policies (`policy.py`,
-`rules.py`, and retention's `prune_policy.py`: state in, actions out) and the actions the worker executes
-(`compact.py`, `compact_persisted.py`, `persist.py`, `unload.py`, `worker.py`).
+The policies (`policy.py`, `rules.py`, and retention's `prune_policy.py`: state in, actions
+out) and the actions the worker executes (`compact.py`, `compact_persisted.py`, `persist.py`,
+`unload.py`, `worker.py`). How chunks are stored and read in Spark is `chunk_store`'s.
 
-May import: `catalog` and third-party libraries; never `server`.
+May import: `catalog`, `chunk_store` and third-party libraries; never `server`.
 """

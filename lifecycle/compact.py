@@ -10,7 +10,7 @@ Two ways, by the forms the chunks are held in (catalog/chunk.py):
 - write-buffer chunks merged into a write-buffer chunk: the new chunk takes over
   the run's segments as they are (no Spark job, no row decoded); it is known to
   be deduplicated when each of them was and no two meet in time; a join of
-  local chunks (lifecycle/local_rows.py) of at most LOCAL_CHUNK_MAX_ROWS rows is
+  local chunks (chunk_store/local_rows.py) of at most LOCAL_CHUNK_MAX_ROWS rows is
   local too (their rows joined on the driver);
 - otherwise (`to_read_buffer`, or chunks that have a read form) the chunks are
   merged into deduplicated rows with the deletes materialised, the read form:
@@ -38,12 +38,12 @@ from catalog.schema import TIME_NS_COLUMN
 
 from catalog.crash_points import CrashPoint, crash_point
 
-from lifecycle.chunk_checkpoint import checkpoint
-from lifecycle.cluster import task_slots
-from lifecycle.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
+from chunk_store.chunk_checkpoint import checkpoint
+from chunk_store.cluster import task_slots
+from chunk_store.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
                          row_stats, schema_bytes, table_deletes, time_disjoint)
-from lifecycle.ipc_segments import register_segments_chunk
-from lifecycle.local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
+from chunk_store.ipc_segments import register_segments_chunk
+from chunk_store.local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
 
 __all__ = ["compact_chunks"]
 
@@ -119,7 +119,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     crash_point(CrashPoint.COMPACT_BEFORE_SWAP)
     cid = catalog.next_chunk_id()
     columns = schema.to_json()
-    # a join of local chunks stays local while it is small (lifecycle/local_rows.py); a merge of
+    # a join of local chunks stays local while it is small (chunk_store/local_rows.py); a merge of
     # them keeps their joined rows too
     if as_segments:
         local = joined_local_rows(chunks, columns)

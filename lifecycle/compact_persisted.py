@@ -20,7 +20,7 @@ Invariants (IOx compact_object_store_chunks):
 
 How: files none of whose chunks is held in memory, at most `ARROW_COMPACTION_MAX_ROWS`
 rows in all, and whose deletes Arrow evaluates are merged in ONE executor task
-in Arrow (`arrow_compaction_fn`: read with pyarrow, lifecycle/arrow_merge.py's
+in Arrow (`arrow_compaction_fn`: read with pyarrow, chunk_store/arrow_merge.py's
 `apply_deletes` and `deduplicate`, one Parquet file written): 22M rows of the
 bench's sustained load in ~10 s on one core, where Spark's GROUP BY of every
 row took both cores for ~60 s, holding the lifecycle worker (persists wait for
@@ -40,8 +40,8 @@ from catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
 from catalog.crash_points import CrashPoint, crash_point
 
-from lifecycle.chunk_checkpoint import checkpoint
-from lifecycle.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
+from chunk_store.chunk_checkpoint import checkpoint
+from chunk_store.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
                          schema_bytes, table_deletes, time_disjoint)
 from lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
@@ -188,8 +188,8 @@ def arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns: 
 
         from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-        from lifecycle.arrow_merge import apply_deletes, deduplicate
-        from lifecycle.ipc_segments import arrow_type, chunk_arrow_schema
+        from chunk_store.arrow_merge import apply_deletes, deduplicate
+        from chunk_store.ipc_segments import arrow_type, chunk_arrow_schema
         from lifecycle.persist import write_files
 
         for _ in batches:  # the one input row only starts the task

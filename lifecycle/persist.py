@@ -9,11 +9,11 @@ Invariants (IOx persist + persist_sink's many writers / one committer):
 - The rows written are the chunks' merge: deduplicated on (tags, time), the
   deletes applied. When every chunk holds the write-buffer form, an executor
   reads those Arrow IPC streams and merges them in Arrow
-  (lifecycle/arrow_merge.py), so no row passes through Spark's row format;
+  (chunk_store/arrow_merge.py), so no row passes through Spark's row format;
   otherwise the chunks' views are merged in Spark SQL. Both give the same rows.
 - Parquet files are written by Spark executors (one file, or from
   PARALLEL_WRITE_MIN_ROWS rows merged in Arrow one file per core of the
-  executor (lifecycle/cluster.py `cores_per_executor`) whose time
+  executor (chunk_store/cluster.py `cores_per_executor`) whose time
   ranges never meet); the driver alone commits ONE preserved-catalog
   transaction naming the files, the partition checkpoint, the database
   checkpoint and the table schema.
@@ -52,11 +52,11 @@ from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 from catalog.crash_points import CrashPoint, crash_point
 
-from lifecycle.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
+from chunk_store.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
                          register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes, time_range_mask)
-from lifecycle.chunk_checkpoint import checkpoint
-from lifecycle.cluster import cores_per_executor, task_slots
-from lifecycle.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
+from chunk_store.chunk_checkpoint import checkpoint
+from chunk_store.cluster import cores_per_executor, task_slots
+from chunk_store.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
 from lifecycle.policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
@@ -373,8 +373,8 @@ def segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: list
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from lifecycle.chunk_data import merge_segment_rows
-        from lifecycle.ipc_segments import encode_ipc
+        from chunk_store.chunk_data import merge_segment_rows
+        from chunk_store.ipc_segments import encode_ipc
 
         waited = [0.0]
 

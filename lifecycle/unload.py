@@ -11,7 +11,7 @@ import logging
 
 from catalog.catalog import Catalog, Database
 
-from lifecycle.chunk_data import register_parquet_chunk
+from chunk_store.chunk_data import register_parquet_chunk
 
 __all__ = ["unload_chunk"]
 

@@ -70,7 +70,7 @@ from catalog.sharding import partition_for
 
 from catalog.crash_points import CrashPoint, crash_point
 
-from lifecycle.chunk_data import release_chunk_data
+from chunk_store.chunk_data import release_chunk_data
 from lifecycle.compact import compact_chunks
 from lifecycle.compact_persisted import compact_persisted_chunks
 from lifecycle.persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
@@ -78,7 +78,7 @@ from lifecycle.policy import (Backpressure, CompactChunks, CompactPersistedChunk
                      PersistChunks, UnloadChunk, decide)
 from lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
                                     day_bounds_ns, decide_prune)
-from lifecycle.parquet_cache import CachedCopy
+from chunk_store.parquet_cache import CachedCopy
 from lifecycle.rules import LifecycleRules
 from lifecycle.unload import unload_chunk
 
@@ -92,7 +92,7 @@ RETIRED_GRACE_S = 120.0
 #: How often deletes that hit persisted files are recorded in the preserved catalog
 #: even when no persist happens (each persist flushes the mailbox too).
 MAILBOX_FLUSH_INTERVAL_S = 10.0
-#: How often the local copies of Parquet files no chunk reads are handed for removal (lifecycle/parquet_cache.py)
+#: How often the local copies of Parquet files no chunk reads are handed for removal (chunk_store/parquet_cache.py)
 PARQUET_CACHE_SWEEP_INTERVAL_S = 30.0
 #: How often unreferenced Parquet files are looked for.
 CLEANUP_INTERVAL_S = 300.0
@@ -724,7 +724,7 @@ class LifecycleWorker:
         logged (cleanup deletes the file later: it is unreferenced)."""
         deleted = []
         for key in self.catalog.query_pins.take_unpinned():
-            if isinstance(key, CachedCopy):  # a local copy (lifecycle/parquet_cache.py), not an object
+            if isinstance(key, CachedCopy):  # a local copy (chunk_store/parquet_cache.py), not an object
                 self._guarded("removing a local Parquet copy", self.parquet_cache.remove, key)
                 continue
             try:

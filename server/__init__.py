@@ -12,5 +12,5 @@ the client), the admin operations the app composes (`retention_admin.py`, `freez
 `app.py` (the composition root) and `cli/` (the `iox` command).
 tests/unit/test_import_layers.py checks it.
 
-May import: `catalog`, `lifecycle`, the generated stubs `iox`, third-party libraries.
+May import: `catalog`, `chunk_store`, `lifecycle`, the generated stubs `iox`, third-party libraries.
 """

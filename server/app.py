@@ -225,7 +225,7 @@ class IoxServer:
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
-        from lifecycle.cluster import runs_local
+        from chunk_store.cluster import runs_local
         from lifecycle.worker import LifecycleWorker
 
         if not runs_local(self.spark):  # executors on other hosts: they must run this code
@@ -244,7 +244,7 @@ class IoxServer:
         # natively; on a cluster the executors read the object store themselves (nothing of it on the
         # driver's disk); a local object store is read in place
         from catalog.object_store import LocalObjectStore
-        from lifecycle.parquet_cache import ParquetCache
+        from chunk_store.parquet_cache import ParquetCache
 
         self.parquet_cache = ParquetCache(os.path.join(data_dir, "parquet-cache"), cfg.parquet_cache_max_bytes,
                                           self.catalog.query_pins) \

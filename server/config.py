@@ -105,7 +105,7 @@ DEFAULT_MAX_QUERY_ROWS = 0
 #: Arrow bytes of one query result; a larger result is answered RESOURCE_EXHAUSTED. 0 = no limit.
 DEFAULT_MAX_QUERY_BYTES = 1024 * 1024 * 1024
 #: Local disk the copies of persisted Parquet files may take (local Spark on an S3 object store:
-#: lifecycle/parquet_cache.py); a chunk whose files do not fit reads the object store. 0 = no copies.
+#: chunk_store/parquet_cache.py); a chunk whose files do not fit reads the object store. 0 = no copies.
 DEFAULT_PARQUET_CACHE_MAX_BYTES = 8 * 1024 ** 3
 #: Seconds one query's Spark job may run before it is cancelled and answered DEADLINE_EXCEEDED; 0 = none.
 DEFAULT_QUERY_TIMEOUT_S = 300.0
@@ -160,11 +160,11 @@ def is_loopback(host: str) -> bool:
 
 def object_store_reachable(spark_master: str, object_store_url: str, shared: bool) -> bool:
     """Whether the executors of `spark_master` can read and write the object store at
-    `object_store_url`: always in local mode (lifecycle/cluster.py) and for S3; a directory
+    `object_store_url`: always in local mode (chunk_store/cluster.py) and for S3; a directory
     with a cluster master only when declared `shared` (mounted at the same path everywhere). Pure."""
     from urllib.parse import urlsplit
 
-    from lifecycle.cluster import is_local_master
+    from chunk_store.cluster import is_local_master
 
     return is_local_master(spark_master) or shared or urlsplit(object_store_url).scheme.lower() == "s3"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from catalog.catalog import DatabaseNotFoundError
 from catalog.sharding import partition_for, topic_for
-from lifecycle.views import quote
+from chunk_store.views import quote
 from server.errors import DatabaseNotFound, PoolMemberUnavailable
 from server.query.engine import QueryEngine
 from server.query.verify import (DEFAULT_MAX_DIFFERENCES, PartitionReport, VerifyReport, merge_reports,

@@ -7,7 +7,7 @@ port, as InfluxDB 3 serves them),
 `http_api.py` (InfluxDB v2 and 1.x writes, /health, /ping, /metrics), `http_query.py` (SQL over HTTP) and
 `client.py` (the Python client the CLI, the demo, tests and the benchmark use).
 
-May import: every layer below it (`catalog`, `lifecycle`, `server.errors`,
+May import: every layer below it (`catalog`, `chunk_store`, `lifecycle`, `server.errors`,
 `server.metrics`, `server.write_buffer`, `server.runtime`, `server.config`,
 `server.consume`, `server.write`, `server.query`); never `server.app` or `server.cli`.
 """

@@ -13,7 +13,7 @@ from its first change to its last the batch is announced to the catalog
 its first offset, and a chunk of it merged by a persist or a compaction meets
 its deletes. The driver only collects per-message metadata; a table's
 messages of one UTC day become a chunk held in the write-buffer form
-(lifecycle/ipc_segments.py): their Arrow IPC payloads copied into one
+(chunk_store/ipc_segments.py): their Arrow IPC payloads copied into one
 checkpointed segment, with no decoding (the source already checked that every
 payload decodes). While a table replays after a restart its rows are decoded on
 the executors instead (`payload_decode_fn`), dropping those already in Parquet. A
@@ -50,11 +50,11 @@ from catalog.seq_layout import SEQ_ROW_BITS, max_seq_offset, seq_base
 
 from catalog.delete_mailbox import Delete
 from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from lifecycle.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, register_df_chunk, release_df,
+from chunk_store.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, register_df_chunk, release_df,
                                   row_stats, table_deletes)
-from lifecycle.chunk_checkpoint import checkpoint
-from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
-from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
+from chunk_store.chunk_checkpoint import checkpoint
+from chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
+from chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
                                   local_segment_df, register_local_chunk, segment_table)
 
 from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point, delay_point, fault_point
@@ -63,7 +63,7 @@ from server.write_buffer.holds_file import holds_of, write_holds
 from server.write_buffer.poison import isolate, select, set_aside, settle_retried
 from server.errors import ServerError
 from server.consume.recovery import keep_mask_fn
-from lifecycle.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql
+from chunk_store.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql
 from server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, WireFormatMismatch, encode_decision, encode_marker, header_problem)
 from catalog.partition_keys import NS_PER_DAY, day_numbers
 from catalog.sharding import database_of_topic, partition_for
@@ -251,7 +251,7 @@ class Ingestor:
         """apply_batch's work on the batch `raw` read once, with `batch_lock` held."""
         from pyspark.sql import functions as F
 
-        # small payloads come along: a table's small messages make a local chunk (lifecycle/local_rows.py)
+        # small payloads come along: a table's small messages make a local chunk (chunk_store/local_rows.py)
         meta = raw.select(*_META_COLUMNS, F.length("payload").alias("nbytes"),
                           F.when(F.length("payload") <= LOCAL_PAYLOAD_MAX_BYTES, F.col("payload"))
                           .alias("small_payload")).collect()
@@ -742,7 +742,7 @@ class Ingestor:
         return out
 
     def _segment_plan(self, sel, stashed: list, seq_origin: int, remap: dict, bounds, F):
-        """The lazy segment (lifecycle/ipc_segments.py) of a table's messages `sel` of one batch:
+        """The lazy segment (chunk_store/ipc_segments.py) of a table's messages `sel` of one batch:
         each payload as it is, its rows ordered at the offset it is applied at (`remap`: a committed
         transaction part at its marker's) from the database's `seq_origin`, plus the `stashed` parts
         [(kp, offset applied at, payload)]."""
@@ -868,7 +868,7 @@ class Ingestor:
     def refresh_table_view(self, db: Database, table: str, arrow_merge: bool = True) -> None:
         """Replaces the table's view with one over its current chunks (`arrow_merge`: large groups
         of overlapping write-buffer chunks read through a view of their Arrow merge, see
-        lifecycle.chunk_data.arrow_merge_relations; else every group is merged in SQL).
+        chunk_store.chunk_data.arrow_merge_relations; else every group is merged in SQL).
 
         Called by the micro-batch thread and the lifecycle worker after they changed the
         table's chunks. One refresh of a table at a time, each reading the chunks once it holds
@@ -887,7 +887,7 @@ class Ingestor:
                     had_view = (db.name, table) in self._table_views
                 if not had_view or schema is None:
                     return
-                from lifecycle.views import empty_table_view_sql
+                from chunk_store.views import empty_table_view_sql
 
                 sql = empty_table_view_sql(schema)  # every chunk went (retention): an empty table
             else:
@@ -1048,7 +1048,7 @@ class _ChunkBuild:
     """One chunk of a micro-batch: planned on the driver, materialised by `_materialise`.
 
     Exactly one of `segment` (the write-buffer form), `local_rows` (a local chunk's rows, with `cdf`
-    its segment: lifecycle/local_rows.py) and `decoded` (rows, while replaying) is set."""
+    its segment: chunk_store/local_rows.py) and `decoded` (rows, while replaying) is set."""
     db: Database
     table: str
     partition_key: str
@@ -1068,7 +1068,7 @@ class _ChunkBuild:
     unreadable: object = None  # the decoder's accumulator of undecodable payloads
     cdf: object = None  # the locally checkpointed DataFrame (segment or rows), once built
     unreadable_seen: tuple = ()  # what `unreadable` held once the chunk was built
-    local_rows: object = None  # a local chunk's decoded rows (lifecycle/local_rows.py); `cdf` is then set at once
+    local_rows: object = None  # a local chunk's decoded rows (chunk_store/local_rows.py); `cdf` is then set at once
 
 
 #: what Spark says when a job needed blocks of a lost executor, or lost the executor running it
@@ -1105,7 +1105,7 @@ def _first_line(e: BaseException) -> str:
 
 def local_payloads(msgs: list) -> list | None:
     """[(offset, payload)] in offset order when a table's messages of a batch make a local chunk
-    (lifecycle/local_rows.py: plain writes whose payloads all came with the metadata, within
+    (chunk_store/local_rows.py: plain writes whose payloads all came with the metadata, within
     LOCAL_BUILD_MAX_BYTES and LOCAL_CHUNK_MAX_ROWS together), else None."""
     if any(m.get("small_payload") is None or m["kind"] != "write" for m in msgs):
         return None

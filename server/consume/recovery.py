@@ -27,7 +27,7 @@ from catalog.chunk import Chunk
 from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
 from catalog.schema import Column
 from catalog.seq_layout import current_seq_origin, next_seq_origin
-from lifecycle.chunk_data import estimate_bytes, register_parquet_chunk
+from chunk_store.chunk_data import estimate_bytes, register_parquet_chunk
 
 from catalog.sharding import topic_for
 from server.errors import ServerError

@@ -8,7 +8,7 @@ token, or says why not), the check of answers against the write buffer (`verify.
 query parameters bound as literals (`params.py`) and InfluxQL (`influxql_parse.py`: its syntax;
 `influxql.py`: statements answered over the same query path).
 
-May import: every layer below it: `catalog`, `lifecycle`, `server.errors`,
+May import: every layer below it: `catalog`, `chunk_store`, `lifecycle`, `server.errors`,
 `server.metrics`, `server.write_buffer`, `server.runtime`, `server.config`,
 `server.consume`, `server.write`.
 """

@@ -9,7 +9,7 @@ writes, deduplicated and with every delete applied exactly as the consumer will
 apply them, from one cut taken under the catalog lock: the result reflects
 `visible_hi_inclusive` (>= `applied_hi_inclusive`) of every Kafka partition.
 A table of at most SMALL_TABLE_ROWS rows whose chunks are all local
-(lifecycle/local_rows.py) is merged with its tail rows (if any) in Arrow on the
+(chunk_store/local_rows.py) is merged with its tail rows (if any) in Arrow on the
 driver and read as one local relation: the same rows, with no Python worker;
 a query that only filters and projects such tables is answered on the driver
 without a Spark job (`arrow_batches`), so it never waits for a task slot.
@@ -40,8 +40,8 @@ from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSche
 
 from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge, QueryTimedOut
 from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
-from lifecycle.chunk_views import hide_chunk_views, query_session
-from lifecycle.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
+from chunk_store.chunk_views import hide_chunk_views, query_session
+from chunk_store.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
 
 __all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows", "tables_named"]
 
@@ -170,7 +170,7 @@ class QueryEngine:
     def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
         """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of
         the tables another member owns (server/query/pool_rows.py `gather`)."""
-        from lifecycle.chunk_data import chunk_source, table_deletes
+        from chunk_store.chunk_data import chunk_source, table_deletes
 
         from server.runtime.spark import use_query_pool
         from catalog.sharding import partition_for
@@ -180,7 +180,7 @@ class QueryEngine:
             db = self.catalog.database(database)
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
-        # a clone of the server's session: it sees the chunk views (lifecycle/chunk_views.py) until
+        # a clone of the server's session: it sees the chunk views (chunk_store/chunk_views.py) until
         # the table views are built, then only those
         session = query_session(self.spark)
         checked = _checked(session, database, sql)
@@ -296,7 +296,7 @@ class _TableRead:
     chunks: list = field(default_factory=list)
     deletes: list = field(default_factory=list)
     schema: TableSchema | None = None
-    #: its chunks' rows when every one is local (lifecycle/local_rows.py), else None
+    #: its chunks' rows when every one is local (chunk_store/local_rows.py), else None
     local: list | None = None
     #: in an ingester pool, for a table another member owns: its owner's unpersisted rows and
     #: deletes (server/query/pool_rows.py OwnerRows), read next to the chunks like the tail's
@@ -350,7 +350,7 @@ def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
         r.tail_deletes = list(r.tail_deletes) + list(owner.deletes)
     rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], seq_origin)
     if owner is not None and owner.rows is not None and owner.rows.num_rows:
-        from lifecycle.local_rows import conform
+        from chunk_store.local_rows import conform
 
         theirs = conform(owner.rows, schema.to_json())
         rows = theirs if rows is None else pa.concat_tables([conform(rows, schema.to_json()), theirs],
@@ -386,13 +386,13 @@ def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
 
 
 def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | None):
-    """The table view of a small table whose chunks are all local (lifecycle/local_rows.py), as a
+    """The table view of a small table whose chunks are all local (chunk_store/local_rows.py), as a
     DataFrame of `session`: its chunks' rows and the tail's rows `tail` (in `schema`'s layout), the
-    deletes applied and the rows deduplicated in Arrow on the driver (lifecycle/arrow_merge.py: the
+    deletes applied and the rows deduplicated in Arrow on the driver (chunk_store/arrow_merge.py: the
     rows the SQL view gives), read as one local relation: no Python worker and no GROUP BY in Spark.
     None when it does not apply (more than SMALL_TABLE_ROWS rows, or a delete Arrow does not
     evaluate): the caller builds the view from the chunks' views."""
-    from lifecycle.local_rows import conform, merge_rows
+    from chunk_store.local_rows import conform, merge_rows
 
     if sum(t.num_rows for t in r.local) + (tail.num_rows if tail is not None else 0) > SMALL_TABLE_ROWS:
         return None
@@ -615,7 +615,7 @@ def tail_rows(writes: list, columns: list, seq_origin: int) -> pa.Table | None:
     """The rows of tail writes in the chunk layout of `columns` [(name, type)] (+ time_ns, _iox_seq
     from the database's `seq_origin`, as the consumer computes it), in write-buffer order; a payload
     that does not decode yields no rows, as the consumer skips it. None when there are no rows. Pure."""
-    from lifecycle.ipc_segments import LAYOUT_WIRE, chunk_table
+    from chunk_store.ipc_segments import LAYOUT_WIRE, chunk_table
 
     from catalog.seq_layout import seq_base
     from server.write_buffer.wire_format import decode_payload, decoded_problem

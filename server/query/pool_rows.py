@@ -82,9 +82,9 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision, scan=None, read
     None: all): only the rows and fields the query reads; `reader_lo_ns`: no row older (retention);
     `max_bytes` (0: none): QueryResultTooLarge when the rows hold more. A scan's condition runs
     only once the SQL sandbox passed it (QueryRefused)."""
-    from lifecycle.chunk_data import merged_df, table_deletes
-    from lifecycle.chunk_views import query_session
-    from lifecycle.views import quote
+    from chunk_store.chunk_data import merged_df, table_deletes
+    from chunk_store.chunk_views import query_session
+    from chunk_store.views import quote
 
     from server.errors import QueryResultTooLarge
     from server.query.sql_sandbox import check_query
@@ -110,14 +110,14 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision, scan=None, read
 def scanned(df, schema, scan=None, reader_lo_ns: int | None = None):
     """`df` (a table's rows in the chunk layout) as far as `scan` (server/query/pushdown.py
     TableScan, None: all) reads it, without the rows older than `reader_lo_ns` (None: all)."""
-    from lifecycle.views import quote
+    from chunk_store.views import quote
 
     from server.query.pushdown import TIME_COLUMN, owner_columns
 
     if reader_lo_ns is not None:
         df = df.where(f"{quote(TIME_NS_COLUMN)} >= {int(reader_lo_ns)}")
     if scan is not None and scan.where_sql:
-        t = quote(TIME_NS_COLUMN)  # the user layout's time, as lifecycle/views.py makes it
+        t = quote(TIME_NS_COLUMN)  # the user layout's time, as chunk_store/views.py makes it
         df = (df.selectExpr("*", f"timestamp_micros(({t} - pmod({t}, 1000)) DIV 1000) AS {quote(TIME_COLUMN)}")
               .where(scan.where_sql).drop(TIME_COLUMN))
     if scan is not None and scan.prune_fields:

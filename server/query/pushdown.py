@@ -30,14 +30,14 @@ import re
 from dataclasses import dataclass
 
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, TableSchema
-from lifecycle.views import quote
+from chunk_store.views import quote
 from server.query.sql_sandbox import child_node as _child
 from server.query.sql_sandbox import nodes_in as _nodes_in
 from server.query.sql_sandbox import simple_class as _simple
 
 __all__ = ["TableScan", "scans", "owner_columns"]
 
-#: The user layout's time column (a TIMESTAMP of the row's `time_ns`, lifecycle/views.py)
+#: The user layout's time column (a TIMESTAMP of the row's `time_ns`, chunk_store/views.py)
 TIME_COLUMN = "time"
 
 _COMPARISONS = {"EqualTo": "=", "EqualNullSafe": "<=>", "LessThan": "<", "LessThanOrEqual": "<=",

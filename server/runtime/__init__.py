@@ -8,6 +8,6 @@ store below what is persisted (`broker_truncation.py`), CPU priorities of the
 write path (`write_path_priority.py`), the garbage collector's settings
 (`gc_pauses.py`) and the check that the listening ports are free (`ports.py`).
 
-May import: `catalog`, `lifecycle`, `server.errors`, `server.metrics`,
+May import: `catalog`, `chunk_store`, `lifecycle`, `server.errors`, `server.metrics`,
 `server.write_buffer` (the streaming source Spark registers).
 """

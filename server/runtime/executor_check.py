@@ -1,6 +1,6 @@
 """The executors run the server's code: checked once at start on a cluster.
 
-Invariant: a server on a non-local Spark master (lifecycle/cluster.py) serves only
+Invariant: a server on a non-local Spark master (chunk_store/cluster.py) serves only
 after one executor has imported the packages its tasks run (`catalog`,
 `lifecycle`, the streaming source, the Python worker daemon) under the same
 Python minor version and pyarrow version as the driver; a mismatch stops the
@@ -26,7 +26,7 @@ __all__ = ["EXECUTOR_CHECK_TIMEOUT_S", "ExecutorEnvironmentMismatch", "environme
 #: how long the start waits for an executor to answer the check
 EXECUTOR_CHECK_TIMEOUT_S = 60.0
 #: modules the executors' Python workers import for the server's tasks
-_TASK_MODULES = ("catalog.object_store", "lifecycle.ipc_segments", "lifecycle.arrow_merge", "lifecycle.parquet_source",
+_TASK_MODULES = ("catalog.object_store", "chunk_store.ipc_segments", "chunk_store.arrow_merge", "chunk_store.parquet_source",
                  "server.write_buffer.kafka_source", "server.runtime.spark_worker_daemon")
 _JOB_GROUP = "iox-executor-check"
 

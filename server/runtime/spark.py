@@ -72,7 +72,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
     from pyspark.sql import SparkSession
 
-    from lifecycle.cluster import is_local_master
+    from chunk_store.cluster import is_local_master
     from server.runtime import jvm_archive, spark_home, spark_worker_daemon
     from server.write_buffer.kafka_source import IoxKafkaDataSource
 
@@ -145,7 +145,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
             os.environ.pop(spark_home.ENV, None)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(IoxKafkaDataSource)
-    from lifecycle.parquet_source import IoxParquetDataSource
+    from chunk_store.parquet_source import IoxParquetDataSource
 
     spark.dataSource.register(IoxParquetDataSource)
     return spark

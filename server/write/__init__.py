@@ -5,6 +5,6 @@ the router (`router.py`: database checks, schema checks, one path for line
 protocol and Arrow writes), InfluxDB 3's write_lp semantics (`lp_v3.py`: precision `auto`,
 partial writes) and deletes (`deletes.py`).
 
-May import: `catalog`, `lifecycle`, `server.errors`, `server.metrics`,
+May import: `catalog`, `chunk_store`, `lifecycle`, `server.errors`, `server.metrics`,
 `server.write_buffer`, `server.runtime`, `server.config`, `server.consume`.
 """

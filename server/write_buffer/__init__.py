@@ -8,5 +8,5 @@ landed (`write_token.py`); poisoned messages (`poison.py`), the holds file that 
 from reading past a held message (`holds_file.py`) and frozen mode, where reading stops for the
 whole server (`freeze.py`).
 
-May import: `catalog`, `lifecycle`, `server.errors`, `server.metrics`.
+May import: `catalog`, `chunk_store`, `lifecycle`, `server.errors`, `server.metrics`.
 """

@@ -1,4 +1,4 @@
-"""Local chunks on the real server (lifecycle/local_rows.py): a micro-batch's small writes of a table
+"""Local chunks on the real server (chunk_store/local_rows.py): a micro-batch's small writes of a table
 become a chunk whose rows are held on the driver and whose view is a local relation of them; a
 request too large to come along with the batch's metadata makes an ordinary write-buffer chunk; a
 join of local chunks stays local; and a query of a small table with tail rows merges its local

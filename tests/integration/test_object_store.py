@@ -130,7 +130,7 @@ def test_put_get_exists_list_delete(store: ObjectStore) -> None:
 
 
 def test_download_writes_the_object_to_a_local_file_in_pieces(store: ObjectStore, tmp_path) -> None:
-    """`download` (the local Parquet copies of lifecycle/parquet_cache.py): the object's bytes in a
+    """`download` (the local Parquet copies of chunk_store/parquet_cache.py): the object's bytes in a
     local file, larger than one piece; a missing object raises ObjectNotFound."""
     data = os.urandom(3 * 1024 * 1024 + 17)
     store.put("d/big", data)

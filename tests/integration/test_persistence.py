@@ -282,7 +282,7 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     to the read buffer (deduplicated rows, keeping the IPC streams), and persist writes from those.
     Every step answers the same, duplicates and overwrites included. From ARROW_MERGE_MIN_ROWS rows
     the read form is `parts` checkpoints split by time, one Spark partition each."""
-    import lifecycle.chunk_data as chunk_data
+    import chunk_store.chunk_data as chunk_data
     import server.consume.ingest as ingest
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10 if parts > 1 else 10**9)
@@ -335,7 +335,7 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     """Two unique-keyed requests merged into one chunk keep their own time spans: a later chunk
     falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
     so compaction keeps the merge known-deduplicated and persist writes without deduplicating."""
-    from lifecycle.chunk_data import arrow_plan, table_deletes
+    from chunk_store.chunk_data import arrow_plan, table_deletes
 
     c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
@@ -365,7 +365,7 @@ def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(ma
     Spark SQL's GROUP BY merge of the same chunks row for row: repeated keys across and within requests, fields missing in a request
     (the last non-null value wins), an unsigned field, a delete with a predicate (removes only the
     rows written before it), and the layout's columns and types."""
-    from lifecycle.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
+    from chunk_store.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
 
     c, db, srv = manual.client, f"a_{uuid.uuid4().hex[:8]}", manual.server
     # 20 points on 15 keys (host, time): i and i + 15 share one, the later wins
@@ -405,7 +405,7 @@ def test_queries_read_overlapping_write_buffer_chunks_through_an_arrow_merge_vie
     """A table view's group of overlapping write-buffer chunks (keys repeated across requests) reads
     a global temp view of their Arrow merge, with a delete applied, and answers exactly; the
     merge view is dropped with the chunks' data once they are replaced and released."""
-    import lifecycle.chunk_data as chunk_data
+    import chunk_store.chunk_data as chunk_data
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
     c, db, srv = manual.client, f"v_{uuid.uuid4().hex[:8]}", manual.server
@@ -444,7 +444,7 @@ def test_a_table_view_refreshed_while_a_compaction_takes_over_its_chunks_segment
     `segments` to []) while the micro-batch thread may be building the table view over the old
     chunks: the merge view is built from the segments read once, and the view answers exactly.
     (Before, the second read found none and the micro-batch failed.)"""
-    import lifecycle.chunk_data as chunk_data
+    import chunk_store.chunk_data as chunk_data
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
     c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
@@ -565,7 +565,7 @@ def test_persisting_a_compacted_chunk(manual, form):
     without that form (as replay builds them) has its rows checkpoint written as it is and kept as
     the persisted chunk's data. Either way, releasing the retired chunk afterwards leaves the answers
     intact, and the file holds whole row groups."""
-    from lifecycle.chunk_data import release_chunk_data, release_df
+    from chunk_store.chunk_data import release_chunk_data, release_df
 
     c, db, srv = manual.client, f"r_{uuid.uuid4().hex[:8]}", manual.server
     n = 9_000
@@ -608,7 +608,7 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     answers, the delete and a restart agree; the old files go only once the chunks reading them
     are released."""
     from lifecycle import compact_persisted
-    from lifecycle.chunk_data import release_chunk_data
+    from chunk_store.chunk_data import release_chunk_data
 
     if merge == "spark":
         monkeypatch.setattr(compact_persisted, "ARROW_COMPACTION_MAX_ROWS", 0)
@@ -742,12 +742,12 @@ def test_automatic_persist_by_age(auto):
 
 
 def test_local_copies_of_s3_files_are_bounded_and_go_once_no_chunk_reads_them(manual, monkeypatch):
-    """Local Spark on S3 reads persisted files from local copies (lifecycle/parquet_cache.py) while
+    """Local Spark on S3 reads persisted files from local copies (chunk_store/parquet_cache.py) while
     they fit --parquet-cache-max-bytes, and from S3 directly past it, with the same answers; the
     copies of files a compaction replaced go once their chunks are released. On a local object
     store the files are read in place: no copies."""
-    from lifecycle import parquet_cache
-    from lifecycle.chunk_data import release_chunk_data
+    from chunk_store import parquet_cache
+    from chunk_store.chunk_data import release_chunk_data
     from lifecycle.unload import unload_chunk
 
     srv, c, db = manual.server, manual.client, f"pc_{uuid.uuid4().hex[:8]}"

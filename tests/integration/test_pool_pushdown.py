@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, TableSchema
-from lifecycle.views import ChunkSource, table_view_sql
+from chunk_store.views import ChunkSource, table_view_sql
 from server.query.pool_rows import scanned
 from server.query.pushdown import TableScan, owner_columns, scans
 from server.query.sql_sandbox import check_query

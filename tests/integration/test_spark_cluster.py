@@ -29,7 +29,7 @@ from tests.integration.spark_cluster_fixture import spark_cluster  # noqa: F401
 from tests.waiting import wait_for
 
 #: points per write request: payloads past the size of a driver-side (local) chunk, so the
-#: chunks are built and held by Spark jobs (lifecycle/local_rows.py)
+#: chunks are built and held by Spark jobs (chunk_store/local_rows.py)
 BIG = 2000
 #: a few small writes too: those make driver-side chunks
 SMALL = 20

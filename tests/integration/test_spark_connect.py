@@ -176,7 +176,7 @@ def test_a_remote_client_replacing_or_dropping_a_table_view_does_not_change_what
 
 def test_a_remote_client_neither_sees_nor_changes_the_chunk_views_queries_read(iox_server, client, db):
     """The chunk views the gRPC and HTTP query path reads are temp views of the server's own session
-    (lifecycle/chunk_views.py): a Spark Connect client finds none of them, in its session or in
+    (chunk_store/chunk_views.py): a Spark Connect client finds none of them, in its session or in
     `global_temp`, and dropping or replacing one by name changes only its own session."""
     port = iox_server.config.spark_connect_port
     tok = client.write(db, "\n".join(f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)))

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from server.api.client import IoxClient
-from lifecycle.views import table_view_name
+from chunk_store.views import table_view_name
 
 T0 = 1_700_000_000_000_000_000
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED

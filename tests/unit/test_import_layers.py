@@ -1,4 +1,4 @@
-"""Imports point downward: catalog <- lifecycle <- server, and inside server by role.
+"""Imports point downward: catalog <- chunk_store <- lifecycle <- server, and inside server by role.
 
 Walks every module of the project's packages (AST, imports inside functions
 included) and fails on an import of a higher layer or on an import cycle. The
@@ -12,14 +12,15 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGES = ("catalog", "lifecycle", "iox_spark_source", "pyspark_iox", "server")
+from tests.project_code import PACKAGES, ROOT, module_paths
+
 
 #: lowest first; a module may import its own layer and the ones before it
 LAYERS = [
     "iox",                  # generated gRPC stubs
     "catalog",              # shared vocabulary and the catalog itself
-    "lifecycle",            # chunk forms, views, persist and compaction
+    "chunk_store",          # chunk forms in Spark, their views and merges
+    "lifecycle",            # the policy and its actions: persist, compaction, unload
     "iox_spark_source",     # the users' Spark data source: reads catalog and lifecycle, never server
     "pyspark_iox",          # Spark's automatic registration of that data source
     "server.errors",        # the server's error vocabulary
@@ -46,19 +47,7 @@ LAYERS = [
 ]
 
 
-def _modules() -> dict[str, str]:
-    out = {}
-    for pkg in PACKAGES:
-        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
-            for f in files:
-                if f.endswith(".py"):
-                    path = os.path.join(dirpath, f)
-                    mod = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                    out[mod[:-len(".__init__")] if mod.endswith(".__init__") else mod] = path
-    return out
-
-
-MODULES = _modules()
+MODULES = module_paths()
 
 
 def _layer(module: str) -> int | None:

@@ -15,9 +15,8 @@ import dataclasses
 import os
 
 from catalog.catalog import Database
+from tests.project_code import PACKAGES, ROOT, module_paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGES = ("lifecycle", "iox_spark_source", "pyspark_iox", "server")
 FIELDS = {f.name for f in dataclasses.fields(Database)}
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add",
              "discard", "sort", "reverse"}
@@ -60,11 +59,8 @@ def writes_outside_catalog(source: str) -> list[tuple[int, str]]:
 
 
 def _modules():
-    for pkg in PACKAGES:
-        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
-            for f in files:
-                if f.endswith(".py") and not f.endswith("_pb2.py") and not f.endswith("_pb2_grpc.py"):
-                    yield os.path.join(dirpath, f)
+    """Paths of every module outside catalog/."""
+    return [p for m, p in module_paths(tuple(pkg for pkg in PACKAGES if pkg != "catalog")).items()]
 
 
 def test_the_walk_finds_each_kind_of_write():

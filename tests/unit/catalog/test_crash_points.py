@@ -2,31 +2,24 @@
 from __future__ import annotations
 
 import ast
-import os
 
 import pytest
 
 from catalog.crash_points import CrashPoint, DelayPoint, InvalidDelay, UnknownCrashPoint, armed_delays, armed_points
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.project_code import module_paths
 
 
 def _placed_points(fn: str = "crash_point", registry: str = "CrashPoint") -> list[str]:
     """Every `crash_point(CrashPoint.X)` (`fn(registry.X)`) in the product's code, as member names."""
     out = []
-    for pkg in ("catalog", "lifecycle", "server"):
-        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
-            for f in files:
-                if not f.endswith(".py"):
-                    continue
-                path = os.path.join(dirpath, f)
-                for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
-                    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == fn:
-                        arg = node.args[0]
-                        assert (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)
-                                and arg.value.id == registry), \
-                            f"{path}:{node.lineno}: {fn} takes a {registry} member, not {ast.dump(arg)}"
-                        out.append(arg.attr)
+    for path in module_paths().values():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == fn:
+                arg = node.args[0]
+                assert (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)
+                        and arg.value.id == registry), \
+                    f"{path}:{node.lineno}: {fn} takes a {registry} member, not {ast.dump(arg)}"
+                out.append(arg.attr)
     return out
 
 

@@ -31,7 +31,7 @@ from catalog.delete_predicate import (
     to_json,
     validate_against_schema,
 )
-from lifecycle.views import quote
+from chunk_store.views import quote
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1

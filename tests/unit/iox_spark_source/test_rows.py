@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.object_store import LocalObjectStore
-from lifecycle.arrow_merge import ArrowDelete
+from chunk_store.arrow_merge import ArrowDelete
 from iox_spark_source.errors import FileGone
 from iox_spark_source.plan import FileRef, ReadPlan
 from iox_spark_source.rows import query_arrow_schema, read_group, spark_schema

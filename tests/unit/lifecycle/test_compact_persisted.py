@@ -12,7 +12,7 @@ from catalog.delete_mailbox import Delete
 from catalog.object_store import LocalObjectStore
 from catalog.schema import TableSchema
 from lifecycle import compact_persisted
-from lifecycle.arrow_merge import as_arrow_delete
+from chunk_store.arrow_merge import as_arrow_delete
 from lifecycle.compact_persisted import arrow_compaction_fn, stored_arrow_plan
 
 _COLUMNS = [("host", "string"), ("v", "float"), ("w", "integer")]

@@ -18,7 +18,7 @@ from catalog.object_store import LocalObjectStore, parquet_key
 from catalog.preserved_catalog import PreservedCatalog, RemoveParquet, SetTableSchema, transaction_key
 from catalog.schema import TableSchema
 from lifecycle.compact_persisted import arrow_compaction_fn
-from lifecycle.ipc_segments import LAYOUT_WIRE
+from chunk_store.ipc_segments import LAYOUT_WIRE
 from lifecycle.persist import segments_persist_fn, writer_fn, add_parquet_action
 from catalog.seq_layout import seq_base
 

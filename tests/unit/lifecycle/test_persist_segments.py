@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from catalog.object_store import LocalObjectStore
-from lifecycle.ipc_segments import LAYOUT_WIRE
+from chunk_store.ipc_segments import LAYOUT_WIRE
 from lifecycle.persist import segments_persist_fn
 from catalog.seq_layout import seq_base
 
@@ -142,7 +142,7 @@ def test_each_task_of_a_persist_writes_and_keeps_only_its_time_range(tmp_path):
     and writes only its range's rows, deduplicated and with the deletes applied, at its own keys;
     together the tasks write exactly what one task writes, in files whose times never meet, and keep
     exactly the rows after the flush timestamp."""
-    from lifecycle.arrow_merge import ArrowDelete
+    from chunk_store.arrow_merge import ArrowDelete
     from lifecycle.persist import persist_time_ranges
 
     times = [[30, 10, 20, 40, 50, 60], [15, 35, 55, 5, 25, 45], [30, 10, 20, 40]]  # the third rewrites four

@@ -14,7 +14,7 @@ from catalog.preserved_catalog import CatalogState, RecordDatabaseCheckpoint
 from catalog.schema import Column
 from catalog.seq_layout import (SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset, next_seq_origin,
                                 seq_base)
-from lifecycle.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
+from chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
 from catalog.transactions import MARKER, PART
 from server.consume.ingest import Ingestor, check_seqs_fit, payload_decode_fn, table_messages_condition, decode_delete
 from server.write_buffer.wire_format import encode_delete, encode_write

@@ -1,11 +1,11 @@
-"""lifecycle/ipc_segments.py: decoding a segment's IPC streams to the chunk layout (pure pyarrow)."""
+"""chunk_store/ipc_segments.py: decoding a segment's IPC streams to the chunk layout (pure pyarrow)."""
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pyarrow as pa
 
-from lifecycle.ipc_segments import LAYOUT_CHUNK, LAYOUT_WIRE, chunk_table, decode_fn, encode_ipc, value_columns_of
+from chunk_store.ipc_segments import LAYOUT_CHUNK, LAYOUT_WIRE, chunk_table, decode_fn, encode_ipc, value_columns_of
 from catalog.seq_layout import seq_base
 from catalog.partition_keys import NS_PER_DAY
 

@@ -161,8 +161,8 @@ def register_segments_chunk(spark, segments: list, columns, chunk_id: int) -> st
     The view decodes the segments on the executors each time it is read.
     """
     from catalog.schema import TableSchema
-    from lifecycle.cluster import task_slots
-    from lifecycle.views import chunk_view_name, spark_struct_for
+    from chunk_store.cluster import task_slots
+    from chunk_store.views import chunk_view_name, spark_struct_for
 
     schema = TableSchema.from_json("_", columns)
     df = segments_df(segments)
@@ -170,7 +170,7 @@ def register_segments_chunk(spark, segments: list, columns, chunk_id: int) -> st
     slots = task_slots(df.sparkSession)
     if len(segments) > slots:
         df = df.coalesce(slots)
-    from lifecycle import chunk_views
+    from chunk_store import chunk_views
 
     return chunk_views.register(spark, chunk_view_name(chunk_id),
                                 df.mapInArrow(decode_fn(value_columns_of(columns)), spark_struct_for(schema)))

@@ -1,4 +1,4 @@
-"""lifecycle/local_rows.py: a local chunk's segment and rows on the driver (pure pyarrow parts), and
+"""chunk_store/local_rows.py: a local chunk's segment and rows on the driver (pure pyarrow parts), and
 which of a micro-batch's messages make a local chunk (server/consume/ingest.py `local_payloads`)."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from lifecycle.ipc_segments import LAYOUT_WIRE, decode_fn, encode_ipc
+from chunk_store.ipc_segments import LAYOUT_WIRE, decode_fn, encode_ipc
 from catalog.delete_mailbox import Delete
 from catalog.schema import TableSchema
-from lifecycle.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
+from chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
                                   joined_local_rows, merged_local_rows, segment_table)
 from server.consume.ingest import local_payloads
 from catalog.seq_layout import seq_base

@@ -1,10 +1,10 @@
-"""Tests of lifecycle/cluster.py's pure rules: which masters are local, how many parts a plan uses."""
+"""Tests of chunk_store/cluster.py's pure rules: which masters are local, how many parts a plan uses."""
 from __future__ import annotations
 
 import pytest
 
-from lifecycle.chunk_data import ARROW_MERGE_MIN_ROWS, arrow_merge_parts
-from lifecycle.cluster import is_local_master, parts_for, slots_per_executor
+from chunk_store.chunk_data import ARROW_MERGE_MIN_ROWS, arrow_merge_parts
+from chunk_store.cluster import is_local_master, parts_for, slots_per_executor
 
 
 @pytest.mark.parametrize("master,local", [("local", True), ("local[*]", True), ("local[2]", True),

@@ -1,4 +1,4 @@
-"""lifecycle/parquet_cache.py: local copies bounded in bytes, removed only once no chunk reads them
+"""chunk_store/parquet_cache.py: local copies bounded in bytes, removed only once no chunk reads them
 and no query that may read them runs; a previous run's copies counted and swept."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from catalog.object_store import LocalObjectStore
 from catalog.query_pins import QueryPins
-from lifecycle import parquet_cache
-from lifecycle.parquet_cache import CachedCopy, ParquetCache
+from chunk_store import parquet_cache
+from chunk_store.parquet_cache import CachedCopy, ParquetCache
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Merging chunk rows in Arrow: deletes and deduplication, exactly as the table views do them in SQL.
 
 Invariant: for rows in the chunk layout (value columns, `time_ns`, `_iox_seq`),
-`apply_deletes` removes exactly the rows `lifecycle/views.py deletes_sql` removes
+`apply_deletes` removes exactly the rows `chunk_store/views.py deletes_sql` removes
 (a delete takes rows written before it, `_iox_seq < seq`, with start <= time <
 stop, matching every term NULL-safely: a NULL never matches), and
 `deduplicate` gives exactly `views._merge_sql`'s rows: one per (tags, time_ns),

@@ -15,10 +15,10 @@ unique-keyed requests apart in time) is read as it is, every other group is
 merged with GROUP BY (tags, time), or read from a relation the caller supplies
 holding the group's merge (`merged_relation`: the ingestor's table views use
 one Arrow task over the write-buffer form for large groups,
-lifecycle/chunk_data.py `arrow_merge_relations`). Two groups never share a
+chunk_store/chunk_data.py `arrow_merge_relations`). Two groups never share a
 (tags, time) key, since their spans are disjoint.
 
-Naming: chunk data `iox_chunk_<id>`, a temp view of the server's session (lifecycle/chunk_views.py);
+Naming: chunk data `iox_chunk_<id>`, a temp view of the server's session (chunk_store/chunk_views.py);
 table view `global_temp.<database>__<table>` (backtick-quoted when needed; stable, documented in
 the README).
 """

@@ -1,6 +1,6 @@
 """Local chunks: a small write-buffer chunk's rows held on the driver, read without a Python worker.
 
-A chunk's write-buffer form (lifecycle/ipc_segments.py) is decoded where it is
+A chunk's write-buffer form (chunk_store/ipc_segments.py) is decoded where it is
 read: every query of its view runs a Python worker (`mapInArrow`) for it, and
 under load that worker shares two cores with the micro-batches' own. For a
 small table (a status or probe table written a few points at a time) those
@@ -27,7 +27,7 @@ engine); nothing here is pickled.
 """
 from __future__ import annotations
 
-from lifecycle.ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
+from chunk_store.ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
                            value_columns_of)
 
 __all__ = ["LOCAL_PAYLOAD_MAX_BYTES", "LOCAL_BUILD_MAX_BYTES", "LOCAL_CHUNK_MAX_ROWS", "segment_table",
@@ -79,16 +79,16 @@ def conform(rows, columns: list):
 def local_df(spark, rows, columns: list):
     """A local relation of `rows` (a pyarrow Table in the chunk layout of `columns`). No job runs."""
     from catalog.schema import TableSchema
-    from lifecycle.views import spark_struct_for
+    from chunk_store.views import spark_struct_for
 
     return spark.createDataFrame(rows, schema=spark_struct_for(TableSchema.from_json("_", columns)))
 
 
 def register_local_chunk(spark, rows, columns: list, chunk_id: int) -> str:
     """Registers a local chunk's view: a local relation of its `rows`. Returns the view name."""
-    from lifecycle.views import chunk_view_name
+    from chunk_store.views import chunk_view_name
 
-    from lifecycle import chunk_views
+    from chunk_store import chunk_views
 
     return chunk_views.register(spark, chunk_view_name(chunk_id), local_df(spark, rows, columns))
 
@@ -114,10 +114,10 @@ def merged_local_rows(chunks: list, schema, deletes: list):
 
 def merge_rows(t, schema, deletes: list):
     """Rows `t` in the chunk layout of `schema` with `deletes` (of the mailbox) applied and
-    deduplicated in Arrow (lifecycle/arrow_merge.py: the rows the SQL merge of the table views
+    deduplicated in Arrow (chunk_store/arrow_merge.py: the rows the SQL merge of the table views
     gives), or None when a delete is not evaluable in Arrow. Pure (driver: compaction of local
     chunks, the query engine's merge of a small table)."""
-    from lifecycle.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
+    from chunk_store.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
 
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     arrow_deletes = [as_arrow_delete(d) for d in deletes]

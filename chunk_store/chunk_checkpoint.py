@@ -2,7 +2,7 @@
 
 Invariant: a DataFrame returned by `checkpoint` holds its rows (its lineage is
 cut) and keeps them as long as the driver holds the DataFrame, whatever happens
-to executors. In local mode (lifecycle/cluster.py) that is Spark's local
+to executors. In local mode (chunk_store/cluster.py) that is Spark's local
 checkpoint: the blocks live in the one executor, which is the driver's own JVM,
 so they die only with the driver (whose restart rebuilds every chunk from the
 write buffer anyway). On a cluster an executor may be lost at any time (its
@@ -20,7 +20,7 @@ Called on the driver (ingest, compaction, persist) with a DataFrame; runs its jo
 """
 from __future__ import annotations
 
-from lifecycle.cluster import runs_local
+from chunk_store.cluster import runs_local
 
 __all__ = ["checkpoint"]
 

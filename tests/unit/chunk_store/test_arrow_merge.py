@@ -1,5 +1,5 @@
-"""lifecycle/arrow_merge.py against a plain-Python reference of the SQL views' semantics
-(lifecycle/views.py: deletes per row before the merge, then one row per (tags, time) with each
+"""chunk_store/arrow_merge.py against a plain-Python reference of the SQL views' semantics
+(chunk_store/views.py: deletes per row before the merge, then one row per (tags, time) with each
 field's last non-null value by `_iox_seq`)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifecycle import arrow_merge
-from lifecycle.arrow_merge import ArrowDelete, apply_deletes, deduplicate, deletes_supported, sort_by_seq
+from chunk_store import arrow_merge
+from chunk_store.arrow_merge import ArrowDelete, apply_deletes, deduplicate, deletes_supported, sort_by_seq
 
 TAGS = ["host", "region"]
 FIELDS = [("f", "float"), ("i", "integer"), ("u", "uinteger"), ("s", "string"), ("b", "boolean")]

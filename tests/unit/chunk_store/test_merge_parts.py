@@ -1,4 +1,4 @@
-"""Tests of lifecycle/chunk_data.py's split of an Arrow merge into parts (`time_part_mask`,
+"""Tests of chunk_store/chunk_data.py's split of an Arrow merge into parts (`time_part_mask`,
 `merge_segment_rows(part=...)`): the parts together are exactly the whole merge, whatever the
 repeated keys, because rows of one time are always in the same part."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lifecycle.chunk_data import merge_segment_rows, time_part_mask
-from lifecycle.ipc_segments import LAYOUT_WIRE
+from chunk_store.chunk_data import merge_segment_rows, time_part_mask
+from chunk_store.ipc_segments import LAYOUT_WIRE
 from catalog.seq_layout import seq_base
 
 _SEG = pa.schema([("ci", pa.int32()), ("layout", pa.int32()), ("seq_base", pa.int64()), ("day_lo", pa.int32()),

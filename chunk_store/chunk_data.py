@@ -14,11 +14,11 @@ import json
 import pickle
 
 from catalog import time_spans
-from lifecycle import chunk_views
+from chunk_store import chunk_views
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN, TableSchema
-from lifecycle.cluster import parts_for, task_slots
-from lifecycle.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
+from chunk_store.cluster import parts_for, task_slots
+from chunk_store.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
 __all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "time_range_mask",
@@ -59,7 +59,7 @@ def schema_bytes(rows: int, schema: TableSchema) -> int:
 
 
 def chunk_source_sql(chunk: Chunk) -> str:
-    """How SQL names the chunk's view: a temp view of the server's session (lifecycle/chunk_views.py)."""
+    """How SQL names the chunk's view: a temp view of the server's session (chunk_store/chunk_views.py)."""
     return quote(chunk.view)
 
 
@@ -96,7 +96,7 @@ def arrow_plan(chunks: list, schema, deletes: list):
 def arrow_deletes_meeting(chunks: list, schema, deletes: list) -> list | None:
     """The `deletes` (of the mailbox) whose time range meets `chunks`' (non-empty) as ArrowDelete,
     or None when Arrow cannot evaluate a term of one of them. Pure (driver)."""
-    from lifecycle.arrow_merge import as_arrow_delete, deletes_supported
+    from chunk_store.arrow_merge import as_arrow_delete, deletes_supported
 
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
@@ -110,7 +110,7 @@ def indexed_segments_df(chunks: list, segment_lists: list | None = None):
     read now). Driver side; no job runs."""
     from pyspark.sql import functions as F
 
-    from lifecycle.ipc_segments import SEGMENT_COLUMNS
+    from chunk_store.ipc_segments import SEGMENT_COLUMNS
 
     inputs = None
     for i, segs in enumerate(segment_lists if segment_lists is not None else [c.segments for c in chunks]):
@@ -147,8 +147,8 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     since deduplication only merges rows of one time."""
     import pyarrow as pa
 
-    from lifecycle.arrow_merge import apply_deletes, deduplicate
-    from lifecycle.ipc_segments import chunk_arrow_schema, read_segment_rows
+    from chunk_store.arrow_merge import apply_deletes, deduplicate
+    from chunk_store.ipc_segments import chunk_arrow_schema, read_segment_rows
 
     columns = [(t, "string") for t in tags] + list(fields)
     target = chunk_arrow_schema(columns)
@@ -240,13 +240,13 @@ def arrow_merged_df(spark, schema: TableSchema, chunks: list, plan, deletes: lis
 ARROW_MERGE_MIN_ROWS = 100_000
 def arrow_merge_parts(chunks: list, slots: int) -> int:
     """`parts` of an `arrow_merged_df` of `chunks` that queries read: one per task slot of the
-    application (`slots`: lifecycle/cluster.py `task_slots`) from ARROW_MERGE_MIN_ROWS rows on,
+    application (`slots`: chunk_store/cluster.py `task_slots`) from ARROW_MERGE_MIN_ROWS rows on,
     else one. Pure."""
     return parts_for(slots) if sum(c.rows for c in chunks) >= ARROW_MERGE_MIN_ROWS else 1
 
 
 def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: list):
-    """The `merged_relation` of `lifecycle.views.table_view_sql` for a table view over `chunks`: a
+    """The `merged_relation` of `chunk_store.views.table_view_sql` for a table view over `chunks`: a
     group of overlapping chunks that all hold the write-buffer form, of at least
     ARROW_MERGE_MIN_ROWS rows, whose deletes are evaluable in Arrow, reads a global temp view of
     its `arrow_merged_df` (computed by `arrow_merge_parts` tasks each time a query reads it: for
@@ -302,7 +302,7 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
 
     Local store: Spark's native Parquet reader on the files themselves (on a cluster
     only when it is a shared file system: server/config.py refuses it otherwise). S3
-    with a `cache` (lifecycle/parquet_cache.py, local mode only): the files are copied
+    with a `cache` (chunk_store/parquet_cache.py, local mode only): the files are copied
     to the local disk once and read natively too, as long as the copies fit its byte
     limit (`sizes`: the files' sizes when known). S3 otherwise (a cluster: executors on
     other hosts cannot read the driver's disk; a full cache): the `iox_parquet` Python
@@ -319,7 +319,7 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
     elif cache is not None and (paths := cache.paths_for(store, keys, sizes)) is not None:
         df = spark.read.schema(struct).parquet(*paths)
     else:
-        # the columns as an option, not .schema(): the load resolves here (lifecycle/parquet_source.py)
+        # the columns as an option, not .schema(): the load resolves here (chunk_store/parquet_source.py)
         df = (spark.read.format(PARQUET_SOURCE_NAME).option("schema", struct.json())
               .option("store", base64.b64encode(pickle.dumps(store)).decode())
               .option("keys", json.dumps(keys)).load())

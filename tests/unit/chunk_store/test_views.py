@@ -1,8 +1,8 @@
-"""Tests of lifecycle/views.py: which chunks a view deduplicates, and the SQL it plans."""
+"""Tests of chunk_store/views.py: which chunks a view deduplicates, and the SQL it plans."""
 from __future__ import annotations
 
 from catalog.schema import Column, TableSchema
-from lifecycle.views import ChunkSource, overlap_groups, table_view_sql
+from chunk_store.views import ChunkSource, overlap_groups, table_view_sql
 
 SCHEMA = TableSchema("cpu", [Column("host", "tag", "string"), Column("usage", "field", "float"),
                              Column("time", "time", "integer")])
@@ -46,7 +46,7 @@ def test_only_overlapping_chunks_are_merged_and_deletes_filter_every_group():
 
 
 def test_a_table_without_rows_is_an_empty_view_in_the_user_layout():
-    from lifecycle.views import empty_table_view_sql
+    from chunk_store.views import empty_table_view_sql
 
     sql = empty_table_view_sql(SCHEMA)
     assert sql == ("SELECT CAST(NULL AS STRING) AS `host`, CAST(NULL AS DOUBLE) AS `usage`, "
