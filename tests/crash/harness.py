@@ -21,8 +21,8 @@ from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
 from server.runtime.broker import free_port, process_alive, remove_left_sockets
 from server.api.client import IoxClient
 from tests.waiting import accepts_connections
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
 

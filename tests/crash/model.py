@@ -23,15 +23,14 @@ import time
 import zlib
 
 import pyarrow as pa
+from tests.timestamps import S, T0
 
-__all__ = ["Request", "LogOp", "read_log", "check_requests", "fold", "partition_of", "TOPIC_PREFIX", "T0", "S",
+__all__ = ["Request", "LogOp", "read_log", "check_requests", "fold", "partition_of", "TOPIC_PREFIX", "S",
            "SECONDS", "HOSTS", "FIELDS", "points", "one_table_write", "deletes", "bursts", "lines", "describe",
            "answers", "new_request", "send", "recorded", "drive_to", "DRIVEN_POINTS"]
 
 #: the topic of database D is TOPIC_PREFIX + D (the server's documented naming)
 TOPIC_PREFIX = "iox."
-T0 = 1_700_000_000_000_000_000  # 2023-11-14: one day partition, long past the late-arrive window
-S = 1_000_000_000
 _S = S
 SECONDS = 12  # few timestamps: writes collide with earlier points and deleted ones
 HOSTS = ("a", "b", "c")

@@ -20,7 +20,8 @@ import grpc
 
 from catalog.sharding import partition_for
 from tests.waiting import wait_for
-from tests.crash.harness import T0, ServerProcess, broker_record
+from tests.crash.harness import ServerProcess, broker_record
+from tests.timestamps import T0
 
 #: a short run-time grace (the default is 30 s), so the loss while running is found in seconds
 DURABLE = ["--broker-storage", "durable", "--tail-loss-grace-s", "10"]

@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from catalog.crash_points import CrashPoint
-from tests.crash.harness import T0, ServerProcess, Writer, broker_record, stop_embedded_broker
+from tests.crash.harness import ServerProcess, Writer, broker_record, stop_embedded_broker
+from tests.timestamps import T0
 
 # persist and compact quickly so the crash points are reached within seconds
 LIFECYCLE = ["--persist-row-threshold", "150", "--late-arrive-window-s", "1", "--persist-age-threshold-s", "2",

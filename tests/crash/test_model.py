@@ -38,8 +38,9 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from catalog.crash_points import DELAY_ENV, CrashPoint, DelayPoint
 from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
-from tests.crash.model import (DRIVEN_POINTS, T0, Request, answers, bursts, check_requests, deletes, describe,
+from tests.crash.model import (DRIVEN_POINTS, Request, answers, bursts, check_requests, deletes, describe,
                                drive_to, fold, new_request, points, read_log, recorded, send)
+from tests.timestamps import T0
 from tests.waiting import wait_for
 
 PARTITION_KEY = "2023-11-14"

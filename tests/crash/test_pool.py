@@ -22,9 +22,8 @@ from server.assigner import Assigner
 from tests.conftest import make_config, start_server
 from tests.crash.harness import ServerProcess
 from tests.waiting import wait_for
+from tests.timestamps import T0, US
 
-T0 = 1_700_000_000_000_000_000
-US = 1_000  # Spark keeps microseconds
 PARTITIONS = 4
 TABLES = {kp: next(f"w{i}" for i in range(1000) if partition_for(f"w{i}", PARTITIONS) == kp) for kp in range(PARTITIONS)}
 

@@ -33,8 +33,9 @@ from catalog.crash_points import CrashPoint
 from server.assigner import Assigner
 from server.runtime.broker import free_port
 from tests.crash.harness import ServerProcess
-from tests.crash.model import (DRIVEN_POINTS, T0, Request, answers, bursts, check_requests, deletes, describe,
+from tests.crash.model import (DRIVEN_POINTS, Request, answers, bursts, check_requests, deletes, describe,
                                drive_to, fold, new_request, partition_of, points, read_log, recorded, send)
+from tests.timestamps import T0
 from tests.waiting import wait_for
 
 PARTITIONS = 2

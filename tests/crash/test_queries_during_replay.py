@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from catalog.crash_points import DELAY_ENV
-from tests.crash.harness import T0, ServerProcess
+from tests.crash.harness import ServerProcess
+from tests.timestamps import T0
 
 #: how long the restarted server holds each micro-batch before applying it: its replay stays observable for
 #: seconds, also on a loaded machine

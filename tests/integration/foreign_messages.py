@@ -7,10 +7,10 @@ import json
 
 import pyarrow as pa
 from confluent_kafka import Producer
+from tests.timestamps import T0
 
-__all__ = ["T0", "PARTITIONS", "produce", "write_headers", "ipc", "applied_rows"]
+__all__ = ["PARTITIONS", "produce", "write_headers", "ipc", "applied_rows"]
 
-T0 = 1_700_000_000_000_000_000
 #: Kafka partitions of the session server's databases (tests/conftest.py)
 PARTITIONS = 4
 

@@ -22,10 +22,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from server.api.client import IoxClient
 from server.runtime.broker import free_port
 from tests.waiting import accepts_connections
+from tests.timestamps import T0
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
-T0 = 1_700_000_000_000_000_000
 MAIN = "main-" + uuid.uuid4().hex
 WRITER = "writer-" + uuid.uuid4().hex
 READER = "reader-" + uuid.uuid4().hex

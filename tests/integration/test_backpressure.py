@@ -13,8 +13,7 @@ import grpc
 from server.runtime.broker import start_broker
 from server.api.client import IoxClient
 from tests.conftest import make_config
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def test_hard_limit_rejects_writes_until_memory_is_back_under(iox_server, session_tmp):

@@ -17,8 +17,7 @@ from server.write_buffer.write_token import WriteToken, format_token
 from catalog.sharding import topic_for
 from tests.conftest import make_config
 from tests.waiting import wait_for
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _write_until_ok(client, db, lp, timeout_s=60.0):

@@ -5,9 +5,9 @@ import json
 import os
 import subprocess
 import sys
+from tests.timestamps import T0
 
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
-T0 = 1_700_000_000_000_000_000
 
 
 def _iox(*args, stdin: str | None = None, addr: str):

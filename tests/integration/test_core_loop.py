@@ -10,8 +10,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2
 from grpc_status import rpc_status
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _rows(client, db, sql):

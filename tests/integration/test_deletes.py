@@ -12,8 +12,8 @@ import pytest
 from server.runtime.broker import start_broker
 from server.api.client import IoxClient
 from tests.conftest import make_config
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 Q = "SELECT host, v, time_ns FROM cpu ORDER BY host, time_ns"
 
 

@@ -15,7 +15,8 @@ from confluent_kafka import Producer
 
 from server.write_buffer.end_polls import DEFAULT_MAX_DELAY_S
 from catalog.sharding import partition_for, topic_for
-from tests.integration.foreign_messages import PARTITIONS, T0, applied_rows, ipc, write_headers
+from tests.integration.foreign_messages import PARTITIONS, applied_rows, ipc, write_headers
+from tests.timestamps import T0
 
 
 def test_writes_to_an_idle_partition_are_applied_once(client, db, iox_server):

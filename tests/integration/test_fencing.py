@@ -19,8 +19,7 @@ from server.runtime.broker import start_broker
 from server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _servers(session_tmp):

@@ -11,8 +11,7 @@ import pyarrow.flight as fl
 import pytest
 from influxdb_client_3 import InfluxDBClient3
 from influxdb_client_3.exceptions import InfluxDB3ClientQueryError
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 @pytest.fixture

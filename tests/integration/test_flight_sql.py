@@ -11,8 +11,7 @@ import pytest
 from adbc_driver_flightsql import DatabaseOptions
 from adbc_driver_manager import ProgrammingError
 from adbc_driver_manager import dbapi as adbc_dbapi
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _connect(iox_server, database: str | None):

@@ -15,7 +15,8 @@ import pyarrow as pa
 from confluent_kafka import Producer
 
 from catalog.sharding import partition_for, topic_for
-from tests.integration.foreign_messages import PARTITIONS, T0, applied_rows, ipc, produce, write_headers
+from tests.integration.foreign_messages import PARTITIONS, applied_rows, ipc, produce, write_headers
+from tests.timestamps import T0
 
 
 def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_server, caplog):

@@ -12,10 +12,9 @@ import pyarrow as pa
 
 from tests.conftest import make_config, start_server
 from tests.waiting import wait_for
+from tests.timestamps import T0, US
 
-T0 = 1_700_000_000_000_000_000
 #: Spark keeps microseconds: points a microsecond apart
-US = 1_000
 
 
 def _rows(client, db: str) -> list:

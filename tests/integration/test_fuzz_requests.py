@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from iox import write_pb2
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 EXAMPLES = int(os.environ.get("IOX_FUZZ_EXAMPLES", "3000"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=os.environ.get("IOX_FUZZ_RANDOM") != "1",
                 suppress_health_check=list(HealthCheck), database=None)

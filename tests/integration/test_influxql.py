@@ -14,8 +14,8 @@ from influxdb import InfluxDBClient
 from influxdb.exceptions import InfluxDBClientError
 from influxdb_client_3 import InfluxDBClient3
 
-S = 1_000_000_000
-T0 = 1_700_000_000 * S  # 2023-11-14T22:13:20Z
+from tests.timestamps import S, T0
+
 T0_TEXT = "2023-11-14T22:13:20Z"
 
 

@@ -20,8 +20,7 @@ from server.write_buffer import kafka_source
 from server.consume import replay_schemas
 from server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange, reader_consumer, true_ends
 from server.write_buffer.wire_format import encode_write
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _write(n: int):

@@ -10,8 +10,7 @@ import time
 
 from server.query import engine as query_mod
 from tests.waiting import wait_for
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _chunks(srv, db, table):

@@ -13,8 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server.runtime.memory_guard import NORMAL, REFUSING
 from tests.waiting import wait_for
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _http_write(port: int, db: str, body: str):

@@ -13,8 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.metrics import WRITE_STAGE_BUCKETS_S, WRITE_STAGES
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _get(port: int, path: str):

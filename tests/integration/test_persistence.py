@@ -22,8 +22,8 @@ from server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 Q = "SELECT host, count(*) AS n, sum(v) AS s, max(w) AS w FROM cpu GROUP BY host ORDER BY host"
 Q2 = "SELECT host, count(*) AS n, sum(v) AS s FROM cpu GROUP BY host ORDER BY host"
 

@@ -23,12 +23,11 @@ from server.write_buffer.wire_format import encode_delete
 from catalog.sharding import partition_for, topic_for
 from tests.conftest import make_config, start_server
 from tests.waiting import wait_for
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 PARTITIONS = 4  # as the tests' other servers (a topic keeps its partition count)
 KP = partition_for("m", PARTITIONS)  # "m" and "io" share it; "q" is on another one
 assert partition_for("io", PARTITIONS) == KP and partition_for("q", PARTITIONS) != KP
-
 
 
 @pytest.fixture

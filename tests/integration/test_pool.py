@@ -28,9 +28,8 @@ from tests.conftest import make_config, start_server
 from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.waiting import wait_for
+from tests.timestamps import T0, US
 
-T0 = 1_700_000_000_000_000_000
-US = 1_000  # Spark keeps microseconds
 PARTITIONS = 4
 TABLES = {kp: next(f"m{i}" for i in range(1000) if partition_for(f"m{i}", PARTITIONS) == kp) for kp in range(PARTITIONS)}
 

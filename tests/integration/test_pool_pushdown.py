@@ -11,9 +11,8 @@ from chunk_store.views import ChunkSource, table_view_sql
 from server.query.pool_rows import scanned
 from server.query.pushdown import TableScan, owner_columns, scans
 from server.query.sql_sandbox import check_query
+from tests.timestamps import S, T0
 
-T0 = 1_700_000_000_000_000_000  # 2023-11-14 22:13:20 UTC
-S = 1_000_000_000
 SCHEMA = TableSchema("m", [Column("host", "tag", "string"), Column("region", "tag", "string"),
                            Column("v", "field", "float"), Column("w", "field", "integer"),
                            Column("s", "field", "string"), Column("time", "time", "time")])

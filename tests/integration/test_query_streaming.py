@@ -10,8 +10,7 @@ from iox import query_pb2
 from server.errors import InvalidArgument, QueryResultTooLarge, QueryTimedOut
 from server.query.engine import arrow_batches
 from tests.waiting import wait_for
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 @pytest.fixture(scope="module")

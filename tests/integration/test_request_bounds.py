@@ -18,8 +18,8 @@ from server.api.client import IoxClient
 from server.api.grpc_services import REQUEST_FRAMING_BYTES
 from tests.conftest import make_config
 from tests.waiting import wait_for
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 MAX_REQUEST = 64 * 1024
 MAX_RPCS = 3
 HTTP_WORKERS = 1

@@ -13,9 +13,7 @@ from server.runtime.broker import free_port, start_broker
 from server.consume.recovery import LostWrites
 from server.write_buffer.producer import PartitionCountMismatch, WriteBuffer
 from tests.conftest import make_config, start_server
-
-T0 = 1_700_000_000_000_000_000
-
+from tests.timestamps import T0
 
 
 def test_lost_writes_refuse_to_start_unless_skipped_and_resumption_offsets_committed(iox_server, session_tmp):
@@ -90,7 +88,6 @@ def test_changed_partition_count_is_a_clear_error(iox_server, session_tmp):
         broker.stop()
 
 
-
 def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session_tmp):
     """The database's topic is deleted and created again, and the new incarnation
     already holds more messages than the catalog's checkpoint: offsets alone look
@@ -142,7 +139,6 @@ def test_topic_deleted_and_recreated_is_detected_by_topic_id(iox_server, session
             srv.stop()
     finally:
         broker.stop()
-
 
 
 def test_a_pool_databases_topic_lost_before_its_first_persist_is_lost_writes_at_restart(iox_server, session_tmp):

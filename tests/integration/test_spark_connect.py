@@ -13,8 +13,8 @@ import urllib.parse
 
 from tests.integration.spark_connect_client import remote_sql, run_client
 from tests.waiting import wait_for
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 
 def _http_jsonl(server, db: str, sql: str) -> tuple:
     """(status, body) of the HTTP query `sql` on `db`, answered as JSON lines."""

@@ -23,8 +23,8 @@ from tests.integration.s3_fixture import (  # noqa: F401
     MOTO_SECRET_ACCESS_KEY,
     moto_s3,
 )
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 #: every column, as `iox sql` answers them
 Q = "SELECT * FROM cpu"
 

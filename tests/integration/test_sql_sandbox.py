@@ -12,8 +12,8 @@ import pytest
 
 from server.api.client import IoxClient
 from chunk_store.views import table_view_name
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
 

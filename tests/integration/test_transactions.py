@@ -20,8 +20,8 @@ from server.write_buffer.kafka_source import reader_consumer
 from server.write_buffer.wire_format import as_part, encode_decision, encode_write
 from catalog.sharding import partition_for, topic_for
 from tests.waiting import wait_for
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 PARTITIONS = 4
 
 

@@ -14,9 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.crash.harness import ServerProcess
+from tests.timestamps import S, T0
 
-S = 1_000_000_000
-T0 = 1_700_000_000 * S
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
 
 

@@ -22,8 +22,8 @@ from catalog.crash_points import FaultPoint, arm_fault, disarm_fault
 from catalog.sharding import partition_for, topic_for
 from server.write_buffer.write_token import WriteToken, format_token, parse_token
 from tests.waiting import wait_for
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 KP = partition_for("m", 4)
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
 

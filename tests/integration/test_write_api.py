@@ -24,8 +24,8 @@ from grpc_status import rpc_status
 
 from iox import write_pb2
 from catalog.sharding import partition_for, topic_for
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 I64_MIN, I64_MAX, U64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 UTC = dt.timezone.utc
 

@@ -17,8 +17,7 @@ from catalog.schema import Column
 from server.write_buffer.wire_format import encode_write
 from catalog.sharding import partition_for
 from tests.waiting import wait_for
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _merge(*tokens) -> dict:

@@ -18,8 +18,8 @@ from chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
 from catalog.transactions import MARKER, PART
 from server.consume.ingest import Ingestor, check_seqs_fit, payload_decode_fn, table_messages_condition, decode_delete
 from server.write_buffer.wire_format import encode_delete, encode_write
+from tests.timestamps import T0
 
-T0 = 1_700_000_000_000_000_000
 COLUMNS = [Column("host", "tag", "string"), Column("usage", "field", "float"), Column("time", "time", "time")]
 VALUE_COLUMNS = [("host", "string"), ("usage", "float")]
 

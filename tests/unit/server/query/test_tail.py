@@ -14,10 +14,10 @@ from catalog.seq_layout import seq_base
 from server.query.engine import tail_rows
 from server.write_buffer.wire_format import as_part, encode_decision, encode_delete, encode_marker, encode_write
 from server.query.tail import PartitionTail, TailWrite
+from tests.timestamps import T0
 
 KP = 1
 ROOM = 1 << 30
-T0 = 1_700_000_000_000_000_000
 #: a seq origin of an epoch after the legacy layout's last one (catalog/seq_layout.py)
 ORIGIN = legacy_seq_origin(255) + (17 << SEQ_ROW_BITS)
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from server.query.verify import PartitionReport, compare, TableFold
+from tests.timestamps import S, T0
 
-S = 1_000_000_000
-T0 = 1_700_000_000 * S
 ROLES = {"host": "tag", "v": "field", "w": "field", "time": "time"}
 
 

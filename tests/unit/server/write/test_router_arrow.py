@@ -10,8 +10,7 @@ import pytest
 from catalog.catalog import Catalog
 from server.errors import InvalidArgument
 from server.write.router import ArrowTableWrite, Router
-
-T0 = 1_700_000_000_000_000_000
+from tests.timestamps import T0
 
 
 def _not_utf8(n: int) -> pa.Array:

@@ -8,11 +8,11 @@ from confluent_kafka import OFFSET_INVALID, TopicPartition
 
 from catalog.schema import Column
 from server.write_buffer.wire_format import encode_write
+from tests.timestamps import T0
 
-__all__ = ["TOPIC", "T0", "Msg", "Control", "RecordingConsumer", "write_message", "partition_log"]
+__all__ = ["TOPIC", "Msg", "Control", "RecordingConsumer", "write_message", "partition_log"]
 
 TOPIC = "iox.db"
-T0 = 1_700_000_000_000_000_000
 
 
 class Msg:
