@@ -23,14 +23,14 @@ A write-buffer message that fails to apply stops only its own Kafka partition
 of its database (server/write_buffer/poison.py): `iox poison retry` applies it again, `iox
 poison accept` skips it for good (recorded); both restart the stream from the
 applied offsets while no micro-batch runs (`WriteBufferConsumer.restart`). Lost
-writes found while running (the topic replaced) are accepted with `iox
-accept-lost-writes`: once what was applied is persisted, the database continues
-on the new topic in a new write-buffer epoch, as a start with --skip-lost-writes
-would; every loss stays recorded in the preserved catalog.
+writes found while running (the topic replaced, a broker that lost its tail:
+server/lost_writes_admin.py) are accepted with `iox accept-lost-writes`: once
+what was applied is persisted, the database continues in a new write-buffer
+epoch, as a start with --skip-lost-writes would; every loss stays recorded in
+the preserved catalog.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -40,7 +40,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from catalog.catalog import ACCEPTED, FENCED, Catalog, DatabaseNotFoundError, LostWriteRange
+from catalog.catalog import FENCED, Catalog, DatabaseNotFoundError
 from iox import management_pb2
 
 from server.runtime import broker as broker_mod
@@ -48,21 +48,19 @@ from server.config import ServerConfig, is_loopback
 from server.api.auth import Authenticator
 from server.consume.consumer import WriteBufferConsumer
 from server.write_buffer.end_polls import AckMarks
-from server.errors import (CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WriteBufferTruncated,
-                           WriteBufferUnavailable, WritesLost)
+from server.errors import CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, WriteBufferTruncated, WriteBufferUnavailable
 from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
-from server.errors import InvalidArgument, NotAPoolMember, NothingToAccept, RoleRefuses, NotReadyToAccept, PoisonedMessageNotFound
+from server.errors import NotAPoolMember, RoleRefuses
 from server.write_buffer.ack_log import AckLog
 from server.consume.ingest import Ingestor
-from server.write_buffer.poison import select
 from server.query.engine import QueryEngine
 from server.query.read_barrier import ReadBarrier, ReplayState, covered
 from server.consume.watermarks import MessageSizes, partition_watermarks, persisted_hi_inclusive
 from server.write.router import Router
 from server.runtime.broker_truncation import BrokerTruncation
 from server.runtime.spark import build_spark, lower_spark_priority
+from server.write_buffer.kafka_ends import KafkaEnds
 from server.write_buffer.producer import WriteBuffer
-from server.write_buffer.tail_loss import TailWatch
 from catalog.sharding import topic_for
 from server.query.tail import WriteBufferTail
 from server.runtime.write_path_priority import raise_write_path_priority
@@ -71,6 +69,8 @@ from server.runtime.ports import check_ports_free
 from server.runtime import spark_connect
 from server.retention_admin import fill_retention_status, operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
+from server.lost_writes_admin import LostWritesControl, lost_status
+from server.poison_admin import PoisonControl, poisoned_status
 from server.pool_admin import PoolControl
 from server.verify_admin import VerifyControl
 from server.write_buffer.freeze import cap_replay_until
@@ -89,22 +89,11 @@ _ANSWER_MARGIN_S = 0.25
 BROKER_CHECK_INTERVAL_S = 1.0
 #: How often the transaction-repair thread looks for markers and aborts to write.
 TXN_REPAIR_INTERVAL_S = 1.0
-#: How often the server compares Kafka's end offsets with the offsets it knows were written (a broker
-#: that lost its tail: `_check_tails`); one reader asks for every database's topic
-TAIL_CHECK_INTERVAL_S = 5.0
-#: How long a database whose broker lost its tail waits between tries to continue in a new epoch
-_TAIL_RETRY_S = 1.0
 #: How often a start that replays the write buffer logs its progress (offsets done / to do per database)
 REPLAY_LOG_INTERVAL_S = 5.0
 #: How long a query waits at most (less when its deadline is nearer) for a replay to catch up or for its
 #: write token to become visible
 QUERY_WAIT_MAX_S = 120.0
-#: How long Kafka's end offsets read for status and /metrics (`high_watermark`, lag) are reused: each read
-#: asks the broker, and clients poll status
-KAFKA_ENDS_MAX_AGE_S = 1.0
-#: How long status and /metrics wait for the first read of a topic's Kafka ends (later reads go on in the
-#: background while they answer with the last one: an unreachable broker never holds status up for longer)
-KAFKA_ENDS_WAIT_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -147,18 +136,15 @@ class IoxServer:
         #: ingester pool membership (server/pool_admin.py); None when not a pool member
         self.pool = None
         self._replay_until: dict = {}
-        #: database name -> the thread persisting it after its topic was replaced (`_topic_replaced`)
-        self._after_replacement: dict = {}
         #: topic -> ({kafka partition: first offset replayed}, {kafka partition: replay target}), kept
         #: after replay caught up (status reports its progress)
         self._replay_plan: dict = {}
-        #: topic -> (time.monotonic() of the read, {kafka partition: end offset}) (`_kafka_ends`)
-        self._kafka_ends_read: dict = {}
-        #: topic -> (time.monotonic() it started, threading.Event set when done) of the read in progress
-        self._kafka_ends_reading: dict = {}
-        self._kafka_ends_lock = threading.Lock()
-        #: judges Kafka ends short of acknowledged offsets: a late read or a lost tail (`_check_tails`)
-        self._tail_watch = TailWatch(config.tail_loss_grace_s)
+        #: Kafka's end offsets as status and /metrics report them (server/write_buffer/kafka_ends.py)
+        self.kafka_ends = None
+        #: lost writes found while running (server/lost_writes_admin.py), the operator's word on
+        #: poisoned messages (server/poison_admin.py); built once the lifecycle is
+        self.losses = None
+        self.poison = None
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -202,6 +188,7 @@ class IoxServer:
         self.bootstrap = bootstrap
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
                                         cfg.replication_factor if cfg.kafka_bootstrap else 1)
+        self.kafka_ends = KafkaEnds(self.write_buffer, self.catalog)
         from catalog.object_store import object_store_from_url
 
         self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
@@ -356,13 +343,20 @@ class IoxServer:
         if self.freeze.frozen:
             log.warning("frozen since %.0f (%s): no new write-buffer offsets are consumed until `iox unfreeze`",
                         self.freeze.record.since_s, self.freeze.record.reason)
+        self.losses = LostWritesControl(self.catalog, self.write_buffer, self.lifecycle, self.consumer,
+                                        self.router.metrics, cfg.partitions, cfg.tail_loss_grace_s, self._stopped,
+                                        replaying=self.database_replaying,
+                                        refuse_when_fenced=self._refuse_writes_when_fenced,
+                                        forget_epoch=self._forget_epoch)
+        self.poison = PoisonControl(self.catalog, self.consumer, self.lifecycle, self.ingestor,
+                                    refuse_when_fenced=self._refuse_writes_when_fenced)
         self.write_buffer.guard = self._guard_writes
         self.write_buffer.confirm = self._confirm_acked
-        self.write_buffer.on_topic = self._on_topic
+        self.write_buffer.on_topic = self.losses.on_topic
         for db in self.catalog.databases():
             if db.tail_truncated is not None:  # found by recovery: continues once its replay is persisted
-                self._after_tail_lost(db, lost=False)
-        threading.Thread(target=self._tail_check_loop, name="tail-check", daemon=True).start()
+                self.losses.continue_after_tail_lost(db, lost=False)
+        threading.Thread(target=self.losses.run_tail_checks, name="tail-check", daemon=True).start()
         self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
         self._txn_repair.start()
         self.router.overload_check = self._overloaded
@@ -693,7 +687,7 @@ class IoxServer:
         of the database (None when new here): an offset Kafka gives this request at or below it was
         given out before (`_confirm_acked`)."""
         self._refuse_writes_when_fenced(database)
-        self._refuse_writes_after_a_loss(database)
+        self.losses.refuse_writes_after_a_loss(database)
         db = self.catalog.peek_database(database)
         return None if db is None else dict(db.applied_hi_inclusive)  # one copy under the GIL: no lock
 
@@ -707,8 +701,8 @@ class IoxServer:
         if reused and db is not None:
             log.error("database %s: Kafka acknowledged offsets %s, given out before (up to %s were): its broker "
                       "lost the tail of %s", database, reused, {kp: taken[kp] for kp in reused}, topic)
-            self._check_tail(db, ends_at_most=reused)
-            self._refuse_writes_after_a_loss(database)
+            self.losses.check_tail(db, ends_at_most=reused)
+            self.losses.refuse_writes_after_a_loss(database)
             raise WriteBufferTruncated(database, reused)  # the check found another state: refuse this one anyway
         self.ack_log.record(topic, None if db is None else db.topic_id, 0 if db is None else db.epoch, token)
 
@@ -720,201 +714,23 @@ class IoxServer:
         if revision is not None:
             raise DatabaseFenced(database, revision)
 
-    def _refuse_writes_after_a_loss(self, database: str) -> None:
-        """The write buffer's guard (every produce, gRPC/HTTP threads): refuses writes and deletes
-        to a database whose write buffer lost acknowledged writes not accepted yet, or whose topic
-        was replaced under this server."""
-        db = self.catalog.peek_database(database)
-        if db is None or (not db.lost_writes and not db.topic_replaced and db.tail_truncated is None):
-            return  # every write passes here: no lock
-        with self.catalog.lock:
-            open_ranges = [r for r in db.lost_writes if not r.accepted]
-            replaced = db.topic_replaced
-            truncated = db.tail_truncated
-        if open_ranges:
-            raise WritesLost(database, open_ranges)
-        if replaced:
-            raise TopicReplaced(database, db.topic)
-        if truncated is not None:
-            raise WriteBufferTruncated(database, truncated)
+    def _forget_epoch(self, db) -> None:
+        """A database continues in a new write-buffer epoch (server/lost_writes_admin.py; while no
+        micro-batch runs): what the server keeps of its old epoch's offsets and messages goes."""
+        self.ingestor.forget_topic(db.topic)
+        self.ingestor.poison_changed(db)
+        for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
+            del self.ingestor.row_filters[key]
+        self._replay_until.pop(db.topic, None)
+        self.kafka_ends.forget(db.topic)
+        self.message_sizes.forget_topic(db.topic)
+        self.write_buffer.forget_acked(db.topic)
+        if self.tail is not None:
+            self.tail.forget_topic(db.topic)
 
-    def _on_topic(self, database: str, topic: str, topic_id: str | None) -> None:
-        """The write buffer ensured `topic` (first write of this process to it, or after a produce
-        failed): a database new here is recorded in its preserved catalog before its first write is
-        produced; a topic whose Kafka id changed under this server was deleted and created again
-        (a broker that restarted empty): what it lost is recorded and writes are refused."""
-        db = self.catalog.ensure_database(database, topic, self.config.partitions)
-        known = db.adopt_topic_id(topic_id)
-        if known is None:
-            if topic_id is not None and self.lifecycle is not None and not self.catalog.pool_member:
-                self.lifecycle.record_database(db, time.time())  # in a pool its owners record it
-            return
-        if topic_id is None or topic_id == known:
-            return
-        self._topic_replaced(db, topic_id)
-        self._refuse_writes_after_a_loss(database)
-
-    def _topic_replaced(self, db, new_topic_id: str) -> None:
-        """Records the loss of the acknowledged writes this server had not applied yet (the rest are
-        in memory) and persists what was applied, in the background; with nothing lost, the last
-        database checkpoint is then marked complete, so the next start continues on the new topic."""
-        now = time.time()
-        acked = self.write_buffer.acked_of(db.topic)
-        reason = f"topic {db.topic} was deleted and created again (its id is now {new_topic_id}, was {db.topic_id})"
-        with self.catalog.lock:
-            if not db.mark_topic_replaced():
-                return
-            applied = dict(db.applied_hi_inclusive)
-            ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason, epoch=db.epoch)
-                      for kp, off in sorted(acked.items()) if off > applied.get(kp, -1)]
-            db.record_lost_writes(ranges)
-        if ranges:
-            self.router.metrics.lost_writes(db.name, len(ranges))
-            log.error("database %s: the write buffer LOST acknowledged writes (%s): %s; writes are refused until the "
-                      "loss is accepted (iox accept-lost-writes --db %s, or a restart with --skip-lost-writes)",
-                      db.name, reason, db.name,
-                      ", ".join(f"partition {r.partition} [{r.from_offset}, {r.to_exclusive})" for r in ranges))
-        else:
-            log.error("database %s: %s while the server ran; nothing acknowledged was lost; persisting what was "
-                      "applied; writes are refused until the database continues on the new topic (iox "
-                      "accept-lost-writes --db %s, or a restart)", db.name, reason, db.name)
-        t = threading.Thread(target=self._persist_after_replacement, args=(db, not ranges), daemon=True,
-                             name=f"persist-after-loss-{db.name}")
-        self._after_replacement[db.name] = t
-        t.start()
-
-    def _tail_check_loop(self) -> None:
-        """Runs from start to stop: every TAIL_CHECK_INTERVAL_S, `_check_tails`. A broker away is
-        checked again next round; a stopping server is not an error."""
-        while not self._stopped.wait(TAIL_CHECK_INTERVAL_S):
-            try:
-                self._check_tails(self.catalog.databases())
-            except Exception as e:  # broker away, or the write buffer closing: next round
-                log.debug("checking the write buffer's ends: %s", e)
-
-    def _check_tail(self, db, ends_at_most: dict | None = None) -> None:
-        """`_check_tails` of one database; `ends_at_most`: {kp: offset} Kafka's end was at most when the
-        broker lost the tail (an offset it gave out again), when known."""
-        self._check_tails([db], {db.name: ends_at_most or {}})
-
-    def _check_tails(self, dbs: list, ends_at_most: dict | None = None) -> None:
-        """Compares Kafka's end offsets of `dbs`' topics with the offsets this server knows were written
-        (applied, or acknowledged to a client): an end at or below one of them means the broker lost
-        its tail (`_tail_lost`); a topic whose Kafka id changed was replaced (`_topic_replaced`). What is
-        known is read before Kafka's ends, so a write landing meanwhile never looks like a loss."""
-        fenced = self.lifecycle.fenced_revision if self.lifecycle is not None else (lambda _n: None)
-        known: dict = {}
-        with self.catalog.lock:
-            for db in dbs:
-                if db.tail_truncated is None and not db.topic_replaced and db.topic_id is not None:
-                    known[db.name] = (db, db.epoch, dict(db.applied_hi_inclusive))
-        known = {n: k for n, k in known.items() if fenced(n) is None}
-        if not known:
-            return
-        for db, _epoch, hi in known.values():
-            for kp, off in self.write_buffer.acked_of(db.topic).items():
-                hi[kp] = max(hi.get(kp, -1), off)
-        topics = sorted({db.topic for db, _e, _h in known.values()})
-        ids = self.write_buffer.describe_topic_ids(topics)
-        # one request for every watermark; a topic whose watermark is not past what is known (Tansu may
-        # report one short of the end) is read to its true end
-        marks = self.write_buffer.high_watermarks(topics, self.config.partitions)
-        behind = sorted({db.topic for n, (db, _e, hi) in known.items() if (ends_at_most or {}).get(n) or
-                         any(hw <= hi.get(kp, -1) for kp, hw in marks[db.topic].items())})
-        bounds = self.write_buffer.partition_bounds_of(behind, self.config.partitions) if behind else {}
-        now = time.time()
-        for name, (db, epoch, hi) in known.items():
-            if not marks[db.topic]:
-                continue  # no such topic (a broker that came back empty): the next write finds the new one
-            if ids[db.topic] is not None and ids[db.topic] != db.topic_id:
-                self._topic_replaced(db, ids[db.topic])
-                continue
-            given_again = (ends_at_most or {}).get(name, {})
-            topic_ends = {kp: end for kp, (_lo, end) in bounds.get(db.topic, {}).items()}
-            ends = {}
-            for kp in range(db.kafka_partitions):
-                if kp in given_again:  # Kafka gave an offset out again: lost at once
-                    ends[kp] = min(topic_ends.get(kp, given_again[kp]), given_again[kp])
-                elif kp not in topic_ends:
-                    self._tail_watch.clear((name, epoch, kp))
-                elif self._tail_watch.lost((name, epoch, kp), topic_ends[kp], hi.get(kp, -1), now):
-                    ends[kp] = topic_ends[kp]
-            if ends:
-                self._tail_lost(db, ends, epoch)
-
-    def _tail_lost(self, db, ends: dict, epoch: int) -> None:
-        """The broker lost the tail of `db`'s topic (`ends`: {kp: Kafka's end now}) while the server ran, in
-        write-buffer `epoch`: the acknowledged writes past what was applied and past Kafka's end are
-        recorded lost; writes are refused (WritesLost until the loss is accepted, then
-        WriteBufferTruncated) until what was applied is persisted and the database continues in a new
-        epoch from Kafka's end (`_after_tail_lost`)."""
-        now = time.time()
-        acked = self.write_buffer.acked_of(db.topic)
-        with self.catalog.lock:
-            if db.epoch != epoch or db.tail_truncated is not None or db.topic_replaced:
-                return  # a new epoch since the ends were read, or found already
-            applied = dict(db.applied_hi_inclusive)
-            ranges = []
-            for kp, end in sorted(ends.items()):
-                first = max(end, applied.get(kp, -1) + 1)
-                if acked.get(kp, -1) >= first:
-                    ranges.append(LostWriteRange(kp, first, acked[kp] + 1, now,
-                                                 f"the broker lost the tail of Kafka partition {kp}: it ended at "
-                                                 f"offset {end}, below offsets this server had acknowledged",
-                                                 epoch=db.epoch))
-            db.record_tail_truncated(ends)
-            db.record_lost_writes(ranges)
-        if ranges:
-            self.router.metrics.lost_writes(db.name, len(ranges))
-            log.error("database %s: the write buffer LOST acknowledged writes (its broker lost the tail of %s): %s; "
-                      "writes are refused until the loss is accepted (iox accept-lost-writes --db %s, or a restart "
-                      "with --skip-lost-writes)", db.name, db.topic,
-                      ", ".join(f"partition {r.partition} [{r.from_offset}, {r.to_exclusive})" for r in ranges), db.name)
-        else:
-            log.error("database %s: the broker lost the tail of %s (Kafka partition ends %s), below what this "
-                      "server applied; nothing acknowledged was lost; writes are refused until what was applied is "
-                      "persisted and the database continues in a new write-buffer epoch", db.name, db.topic, ends)
-        self._after_tail_lost(db, lost=bool(ranges))
-
-    def _after_tail_lost(self, db, lost: bool) -> None:
-        """In the background: records a loss in the preserved catalog (a restart keeps the record); with
-        nothing lost, or once the loss is accepted, persists what was applied and continues in a new
-        write-buffer epoch from Kafka's end (`_continue_in_new_epoch`), trying again until it could (a
-        replay or a failed micro-batch still to apply) or the server stops."""
-        def run():
-            if lost:
-                try:
-                    self._record_lost_writes(db, time.time())
-                except Exception:
-                    log.exception("database %s: recording the loss of the broker's tail", db.name)
-                return  # `iox accept-lost-writes` continues
-            while not self._stopped.is_set() and db.tail_truncated is not None:
-                try:
-                    if not self.database_replaying(db):
-                        self._continue_in_new_epoch(db, time.time())
-                        return
-                except NotReadyToAccept as e:
-                    log.info("database %s: not continuing in a new epoch yet: %s", db.name, e)
-                except Exception:
-                    log.exception("database %s: continuing in a new write-buffer epoch after the broker lost "
-                                  "the tail (tried again)", db.name)
-                self._stopped.wait(_TAIL_RETRY_S)
-
-        t = threading.Thread(target=run, daemon=True, name=f"after-tail-lost-{db.name}")
-        self._after_replacement[db.name] = t
-        t.start()
-
-    def _persist_after_replacement(self, db, nothing_lost: bool) -> None:
-        """Records the loss in the preserved catalog (a restart keeps the record), then persists
-        what was applied."""
-        try:
-            if not nothing_lost:
-                self._record_lost_writes(db, time.time())
-            self.lifecycle.persist_now(db, None, None, time.time())
-            if nothing_lost:
-                self.lifecycle.mark_checkpoint_complete(db, time.time())
-        except Exception:
-            log.exception("database %s: persisting after the write buffer's topic was replaced", db.name)
+    def accept_lost_writes(self, database: str):
+        """`iox accept-lost-writes` (server/lost_writes_admin.py `LostWritesControl.accept`)."""
+        return self.losses.accept(database)
 
     def _on_acked(self, topic: str, messages: list) -> None:
         """The write buffer's hook (in the acknowledging request's thread): marks the partitions written
@@ -1054,8 +870,8 @@ class IoxServer:
 
     def watermarks(self, db) -> list:
         """The PartitionWatermarks of `db` (server/consume/watermarks.py); Kafka's ends are read through
-        `_kafka_ends` (unknown when Kafka cannot be asked). Status and /metrics (driver threads)."""
-        ends = self._kafka_ends(db)
+        `KafkaEnds` (unknown when Kafka cannot be asked). Status and /metrics (driver threads)."""
+        ends = self.kafka_ends.ends(db)
         visible = self._visible(db)
         pc = self.lifecycle.preserved.get(db.name) if self.lifecycle is not None else None
         dbck = pc.state.database_checkpoint if pc is not None else None
@@ -1064,50 +880,6 @@ class IoxServer:
         persisted = persisted_hi_inclusive(dbck, epoch, applied)
         return partition_watermarks(applied, visible, persisted, ends,
                                     lambda kp: self.message_sizes.mean_bytes(topic, kp))
-
-    def _kafka_ends(self, db) -> dict | None:
-        """{kp: Kafka's end offset} of `db`'s topic as last read (a read older than KAFKA_ENDS_MAX_AGE_S
-        starts a new one in the background; the first one is awaited at most KAFKA_ENDS_WAIT_S), raised
-        to what this server saw acknowledged and applied since (both are below the end); None when
-        never read."""
-        topic = db.topic
-        with self._kafka_ends_lock:
-            now = time.monotonic()
-            read = self._kafka_ends_read.get(topic)
-            reading = None
-            if read is None or now - read[0] > KAFKA_ENDS_MAX_AGE_S:
-                reading = self._kafka_ends_reading.get(topic)
-                if reading is None:
-                    reading = self._kafka_ends_reading[topic] = (now, threading.Event())
-                    threading.Thread(target=self._read_kafka_ends, args=(db, reading[1]), daemon=True,
-                                     name=f"kafka-ends-{db.name}").start()
-        if reading is not None and read is None:
-            reading[1].wait(max(0.0, KAFKA_ENDS_WAIT_S - (time.monotonic() - reading[0])))
-            read = self._kafka_ends_read.get(topic)
-        if read is None:
-            return None
-        ends = dict(read[1])
-        acked = self.write_buffer.acked_of(db.topic)
-        with self.catalog.lock:
-            applied = dict(db.applied_hi_inclusive)
-        for kp in ends:
-            ends[kp] = max(ends[kp], acked.get(kp, -1) + 1, applied.get(kp, -1) + 1)
-        return ends
-
-    def _read_kafka_ends(self, db, done: threading.Event) -> None:
-        """Reads Kafka's ends of `db`'s topic into `_kafka_ends_read` (a failure keeps the last read)."""
-        try:
-            t = time.monotonic()
-            ends = {kp: end for kp, (_lo, end) in
-                    self.write_buffer.partition_bounds(db.topic, db.kafka_partitions).items()}
-            with self._kafka_ends_lock:
-                self._kafka_ends_read[db.topic] = (t, ends)
-        except Exception as e:  # KafkaException, or the write buffer closing
-            log.debug("watermarks of %s: Kafka's ends not read: %s", db.name, e)
-        finally:
-            with self._kafka_ends_lock:
-                self._kafka_ends_reading.pop(db.topic, None)
-            done.set()
 
     def _all_watermarks(self) -> list:
         """[(database, PartitionWatermarks)] of every database (/metrics, at each scrape)."""
@@ -1188,199 +960,13 @@ class IoxServer:
         return management_pb2.CompactResponse(compacted=True, chunk_id=c.id, rows=c.rows)
 
     # -- poisoned messages (server/write_buffer/poison.py) ------------------------------------------
-    def _held_poisoned(self, database: str, partition: int | None, offset: int | None):
-        """(db, its HELD records of `partition` at `offset`); raises DatabaseNotFound,
-        InvalidArgument, PoisonedMessageNotFound."""
-        db = self.catalog.peek_database(database)
-        if db is None:
-            raise DatabaseNotFound(database)
-        if offset is not None and partition is None:
-            raise InvalidArgument("a poisoned message's offset needs its Kafka partition")
-        with self.catalog.lock:
-            held = select(db, partition, offset)
-        if not held:
-            raise PoisonedMessageNotFound(database, partition, offset)
-        return db, held
-
     def retry_poisoned(self, database: str, partition: int | None = None, offset: int | None = None):
-        """`iox poison retry`: the held messages (of `partition`, at `offset`) are applied again:
-        their Kafka partitions are read again from them (the stream restarts from the applied
-        offsets); one that fails again is held again (its record counts the attempt)."""
-        db, _held = self._held_poisoned(database, partition, offset)
-
-        def resolve():  # while no micro-batch runs
-            with self.catalog.lock:
-                targets = select(db, partition, offset)
-                for r in targets:
-                    r.retry()
-            if not targets:
-                raise PoisonedMessageNotFound(database, partition, offset)
-            self.ingestor.poison_changed(db)
-            return targets
-
-        targets = self.consumer.restart(resolve)
-        for r in targets:
-            log.warning("database %s: retrying the poisoned message %s[%d]@%d (iox poison retry)", db.name, db.topic,
-                        r.partition, r.offset)
-        resp = management_pb2.PoisonedResponse()
-        with self.catalog.lock:
-            for r in targets:
-                _poisoned_status(resp.messages.add(), db, r)
-        return resp
+        """`iox poison retry` (server/poison_admin.py)."""
+        return self.poison.retry(database, partition, offset)
 
     def accept_poisoned(self, database: str, partition: int | None = None, offset: int | None = None):
-        """`iox poison accept`: the held messages (of `partition`, at `offset`) are skipped for good:
-        recorded in the preserved catalog first (so a replay skips them too), then marked accepted,
-        and their Kafka partitions continue after them."""
-        from catalog.preserved_catalog import RecordAcceptedPoison
-
-        db, _held = self._held_poisoned(database, partition, offset)
-        self._refuse_writes_when_fenced(database)  # the record cannot be committed
-
-        def resolve():  # while no micro-batch runs
-            now = time.time()
-            with self.catalog.lock:
-                targets = select(db, partition, offset)
-                entries = [r.entry() for r in db.poisoned if r.state == ACCEPTED]
-                entries += [dataclasses.replace(r.entry(), accepted_at_s=now) for r in targets]
-            if not targets:
-                raise PoisonedMessageNotFound(database, partition, offset)
-            self.lifecycle.commit_records(db, [RecordAcceptedPoison(messages=tuple(entries))], now)
-            with self.catalog.lock:  # read again from it, it is passed (server/consume/ingest.py `accepted`)
-                for r in targets:
-                    r.accept(now)
-            self.ingestor.poison_changed(db)
-            return targets
-
-        targets = self.consumer.restart(resolve)
-        for r in targets:
-            log.warning("database %s: the poisoned message %s[%d]@%d is ACCEPTED as skipped (iox poison accept): it "
-                        "is never applied; its partition continues after it", db.name, db.topic, r.partition, r.offset)
-        resp = management_pb2.PoisonedResponse()
-        with self.catalog.lock:
-            for r in targets:
-                _poisoned_status(resp.messages.add(), db, r)
-        return resp
-
-    # -- accepting lost writes while running ---------------------------------------------
-    def accept_lost_writes(self, database: str):
-        """`iox accept-lost-writes`: accepts the database's lost writes without a restart (as
-        --skip-lost-writes does at start). A database whose topic was replaced continues on the new
-        topic in a new write-buffer epoch (`_continue_in_new_epoch`); one whose broker lost the tail continues
-        from Kafka's end once what was applied is persisted. The loss stays recorded,
-        marked accepted with the time, in the preserved catalog too."""
-        from catalog.preserved_catalog import RecordLostWrites
-
-        db = self.catalog.peek_database(database)
-        if db is None:
-            raise DatabaseNotFound(database)
-        self._refuse_writes_when_fenced(database)
-        with self.catalog.lock:
-            open_ranges = [r for r in db.lost_writes if not r.accepted]
-            replaced = db.topic_replaced
-            truncated = db.tail_truncated is not None
-        if not open_ranges and not replaced:
-            raise NothingToAccept(database)  # a lost tail with nothing lost continues by itself
-        persisting = self._after_replacement.get(db.name)
-        if persisting is not None:  # the background persist after the replacement: let it finish
-            persisting.join(CATCH_UP_TIMEOUT_S)
-        now = time.time()
-        if replaced:
-            self._continue_in_new_epoch(db, now)
-        else:
-            with self.catalog.lock:
-                lost = [r.as_accepted(now) for r in db.lost_writes]
-            self.lifecycle.commit_records(db, [RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
-            with self.catalog.lock:
-                db.accept_lost_writes(now)
-            if truncated:  # continues in a new epoch from Kafka's end once what was applied is persisted
-                self._after_tail_lost(db, lost=False)
-        log.warning("database %s: lost writes ACCEPTED (iox accept-lost-writes): %s; writes are taken again%s",
-                    db.name, ", ".join(f"partition {r.partition} from {r.from_offset}" for r in open_ranges) or "none",
-                    f" on the new topic, in write-buffer epoch {db.epoch}" if replaced else "")
-        resp = management_pb2.AcceptLostWritesResponse(epoch=db.epoch, new_topic=replaced)
-        with self.catalog.lock:
-            for r in db.lost_writes:
-                if any((r.partition, r.from_offset, r.epoch) == (o.partition, o.from_offset, o.epoch)
-                       for o in open_ranges):
-                    _lost_status(resp.accepted.add(), r)
-        return resp
-
-    def _continue_in_new_epoch(self, db, now: float) -> None:
-        """The database's topic was replaced, or its broker lost the tail, while the server ran: once
-        everything it applied is persisted, it continues in a new write-buffer epoch (its seq origin is
-        above every seq it has), as recovery does at a start with --skip-lost-writes: on a new topic from
-        its start (offsets start over), on a cut-short topic from Kafka's end (offsets below it are of the
-        old epoch and applied; those from it on are given out again). The new epoch's database checkpoint
-        and the accepted loss are committed in one transaction before anything changes in memory; the
-        stream then restarts from there. Raises NotReadyToAccept (nothing changed) when something is
-        still unpersisted or, on a cut-short topic, not applied; RevisionConflict when the database is
-        fenced."""
-        from catalog.preserved_catalog import RecordDatabaseCheckpoint, RecordLostWrites
-        from catalog.seq_layout import next_seq_origin, seq_base
-
-        lc = self.lifecycle
-        lc.persist_now(db, None, None, now)
-        try:
-            topic_id = self.write_buffer.topic_id(db.topic)
-            bounds = self.write_buffer.partition_bounds(db.topic, db.kafka_partitions)
-        except Exception as e:  # KafkaException, or the write buffer closing
-            raise WriteBufferUnavailable(f"cannot read topic {db.topic}: {e}") from e
-
-        cut_short = not db.topic_replaced and db.tail_truncated is not None
-        # the new epoch's first offsets: a new topic's start, or a cut-short topic's end
-        first = {kp: bounds.get(kp, (0, 0))[1 if cut_short else 0] for kp in range(db.kafka_partitions)}
-
-        def switch():  # while no micro-batch runs
-            with lc.paused():
-                with self.catalog.lock:
-                    busy = sorted((t, k) for t, parts in db.partitions.items() for k, p in parts.items()
-                                  if p.windows is not None and (not p.windows.is_empty() or p.windows.has_flush_handle))
-                    if busy or db.failed_batch_hi:
-                        raise NotReadyToAccept(db.name, f"table partitions {busy} still hold unpersisted rows"
-                                               if busy else "a failed micro-batch is not applied again yet")
-                    behind = {kp: (db.applied_hi_inclusive.get(kp, -1), off) for kp, off in first.items()
-                              if cut_short and db.applied_hi_inclusive.get(kp, -1) < off - 1 and
-                              (db.owned_partitions is None or kp in db.owned_partitions)}
-                    if behind:
-                        raise NotReadyToAccept(db.name, "what Kafka still holds is not applied yet "
-                                                        f"(partition: (applied, end) {behind})")
-                    applied_hi = max(db.applied_hi_inclusive.values(), default=-1)
-                    epoch = db.epoch + 1
-                    lost = [r.as_accepted(now) for r in db.lost_writes]
-                pc = lc.preserved_for(db.name, now)
-                # above every seq of the old epoch: the catalog's, and every offset applied in memory
-                origin = max(next_seq_origin(pc.state, db.seq_origin), seq_base(db.seq_origin, applied_hi + 1))
-                checkpoint = RecordDatabaseCheckpoint(
-                    topic=db.topic, kafka_partitions=db.kafka_partitions, epoch=epoch, topic_id=topic_id,
-                    sequencer_numbers={kp: (None, off - 1) for kp, off in first.items() if off > 0} if cut_short else {},
-                    seq_origin=origin)
-                lc.commit_records(db, [checkpoint, RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
-                with self.catalog.lock:
-                    db.continue_in_epoch(epoch, origin, topic_id, lost, first)
-                self.ingestor.forget_topic(db.topic)
-                self.ingestor.poison_changed(db)
-                for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
-                    del self.ingestor.row_filters[key]
-                self._replay_until.pop(db.topic, None)
-                self._kafka_ends_read.pop(db.topic, None)
-                self.message_sizes.forget_topic(db.topic)
-                self.write_buffer.forget_acked(db.topic)
-                if self.tail is not None:
-                    self.tail.forget_topic(db.topic)
-                log.warning("database %s: continues %s %s (id %s) in write-buffer epoch %d (seq origin %d) from "
-                            "offsets %s", db.name, "on the cut-short topic" if cut_short else "on the new topic",
-                            db.topic, topic_id, epoch, origin, first)
-
-        self.consumer.restart(switch)
-
-    def _record_lost_writes(self, db, now: float) -> None:
-        """Commits the database's lost-write records (all of them) to its preserved catalog."""
-        from catalog.preserved_catalog import RecordLostWrites
-
-        with self.catalog.lock:
-            entries = tuple(r.entry() for r in db.lost_writes)
-        self.lifecycle.commit_records(db, [RecordLostWrites(ranges=entries)], now)
+        """`iox poison accept` (server/poison_admin.py)."""
+        return self.poison.accept(database, partition, offset)
 
     # -- status -----------------------------------------------------------------------
     def status(self, database: str = "", pool_members: bool = False) -> management_pb2.GetStatusResponse:
@@ -1432,9 +1018,9 @@ class IoxServer:
                     d.fenced = True
                     d.fenced_revision = fenced_revision
                 for r in db.lost_writes:
-                    _lost_status(d.lost_writes.add(), r)
+                    lost_status(d.lost_writes.add(), r)
                 for r in sorted(db.poisoned, key=lambda r: (r.epoch, r.partition, r.offset)):
-                    _poisoned_status(d.poisoned.add(), db, r)
+                    poisoned_status(d.poisoned.add(), db, r)
                 for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
                     d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
                 for w in marks[db.name]:
@@ -1464,22 +1050,3 @@ class IoxServer:
                             p.chunks.add(id=c.id, state=c.state, rows=c.rows, size_bytes=c.size_bytes,
                                          min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns, storage=c.storage)
         return resp
-
-
-def _lost_status(out, r: LostWriteRange) -> None:
-    """Fills a management_pb2.LostWrites from `r`."""
-    out.partition, out.from_offset, out.detected_at_s, out.reason = r.partition, r.from_offset, r.detected_at_s, r.reason
-    out.accepted, out.epoch = r.accepted, r.epoch
-    if r.to_exclusive is not None:
-        out.to_offset_exclusive = r.to_exclusive
-    if r.accepted_at_s is not None:
-        out.accepted_at_s = r.accepted_at_s
-
-
-def _poisoned_status(out, db, r) -> None:
-    """Fills a management_pb2.PoisonedMessage from the PoisonedMessage `r` of `db`."""
-    out.topic, out.partition, out.offset, out.table, out.kind = db.topic, r.partition, r.offset, r.table, r.kind
-    out.error, out.detected_at_s, out.last_failed_at_s = r.error, r.detected_at_s, r.last_failed_at_s
-    out.state, out.attempts, out.epoch = r.state, r.attempts, r.epoch
-    if r.accepted_at_s is not None:
-        out.accepted_at_s = r.accepted_at_s

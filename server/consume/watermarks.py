@@ -14,7 +14,7 @@ Per Kafka partition (all inclusive offsets, -1 = none):
   when nothing of it is unpersisted), as recovery's replay plan reads it (server/consume/recovery.py);
   never above `applied_hi_inclusive`.
 - `high_watermark`: Kafka's end of the partition (exclusive: the next message's offset) as last read
-  (server/app.py `_kafka_ends`), -1 while unknown.
+  (server/write_buffer/kafka_ends.py), -1 while unknown.
 - `lag_messages`: high_watermark - 1 - applied (>= 0; 0 when the end is unknown);
   `lag_bytes`: an ESTIMATE, lag_messages times the mean size of the messages this server produced
   to the partition since it started (`MessageSizes`; 0 when it produced none).

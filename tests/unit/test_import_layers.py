@@ -40,6 +40,8 @@ LAYERS = [
     "server.assigner_status",  # the assigner's status endpoint (HTTP)
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "server.freeze_admin",  # frozen mode of a running server
+    "server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
+    "server.poison_admin",  # retrying and accepting poisoned messages
     "server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
     "server.verify_admin",  # `iox verify`: which partitions a server checks, the pool's owners the rest
     "server.app",           # the composition root
