@@ -263,7 +263,7 @@ class Database:
 
     # The operations below run on the driver, each under the catalog's lock (they take it; a
     # caller may hold it around several): outside catalog/, they are the only writers of this
-    # database's fields. Its reads (`held_offsets`, `hold_reasons`) want the caller to hold it.
+    # database's fields, and the reads (`applied_offsets`, `held_offsets`, ...) return copies.
 
     # -- holds: Kafka partitions of which nothing is applied from an offset on -----------------
     @_locked
@@ -302,9 +302,10 @@ class Database:
         """Whether `held_offsets` may name a partition (a cheap check for every micro-batch)."""
         return bool(self.poisoned or self._holds)
 
+    @_locked
     def held_offsets(self) -> dict:
         """{kp: offset} from which nothing is applied: the HELD messages of the current epoch, the
-        fence, freeze and pool holds (the lowest of them). Caller holds Catalog.lock."""
+        fence, freeze and pool holds (the lowest of them)."""
         out: dict = {}
         for holds in self._holds.values():
             for kp, off in holds.items():
@@ -314,9 +315,10 @@ class Database:
                 out[r.partition] = min(r.offset, out.get(r.partition, r.offset))
         return out
 
+    @_locked
     def hold_reasons(self) -> dict:
         """{kp: [(offset, why)]}: each hold `held_offsets` merges, with why it holds ("fenced",
-        "frozen", "not owned", "poisoned message"), lowest offset first. Caller holds Catalog.lock."""
+        "frozen", "not owned", "poisoned message"), lowest offset first."""
         out: dict = {}
         for why, holds in self._holds.items():
             for kp, off in holds.items():
@@ -325,6 +327,54 @@ class Database:
             if r.state == HELD and r.epoch == self.epoch:
                 out.setdefault(r.partition, []).append((r.offset, "poisoned message"))
         return {kp: sorted(v) for kp, v in sorted(out.items())}
+
+    # -- reads: copies taken under the lock, for callers that hold no lock -------------------------
+    @_locked
+    def applied_offsets(self) -> dict:
+        """{kp: highest offset applied} (a copy)."""
+        return dict(self.applied_hi_inclusive)
+
+    @_locked
+    def applied_and_held(self) -> tuple[dict, dict]:
+        """(`applied_offsets`, `held_offsets`), read at one instant."""
+        return dict(self.applied_hi_inclusive), self.held_offsets()
+
+    @_locked
+    def incarnation(self) -> tuple[str, str | None, int]:
+        """(topic, topic id, write-buffer epoch): which messages this database's offsets name now."""
+        return self.topic, self.topic_id, self.epoch
+
+    @_locked
+    def known_tables(self) -> list[str]:
+        """Every table this database holds rows of or knows the columns of, sorted."""
+        return sorted(set(self.partitions) | set(self.schemas.tables()))
+
+    @_locked
+    def table_columns(self) -> dict:
+        """{table: [(column, role, type)]} of every table whose columns are known, as the schemas hold them."""
+        out = {}
+        for table in sorted(self.schemas.tables()):
+            sch = self.schemas.get(table)
+            out[table] = [(c.name, c.role, c.type) for c in (sch.columns if sch else [])]
+        return out
+
+    @_locked
+    def loss_state(self) -> tuple[list, bool, dict | None]:
+        """(the lost-write ranges not accepted yet, whether the topic was replaced, `tail_truncated`):
+        what refuses writes to this database, read at one instant (copies)."""
+        truncated = None if self.tail_truncated is None else dict(self.tail_truncated)
+        return [r for r in self.lost_writes if not r.accepted], self.topic_replaced, truncated
+
+    @_locked
+    def lost_write_entries(self) -> tuple:
+        """Every lost-write range as the preserved catalog records it (LostWritesEntry)."""
+        return tuple(r.entry() for r in self.lost_writes)
+
+    def owned(self) -> set:
+        """The Kafka partitions this server owns (a new set): in a pool those claimed and not lost
+        since; outside one every partition."""
+        owned = self.owned_partitions  # a frozenset, replaced whole: one read needs no lock
+        return set(range(self.kafka_partitions)) if owned is None else set(owned)
 
     # -- ownership in an ingester pool (catalog/ownership.py) ---------------------------------
     @_locked
@@ -491,6 +541,7 @@ class Database:
         del self.partitions[table][key]
         return True
 
+    @_locked
     def accepted_offsets(self) -> set:
         """{(kp, offset)} of the ACCEPTED messages of the current epoch: never applied."""
         return {(r.partition, r.offset) for r in self.poisoned if r.state == ACCEPTED and r.epoch == self.epoch}
@@ -608,6 +659,11 @@ class Catalog:
             if part is None:
                 part = parts[key] = TablePartition(table, key)
             return part
+
+    def set_partition_checkpoint(self, db: Database, table: str, key: str, checkpoint) -> None:
+        """The partition's latest persist checkpoint is `checkpoint` (the partition is created when new)."""
+        with self._lock:
+            self.partition(db, table, key).checkpoint = checkpoint
 
     def get_partition(self, db: Database, table: str, key: str) -> TablePartition | None:
         with self._lock:

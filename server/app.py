@@ -40,7 +40,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from catalog.catalog import FENCED, Catalog, DatabaseNotFoundError
+from catalog.catalog import FENCED, Catalog
 from iox import management_pb2
 
 from server.runtime import broker as broker_mod
@@ -48,14 +48,14 @@ from server.config import ServerConfig, is_loopback
 from server.api.auth import Authenticator
 from server.consume.consumer import WriteBufferConsumer
 from server.write_buffer.end_polls import AckMarks
-from server.errors import CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, WriteBufferTruncated, WriteBufferUnavailable
+from server.errors import DatabaseFenced
 from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
 from server.errors import NotAPoolMember, RoleRefuses
 from server.write_buffer.ack_log import AckLog
 from server.consume.ingest import Ingestor
 from server.query.engine import QueryEngine
-from server.query.read_barrier import ReadBarrier, ReplayState, covered
-from server.consume.watermarks import MessageSizes, partition_watermarks, persisted_hi_inclusive
+from server.query.read_barrier import ReadBarrier
+from server.consume.watermarks import MessageSizes
 from server.write.router import Router
 from server.runtime.broker_truncation import BrokerTruncation
 from server.runtime.spark import build_spark, lower_spark_priority
@@ -67,39 +67,30 @@ from server.runtime.write_path_priority import raise_write_path_priority
 from server.runtime.memory_guard import MemoryGuard, process_tree_rss_bytes
 from server.runtime.ports import check_ports_free
 from server.runtime import spark_connect
-from server.retention_admin import fill_retention_status, operation_gauges, set_retention
+from server.retention_admin import operation_gauges, set_retention
 from server.freeze_admin import FreezeControl
-from server.lost_writes_admin import LostWritesControl, lost_status
-from server.poison_admin import PoisonControl, poisoned_status
+from server.lost_writes_admin import LostWritesControl
+from server.poison_admin import PoisonControl
 from server.pool_admin import PoolControl
+from server.replay_watch import ReplayWatch
+from server.status_document import StatusDocument
+from server.query_service import QueryService
+from server.query.visibility import Visibility
+from server.clean_stop import drain_and_persist
+from server.manual_actions import ManualActions
 from server.verify_admin import VerifyControl
 from server.write_buffer.freeze import cap_replay_until
 from server.api.buckets import BucketsApi
 
-__all__ = ["IoxServer", "DRAIN_TIMEOUT_S", "CATCH_UP_TIMEOUT_S"]
+__all__ = ["IoxServer"]
 
-#: How long a clean stop waits for acknowledged writes to be applied before persisting.
-DRAIN_TIMEOUT_S = 120.0
-#: How long `iox persist` / `iox compact` wait at most (less when the request's deadline is nearer) for the
-#: writes acknowledged before them to be applied
-CATCH_UP_TIMEOUT_S = 120.0
-#: How much sooner than a request's deadline a wait gives up, so its answer reaches the client in time
-_ANSWER_MARGIN_S = 0.25
 #: How often the server checks that its embedded broker still runs (and starts it again if not)
 BROKER_CHECK_INTERVAL_S = 1.0
 #: How often the transaction-repair thread looks for markers and aborts to write.
 TXN_REPAIR_INTERVAL_S = 1.0
-#: How often a start that replays the write buffer logs its progress (offsets done / to do per database)
-REPLAY_LOG_INTERVAL_S = 5.0
-#: How long a query waits at most (less when its deadline is nearer) for a replay to catch up or for its
-#: write token to become visible
-QUERY_WAIT_MAX_S = 120.0
 
 log = logging.getLogger(__name__)
 
-
-#: the read barrier's visible offset of a partition another pool member owns: its owner waits
-_OWNER_WAITS = 1 << 62
 
 
 def _advertised(bind_host: str, port: int) -> str:
@@ -135,10 +126,8 @@ class IoxServer:
         self.tail = None
         #: ingester pool membership (server/pool_admin.py); None when not a pool member
         self.pool = None
-        self._replay_until: dict = {}
-        #: topic -> ({kafka partition: first offset replayed}, {kafka partition: replay target}), kept
-        #: after replay caught up (status reports its progress)
-        self._replay_plan: dict = {}
+        #: each database's replay of its write buffer (server/replay_watch.py); built at start
+        self.replay = None
         #: Kafka's end offsets as status and /metrics report them (server/write_buffer/kafka_ends.py)
         self.kafka_ends = None
         #: lost writes found while running (server/lost_writes_admin.py), the operator's word on
@@ -263,10 +252,9 @@ class IoxServer:
         tree_bytes = lambda exact=True: process_tree_rss_bytes(extra_pids=broker_pids(), exact=exact)  # noqa: E731
         self.freeze = FreezeControl(self, data_dir, cfg.freeze_at_percent, cfg.memory_limit_bytes, rss=tree_bytes)
         self.freeze.hold_recorded()
-        self._replay_until = {t: dict(p) for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items()
-                              if p}
-        self._replay_plan = {t: (dict(rec.replay_from.get(t, {})), dict(p)) for t, p in self._replay_until.items()}
-        for topic, until in self._replay_until.items():  # types of Kafka-only tables, before any write
+        replay_until = {t: p for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items() if p}
+        self.replay = ReplayWatch(self.catalog, replay_until, rec.replay_from, on_caught_up=self._replay_caught_up)
+        for topic, until in replay_until.items():  # types of Kafka-only tables, before any write
             load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
                                 rec.start_offsets.get(topic, {}), until)
         # which Kafka partitions are held at a poisoned message (server/write_buffer/poison.py): none at start
@@ -280,7 +268,8 @@ class IoxServer:
                 self.ingestor.refresh_table_view(db, table)
         self.tail = None
         if cfg.tail_max_bytes:
-            self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes, is_replaying=self.is_replaying)
+            self.tail = WriteBufferTail(self.catalog, bootstrap, cfg.tail_max_bytes,
+                                        is_replaying=self.replay.any_replaying)
         self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
         self.write_buffer.on_acked = self._on_acked
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
@@ -293,9 +282,11 @@ class IoxServer:
             self.router.metrics.lost_writes(name, n)
         self.ingestor.metrics = self.router.metrics
         self.message_sizes = MessageSizes()
-        self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self._barrier_visible,
-                                        self._replay_state)
-        self.router.metrics.watch_watermarks(self._all_watermarks)
+        self.visibility = Visibility(self.catalog, self.tail, self.kafka_ends, self.message_sizes,
+                                     self._database_checkpoint)
+        self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self.visibility.for_barrier,
+                                        self.replay.state)
+        self.router.metrics.watch_watermarks(self.visibility.all_watermarks)
         self.router.metrics.operation.watch(lambda: operation_gauges(self))
         self.pause_file = os.path.join(data_dir, "backpressure")
         if os.path.exists(self.pause_file):
@@ -313,8 +304,9 @@ class IoxServer:
         self.consumer.freeze_file = self.freeze.path
         self.memory_guard.start()
         self.consumer.start(rec.start_offsets)
-        if self._replay_plan:
-            threading.Thread(target=self._log_replay_progress, name="replay-progress", daemon=True).start()
+        if self.replay.planned:
+            threading.Thread(target=self.replay.log_progress, args=(self._stopped,), name="replay-progress",
+                             daemon=True).start()
         if self.tail is not None:
             self.tail.start()
         # what is persisted leaves the durable embedded broker's store (server/runtime/broker_truncation.py)
@@ -325,7 +317,7 @@ class IoxServer:
                 cfg.broker_persisted_retention_s, self.router.metrics).start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
-                                         is_replaying=self.database_replaying, on_fenced=self._on_fenced,
+                                         is_replaying=self.replay.replaying, on_fenced=self._on_fenced,
                                          on_persisted=self._commit_resumption_offsets,
                                          cache=self.parquet_cache)
         self.lifecycle.prune_delay_s = cfg.prune_delay_s
@@ -345,13 +337,18 @@ class IoxServer:
                         self.freeze.record.since_s, self.freeze.record.reason)
         self.losses = LostWritesControl(self.catalog, self.write_buffer, self.lifecycle, self.consumer,
                                         self.router.metrics, cfg.partitions, cfg.tail_loss_grace_s, self._stopped,
-                                        replaying=self.database_replaying,
+                                        replaying=self.replay.replaying,
                                         refuse_when_fenced=self._refuse_writes_when_fenced,
-                                        forget_epoch=self._forget_epoch)
+                                        forget_epoch=self._forget_epoch, ack_log=self.ack_log)
         self.poison = PoisonControl(self.catalog, self.consumer, self.lifecycle, self.ingestor,
                                     refuse_when_fenced=self._refuse_writes_when_fenced)
-        self.write_buffer.guard = self._guard_writes
-        self.write_buffer.confirm = self._confirm_acked
+        self.queries = QueryService(cfg.role, self.catalog, self.read_barrier, self.query_engine, self.pool)
+        self.manual = ManualActions(self.catalog, self.write_buffer, self.ingestor.wait_applied, self.lifecycle,
+                                    cfg.partitions)
+        self.status_document = StatusDocument(self.catalog, self.lifecycle, self.freeze, self.replay,
+                                              self.visibility.watermarks, self.store, cfg.pool_member)
+        self.write_buffer.guard = self.losses.guard
+        self.write_buffer.confirm = self.losses.confirm
         self.write_buffer.on_topic = self.losses.on_topic
         for db in self.catalog.databases():
             if db.tail_truncated is not None:  # found by recovery: continues once its replay is persisted
@@ -458,7 +455,7 @@ class IoxServer:
                 self.router.close()  # no_sync writes handed to the producer: Kafka acknowledges them first
             if self.broker is not None and self.broker.in_memory and \
                     self.lifecycle is not None and self.consumer is not None:
-                self._drain_and_persist()
+                drain_and_persist(self.catalog, self.write_buffer, self.lifecycle, self.replay)
             if self.lifecycle is not None:
                 self.lifecycle.stop()
             if self.broker_truncation is not None:
@@ -554,158 +551,17 @@ class IoxServer:
         """`iox retention` / the buckets API: see server/retention_admin.py."""
         return set_retention(self, database, period_s)
 
-    def _drain_and_persist(self) -> None:
-        """Clean stop with the embedded in-memory broker: the write buffer dies with the broker,
-        so wait until every acknowledged write is applied and every multi-message request read
-        is decided (the repair thread still runs), then persist everything."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        drained = True
-        while True:
-            behind, held_back = [], []
-            for (topic, kp), off in self.write_buffer.acked_all().items():
-                db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-                held = db.held_offsets() if db is not None else {}
-                if db is None or db.applied_hi_inclusive.get(kp, -1) < min(off, held.get(kp, off + 1) - 1):
-                    behind.append((topic, kp))
-                elif kp in held and off >= held[kp]:
-                    held_back.append((topic, kp))  # acknowledged, held (frozen, poisoned): not applied here
-            undecided = [d.name for d in self.catalog.databases() if not d.txns.is_idle()]
-            if not behind and not undecided and not self.is_replaying():
-                if held_back:  # the topic holds acknowledged writes that are not in Parquet
-                    log.error("clean stop: acknowledged writes of %s are held (frozen or poisoned) and not "
-                              "applied; they are lost with the in-memory broker", held_back)
-                    drained = False
-                break
-            if time.monotonic() > deadline:
-                log.error("clean stop: %s not applied (transactions undecided in %s) within %ss; persisting "
-                          "what is applied", behind, undecided, DRAIN_TIMEOUT_S)
-                drained = False
-                break
-            time.sleep(0.1)
-        for db in self.catalog.databases():
-            if self.lifecycle.fenced_revision(db.name) is not None:
-                log.warning("clean stop: %s is fenced (another server owns it): not persisted here", db.name)
-                continue
-            try:
-                done = self.lifecycle.persist_now(db, None, None, time.time())
-                log.info("clean stop: persisted %d partition(s) of %s", len(done), db.name)
-                if drained:
-                    self._record_complete_checkpoint(db)
-            except Exception:
-                log.exception("clean stop: persisting %s failed", db.name)
-
-    def _record_complete_checkpoint(self, db) -> None:
-        """After a drained clean stop persisted everything: record that the topic holds nothing
-        unpersisted, so the next start may accept the in-memory broker's empty topic (any other
-        reset topic refuses to start: acknowledged writes past the checkpoint may be lost)."""
-        with self.catalog.lock:
-            unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
-                           if p.windows is not None and not p.windows.is_empty()]
-            applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
-            pins = self.catalog.replay_pins(db, {})  # undecided transaction parts, a batch half applied
-            if pins:
-                unpersisted.append(("offsets replay must read", sorted(pins.items())))
-        if unpersisted:
-            log.error("clean stop: %s still holds unpersisted rows in %s; not recording a complete checkpoint",
-                      db.name, unpersisted[:5])
-            return
-        preserved = self.lifecycle.preserved_for(db.name, time.time())
-        preserved.commit([db.checkpoint_action({kp: (None, hi) for kp, hi in applied.items()}, complete=True)],
-                         time.time())
-
     # -- replay -------------------------------------------------------------------------
-    def database_replaying(self, db) -> bool:
-        """True until every Kafka partition of `db` caught up with where the previous run stopped.
-        The lifecycle holds `db`'s persists and compactions until then; a database that replays
-        long (a poisoned message held, a large backlog) holds no other database's."""
-        until = self._replay_until.get(db.topic)
-        return until is not None and any(db.applied_hi_inclusive.get(kp, -1) < off for kp, off in until.items())
+    def _replay_caught_up(self) -> None:
+        """The last database's replay caught up (server/replay_watch.py): the ingestor's replay row
+        filters (what a persisted file already holds) are not needed any more."""
+        self.ingestor.row_filters = {}
 
     def is_replaying(self) -> bool:
-        """True until every Kafka partition caught up with where the previous run stopped."""
-        if not self._replay_until:
-            return False
-        for topic in list(self._replay_until):  # retires every database that caught up
-            db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-            if db is not None and not self.database_replaying(db):
-                self._replay_until.pop(topic, None)
-        if self._replay_until:
-            return True
-        self.ingestor.row_filters = {}
-        log.info("replay caught up")
-        return False
-
-    def _replay_state(self, db) -> ReplayState:
-        """The replay of `db` at start (server/query/read_barrier.py): replaying until its Kafka
-        partitions applied what the write buffer held at start (a partition held at a poisoned message:
-        up to it). Any thread; no side effect."""
-        until = self._replay_until.get(db.topic)
-        if not until:
-            return ReplayState(False, {})
-        with self.catalog.lock:
-            applied = dict(db.applied_hi_inclusive)
-            held = db.held_offsets()
-        # a partition held at a poisoned message applies nothing from it on (as `caught_up_database`)
-        until = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in until.items()}
-        if all(applied.get(kp, -1) >= off for kp, off in until.items()):
-            return ReplayState(False, dict(until))
-        done, todo = self.replay_progress(db)
-        return ReplayState(True, dict(until), done, todo)
-
-    def replay_progress(self, db) -> tuple[int, int]:
-        """(offsets done, offsets to do) of the replay of `db` at start; (0, 0) when it replayed nothing."""
-        from server.consume.recovery import replay_progress
-
-        plan = self._replay_plan.get(db.topic)
-        if plan is None:
-            return 0, 0
-        return replay_progress(plan[0], plan[1], dict(db.applied_hi_inclusive))
-
-    def _log_replay_progress(self) -> None:
-        """Logs each replaying database's progress every REPLAY_LOG_INTERVAL_S until every one caught up."""
-        interval_s = REPLAY_LOG_INTERVAL_S
-        pending = dict(self._replay_plan)
-        t0 = time.monotonic()
-        while pending and not self._stopped.wait(interval_s):
-            for topic in sorted(pending):
-                db = next((d for d in self.catalog.databases() if d.topic == topic), None)
-                if db is None:
-                    continue
-                done, todo = self.replay_progress(db)
-                if done >= todo:
-                    log.info("replay of database %s: done, %d offsets in %.0f s", db.name, todo,
-                             time.monotonic() - t0)
-                    del pending[topic]
-                else:
-                    log.info("replay of database %s: %d of %d offsets (%.1f%%)", db.name, done, todo,
-                             100.0 * done / todo)
+        """True until every database's replay at start caught up (server/replay_watch.py)."""
+        return self.replay is not None and self.replay.any_replaying()
 
     # -- write-buffer losses and fencing ------------------------------------------------
-    def _guard_writes(self, database: str) -> dict | None:
-        """The write buffer's guard (every produce of a write or a delete): refuses a fenced database,
-        then one whose write buffer lost writes (see both checks). Returns {kp: highest offset applied}
-        of the database (None when new here): an offset Kafka gives this request at or below it was
-        given out before (`_confirm_acked`)."""
-        self._refuse_writes_when_fenced(database)
-        self.losses.refuse_writes_after_a_loss(database)
-        db = self.catalog.peek_database(database)
-        return None if db is None else dict(db.applied_hi_inclusive)  # one copy under the GIL: no lock
-
-    def _confirm_acked(self, database: str, topic: str, token: dict, taken: dict) -> None:
-        """The write buffer's confirmation (every produce Kafka acknowledged, before it is answered; gRPC/HTTP
-        threads): an offset Kafka gave out again (at or below one `taken` before the request was sent) means
-        its broker lost the tail: the request fails and the loss is recorded (`_tail_lost`); else the token
-        is made durable in the ack log, so a later start knows what was acknowledged."""
-        db = self.catalog.peek_database(database)
-        reused = {kp: off for kp, off in token.items() if off <= taken.get(kp, -1)}
-        if reused and db is not None:
-            log.error("database %s: Kafka acknowledged offsets %s, given out before (up to %s were): its broker "
-                      "lost the tail of %s", database, reused, {kp: taken[kp] for kp in reused}, topic)
-            self.losses.check_tail(db, ends_at_most=reused)
-            self.losses.refuse_writes_after_a_loss(database)
-            raise WriteBufferTruncated(database, reused)  # the check found another state: refuse this one anyway
-        self.ack_log.record(topic, None if db is None else db.topic_id, 0 if db is None else db.epoch, token)
-
     def _refuse_writes_when_fenced(self, database: str) -> None:
         """Raises DatabaseFenced when another server committed a newer revision of the database's
         preserved catalog (the router calls it before anything of a write is done)."""
@@ -721,7 +577,7 @@ class IoxServer:
         self.ingestor.poison_changed(db)
         for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
             del self.ingestor.row_filters[key]
-        self._replay_until.pop(db.topic, None)
+        self.replay.forget(db.topic)
         self.kafka_ends.forget(db.topic)
         self.message_sizes.forget_topic(db.topic)
         self.write_buffer.forget_acked(db.topic)
@@ -768,59 +624,25 @@ class IoxServer:
         if ingestor is not None:
             ingestor.poison_changed(db)  # the streaming source's holds file follows
 
-    # -- queries and watermarks ---------------------------------------------------------
+    # -- queries -------------------------------------------------------------------------
     def query(self, database: str, sql: str, after: str = "", allow_partial: bool = False,
               deadline_s: float | None = None):
-        """Runs `sql` once the read barrier passed (server/query/read_barrier.py: the replay caught up
-        or `allow_partial`, the write token `after` visible), waiting at most QUERY_WAIT_MAX_S or until
-        a little before the request's deadline `deadline_s`. Returns the QueryResult with `partial`,
-        `topic`, `topic_id` and `epoch` set; the caller reads its batches or closes it (its rows stream
-        from Spark while read). gRPC handler threads (driver)."""
-        if self.config.role == "ingester":
-            raise RoleRefuses("ingester", "answer queries", "query a querier or an all member of the pool")
-        timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else \
-            max(0.0, min(deadline_s - _ANSWER_MARGIN_S, QUERY_WAIT_MAX_S))
-        t0 = time.monotonic()
-        if self.pool is not None and self.catalog.peek_database(database) is None:
-            self.pool.learn_database(database)  # written through another member only
-        passage = self.read_barrier.pass_through(database, after, allow_partial, timeout_s)
-        remote = None
-        losses = self.pool.losses if self.pool is not None else 0
-        if self.pool is not None:  # the other members' unpersisted rows of the tables they own
-            remote = self.pool.gather_for_query(database, sql, passage.token.offsets if passage.token else {},
-                                                max(0.1, timeout_s - (time.monotonic() - t0)))
-        res = self.query_engine.run(database, sql) if remote is None else \
-            self.query_engine.run(database, sql, remote=remote)
-        if self.pool is not None and self.pool.losses != losses:
-            # a partition read here as its owner's may have been handed over (its unpersisted rows
-            # dropped) before the query took its chunks: never an answer that may lack them
-            from server.errors import OwnershipMoving
+        """A user's SQL (server/query_service.py)."""
+        return self.queries.query(database, sql, after, allow_partial, deadline_s)
 
-            res.close()
-            raise OwnershipMoving(database, f"member {self.pool.member!r} handed one over as the query started")
-        db = self.catalog.peek_database(database)
-        if passage.token is not None and not covered(passage.token.offsets, res.visible_hi_inclusive):
-            # cannot happen while watermarks only grow; never answer without the write
-            from server.errors import WriteTokenNotVisible
+    def table_columns(self, database: str) -> dict:
+        """InfluxQL's tags and fields of a database (server/query_service.py)."""
+        return self.queries.table_columns(database)
 
-            res.close()
-            raise WriteTokenNotVisible(database, passage.token.offsets, res.visible_hi_inclusive, 0.0)
-        # decided before the query's cut: a replay that caught up meanwhile may make it complete anyway
-        res.partial = passage.partial
-        if db is not None:
-            with self.catalog.lock:
-                res.topic, res.topic_id, res.epoch = db.topic, db.topic_id or "", db.epoch
-        return res
+    def database_names(self) -> list:
+        """The names of the databases this server knows, sorted (server/query_service.py)."""
+        return self.queries.database_names()
 
-    def _barrier_visible(self, db) -> dict:
-        """What the read barrier counts as visible: `_visible`, and in an ingester pool every
-        partition another member owns (its owner waits for a token's offsets, server/query/pool_rows.py)."""
-        vis = self._visible(db)
-        if db.owned_partitions is not None:
-            with self.catalog.lock:
-                owned = set(db.owned_partitions)
-            vis = {**vis, **{kp: _OWNER_WAITS for kp in range(db.kafka_partitions) if kp not in owned}}
-        return vis
+    def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
+                         written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):
+        """The UnpersistedRows RPC (server/query_service.py)."""
+        return self.queries.unpersisted_rows(database, tables, wait_applied, deadline_s, written_before, scans,
+                                             max_bytes)
 
     def _agree_columns(self, database: str, columns: dict) -> dict:
         """The router's `agree_columns` in an ingester pool (request threads): the pool's columns of
@@ -833,131 +655,25 @@ class IoxServer:
         except Exception as e:  # noqa: BLE001  (the object store's errors, an unreadable reservation)
             raise ColumnAgreementUnavailable(database, f"{type(e).__name__}: {e}") from e
 
-    def table_columns(self, database: str) -> dict:
-        """{table: [(column, role, type)]} of a database's tables, as its schemas hold them (InfluxQL's
-        tags and fields); DatabaseNotFound when there is no such database. Handler threads (driver)."""
-        if self.pool is not None and self.catalog.peek_database(database) is None:
-            self.pool.learn_database(database)  # written through another member only
-        db = self.catalog.peek_database(database)
-        if db is None:
-            raise DatabaseNotFound(database)
-        with self.catalog.lock:
-            out = {}
-            for table in sorted(db.schemas.tables()):
-                sch = db.schemas.get(table)
-                out[table] = [(c.name, c.role, c.type) for c in (sch.columns if sch else [])]
-        return out
-
-    def database_names(self) -> list:
-        """The names of the databases this server knows, sorted. Handler threads (driver)."""
-        return sorted(d.name for d in self.catalog.databases())
-
-    def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
-                         written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):
-        """The UnpersistedRows RPC (server/query/pool_rows.py): this pool member's answer."""
-        if self.pool is None:
-            raise NotAPoolMember(f"unpersisted rows of {database!r}")
-        timeout_s = QUERY_WAIT_MAX_S if deadline_s is None else max(0.0, min(deadline_s - _ANSWER_MARGIN_S,
-                                                                              QUERY_WAIT_MAX_S))
-        return self.pool.answer_rows(database, tables, wait_applied, timeout_s, written_before, scans, max_bytes)
-
-    def _visible(self, db) -> dict:
-        """{kp: visible_hi_inclusive} of `db` now (applied, plus the write buffer's tail)."""
-        if self.tail is not None:
-            return self.tail.visible(db)
-        with self.catalog.lock:
-            return dict(db.applied_hi_inclusive)
-
-    def watermarks(self, db) -> list:
-        """The PartitionWatermarks of `db` (server/consume/watermarks.py); Kafka's ends are read through
-        `KafkaEnds` (unknown when Kafka cannot be asked). Status and /metrics (driver threads)."""
-        ends = self.kafka_ends.ends(db)
-        visible = self._visible(db)
-        pc = self.lifecycle.preserved.get(db.name) if self.lifecycle is not None else None
-        dbck = pc.state.database_checkpoint if pc is not None else None
-        with self.catalog.lock:
-            applied, epoch, topic = dict(db.applied_hi_inclusive), db.epoch, db.topic
-        persisted = persisted_hi_inclusive(dbck, epoch, applied)
-        return partition_watermarks(applied, visible, persisted, ends,
-                                    lambda kp: self.message_sizes.mean_bytes(topic, kp))
-
-    def _all_watermarks(self) -> list:
-        """[(database, PartitionWatermarks)] of every database (/metrics, at each scrape)."""
-        return [(db.name, w) for db in self.catalog.databases() for w in self.watermarks(db)]
+    def _database_checkpoint(self, name: str):
+        """The preserved catalog's database checkpoint of `name` (None before the lifecycle runs or
+        before its first one)."""
+        pc = self.lifecycle.preserved.get(name) if self.lifecycle is not None else None
+        return pc.state.database_checkpoint if pc is not None else None
 
     # -- management ---------------------------------------------------------------------
     def caught_up_database(self, database: str, deadline_s: float | None = None):
-        """The database once every write acknowledged before this call is applied (`iox persist`,
-        `iox compact`: they act on what was written before them, not on what a micro-batch
-        happened to apply already).
-
-        The target is the write buffer's true end per Kafka partition as of the call (whoever
-        produced it), for a partition held at a poisoned message the offset before it; waits at most `deadline_s` (None: CATCH_UP_TIMEOUT_S). Raises DatabaseNotFound
-        when neither the catalog nor Kafka knows the database, CatchUpTimedOut past the deadline,
-        WriteBufferUnavailable when Kafka cannot be asked. Called from gRPC threads (driver)."""
-        # with a request deadline: answer a little before it, so the client gets the reason
-        timeout_s = CATCH_UP_TIMEOUT_S if deadline_s is None else \
-            max(0.0, min(deadline_s - _ANSWER_MARGIN_S, CATCH_UP_TIMEOUT_S))
-        try:
-            bounds = self.write_buffer.partition_bounds(topic_for(database), self.config.partitions)
-        except Exception as e:  # KafkaException, or the write buffer closing
-            raise WriteBufferUnavailable(f"cannot read the end of {topic_for(database)}: {e}") from e
-        target = {kp: end - 1 for kp, (_lo, end) in bounds.items() if end > 0}
-        db = self.catalog.peek_database(database)
-        if db is not None and db.may_hold:  # a held partition applies nothing from its held message on
-            with self.catalog.lock:
-                held = db.held_offsets()
-            target = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in target.items()}
-        if not bounds:
-            try:
-                return self.catalog.database(database)
-            except DatabaseNotFoundError:
-                raise DatabaseNotFound(database) from None
-        applied = self.ingestor.wait_applied(database, target, timeout_s)
-        if applied is None or any(applied.get(kp, -1) < off for kp, off in target.items()):
-            raise CatchUpTimedOut(database, target, applied or {}, timeout_s)
-        return self.catalog.database(database)
+        """`iox persist` / `iox compact`'s wait (server/manual_actions.py)."""
+        return self.manual.caught_up(database, deadline_s)
 
     def persist_now(self, database: str, table: str = "", partition_key: str = "", deadline_s: float | None = None):
-        db = self.caught_up_database(database, deadline_s)
-        resp = management_pb2.PersistResponse()
-        for r in self.lifecycle.persist_now(db, table or None, partition_key or None, time.time()):
-            resp.persisted.add(table=r.table, partition_key=r.partition_key, rows=r.rows_persisted,
-                               files=list(r.files), revision=r.revision, flush_timestamp_ns=r.flush_timestamp_ns)
-        from catalog.sharding import partition_for
-
-        with self.catalog.lock:  # what this persist could not cover, and why
-            kps = {partition_for(table, db.kafka_partitions)} if table else set(range(db.kafka_partitions))
-            for kp, holds in db.hold_reasons().items():
-                if kp in kps:
-                    off, why = holds[0]
-                    resp.skipped.add(kafka_partition=kp, reason=f"{why}: its writes from offset {off} on are not "
-                                                                f"applied here, they wait in Kafka")
-            for t, parts in sorted(db.partitions.items()):
-                for k, p in sorted(parts.items()):
-                    if (table and t != table) or (partition_key and k != partition_key) or p.windows is None \
-                            or p.windows.is_empty():
-                        continue
-                    why = ("a persist or compaction of it was running" if p.persisting or p.compacting else
-                           "a micro-batch that failed is not applied again yet" if db.failed_batch_hi else None)
-                    if why is not None:
-                        resp.skipped.add(table=t, partition_key=k, reason=why,
-                                         kafka_partition=partition_for(t, db.kafka_partitions))
-        return resp
+        """`iox persist` (server/manual_actions.py)."""
+        return self.manual.persist(database, table, partition_key, deadline_s)
 
     def compact_now(self, database: str, table: str, partition_key: str, persisted: bool = False,
                     deadline_s: float | None = None):
-        db = self.caught_up_database(database, deadline_s)
-        if persisted:
-            r = self.lifecycle.compact_persisted_now(db, table, partition_key, time.time())
-            if r is None:
-                return management_pb2.CompactResponse(compacted=False)
-            return management_pb2.CompactResponse(compacted=True, rows=r.rows, removed_files=list(r.removed),
-                                                  added_file=r.added or "", revision=r.revision)
-        c = self.lifecycle.compact_now(db, table, partition_key, time.time())
-        if c is None:
-            return management_pb2.CompactResponse(compacted=False)
-        return management_pb2.CompactResponse(compacted=True, chunk_id=c.id, rows=c.rows)
+        """`iox compact` (server/manual_actions.py)."""
+        return self.manual.compact(database, table, partition_key, persisted, deadline_s)
 
     # -- poisoned messages (server/write_buffer/poison.py) ------------------------------------------
     def retry_poisoned(self, database: str, partition: int | None = None, offset: int | None = None):
@@ -970,83 +686,5 @@ class IoxServer:
 
     # -- status -----------------------------------------------------------------------
     def status(self, database: str = "", pool_members: bool = False) -> management_pb2.GetStatusResponse:
-        """`iox status`: the databases (`database` only when given); with `pool_members` on a pool
-        member, also every member's published address (read from the object store)."""
-        if database:
-            try:
-                dbs = [self.catalog.database(database)]
-            except DatabaseNotFoundError:
-                raise DatabaseNotFound(database) from None
-        else:
-            dbs = self.catalog.databases()
-        resp = management_pb2.GetStatusResponse()
-        resp.freeze.CopyFrom(self.freeze.state())
-        resp.pool_member = self.config.pool_member or ""
-        if pool_members and self.config.pool_member is not None:
-            from catalog.ownership import read_member_records
-
-            for r in sorted(read_member_records(self.store), key=lambda r: r["member"]):
-                resp.pool_members.add(member=r["member"], address=r["address"], host=r.get("host") or "",
-                                      published_at_s=float(r.get("at_s") or 0.0))
-        self.is_replaying()  # retires finished replays
-        marks = {db.name: self.watermarks(db) for db in dbs}  # asks Kafka: outside the catalog lock
-        with self.catalog.lock:
-            for db in dbs:
-                pc = self.lifecycle.preserved.get(db.name) if self.lifecycle else None
-                d = resp.databases.add(name=db.name, topic=db.topic, kafka_partitions=db.kafka_partitions,
-                                       catalog_revision=pc.revision if pc is not None else -1,
-                                       replaying=self.database_replaying(db))
-                d.epoch = db.epoch
-                d.pending_transaction_parts = len(db.txns.pending)
-                d.pinned_transactions = len(db.txns.pins)
-                for r in sorted((r for r in db.lost_writes if r.accepted), key=lambda r: r.partition):
-                    d.lost_writes_skipped.add(partition=r.partition, from_offset=r.from_offset,
-                                              **({} if r.to_exclusive is None else
-                                                 {"to_offset_exclusive": r.to_exclusive}))
-                for kp, off in sorted(self._replay_until.get(db.topic, {}).items()):
-                    d.replay_target.add(partition=kp, applied_hi_inclusive=off)
-                d.replay_offsets_done, d.replay_offsets_todo = self.replay_progress(db)
-                d.topic_replaced = db.topic_replaced
-                fill_retention_status(d, db, time.time())
-                if pc is not None:
-                    for kp, o in sorted(pc.state.owners.items()):
-                        d.owners.add(partition=kp, owner=o.owner, epoch=o.epoch)
-                if db.owned_partitions is not None:
-                    d.owned_partitions.extend(sorted(db.owned_partitions))
-                fenced_revision = self.lifecycle.fenced_revision(db.name) if self.lifecycle else None
-                if fenced_revision is not None:
-                    d.fenced = True
-                    d.fenced_revision = fenced_revision
-                for r in db.lost_writes:
-                    lost_status(d.lost_writes.add(), r)
-                for r in sorted(db.poisoned, key=lambda r: (r.epoch, r.partition, r.offset)):
-                    poisoned_status(d.poisoned.add(), db, r)
-                for kp, (count, offset, reason) in sorted(db.skipped_messages.items()):
-                    d.skipped_messages.add(partition=kp, count=count, last_offset=offset, last_reason=reason)
-                for w in marks[db.name]:
-                    d.write_buffer.add(partition=w.partition, applied_hi_inclusive=w.applied_hi_inclusive,
-                                       visible_hi_inclusive=w.visible_hi_inclusive,
-                                       persisted_hi_inclusive=w.persisted_hi_inclusive,
-                                       high_watermark=w.high_watermark, lag_messages=w.lag_messages,
-                                       lag_bytes=w.lag_bytes)
-                for table in sorted(set(db.schemas.tables()) | set(db.partitions)):
-                    t = d.tables.add(name=table)
-                    sch = db.schemas.get(table)
-                    for c in (sch.columns if sch else []):
-                        t.columns.add(name=c.name, role=c.role, type=c.type)
-                    for key in sorted(db.partitions.get(table, {})):
-                        part = db.partitions[table][key]
-                        p = t.partitions.add(key=key, unpersisted_rows=part.windows.unpersisted_row_count()
-                                             if part.windows else 0)
-                        for f in part.files:
-                            p.files.add(key=f.key, rows=f.row_count, size_bytes=f.size_bytes,
-                                        min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns)
-                        if part.checkpoint is not None:
-                            p.checkpoint.flush_timestamp_ns = part.checkpoint.flush_timestamp_ns
-                            for kp, (lo, hi) in sorted(part.checkpoint.sequencer_numbers.items()):
-                                p.checkpoint.offsets.add(partition=kp, min_unpersisted=-1 if lo is None else lo,
-                                                         max_seen=hi)
-                        for c in part.live_chunks():
-                            p.chunks.add(id=c.id, state=c.state, rows=c.rows, size_bytes=c.size_bytes,
-                                         min_time_ns=c.min_time_ns, max_time_ns=c.max_time_ns, storage=c.storage)
-        return resp
+        """`iox status` (server/status_document.py)."""
+        return self.status_document.build(database, pool_members)

@@ -61,13 +61,16 @@ class LostWritesControl:
     stops); `replaying(db)`: whether the database's start-up replay still runs;
     `refuse_when_fenced(name)`: raises when another server owns the database; `forget_epoch(db)`:
     the server forgets what it keeps of the database's old epoch (its caches of offsets and
-    messages), called while no micro-batch runs.
+    messages), called while no micro-batch runs; `ack_log` (server/write_buffer/ack_log.py): where
+    `confirm` records each acknowledged request, so a later start knows what was acknowledged.
     """
 
     def __init__(self, catalog: Catalog, write_buffer, lifecycle, consumer, metrics, partitions: int,
                  tail_loss_grace_s: float, stopped: threading.Event, replaying: Callable[[Database], bool],
-                 refuse_when_fenced: Callable[[str], None], forget_epoch: Callable[[Database], None]):
+                 refuse_when_fenced: Callable[[str], None], forget_epoch: Callable[[Database], None],
+                 ack_log=None):
         self._catalog = catalog
+        self._ack_log = ack_log
         self._write_buffer = write_buffer
         self._lifecycle = lifecycle
         self._consumer = consumer
@@ -83,6 +86,32 @@ class LostWritesControl:
         self._after_loss: dict = {}
 
     # -- the write buffer's hooks ------------------------------------------------------
+    def guard(self, database: str) -> dict | None:
+        """The write buffer's guard (every produce of a write or a delete, gRPC/HTTP threads): refuses a
+        fenced database, then one whose write buffer lost writes (`refuse_writes_after_a_loss`).
+        Returns {kp: highest offset applied} of the database (None when new here): an offset Kafka
+        gives this request at or below it was given out before (`confirm`)."""
+        self._refuse_when_fenced(database)
+        self.refuse_writes_after_a_loss(database)
+        db = self._catalog.peek_database(database)
+        return None if db is None else db.applied_offsets()
+
+    def confirm(self, database: str, topic: str, token: dict, taken: dict) -> None:
+        """The write buffer's confirmation (every produce Kafka acknowledged, before it is answered;
+        gRPC/HTTP threads): an offset Kafka gave out again (at or below one `taken` before the request
+        was sent) means its broker lost the tail: the request fails and the loss is recorded
+        (`check_tail`); else the token is made durable in the ack log."""
+        db = self._catalog.peek_database(database)
+        reused = {kp: off for kp, off in token.items() if off <= taken.get(kp, -1)}
+        if reused and db is not None:
+            log.error("database %s: Kafka acknowledged offsets %s, given out before (up to %s were): its broker "
+                      "lost the tail of %s", database, reused, {kp: taken[kp] for kp in reused}, topic)
+            self.check_tail(db, ends_at_most=reused)
+            self.refuse_writes_after_a_loss(database)
+            raise WriteBufferTruncated(database, reused)  # the check found another state: refuse this one anyway
+        if self._ack_log is not None:
+            self._ack_log.record(topic, None if db is None else db.topic_id, 0 if db is None else db.epoch, token)
+
     def refuse_writes_after_a_loss(self, database: str) -> None:
         """The write buffer's guard (every produce, gRPC/HTTP threads): refuses writes and deletes
         to a database whose write buffer lost acknowledged writes not accepted yet, or whose topic
@@ -90,10 +119,7 @@ class LostWritesControl:
         db = self._catalog.peek_database(database)
         if db is None or (not db.lost_writes and not db.topic_replaced and db.tail_truncated is None):
             return  # every write passes here: no lock
-        with self._catalog.lock:
-            open_ranges = [r for r in db.lost_writes if not r.accepted]
-            replaced = db.topic_replaced
-            truncated = db.tail_truncated
+        open_ranges, replaced, truncated = db.loss_state()
         if open_ranges:
             raise WritesLost(database, open_ranges)
         if replaced:
@@ -287,9 +313,7 @@ class LostWritesControl:
         """Commits the database's lost-write records (all of them) to its preserved catalog."""
         from catalog.preserved_catalog import RecordLostWrites
 
-        with self._catalog.lock:
-            entries = tuple(r.entry() for r in db.lost_writes)
-        self._lifecycle.commit_records(db, [RecordLostWrites(ranges=entries)], now)
+        self._lifecycle.commit_records(db, [RecordLostWrites(ranges=db.lost_write_entries())], now)
 
     def accept(self, database: str) -> management_pb2.AcceptLostWritesResponse:
         """`iox accept-lost-writes`: accepts the database's lost writes without a restart (as
@@ -303,10 +327,8 @@ class LostWritesControl:
         if db is None:
             raise DatabaseNotFound(database)
         self._refuse_when_fenced(database)
-        with self._catalog.lock:
-            open_ranges = [r for r in db.lost_writes if not r.accepted]
-            replaced = db.topic_replaced
-            truncated = db.tail_truncated is not None
+        open_ranges, replaced, tail_truncated = db.loss_state()
+        truncated = tail_truncated is not None
         if not open_ranges and not replaced:
             raise NothingToAccept(database)  # a lost tail with nothing lost continues by itself
         persisting = self._after_loss.get(db.name)

@@ -167,8 +167,7 @@ class PoolControl:
         for (table, pkey), ck in state.partition_checkpoints.items():
             if partition_for(table, n) not in kps:
                 continue
-            with catalog.lock:
-                catalog.partition(db, table, pkey).checkpoint = ck
+            catalog.set_partition_checkpoint(db, table, pkey, ck)
             if ck.epoch != db.epoch:
                 continue
             planner.register_partition_checkpoint(PartitionCheckpoint(
@@ -182,15 +181,15 @@ class PoolControl:
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items() if kp in kps}))
         plan = planner.build()
         planned = set(plan.kafka_partitions())
-        until = srv._replay_until.setdefault(topic_for(db.name), {})
         with catalog.lock:
-            starts = {}
+            starts, until = {}, {}
             for kp in sorted(kps):
                 lo, end = bounds.get(kp, (0, 0))
                 start = plan.start_offset(kp) if kp in planned else None
                 starts[kp] = start = lo if start is None else max(start, lo)
                 if end - 1 >= start:
                     until[kp] = end - 1
+            srv.replay.extend(topic_for(db.name), until)  # before anything of them is applied here
             db.adopt_claim(starts)
         for table in mine:
             srv.ingestor.refresh_table_view(db, table)
@@ -211,8 +210,7 @@ class PoolControl:
                         return
                     self.losses += 1
                 self._drop_unpersisted(db, kps)
-                for kp in kps:
-                    srv._replay_until.get(db.topic, {}).pop(kp, None)
+                srv.replay.drop(db.topic, kps)
 
             while True:  # no caller retries a loss: a batch that outlives the stream's stop is waited out
                 try:
@@ -348,8 +346,7 @@ class PoolControl:
             raise DatabaseNotFound(database) from None
         n = db.kafka_partitions
         asked = {partition_for(t, n) for t in tables} | set(wait_applied)
-        with srv.catalog.lock:
-            owned = set(db.owned_partitions or ())
+        owned = set(db.owned_partitions or ())  # a frozenset, replaced whole: no lock
         if asked - owned:
             raise self._not_owner(database, asked - owned)
         t0 = time.monotonic()
@@ -358,8 +355,8 @@ class PoolControl:
         target.update({kp: off for kp, off in barrier.items() if kp not in target})
         if target:
             srv.ingestor.wait_applied(database, target, timeout_s)
-        with srv.catalog.lock:
-            applied = {kp: db.applied_hi_inclusive.get(kp, -1) for kp in owned}
+        applied_now = db.applied_offsets()
+        applied = {kp: applied_now.get(kp, -1) for kp in owned}
         if any(applied.get(kp, -1) < off for kp, off in wait_applied.items()):
             raise WriteTokenNotVisible(database, wait_applied, applied, time.monotonic() - t0)
         behind = {kp: (applied.get(kp, -1), off) for kp, off in barrier.items() if applied.get(kp, -1) < off}
@@ -389,9 +386,8 @@ class PoolControl:
         server outside a pool does."""
         srv = self.server
         acked = srv.write_buffer.acked_of(db.topic)
-        until = dict(srv._replay_until.get(db.topic, {}))
-        with srv.catalog.lock:
-            held = db.held_offsets()
+        until = srv.replay.targets(db.topic)
+        held = db.held_offsets()
         wanted = {kp: max(written_before.get(kp, -1), acked.get(kp, -1), until.get(kp, -1)) for kp in partitions}
         return {kp: off for kp, off in _below_holds(wanted, held).items() if off >= 0}
 
@@ -498,11 +494,10 @@ class PoolControl:
         srv = self.server
         t0 = time.monotonic()
         while True:
-            with srv.catalog.lock:
-                owned = set(db.owned_partitions or ())
-                held = db.held_offsets()
+            owned = set(db.owned_partitions or ())  # a frozenset, replaced whole: no lock
+            held = db.held_offsets()
             target = _below_holds({kp: off for kp, off in written_before.items() if kp in owned}, held)
-            vis = srv._visible(db)
+            vis = srv.visibility.visible(db)
             behind = {kp: (vis.get(kp, -1), off) for kp, off in target.items() if vis.get(kp, -1) < off}
             if not behind:
                 return
@@ -523,8 +518,7 @@ class PoolControl:
         from server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
 
         srv, database, n = self.server, db.name, db.kafka_partitions
-        with srv.catalog.lock:
-            owned = set(db.owned_partitions)
+        owned = db.owned()  # in a pool: those claimed
         needed = {partition_for(t, n) for t in read} | set(wait_applied)
         if not fresh and any(kp not in owned and kp not in pc.state.owners for kp in needed):
             # a partition with no owner known here: a claim the fence probe has not read yet

@@ -96,7 +96,7 @@ def operation_gauges(server) -> list:
             rows.append(("iox_reader_lo_ns", [db.name], reader_lo_ns(period, now)))
         if pruner_hi is not None:
             rows.append(("iox_pruner_hi_ns", [db.name], pruner_hi))
-        done, todo = server.replay_progress(db)
+        done, todo = server.replay.progress(db)
         rows.append(("iox_replay_offsets_done", [db.name], done))
         rows.append(("iox_replay_offsets_todo", [db.name], todo))
     return rows

@@ -46,9 +46,7 @@ class VerifyControl:
             raise DatabaseNotFound(database)
         self.read_barrier.pass_through(database, "", False, _REPLAY_WAIT_S)
         n = db.kafka_partitions
-        with self.catalog.lock:
-            owned = set(range(n)) if db.owned_partitions is None else set(db.owned_partitions)
-            known = sorted(set(db.table_names()) | set(db.schemas.tables()))
+        owned, known = db.owned(), db.known_tables()
         kps = [partition_for(table, n)] if table else list(range(n))
         reports = [self._check_here(database, kp, [t for t in ([table] if table else known)
                                                    if partition_for(t, n) == kp], max_differences, not table)

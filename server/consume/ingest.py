@@ -438,11 +438,10 @@ class Ingestor:
         dbs = self.catalog.databases()
         if not any(db.may_hold for db in dbs):  # every batch passes here
             return holds, accepted
-        with self.catalog.lock:
-            for db in dbs:
-                for kp, off in db.held_offsets().items():
-                    holds[(db.topic, kp)] = off
-                accepted.update((db.topic, kp, off) for kp, off in db.accepted_offsets())
+        for db in dbs:
+            for kp, off in db.held_offsets().items():
+                holds[(db.topic, kp)] = off
+            accepted.update((db.topic, kp, off) for kp, off in db.accepted_offsets())
         return holds, accepted
 
     def _isolate(self, raw, meta: list, accepted: set, batch_id: int, t0: float, first: Exception, F) -> None:
@@ -922,8 +921,8 @@ class Ingestor:
                 db = self.catalog.database(database)
             except KeyError:
                 return False
-            with self.catalog.lock:
-                return all(db.applied_hi_inclusive.get(kp, -1) >= off for kp, off in target.items())
+            applied = db.applied_offsets()
+            return all(applied.get(kp, -1) >= off for kp, off in target.items())
 
         with self._applied:
             self._applied.wait_for(reached, timeout_s)
@@ -931,8 +930,7 @@ class Ingestor:
             db = self.catalog.database(database)
         except KeyError:
             return None
-        with self.catalog.lock:
-            return dict(db.applied_hi_inclusive)
+        return db.applied_offsets()
 
     def wait_for_batches(self, n: int, timeout_s: float) -> bool:
         with self._applied:

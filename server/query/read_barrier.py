@@ -8,7 +8,7 @@ runs, `ReadBarrier.pass_through`
    incarnation of it (WriteTokenOfOtherIncarnation, FAILED_PRECONDITION): its offsets name other
    messages now;
 2. while the database replays its write buffer after a restart (it has not yet applied what the
-   write buffer held at start, server/app.py `_replay_until`), waits for the replay up to the
+   write buffer held at start, server/replay_watch.py), waits for the replay up to the
    query's deadline, then raises ReplayNotCaughtUp (UNAVAILABLE) with the replay's progress;
    with `allow_partial` it does not wait and the answer is marked partial;
 3. waits until every offset of the token is visible (applied, or read from the write buffer's
@@ -78,8 +78,7 @@ class ReadBarrier:
         if beyond:
             raise InvalidWriteToken(f"it names Kafka partition(s) {beyond}; topic {db.topic} has "
                                     f"{db.kafka_partitions}")
-        with self.catalog.lock:
-            epoch, topic_id = db.epoch, db.topic_id
+        _topic, topic_id, epoch = db.incarnation()
         other_incarnation = token.topic_id is not None and topic_id is not None and token.topic_id != topic_id
         if token.epoch != epoch or other_incarnation:
             raise WriteTokenOfOtherIncarnation(db.name, token.epoch, epoch, token.topic_id, topic_id)

@@ -398,9 +398,7 @@ class WriteBufferTail:
 
     def visible(self, db) -> dict:
         """{kp: visible_hi_inclusive} of a database now (at least its applied watermark)."""
-        with self.catalog.lock:
-            applied = dict(db.applied_hi_inclusive)
-            held = db.held_offsets()
+        applied, held = db.applied_and_held()
         with self._lock:
             out = {}
             for kp, a in applied.items():

@@ -65,8 +65,7 @@ class KafkaEnds:
             return None
         ends = dict(read[1])
         acked = self._write_buffer.acked_of(topic)
-        with self._catalog.lock:
-            applied = dict(db.applied_hi_inclusive)
+        applied = db.applied_offsets()
         for kp in ends:
             ends[kp] = max(ends[kp], acked.get(kp, -1) + 1, applied.get(kp, -1) + 1)
         return ends

@@ -116,12 +116,12 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
     import logging
     import uuid
 
-    from server import app
+    from server import app, replay_watch
     from server.runtime.broker import free_port, start_broker
     from server.api.client import IoxClient
     from tests.conftest import make_config
 
-    monkeypatch.setattr(app, "REPLAY_LOG_INTERVAL_S", 0.2)
+    monkeypatch.setattr(replay_watch, "REPLAY_LOG_INTERVAL_S", 0.2)
     broker = start_broker(free_port())
     cfg = make_config(os.path.join(session_tmp, f"replay-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
                       partitions=2, lifecycle={"worker_backoff_ms": 3_600_000})
@@ -138,7 +138,7 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
                 assert (st["replay_offsets_done"], st["replay_offsets_todo"]) == (0, 0)  # nothing replayed
         finally:
             srv.stop()  # an external broker: nothing is persisted on stop
-        caplog.set_level(logging.INFO, logger="server.app")
+        caplog.set_level(logging.INFO, logger="server.replay_watch")
         srv = app.IoxServer(cfg)
         srv.start()
         try:

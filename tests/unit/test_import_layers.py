@@ -30,6 +30,7 @@ LAYERS = [
     "server.runtime",       # processes: Spark, the embedded broker, JVM archive, priorities
     "server.pool_identity",  # an ingester pool's Kafka cluster and object store, checked at a member's start
     "server.config",
+    "server.deadlines",     # how long a wait for a request may last
     "server.consume",       # micro-batches into the catalog, recovery
     "server.write",         # line protocol, router, deletes
     "server.query",         # SQL over a database, the write buffer's tail
@@ -38,12 +39,17 @@ LAYERS = [
     "server.assigner_lease",  # one assigner at a time: its lease in the object store
     "server.assigner",      # the assigner process (talks to the ingesters through the client)
     "server.assigner_status",  # the assigner's status endpoint (HTTP)
+    "server.replay_watch",  # how far each database's replay of its write buffer must reach
     "server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "server.freeze_admin",  # frozen mode of a running server
     "server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
     "server.poison_admin",  # retrying and accepting poisoned messages
     "server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
-    "server.verify_admin",  # `iox verify`: which partitions a server checks, the pool's owners the rest
+    "server.verify_admin",
+    "server.query_service",  # a user's SQL: the read barrier, the pool's rows, the engine
+    "server.manual_actions",  # `iox persist` / `iox compact` on what was written before them
+    "server.status_document",
+    "server.clean_stop",    # the in-memory broker's clean stop: drain, persist, a complete checkpoint  # what `iox status` answers  # `iox verify`: which partitions a server checks, the pool's owners the rest
     "server.app",           # the composition root
     "server.cli",           # the command line
 ]

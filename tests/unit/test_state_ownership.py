@@ -80,3 +80,43 @@ def test_no_module_outside_the_catalog_writes_a_database_field():
         for line, what in writes_outside_catalog(src):
             found.append(f"{os.path.relpath(path, ROOT)}:{line}: {what}")
     assert found == []
+
+
+#: how many times code outside catalog/ takes the catalog's lock (`with <catalog>.lock:`). The goal
+#: is none: each such block becomes a Database or Catalog operation that takes the lock itself (as
+#: `applied_offsets`, `applied_and_held`, `held_offsets` and the writers do). Lower it as blocks go;
+#: a new block fails this test.
+LOCK_BLOCKS_AT_MOST = 56
+
+
+def lock_blocks(source: str) -> list[int]:
+    """Lines of every `with X.lock:` in `source` where X is a catalog (spelled `catalog`, `_catalog`
+    or ending in `.catalog`)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                e = item.context_expr
+                if isinstance(e, ast.Attribute) and e.attr == "lock":
+                    owner = e.value
+                    name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(
+                        owner, ast.Attribute) else ""
+                    if name in ("catalog", "_catalog"):
+                        out.append(node.lineno)
+    return out
+
+
+def test_the_walk_finds_each_spelling_of_the_catalogs_lock():
+    src = ("with catalog.lock:\n  pass\nwith self.catalog.lock:\n  pass\nwith self._catalog.lock:\n  pass\n"
+           "with srv.catalog.lock, x:\n  pass\nwith self._lock:\n  pass\nwith other.lock:\n  pass\n")
+    assert lock_blocks(src) == [1, 3, 5, 7]
+
+
+def test_the_catalogs_lock_is_taken_outside_the_catalog_no_more_often_than_before():
+    found = []
+    for path in _modules():
+        with open(path, encoding="utf-8") as f:
+            found += [f"{os.path.relpath(path, ROOT)}:{line}" for line in lock_blocks(f.read())]
+    assert len(found) <= LOCK_BLOCKS_AT_MOST, (
+        f"the catalog's lock is taken in {len(found)} places outside catalog/ (at most {LOCK_BLOCKS_AT_MOST}): "
+        f"read or change the catalog through its operations instead\n" + "\n".join(found))

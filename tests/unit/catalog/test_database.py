@@ -151,3 +151,33 @@ def test_an_operation_waits_for_the_catalog_lock_another_thread_holds():
         assert t.is_alive() and db.holds(FROZEN) == {}  # cannot run before the lock is released
     t.join(10)
     assert not t.is_alive() and db.holds(FROZEN) == {0: 2}
+
+
+def test_reads_return_copies_taken_at_one_instant():
+    from catalog.schema import Column
+
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    cat.advance_applied(db, {0: 4})
+    db.hold(FROZEN, {1: 3})
+    applied, held = db.applied_and_held()
+    assert (applied, held) == ({0: 4, 1: -1}, {1: 3}) and db.applied_offsets() == {0: 4, 1: -1}
+    applied[0] = 99  # a copy: the database is not changed through it
+    assert db.applied_offsets() == {0: 4, 1: -1}
+    assert db.owned() == {0, 1}
+    db.own_only([1])
+    assert db.owned() == {1}
+    assert db.incarnation() == ("iox.d", None, 0)
+    db.schemas.check_and_reserve({"cpu": [Column("host", "tag", "string"), Column("v", "field", "float")]})
+    cat.partition(db, "mem", "2026-12-04")
+    assert db.known_tables() == ["cpu", "mem"]
+    assert db.table_columns() == {"cpu": [("host", "tag", "string"), ("v", "field", "float")]}
+    cat.set_partition_checkpoint(db, "disk", "2026-12-04", "ck")
+    assert db.partitions["disk"]["2026-12-04"].checkpoint == "ck"
+    assert db.loss_state() == ([], False, None) and db.lost_write_entries() == ()
+    lost = LostWriteRange(0, 5, 9, 10.0, "tail lost", epoch=0)
+    db.record_lost_writes([lost])
+    db.record_tail_truncated({0: 5})
+    open_ranges, replaced, truncated = db.loss_state()
+    assert open_ranges == [lost] and not replaced and truncated == {0: 5}
+    assert db.lost_write_entries() == (lost.entry(),)

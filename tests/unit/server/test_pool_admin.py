@@ -13,6 +13,7 @@ from catalog.ownership import PartitionOwner
 from catalog.sharding import partition_for
 from server.errors import NotPartitionOwner, OwnerNotCaughtUp, OwnershipMoving, WriteTokenNotVisible
 from server.pool_admin import PoolControl
+from server.replay_watch import ReplayWatch
 
 #: a table on Kafka partition 0 and one on 1 of a topic with 2 partitions
 T0 = next(f"t{i}" for i in range(100) if partition_for(f"t{i}", 2) == 0)
@@ -31,7 +32,7 @@ def _member(owned, applied, acked=None, replay_until=None, owners=None):
 
     pc = SimpleNamespace(state=SimpleNamespace(owners=owners or {}), revision=7)
     srv = SimpleNamespace(catalog=cat, spark=None, write_buffer=SimpleNamespace(acked_of=lambda topic: dict(acked or {})),
-                          _replay_until={"iox.d": dict(replay_until or {})},
+                          replay=ReplayWatch(cat, {"iox.d": dict(replay_until or {})}, {}),
                           ingestor=SimpleNamespace(wait_applied=wait_applied),
                           lifecycle=SimpleNamespace(preserved={"d": pc}))
     return PoolControl(srv, "a"), db, waits
@@ -79,7 +80,7 @@ def _asker(owned, applied, ends, acked=None):
     srv = pool.server
     srv.query_engine = SimpleNamespace(reads=lambda db, sql: ([T0, T1], {}), max_bytes=0)
     srv.write_buffer.high_watermarks = lambda topics, n, timeout_s: {"iox.d": dict(ends)}
-    srv._visible = lambda db: dict(db.applied_hi_inclusive)
+    srv.visibility = SimpleNamespace(visible=lambda db: dict(db.applied_hi_inclusive))
     pc = srv.lifecycle.preserved["d"]
     pc.refreshed = 0
     pc.refresh = lambda: setattr(pc, "refreshed", pc.refreshed + 1)

@@ -1,5 +1,5 @@
 """--role: what a server refuses before doing anything (a querier claims nothing, an ingester
-answers no user query). The server is not started: the refusal comes first."""
+answers no user query). Nothing is started: the refusal comes first."""
 from __future__ import annotations
 
 import pytest
@@ -21,5 +21,8 @@ def test_a_querier_claims_no_partition():
 
 
 def test_an_ingester_answers_no_user_query():
+    from server.query_service import QueryService
+
+    # before the read barrier, the pool or the engine is asked anything (none is given)
     with pytest.raises(RoleRefuses, match="role is ingester: it does not answer queries"):
-        _server("ingester").query("db", "SELECT 1")
+        QueryService("ingester", None, None, None, None).query("db", "SELECT 1")
