@@ -370,6 +370,12 @@ class Database:
         """Every lost-write range as the preserved catalog records it (LostWritesEntry)."""
         return tuple(r.entry() for r in self.lost_writes)
 
+    @_locked
+    def chunks_in_memory(self) -> tuple[int, int]:
+        """(how many chunks, their bytes) this database holds in memory."""
+        chunks = [c for parts in self.partitions.values() for p in parts.values() for c in p.chunks if c.in_memory]
+        return len(chunks), sum(c.size_bytes for c in chunks)
+
     def owned(self) -> set:
         """The Kafka partitions this server owns (a new set): in a pool those claimed and not lost
         since; outside one every partition."""

@@ -63,11 +63,11 @@ from server.write_buffer.kafka_ends import KafkaEnds
 from server.write_buffer.producer import WriteBuffer
 from catalog.sharding import topic_for
 from server.query.tail import WriteBufferTail
-from server.runtime.write_path_priority import raise_write_path_priority
+from server.runtime.write_path_priority import raise_server_and_broker
 from server.runtime.memory_guard import MemoryGuard, process_tree_rss_bytes
 from server.runtime.ports import check_ports_free
 from server.runtime import spark_connect
-from server.retention_admin import operation_gauges, set_retention
+from server.retention_admin import RetentionControl, operation_gauges
 from server.freeze_admin import FreezeControl
 from server.lost_writes_admin import LostWritesControl
 from server.poison_admin import PoisonControl
@@ -250,7 +250,7 @@ class IoxServer:
         broker_pids = lambda: [p for p in ((self.broker.pid, self.broker.store_pid)  # noqa: E731
                                            if self.broker is not None else ()) if p]
         tree_bytes = lambda exact=True: process_tree_rss_bytes(extra_pids=broker_pids(), exact=exact)  # noqa: E731
-        self.freeze = FreezeControl(self, data_dir, cfg.freeze_at_percent, cfg.memory_limit_bytes, rss=tree_bytes)
+        self.freeze = FreezeControl(self.catalog, data_dir, cfg.freeze_at_percent, cfg.memory_limit_bytes, rss=tree_bytes)
         self.freeze.hold_recorded()
         replay_until = {t: p for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items() if p}
         self.replay = ReplayWatch(self.catalog, replay_until, rec.replay_from, on_caught_up=self._replay_caught_up)
@@ -287,7 +287,6 @@ class IoxServer:
         self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self.visibility.for_barrier,
                                         self.replay.state)
         self.router.metrics.watch_watermarks(self.visibility.all_watermarks)
-        self.router.metrics.operation.watch(lambda: operation_gauges(self))
         self.pause_file = os.path.join(data_dir, "backpressure")
         if os.path.exists(self.pause_file):
             os.unlink(self.pause_file)
@@ -300,6 +299,7 @@ class IoxServer:
                                         cfg.memory_sample_interval_ms, os.path.join(scratch, "memory-throttle"),
                                         cfg.max_messages_per_partition_per_batch,
                                         measure=tree_bytes, bound=lambda: tree_bytes(exact=False))
+        self.router.metrics.operation.watch(lambda: operation_gauges(self.catalog, self.memory_guard, self.replay))
         self.consumer.throttle_file = self.memory_guard.throttle_file
         self.consumer.freeze_file = self.freeze.path
         self.memory_guard.start()
@@ -331,7 +331,7 @@ class IoxServer:
             self.lifecycle.on_catalog_refreshed = self.pool.take_state
         self.lifecycle.metrics = self.router.metrics.operation
         self.lifecycle.start()
-        self.freeze.start_usage_watch()
+        self.freeze.start(self.consumer)
         if self.freeze.frozen:
             log.warning("frozen since %.0f (%s): no new write-buffer offsets are consumed until `iox unfreeze`",
                         self.freeze.record.since_s, self.freeze.record.reason)
@@ -343,6 +343,8 @@ class IoxServer:
         self.poison = PoisonControl(self.catalog, self.consumer, self.lifecycle, self.ingestor,
                                     refuse_when_fenced=self._refuse_writes_when_fenced)
         self.queries = QueryService(cfg.role, self.catalog, self.read_barrier, self.query_engine, self.pool)
+        self.retention = RetentionControl(self.catalog, self.lifecycle, self.ingestor, cfg.partitions,
+                                          self._refuse_writes_when_fenced)
         self.manual = ManualActions(self.catalog, self.write_buffer, self.ingestor.wait_applied, self.lifecycle,
                                     cfg.partitions)
         self.status_document = StatusDocument(self.catalog, self.lifecycle, self.freeze, self.replay,
@@ -388,29 +390,13 @@ class IoxServer:
             except OSError as e:
                 raise PortTaken(cfg.bind_host, cfg.influxdb3_port, "--influxdb3-port", str(e)) from None
         if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
-            self._raise_write_path(cfg.write_path_rt_priority)
+            raise_server_and_broker(self.broker, cfg.write_path_rt_priority)
         if self.broker is not None:
             threading.Thread(target=self._supervise_broker, name="broker-supervisor", daemon=True).start()
         for name in ("",) + SERVICE_NAMES:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.started_at = time.time()
         log.info("iox serving gRPC on port %s (started in %.1fs)", self.grpc_port, time.monotonic() - t0)
-
-    def _raise_write_path(self, priority: int) -> None:
-        """The server's threads and the embedded broker's at real-time priority (write_path_priority.py);
-        a refusal is logged, never fatal. An external Kafka cluster is not touched."""
-        me = os.getpid()
-        pids = [me] + ([self.broker.pid] if self.broker is not None else [])
-        if self.broker is not None and self.broker.store_pid is not None:
-            pids.append(self.broker.store_pid)  # a durable broker acknowledges once its store wrote
-        for r in raise_write_path_priority(pids, priority):
-            what = "server" if r.pid == me else "embedded broker" if r.pid == pids[1] else "embedded broker's store"
-            if r.not_raised:
-                log.warning("write path: the %s (pid %d) keeps the normal CPU policy, SCHED_RR priority %d was not "
-                            "set (%s); --write-path-rt-priority 0 turns this off", what, r.pid, priority, r.not_raised)
-            else:
-                log.info("write path: %d thread(s) of the %s (pid %d) at SCHED_RR priority %d", r.threads_raised,
-                         what, r.pid, priority)
 
     def reload_tokens(self) -> bool:
         """Re-reads `--auth-tokens-file` (SIGHUP); an invalid file is logged and the tokens in use stay."""
@@ -549,7 +535,7 @@ class IoxServer:
 
     def set_retention(self, database: str, period_s: int):
         """`iox retention` / the buckets API: see server/retention_admin.py."""
-        return set_retention(self, database, period_s)
+        return self.retention.set(database, period_s)
 
     # -- replay -------------------------------------------------------------------------
     def _replay_caught_up(self) -> None:

@@ -38,11 +38,16 @@ def host_memory_bytes() -> int:
 
 
 class FreezeControl:
-    """Freezes and unfreezes `server` (an IoxServer: its `catalog` and `consumer`)."""
+    """Freezes and unfreezes the server: holds every partition of `catalog` (the in-memory catalog)
+    where it is applied, while the write-buffer stream (`start`'s consumer) stands still. `data_dir`
+    keeps the freeze record; `at_percent` of memory or disk freezes by itself (0: never);
+    `rss(exact=...)` and `disk_usage()` measure them."""
 
-    def __init__(self, server, data_dir: str, at_percent: float, memory_limit_bytes: int,
+    def __init__(self, catalog, data_dir: str, at_percent: float, memory_limit_bytes: int,
                  rss=None, disk_usage=None):
-        self.server = server
+        self._catalog = catalog
+        #: the write-buffer stream (WriteBufferConsumer), from `start` on
+        self._consumer = None
         self.path = os.path.join(data_dir, FREEZE_FILE_NAME)
         self.data_dir = data_dir
         self.at_percent = at_percent
@@ -75,9 +80,12 @@ class FreezeControl:
         """At start, before the stream starts: a freeze a previous run recorded holds every partition
         where that run had applied it (server/write_buffer/freeze.py)."""
         if self.record is not None:
-            self.server.catalog.freeze(self.record.offsets)
+            self._catalog.freeze(self.record.offsets)
 
-    def start_usage_watch(self) -> None:
+    def start(self, consumer) -> None:
+        """Once the write-buffer stream runs (`consumer`, WriteBufferConsumer): freezes and unfreezes
+        restart it while no micro-batch runs; the usage watch starts (with `at_percent`)."""
+        self._consumer = consumer
         if self.at_percent:
             self._watch = UsageWatch(self.at_percent, self.usage, self._freeze_for_usage)
             self._watch.start()
@@ -96,16 +104,16 @@ class FreezeControl:
         with self._lock:
             if self.record is None:
                 def between():
-                    offsets = self.server.catalog.freeze()
+                    offsets = self._catalog.freeze()
                     record = FreezeRecord(reason=reason, since_s=time.time(), offsets=offsets)
                     try:
                         write_record(self.path, record)
                     except BaseException:
-                        self.server.catalog.unfreeze()
+                        self._catalog.unfreeze()
                         raise
                     self.record = record
 
-                self.server.consumer.restart(between)
+                self._consumer.restart(between)
                 log.warning("frozen (%s): no new write-buffer offsets are consumed; everything held is persisted; "
                             "`iox unfreeze` resumes", reason)
             return self.state()
@@ -115,7 +123,7 @@ class FreezeControl:
         with self._lock:
             if self.record is not None:
                 # holds first: the file still stops the source, so nothing read meanwhile is dropped
-                self.server.catalog.unfreeze()
+                self._catalog.unfreeze()
                 remove_record(self.path)
                 log.warning("unfrozen (was frozen since %.0f for %s): consuming resumes", self.record.since_s,
                             self.record.reason)

@@ -7,8 +7,9 @@ then, at once, queries hide rows older than the new reader_lo and writes of olde
 refused (both compute reader_lo from the clock); the lifecycle worker's retention round prunes
 after --prune-delay-s (lifecycle/prune_policy.py).
 
-Who calls it: `IoxServer.set_retention` (gRPC SetRetention, the HTTP buckets API, in their
-worker threads), `IoxServer.status` and the /metrics scrape. Driver side only.
+Who calls it: `RetentionControl.set` through `IoxServer.set_retention` (gRPC SetRetention, the
+HTTP buckets API, in their worker threads), the status document and the /metrics scrape. Driver
+side only.
 """
 from __future__ import annotations
 
@@ -20,50 +21,59 @@ from catalog.sharding import topic_for
 from iox import management_pb2
 from server.errors import InvalidArgument
 
-__all__ = ["set_retention", "fill_retention_status", "operation_gauges"]
+__all__ = ["RetentionControl", "fill_retention_status", "operation_gauges"]
 
 log = logging.getLogger(__name__)
 
 
-def set_retention(server, database: str, period_s: int) -> management_pb2.SetRetentionResponse:
-    """Records `period_s` (0 removes it) as `database`'s retention and applies it; creates the
-    database when the server does not know it yet. Raises InvalidArgument (a bad name or period),
-    DatabaseFenced (another server owns the database)."""
-    from catalog.preserved_catalog import RecordRetention
-    from server.write.router import validate_database_name
+class RetentionControl:
+    """Sets retention periods. `catalog`: the in-memory catalog; `lifecycle`: the lifecycle worker
+    (commits the record); `ingestor`: refreshes the table views Spark Connect clients read;
+    `partitions`: Kafka partitions of a new database's topic; `refuse_when_fenced(name)`: raises
+    DatabaseFenced when another server owns the database."""
 
-    validate_database_name(database)
-    if isinstance(period_s, bool) or not isinstance(period_s, int) or not 0 <= period_s <= MAX_RETENTION_S:
-        raise InvalidArgument(f"retention period must be 0 (none) to {MAX_RETENTION_S} seconds, got {period_s!r}")
-    server._refuse_writes_when_fenced(database)
-    db = server.catalog.ensure_database(database, topic_for(database), server.config.partitions)
-    now = time.time()
-    server.lifecycle.commit_records(db, [RecordRetention(period_s=period_s, set_at_s=now)], now)
-    db.set_retention(period_s, reader_lo_ns(period_s, now))
-    log.info("database %s: retention %s", database, format_duration_s(period_s) if period_s else "removed")
-    _refresh_views(server, db)
-    resp = management_pb2.SetRetentionResponse(database=database, period_s=period_s)
-    if db.reader_lo_ns is not None:
-        resp.reader_lo_ns = db.reader_lo_ns
-    if db.pruner_hi_ns is not None:
-        resp.pruner_hi_ns = db.pruner_hi_ns
-    return resp
+    def __init__(self, catalog, lifecycle, ingestor, partitions: int, refuse_when_fenced):
+        self._catalog = catalog
+        self._lifecycle = lifecycle
+        self._ingestor = ingestor
+        self._partitions = partitions
+        self._refuse_when_fenced = refuse_when_fenced
 
+    def set(self, database: str, period_s: int) -> management_pb2.SetRetentionResponse:
+        """Records `period_s` (0 removes it) as `database`'s retention and applies it; creates the
+        database when the server does not know it yet. Raises InvalidArgument (a bad name or period),
+        DatabaseFenced (another server owns the database)."""
+        from catalog.preserved_catalog import RecordRetention
+        from server.write.router import validate_database_name
 
-def _refresh_views(server, db) -> None:
-    """The database's table views (what Spark Connect clients read) with the new period; a view that
-    fails to refresh keeps the old one until its table's next change (logged, not raised: the
-    period is committed and every other query path applies it already)."""
-    ingestor = getattr(server, "ingestor", None)
-    if ingestor is None:
-        return
-    for table in db.table_names():
-        if not ingestor.has_table_view(db.name, table):
-            continue
-        try:
-            ingestor.refresh_table_view(db, table)
-        except Exception:  # noqa: BLE001 - logged; the next change of the table refreshes it again
-            log.exception("database %s: refreshing the view of %s after a retention change", db.name, table)
+        validate_database_name(database)
+        if isinstance(period_s, bool) or not isinstance(period_s, int) or not 0 <= period_s <= MAX_RETENTION_S:
+            raise InvalidArgument(f"retention period must be 0 (none) to {MAX_RETENTION_S} seconds, got {period_s!r}")
+        self._refuse_when_fenced(database)
+        db = self._catalog.ensure_database(database, topic_for(database), self._partitions)
+        now = time.time()
+        self._lifecycle.commit_records(db, [RecordRetention(period_s=period_s, set_at_s=now)], now)
+        db.set_retention(period_s, reader_lo_ns(period_s, now))
+        log.info("database %s: retention %s", database, format_duration_s(period_s) if period_s else "removed")
+        self._refresh_views(db)
+        resp = management_pb2.SetRetentionResponse(database=database, period_s=period_s)
+        if db.reader_lo_ns is not None:
+            resp.reader_lo_ns = db.reader_lo_ns
+        if db.pruner_hi_ns is not None:
+            resp.pruner_hi_ns = db.pruner_hi_ns
+        return resp
+
+    def _refresh_views(self, db) -> None:
+        """The database's table views (what Spark Connect clients read) with the new period; a view
+        that fails to refresh keeps the old one until its table's next change (logged, not raised:
+        the period is committed and every other query path applies it already)."""
+        for table in db.table_names():
+            if not self._ingestor.has_table_view(db.name, table):
+                continue
+            try:
+                self._ingestor.refresh_table_view(db, table)
+            except Exception:  # noqa: BLE001 - logged; the next change of the table refreshes it again
+                log.exception("database %s: refreshing the view of %s after a retention change", db.name, table)
 
 
 def fill_retention_status(d, db, now_s: float) -> None:
@@ -76,27 +86,26 @@ def fill_retention_status(d, db, now_s: float) -> None:
         d.pruner_hi_ns = db.pruner_hi_ns
 
 
-def operation_gauges(server) -> list:
-    """The scrape-time gauges of server/operation_metrics.py: [(name, [labels], value)]."""
+def operation_gauges(catalog, memory_guard, replay) -> list:
+    """The scrape-time gauges of server/operation_metrics.py: [(name, [labels], value)]. `memory_guard`:
+    server/runtime/memory_guard.py (None without one); `replay`: server/replay_watch.py."""
     now = time.time()
     rows: list = []
-    guard = getattr(server, "memory_guard", None)
-    if guard is not None:
-        rows += [("iox_process_tree_rss_bytes", [], guard.rss_bytes),
-                 ("iox_memory_limit_bytes", [], guard.limit_bytes),
-                 ("iox_memory_state", [], guard.state)]
-    for db in server.catalog.databases():
-        with server.catalog.lock:
-            chunks = [c for parts in db.partitions.values() for p in parts.values() for c in p.chunks if c.in_memory]
-            period, pruner_hi = db.retention_period_s, db.pruner_hi_ns
-        rows.append(("iox_chunks_in_memory", [db.name], len(chunks)))
-        rows.append(("iox_chunk_bytes_in_memory", [db.name], sum(c.size_bytes for c in chunks)))
+    if memory_guard is not None:
+        rows += [("iox_process_tree_rss_bytes", [], memory_guard.rss_bytes),
+                 ("iox_memory_limit_bytes", [], memory_guard.limit_bytes),
+                 ("iox_memory_state", [], memory_guard.state)]
+    for db in catalog.databases():
+        count, size_bytes = db.chunks_in_memory()
+        period, pruner_hi = db.retention_period_s, db.pruner_hi_ns
+        rows.append(("iox_chunks_in_memory", [db.name], count))
+        rows.append(("iox_chunk_bytes_in_memory", [db.name], size_bytes))
         if period:
             rows.append(("iox_retention_seconds", [db.name], period))
             rows.append(("iox_reader_lo_ns", [db.name], reader_lo_ns(period, now)))
         if pruner_hi is not None:
             rows.append(("iox_pruner_hi_ns", [db.name], pruner_hi))
-        done, todo = server.replay.progress(db)
+        done, todo = replay.progress(db)
         rows.append(("iox_replay_offsets_done", [db.name], done))
         rows.append(("iox_replay_offsets_todo", [db.name], todo))
     return rows

@@ -24,7 +24,7 @@ reset a watermark and overwrote acknowledged batches. A SIGKILL of the broker,
 of its store, or of both (and of the server) loses no acknowledged write: the
 next start runs them again on the same directory, and the restarted broker
 continues the offsets with no warm-up request first
-(tests/integration/test_durable_broker.py; they survive a crash of the
+(tests/integration/write_buffer/test_durable_broker.py; they survive a crash of the
 processes; a power loss may still take what the kernel had not written back).
 Its cost: each produce is an object write (a few ms), and the store takes ~170 MB
 of memory idle, ~400 MB after a million messages. Tansu has no retention on this

@@ -22,15 +22,19 @@ a reason not to serve. Linux only; elsewhere every process is reported as not ra
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
-__all__ = ["raise_write_path_priority", "PriorityResult", "MIN_RT_PRIORITY", "MAX_RT_PRIORITY"]
+__all__ = ["raise_write_path_priority", "raise_server_and_broker", "PriorityResult", "MIN_RT_PRIORITY",
+           "MAX_RT_PRIORITY"]
 
 #: SCHED_RR priorities the kernel accepts (1 = lowest real-time priority, still above every
 #: normal thread; the kernel's own interrupt threads run at 50).
 MIN_RT_PRIORITY = 1
 MAX_RT_PRIORITY = 99
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,26 @@ def raise_write_path_priority(pids: list[int], priority: int) -> list[PriorityRe
     if not MIN_RT_PRIORITY <= priority <= MAX_RT_PRIORITY:
         raise ValueError(f"real-time priority {priority} is not in {MIN_RT_PRIORITY}-{MAX_RT_PRIORITY}")
     return [_raise_process(pid, priority) for pid in pids]
+
+
+def raise_server_and_broker(broker, priority: int) -> list[PriorityResult]:
+    """This process's threads and the embedded `broker`'s (its store's too: a durable broker
+    acknowledges once its store wrote) at `priority`, each outcome logged; a refusal is never fatal.
+    `broker`: server/runtime/broker.py's handle, None with an external Kafka cluster (not touched)."""
+    me = os.getpid()
+    pids = [me] + ([broker.pid] if broker is not None else [])
+    if broker is not None and broker.store_pid is not None:
+        pids.append(broker.store_pid)
+    results = raise_write_path_priority(pids, priority)
+    for r in results:
+        what = "server" if r.pid == me else "embedded broker" if r.pid == pids[1] else "embedded broker's store"
+        if r.not_raised:
+            _log.warning("write path: the %s (pid %d) keeps the normal CPU policy, SCHED_RR priority %d was not "
+                         "set (%s); --write-path-rt-priority 0 turns this off", what, r.pid, priority, r.not_raised)
+        else:
+            _log.info("write path: %d thread(s) of the %s (pid %d) at SCHED_RR priority %d", r.threads_raised,
+                      what, r.pid, priority)
+    return results
 
 
 def _raise_process(pid: int, priority: int) -> PriorityResult:
