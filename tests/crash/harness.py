@@ -34,7 +34,7 @@ _SHORT_LIVED_JVM = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
 def _memory_broker_unless_asked(extra: list) -> list:
     """The in-memory embedded broker unless `extra` chooses a storage or a Kafka cluster: a
     durable broker's store costs each test seconds per start. The durable default has tests of
-    its own (tests/integration/test_durable_broker.py and the durable crash tests), which ask for it."""
+    its own (tests/integration/write_buffer/test_durable_broker.py and the durable crash tests), which ask for it."""
     if any(a.startswith(("--broker-storage", "--kafka-bootstrap")) for a in extra):
         return []
     return ["--broker-storage", "memory"]

@@ -23,8 +23,8 @@ from server.api.client import IoxClient
 from server.runtime.broker import free_port
 from tests.waiting import accepts_connections
 from tests.timestamps import T0
+from tests.project_code import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IOX = os.path.join(os.path.dirname(sys.executable), "iox")
 MAIN = "main-" + uuid.uuid4().hex
 WRITER = "writer-" + uuid.uuid4().hex

@@ -35,8 +35,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from catalog.sharding import partition_for, topic_for
+from tests.project_code import ROOT
 
-CASES_PATH = Path(__file__).resolve().parents[3] / "shared" / "lp" / "cases.jsonl"
+CASES_PATH = Path(ROOT).parent / "shared" / "lp" / "cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
 #: The tag that tells the vectors sharing a table apart.
 VECTOR_TAG = "iox_vector"

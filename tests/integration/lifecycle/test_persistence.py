@@ -287,7 +287,7 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10 if parts > 1 else 10**9)
     # checkpointed segments, not local chunks (those move to the read buffer on the driver, a local
-    # relation: tests/integration/test_local_chunks.py)
+    # relation: tests/integration/consume/test_local_chunks.py)
     monkeypatch.setattr(ingest, "LOCAL_BUILD_MAX_BYTES", -1)
     c, db, srv = manual.client, f"m_{uuid.uuid4().hex[:8]}", manual.server
     for k in range(3):

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 from server.runtime.jvm_archive import archive_path
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.project_code import ROOT
 
 _SCRIPT = """
 import sys

@@ -1,5 +1,5 @@
 """server/runtime/spark_home.py: the Spark home made of links to a PySpark package's entries, less its
-sources zip (a fake package directory here; the real one in tests/integration/test_spark_home.py)."""
+sources zip (a fake package directory here; the real one in tests/integration/runtime/test_spark_home.py)."""
 from __future__ import annotations
 
 import os
