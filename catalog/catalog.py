@@ -32,8 +32,12 @@ from catalog.errors import CatalogError
 from catalog.sharding import partition_for
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
-           "HELD", "RETRYING", "ACCEPTED", "FENCED", "FROZEN", "NOT_OWNED", "merge_lost_writes"]
+           "HELD", "RETRYING", "ACCEPTED", "FENCED", "FROZEN", "NOT_OWNED", "merge_lost_writes", "PERSISTING",
+           "COMPACTING"]
 
+#: the lifecycle actions that hold a table partition (`TablePartition.hold_for`): its flag of that name
+PERSISTING = "persisting"
+COMPACTING = "compacting"
 
 _CHUNK_IDS = itertools.count(1)
 
@@ -71,6 +75,56 @@ class TablePartition:
 
     def live_chunks(self) -> list:
         return sorted(self.chunks, key=lambda c: c.order)
+
+    # The operations below are the only writers of a partition's fields outside catalog/ (the
+    # lifecycle's actions, the pool, recovery); the caller holds Catalog.lock.
+    def hold_for(self, action: str, chunks: Iterable[Chunk] = (), chunk_state: str | None = None) -> None:
+        """A lifecycle action (PERSISTING or COMPACTING) holds this partition from now on: no other
+        persist or compaction of it starts; `chunks` take `chunk_state` (None: they keep theirs)."""
+        self._set_action(action, True, chunks, chunk_state)
+
+    def release_from(self, action: str, chunks: Iterable[Chunk] = (), chunk_state: str | None = None) -> None:
+        """`action` no longer holds this partition; `chunks` take `chunk_state` (None: they keep theirs)."""
+        self._set_action(action, False, chunks, chunk_state)
+
+    def _set_action(self, action: str, held: bool, chunks: Iterable[Chunk], chunk_state: str | None) -> None:
+        if action not in (PERSISTING, COMPACTING):
+            raise ValueError(f"unknown lifecycle action {action!r} (one of {PERSISTING!r}, {COMPACTING!r})")
+        setattr(self, action, held)
+        if chunk_state is not None:
+            for c in chunks:
+                c.state = chunk_state
+
+    def record_persist(self, files: Iterable, checkpoint) -> None:
+        """A persist committed `files` with the partition checkpoint `checkpoint`, and ends."""
+        self.files.extend(files)
+        self.checkpoint = checkpoint
+        self.persisting = False
+
+    def replace_files(self, gone_keys: Iterable[str], added: Iterable) -> None:
+        """A compaction of persisted files committed: `gone_keys` are replaced by `added`."""
+        gone = set(gone_keys)
+        self.files = [f for f in self.files if f.key not in gone] + list(added)
+
+    def add_file(self, chunk: Chunk, f) -> None:
+        """A persisted file of the preserved catalog, read as `chunk` (the newest of the partition)."""
+        self.chunks.append(chunk)
+        self.files.append(f)
+
+    def drop_unpersisted(self, persisted_states: Iterable[str]) -> list:
+        """Drops every chunk not in `persisted_states` and the persistence windows (another pool member
+        owns the partition now); returns the chunks dropped."""
+        keep = set(persisted_states)
+        gone = [c for c in self.chunks if c.state not in keep]
+        self.chunks = [c for c in self.chunks if c.state in keep]
+        self.windows = None
+        return gone
+
+    def drop_chunks(self, chunks: Iterable[Chunk], file_kept) -> None:
+        """Drops `chunks` (files another member's commit removed) and the files `file_kept(f)` refuses."""
+        gone = {id(c) for c in chunks}
+        self.chunks = [c for c in self.chunks if id(c) not in gone]
+        self.files = [f for f in self.files if file_kept(f)]
 
     def chunk(self, chunk_id: int) -> Chunk | None:
         for c in self.chunks:
@@ -665,6 +719,11 @@ class Catalog:
             if part is None:
                 part = parts[key] = TablePartition(table, key)
             return part
+
+    def add_file(self, db: Database, f, chunk: Chunk) -> None:
+        """A persisted file `f` of the preserved catalog, read as `chunk`, joins its partition."""
+        with self._lock:
+            self.partition(db, f.table, f.partition_key).add_file(chunk, f)
 
     def set_partition_checkpoint(self, db: Database, table: str, key: str, checkpoint) -> None:
         """The partition's latest persist checkpoint is `checkpoint` (the partition is created when new)."""

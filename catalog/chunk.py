@@ -74,6 +74,40 @@ class Chunk:
     def column_names(self) -> set:
         return {c[0] for c in self.columns}
 
+    # The operations below are the only writers of a chunk's fields outside catalog/ (the
+    # lifecycle's actions, the consume path); the caller holds Catalog.lock.
+    def close(self) -> None:
+        """An open chunk takes no more rows (a delete or a compaction is about to read it)."""
+        if self.state == "open":
+            self.state = "closed"
+
+    def unload(self) -> None:
+        """Its rows are read from Parquet only from now on; the caller retires its in-memory form."""
+        self.df = None
+        self.state = "unloaded"
+
+    def hand_over_df(self) -> None:
+        """Its read form now backs another chunk: retiring this one frees only its view."""
+        self.df = None
+
+    def add_merge_view(self, name: str) -> None:
+        """An Arrow merge view `name` reads this chunk (chunk_store/chunk_data.py): dropped with its data."""
+        self.merge_views.add(name)
+
+    def take_merge_views(self) -> list:
+        """The merge views that read this chunk, forgotten here (the caller drops them)."""
+        views = list(self.merge_views)
+        self.merge_views.clear()
+        return views
+
+    def release_local_rows(self) -> None:
+        """A local chunk's rows are no longer held on the driver."""
+        self.local_rows = None
+
+    def hand_over_segments(self) -> None:
+        """Its write-buffer form now belongs to another chunk: retiring this one frees only its views and rows."""
+        self.segments = []
+
     @property
     def in_memory(self) -> bool:
         """Some form of the rows is held in Spark (not only in Parquet)."""

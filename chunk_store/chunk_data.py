@@ -275,7 +275,7 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
         chunk_views.register(spark, name, arrow_merged_df(spark, schema, cs, plan, deletes, segment_lists,
                                                           arrow_merge_parts(cs, task_slots(spark))))
         for c in cs:
-            c.merge_views.add(name)
+            c.add_merge_view(name)
         lo, hi = min(c.min_time_ns for c in cs), max(c.max_time_ns for c in cs)
         return ChunkSource(quote(name), {c.name for c in schema.columns if c.role != "time"},
                            lo, hi, True, merged_spans(cs, lo, hi))
@@ -331,13 +331,12 @@ def release_chunk_data(spark, chunk: Chunk) -> None:
     blocks (both forms). Driver only."""
     if chunk.view is not None:
         chunk_views.drop(spark, chunk.view)
-    for v in list(chunk.merge_views):
+    for v in chunk.take_merge_views():
         chunk_views.drop(spark, v)
-    chunk.merge_views.clear()
     release_df(chunk.df)
     for seg in chunk.segments:
         release_df(seg)
-    chunk.local_rows = None
+    chunk.release_local_rows()
 
 
 def release_df(df) -> None:

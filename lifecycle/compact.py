@@ -32,7 +32,7 @@ import logging
 
 import pyarrow.compute as pc
 
-from catalog.catalog import Catalog, Database
+from catalog.catalog import COMPACTING, Catalog, Database
 from catalog.chunk import Chunk
 from catalog.schema import TIME_NS_COLUMN
 
@@ -72,9 +72,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         positions = [live.index(c) for c in chunks]
         if positions != list(range(positions[0], positions[0] + len(chunks))):
             return None
-        for c in chunks:
-            c.state = "compacting"
-        part.compacting = True
+        part.hold_for(COMPACTING, chunks, "compacting")
     schema = db.schemas.get(table)
     keep_segments = all(c.segments for c in chunks)
     segments = [s for c in chunks for s in c.segments] if keep_segments else []
@@ -109,9 +107,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             rows, lo, hi = st["n"], st["lo"], st["hi"]
     except BaseException:
         with catalog.lock:
-            for c in chunks:
-                c.state = "closed"
-            part.compacting = False
+            part.release_from(COMPACTING, chunks, "closed")
         raise
     if lo is None:  # every row was deleted: the chunk keeps its inputs' time bounds (persist then flushes
         # their windows, and the policy compares bounds as numbers)
@@ -146,10 +142,10 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
                     segments_deduplicated=segments_dedup, segment_bytes=segment_bytes,
                     time_spans=merged_spans(chunks, lo, hi) if rows else ())
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], [new])
-        part.compacting = False
+        part.release_from(COMPACTING)
         if keep_segments:
             for c in chunks:
-                c.segments = []  # handed over to the new chunk: retiring them frees only their views and rows
+                c.hand_over_segments()  # to the new chunk
     refresh_view(db, table)
     catalog.retire(chunks, now)
     log.info("compacted %d chunks of %s/%s/%s into chunk %d (%d rows, %s)", len(chunks), db.name, table,

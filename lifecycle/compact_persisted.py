@@ -33,7 +33,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from catalog.catalog import Catalog, Database
+from catalog.catalog import COMPACTING, Catalog, Database
 from catalog.chunk import Chunk
 from catalog.object_store import ObjectStore, parquet_key
 from catalog.preserved_catalog import RemoveParquet, SetTableSchema
@@ -92,7 +92,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         in_memory = any(c.df is not None for c in stored)
         # "unloaded" only stays "unloaded": a chunk read from Parquet since its persist is "persisted"
         state = "persisted" if any(c.state == "persisted" for c in stored) else "unloaded"
-        part.compacting = True
+        part.hold_for(COMPACTING)
     old_keys = tuple(k for c in stored for k in c.parquet_keys)
     key = parquet_key(db.name, table, partition_key, uuid.uuid4())
     merged = plan = None
@@ -117,7 +117,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         crash_point(CrashPoint.COMPACT_PERSISTED_AFTER_COMMIT)
     except BaseException:
         with catalog.lock:
-            part.compacting = False
+            part.release_from(COMPACTING)
         in_flight.discard([key])
         if in_memory:
             release_df(merged)  # its checkpoint blocks, if it got that far
@@ -138,9 +138,8 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
                                     view=view, offsets={}, df=df, parquet_keys=[f.key],
                                     created_at=max(c.created_at for c in stored), deduplicated=True))
         catalog.replace_chunks(db, table, partition_key, [c.id for c in stored], new_chunks)
-        gone = set(old_keys)
-        part.files = [f for f in part.files if f.key not in gone] + added
-        part.compacting = False
+        part.replace_files(old_keys, added)
+        part.release_from(COMPACTING)
     if in_memory and not added:
         release_df(merged)  # every row was deleted: the empty checkpoint backs no chunk
     refresh_view(db, table)

@@ -42,7 +42,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from catalog.catalog import Catalog, Database
+from catalog.catalog import PERSISTING, Catalog, Database
 from catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
 from catalog.chunk import Chunk
 from catalog.object_store import ObjectStore, parquet_key
@@ -574,9 +574,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             part.windows.abort(handle)
             return None
         chunks = [part.chunk(cid) for cid in sel.chunk_ids]
-        for c in chunks:
-            c.state = "persisting"
-        part.persisting = True
+        part.hold_for(PERSISTING, chunks, "persisting")
     keys_written: list = []
     t0 = time.perf_counter()
     w = None
@@ -646,9 +644,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     except BaseException as e:
         with catalog.lock:
             part.windows.abort(handle)
-            for c in chunks:
-                c.state = "closed"
-            part.persisting = False
+            part.release_from(PERSISTING, chunks, "closed")
         in_flight.discard(keys_written)
         if w is not None:
             w.release()
@@ -701,14 +697,12 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
                                     segment_bytes=w.remainder_bytes,
                                     time_spans=merged_spans(chunks, w.remainder_min_t, w.remainder_max_t)))
         catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], new_chunks)
-        part.files.extend(files)
-        part.checkpoint = actions[-2]
-        part.persisting = False
+        part.record_persist(files, actions[-2])
     t_swapped = time.perf_counter()
     refresh_view(db, table)
     t_refreshed = time.perf_counter()
     if rows and w.reused:
-        chunks[0].df = None  # its checkpoint now backs the persisted chunk: retiring frees its view only
+        chunks[0].hand_over_df()  # its checkpoint now backs the persisted chunk: retiring frees its view only
     catalog.retire([c for c in chunks])
     t_end = time.perf_counter()
     log.info("persisted %s/%s/%s: %d rows in %d file(s), revision %d, %d chunk(s) merged via %s (%s, "

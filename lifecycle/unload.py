@@ -28,8 +28,7 @@ def unload_chunk(spark, catalog: Catalog, db: Database, table: str, partition_ke
         df = chunk.df
     register_parquet_chunk(spark, store, chunk.parquet_keys, chunk.columns, chunk.id, cache)
     with catalog.lock:
-        chunk.df = None
-        chunk.state = "unloaded"
+        chunk.unload()
     # the in-memory blocks go after the grace period: a query planned before may still read them
     catalog.retire([dataclasses.replace(chunk, view=None, df=df, merge_views=set())])
     log.info("unloaded chunk %d of %s/%s/%s", chunk_id, db.name, table, partition_key)

@@ -61,7 +61,7 @@ import logging
 import threading
 import time
 
-from catalog.catalog import Catalog
+from catalog.catalog import PERSISTING, Catalog
 from catalog.cleanup import delete_unreferenced, find_unreferenced
 from catalog.errors import PartitionsNotOwned, RevisionConflict
 from catalog.object_store import table_of_parquet_key
@@ -695,7 +695,7 @@ class LifecycleWorker:
                 actions += [RemoveParquet(key=k) for k in keys]
                 if unpersisted:
                     actions.append(db.checkpoint_action(_checkpoint_without(self.catalog, db, part)))
-                part.persisting = True  # no persist or compaction of it while it is committed
+                part.hold_for(PERSISTING)  # no persist or compaction of it while it is committed
             # the commit (an object-store write, retried on S3) outside the catalog lock: micro-batches
             # and queries go on meanwhile; what they add after the checkpoint was built has later offsets
             try:
@@ -703,7 +703,7 @@ class LifecycleWorker:
                     pc.commit(actions, now)
             except BaseException:
                 with self.catalog.lock:
-                    part.persisting = False
+                    part.release_from(PERSISTING)
                 raise
             with self.catalog.lock:
                 db.deletes.mark_recorded(flushed)

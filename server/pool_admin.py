@@ -236,11 +236,8 @@ class PoolControl:
                 if partition_for(table, n) not in kps:
                     continue
                 for part in parts.values():
-                    gone = [c for c in part.chunks if c.state not in _PERSISTED_STATES]
-                    if gone or part.windows is not None:
-                        part.chunks = [c for c in part.chunks if c.state in _PERSISTED_STATES]
-                        part.windows = None
-                        dropped.extend(gone)
+                    if part.windows is not None or any(c.state not in _PERSISTED_STATES for c in part.chunks):
+                        dropped.extend(part.drop_unpersisted(_PERSISTED_STATES))
                         tables.add(table)
         if dropped:
             catalog.retire(dropped, time.time())
@@ -294,8 +291,7 @@ class PoolControl:
                 stale = [c for c in part.chunks if c.parquet_keys and any(
                     k not in state.files if removed is None else k in removed for k in c.parquet_keys)]
                 if stale:
-                    part.chunks = [c for c in part.chunks if c not in stale]
-                    part.files = [f for f in part.files if f.key in state.files]
+                    part.drop_chunks(stale, lambda f: f.key in state.files)
                     retired.extend(stale)
                     changed.add(part.table)
         new = [f for k, f in sorted(added.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq))

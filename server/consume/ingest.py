@@ -859,8 +859,7 @@ class Ingestor:
                     if d.applies_to(table, partition_for(table, db.kafka_partitions)):
                         for part in db.partitions[table].values():
                             for c in part.chunks:
-                                if c.state == "open":
-                                    c.state = "closed"
+                                c.close()
                         touched.append((db, table))
         return touched
 

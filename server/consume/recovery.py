@@ -284,7 +284,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
         planner = ReplayPlanner()
         filters = {}
         for (table, pkey), ck in state.partition_checkpoints.items():
-            catalog.partition(db, table, pkey).checkpoint = ck
+            catalog.set_partition_checkpoint(db, table, pkey, ck)
             if ck.epoch != epoch:
                 continue  # an older epoch of the write buffer: wholly persisted, nothing to replay
             planner.register_partition_checkpoint(PartitionCheckpoint(
@@ -412,10 +412,7 @@ def register_persisted_file(spark, catalog: Catalog, store, db, f, now: float, c
                   size_bytes=estimate_bytes(f.row_count, len(f.schema)), min_time_ns=f.min_time_ns,
                   max_time_ns=f.max_time_ns, columns=[list(c) for c in f.schema], view=view,
                   parquet_keys=[f.key], created_at=now, deduplicated=True)
-    with catalog.lock:
-        part = catalog.partition(db, f.table, f.partition_key)
-        part.chunks.append(chunk)
-        part.files.append(f)
+    catalog.add_file(db, f, chunk)
     return chunk
 
 

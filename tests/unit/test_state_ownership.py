@@ -1,12 +1,14 @@
-"""The catalog owns its databases' state: no module outside catalog/ assigns a field of a
-`Database`, deletes one or mutates one in place (a dict's or list's own methods); it calls the
-database's operations (`hold`, `adopt_claim`, `record_lost_writes`, ...) instead.
+"""The catalog owns its state: no module outside catalog/ assigns a field of a `Database`, a
+`TablePartition` or a `Chunk`, deletes one or mutates one in place (a dict's or list's own
+methods); it calls their operations (`hold`, `adopt_claim`, `record_lost_writes`, `hold_for`,
+`record_persist`, `unload`, ...) instead.
 
 Walks every module of the project's packages outside catalog/ (AST) and finds, for each name
-of a `Database` field, an assignment to `X.<field>` (also `X.<field>[k] = ...`, `+=`, `del`)
-or a call `X.<field>.<mutator>(...)`, where X is a database: a name or attribute spelled `db`,
-`database` or ending in `_db`. The fields that hold catalog objects with operations of their
-own (`deletes`, `txns`, `schemas`) may have those called.
+of a field, an assignment to `X.<field>` (also `X.<field>[k] = ...`, `+=`, `del`) or a call
+`X.<field>.<mutator>(...)`, where X is spelled as the catalog's code spells such an object: a
+database `db`, `database` or `*_db`; a partition `part`, `partition` or `*_part`; a chunk `chunk`,
+`c`, `*_chunk` or an item of `chunks`. The fields that hold catalog objects with operations of
+their own (`deletes`, `txns`, `schemas`, `windows`) may have those called.
 """
 from __future__ import annotations
 
@@ -14,31 +16,56 @@ import ast
 import dataclasses
 import os
 
-from catalog.catalog import Database
+from catalog.catalog import Database, TablePartition
+from catalog.chunk import Chunk
 from tests.project_code import PACKAGES, ROOT, module_paths
 
 FIELDS = {f.name for f in dataclasses.fields(Database)}
+PARTITION_FIELDS = {f.name for f in dataclasses.fields(TablePartition)}
+CHUNK_FIELDS = {f.name for f in dataclasses.fields(Chunk)}
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add",
              "discard", "sort", "reverse"}
-_OWN_OPERATIONS = {"deletes", "txns", "schemas"}
+_OWN_OPERATIONS = {"deletes", "txns", "schemas", "windows"}
+
+
+def _name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _is_database(node: ast.AST) -> bool:
-    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    name = _name(node)
     return name in ("db", "database") or name.endswith("_db")
 
 
+def _is_partition(node: ast.AST) -> bool:
+    name = _name(node)
+    return name in ("part", "partition") or name.endswith("_part")
+
+
+def _is_chunk(node: ast.AST) -> bool:
+    if isinstance(node, ast.Subscript):
+        return _name(node.value) == "chunks"
+    name = _name(node)
+    return name in ("chunk", "c") or name.endswith("_chunk")
+
+
+#: (fields, whether a node is such an object) of each kind of catalog object
+_KINDS = ((FIELDS, _is_database), (PARTITION_FIELDS, _is_partition), (CHUNK_FIELDS, _is_chunk))
+
+
 def _field_of(node: ast.AST) -> str | None:
-    """The Database field `node` (with any subscripts) names, or None."""
+    """The catalog object's field `node` (with any subscripts) names, or None."""
     while isinstance(node, ast.Subscript):
         node = node.value
-    if isinstance(node, ast.Attribute) and node.attr in FIELDS and _is_database(node.value):
-        return node.attr
+    if isinstance(node, ast.Attribute):
+        for fields, is_owner in _KINDS:
+            if node.attr in fields and is_owner(node.value):
+                return node.attr
     return None
 
 
 def writes_outside_catalog(source: str) -> list[tuple[int, str]]:
-    """(line, what) of every write of a Database field in `source`."""
+    """(line, what) of every write of a Database, TablePartition or Chunk field in `source`."""
     out = []
     for node in ast.walk(ast.parse(source)):
         targets = []
@@ -63,6 +90,13 @@ def _modules():
     return [p for m, p in module_paths(tuple(pkg for pkg in PACKAGES if pkg != "catalog")).items()]
 
 
+def test_the_walk_finds_writes_of_partitions_and_chunks():
+    src = ("part.persisting = True\nc.state = 'closed'\nchunks[0].df = None\nold_part.files.append(f)\n"
+           "part.windows.flush(h)\nout.state = 1\nx = part.files\n")
+    assert writes_outside_catalog(src) == [(1, "assigns persisting"), (2, "assigns state"), (3, "assigns df"),
+                                           (4, "files.append(...)")]
+
+
 def test_the_walk_finds_each_kind_of_write():
     src = ("db.epoch = 1\ndb.applied_hi_inclusive[0] = 5\nself.db.lost_writes.extend(x)\n"
            "del db.partitions['t']['k']\nsrc_db.poisoned += [r]\ndb.topic_id, n = 'x', 1\n"
@@ -72,7 +106,7 @@ def test_the_walk_finds_each_kind_of_write():
                                            (6, "assigns topic_id"), (3, "lost_writes.extend(...)")]
 
 
-def test_no_module_outside_the_catalog_writes_a_database_field():
+def test_no_module_outside_the_catalog_writes_a_field_of_the_catalogs_objects():
     found = []
     for path in _modules():
         with open(path, encoding="utf-8") as f:
