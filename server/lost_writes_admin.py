@@ -94,7 +94,8 @@ class LostWritesControl:
         self._refuse_when_fenced(database)
         self.refuse_writes_after_a_loss(database)
         db = self._catalog.peek_database(database)
-        return None if db is None else db.applied_offsets()
+        # one copy under the GIL, no lock: every write passes here and must not wait behind a micro-batch
+        return None if db is None else dict(db.applied_hi_inclusive)
 
     def confirm(self, database: str, topic: str, token: dict, taken: dict) -> None:
         """The write buffer's confirmation (every produce Kafka acknowledged, before it is answered;
