@@ -6,7 +6,7 @@ KAFKA_ENDS_MAX_AGE_S starts a new one in the background (one per topic at a time
 last one answers; only a topic never read waits, for its first read. A failed read keeps the
 last one. An unreachable broker thus never holds status or a scrape up.
 
-Who calls it: `IoxServer.watermarks` (status, /metrics; driver threads); the reads run in
+Who calls it: `Visibility.watermarks` (server/query/visibility.py: status, /metrics; driver threads); the reads run in
 threads of their own. `forget` drops a topic whose database continues in a new epoch.
 """
 from __future__ import annotations
