@@ -187,7 +187,7 @@ class Writer:
         lp = "\n".join(f"{self.table},src=w{i % 4} id={i}i {T0 + i * 1000}" for i in ids)
         try:
             tok = client.write(self.db, lp, timeout_s=10)
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # ValueError: the client was closed meanwhile (its server killed)
             self.unacked.update(ids)
             return False
         self.acked.update(ids)
