@@ -33,7 +33,7 @@ from catalog.sharding import partition_for
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
            "HELD", "RETRYING", "ACCEPTED", "FENCED", "FROZEN", "NOT_OWNED", "merge_lost_writes", "PERSISTING",
-           "COMPACTING"]
+           "COMPACTING", "below_holds"]
 
 #: the lifecycle actions that hold a table partition (`TablePartition.hold_for`): its flag of that name
 PERSISTING = "persisting"
@@ -49,6 +49,12 @@ def _locked(method):
         with self._lock:
             return method(self, *args, **kwargs)
     return run
+
+
+def below_holds(offsets: Mapping[int, int], held: Mapping[int, int]) -> dict:
+    """`offsets` ({kp: offset}) each lowered to below its partition's hold (`held`: {kp: first offset
+    held}, `Database.held_offsets`): how far a held partition can still apply. Pure."""
+    return {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in offsets.items()}
 
 
 class DatabaseNotFoundError(CatalogError, KeyError):

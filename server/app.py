@@ -543,10 +543,6 @@ class IoxServer:
         filters (what a persisted file already holds) are not needed any more."""
         self.ingestor.row_filters = {}
 
-    def is_replaying(self) -> bool:
-        """True until every database's replay at start caught up (server/replay_watch.py)."""
-        return self.replay is not None and self.replay.any_replaying()
-
     # -- write-buffer losses and fencing ------------------------------------------------
     def _refuse_writes_when_fenced(self, database: str) -> None:
         """Raises DatabaseFenced when another server committed a newer revision of the database's
@@ -648,10 +644,6 @@ class IoxServer:
         return pc.state.database_checkpoint if pc is not None else None
 
     # -- management ---------------------------------------------------------------------
-    def caught_up_database(self, database: str, deadline_s: float | None = None):
-        """`iox persist` / `iox compact`'s wait (server/manual_actions.py)."""
-        return self.manual.caught_up(database, deadline_s)
-
     def persist_now(self, database: str, table: str = "", partition_key: str = "", deadline_s: float | None = None):
         """`iox persist` (server/manual_actions.py)."""
         return self.manual.persist(database, table, partition_key, deadline_s)

@@ -68,7 +68,7 @@ class LostWritesControl:
     def __init__(self, catalog: Catalog, write_buffer, lifecycle, consumer, metrics, partitions: int,
                  tail_loss_grace_s: float, stopped: threading.Event, replaying: Callable[[Database], bool],
                  refuse_when_fenced: Callable[[str], None], forget_epoch: Callable[[Database], None],
-                 ack_log=None):
+                 ack_log):
         self._catalog = catalog
         self._ack_log = ack_log
         self._write_buffer = write_buffer
@@ -110,8 +110,7 @@ class LostWritesControl:
             self.check_tail(db, ends_at_most=reused)
             self.refuse_writes_after_a_loss(database)
             raise WriteBufferTruncated(database, reused)  # the check found another state: refuse this one anyway
-        if self._ack_log is not None:
-            self._ack_log.record(topic, None if db is None else db.topic_id, 0 if db is None else db.epoch, token)
+        self._ack_log.record(topic, None if db is None else db.topic_id, 0 if db is None else db.epoch, token)
 
     def refuse_writes_after_a_loss(self, database: str) -> None:
         """The write buffer's guard (every produce, gRPC/HTTP threads): refuses writes and deletes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from catalog.catalog import DatabaseNotFoundError
+from catalog.catalog import DatabaseNotFoundError, below_holds
 from catalog.sharding import partition_for, topic_for
 from iox import management_pb2
 from server.deadlines import wait_budget_s
@@ -56,8 +56,7 @@ class ManualActions:
         target = {kp: end - 1 for kp, (_lo, end) in bounds.items() if end > 0}
         db = self._catalog.peek_database(database)
         if db is not None and db.may_hold:  # a held partition applies nothing from its held message on
-            held = db.held_offsets()
-            target = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in target.items()}
+            target = below_holds(target, db.held_offsets())
         if not bounds:
             try:
                 return self._catalog.database(database)

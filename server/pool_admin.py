@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 
+from catalog.catalog import below_holds
 from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from catalog.preserved_catalog import RecordDatabaseCheckpoint
 from catalog.schema import Column
@@ -70,12 +71,6 @@ def check_reachable(member: str, address: str, host: str, others: list) -> None:
         if loopback(r["address"]):
             log.warning("pool member %r on host %r published the loopback address %s: this member (on %r) "
                         "cannot reach it", r["member"], r["host"], r["address"], host)
-
-
-def _below_holds(offsets: dict, held: dict) -> dict:
-    """`offsets` ({kp: offset}) each lowered to below its partition's hold (`held`: {kp: first
-    offset held}, Database.held_offsets): what a held partition can still apply."""
-    return {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in offsets.items()}
 
 
 class PoolControl:
@@ -236,8 +231,10 @@ class PoolControl:
                 if partition_for(table, n) not in kps:
                     continue
                 for part in parts.values():
-                    if part.windows is not None or any(c.state not in _PERSISTED_STATES for c in part.chunks):
-                        dropped.extend(part.drop_unpersisted(_PERSISTED_STATES))
+                    had_windows = part.windows is not None
+                    gone = part.drop_unpersisted(_PERSISTED_STATES)
+                    if gone or had_windows:
+                        dropped.extend(gone)
                         tables.add(table)
         if dropped:
             catalog.retire(dropped, time.time())
@@ -385,7 +382,7 @@ class PoolControl:
         until = srv.replay.targets(db.topic)
         held = db.held_offsets()
         wanted = {kp: max(written_before.get(kp, -1), acked.get(kp, -1), until.get(kp, -1)) for kp in partitions}
-        return {kp: off for kp, off in _below_holds(wanted, held).items() if off >= 0}
+        return {kp: off for kp, off in below_holds(wanted, held).items() if off >= 0}
 
     def _not_owner(self, database: str, partitions: set):
         """NotPartitionOwner naming who owns `partitions` now, as far as this member's catalog knows."""
@@ -492,7 +489,7 @@ class PoolControl:
         while True:
             owned = set(db.owned_partitions or ())  # a frozenset, replaced whole: no lock
             held = db.held_offsets()
-            target = _below_holds({kp: off for kp, off in written_before.items() if kp in owned}, held)
+            target = below_holds({kp: off for kp, off in written_before.items() if kp in owned}, held)
             vis = srv.visibility.visible(db)
             behind = {kp: (vis.get(kp, -1), off) for kp, off in target.items() if vis.get(kp, -1) < off}
             if not behind:

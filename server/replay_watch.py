@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 
+from catalog.catalog import below_holds
 from server.consume.recovery import replay_progress
 from server.query.read_barrier import ReplayState
 
@@ -88,8 +89,7 @@ class ReplayWatch:
         if not until:
             return ReplayState(False, {})
         applied, held = db.applied_and_held()
-        # a partition held at a poisoned message applies nothing from it on (as `caught_up_database`)
-        until = {kp: min(off, held[kp] - 1) if kp in held else off for kp, off in until.items()}
+        until = below_holds(until, held)  # a held partition applies nothing from its hold on
         if all(applied.get(kp, -1) >= off for kp, off in until.items()):
             return ReplayState(False, until)
         done, todo = self.progress(db)

@@ -384,7 +384,7 @@ def verify_partition(*, database: str, kp: int, tables: list, catalog, query, bo
     with catalog.lock:
         if visible is None:
             visible = db.applied_hi_inclusive.get(kp, -1)
-        known_after = set(db.table_names()) | set(db.schemas.tables())
+        known_after = set(db.known_tables())
     start, end = bounds()
     rep.from_offset, rep.to_exclusive = start, end
     rep.visible_hi_inclusive = -1 if visible is None else visible
