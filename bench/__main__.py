@@ -114,7 +114,7 @@ def _start_server_and_worker(ctx: Context, args: list, selected: list) -> None:
         secs = ctx.server.start()
     else:
         if "e2e" in selected:
-            from server.runtime.broker import start_or_reuse
+            from iox_spark.server.runtime.broker import start_or_reuse
 
             from bench.scenarios.end_to_end import BaselineWarmup
 
@@ -170,7 +170,7 @@ def _release_baseline(ctx: Context, selected: list) -> None:
 
 def _broker_storage(args: list) -> str:
     """The embedded broker storage our servers' arguments ask for (`--broker-storage[=]X`), else the default."""
-    from server.runtime.broker import DEFAULT_BROKER_STORAGE
+    from iox_spark.server.runtime.broker import DEFAULT_BROKER_STORAGE
 
     for i, a in enumerate(args):
         if a.startswith("--broker-storage="):

@@ -318,7 +318,7 @@ class RealtimeClients:
         self.raised = False
 
     def __enter__(self) -> "RealtimeClients":
-        from server.runtime.write_path_priority import raise_write_path_priority
+        from iox_spark.server.runtime.write_path_priority import raise_write_path_priority
 
         [res] = raise_write_path_priority([os.getpid()], self.priority)
         self.raised = res.not_raised is None
@@ -476,7 +476,7 @@ class ServerProcess:
         return self.wait_ready(timeout_s)
 
     def launch(self, extra_args: list | None = None) -> None:
-        from server.api.client import IoxClient
+        from iox_spark.server.api.client import IoxClient
 
         if extra_args is not None:
             self.extra_args = list(extra_args)
@@ -596,7 +596,7 @@ class ServerProcess:
         with open(rec) as f:
             r = json.load(f)
         if r.get("store_pid"):
-            from server.runtime.broker import BrokerHandle
+            from iox_spark.server.runtime.broker import BrokerHandle
 
             BrokerHandle(pid=int(r["pid"]), port=int(r["port"]), storage=r["storage"], owned=True,
                          record_path=rec, store_pid=int(r["store_pid"]), store_port=r.get("store_port"),
@@ -739,7 +739,7 @@ def recent_t0_ns(offset_s: float = 3600.0) -> int:
 
 def tables_on_distinct_partitions(prefix: str, partitions: int) -> list[str]:
     """One table name per Kafka partition (the router hashes the table name to a partition)."""
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.sharding import partition_for
 
     names: dict = {}
     i = 0
@@ -897,7 +897,7 @@ def run_writers(addr: str, database: str, batches: list, clients: int, duration_
     """
     import grpc
 
-    from server.api.client import IoxClient
+    from iox_spark.server.api.client import IoxClient
 
     def connect(_k: int):
         c = IoxClient(addr)
@@ -929,7 +929,7 @@ def raw_produce(bootstrap: str, batches: list, clients: int, duration_s: float, 
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from server.write_buffer.producer import producer_conf
+    from iox_spark.server.write_buffer.producer import producer_conf
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     fut = admin.create_topics([NewTopic(RAW_TOPIC, partitions, 1)])[RAW_TOPIC]

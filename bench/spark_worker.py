@@ -38,7 +38,7 @@ def _decode(batches):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from server.write_buffer.wire_format import decode_payload
+    from iox_spark.server.write_buffer.wire_format import decode_payload
 
     for b in batches:
         tbls = b.column("tbl").to_pylist()
@@ -106,7 +106,7 @@ def sql(spark, path: str, view: str, query: str, repeat: int) -> dict:
 def main(argv) -> int:
     scratch, driver_memory = argv[1], argv[2]
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from server.runtime.spark import build_spark
+    from iox_spark.server.runtime.spark import build_spark
 
     try:
         t0 = time.monotonic()

@@ -21,15 +21,15 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from catalog.chunk import Chunk
-from catalog.delete_mailbox import DeleteMailbox
-from catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
-from catalog.query_pins import QueryPins
-from catalog.preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
-from catalog.schema import SchemaRegistry, TableSchema
-from catalog.transactions import TxnLog
-from catalog.errors import CatalogError
-from catalog.sharding import partition_for
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.delete_mailbox import DeleteMailbox
+from iox_spark.catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
+from iox_spark.catalog.query_pins import QueryPins
+from iox_spark.catalog.preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
+from iox_spark.catalog.schema import SchemaRegistry, TableSchema
+from iox_spark.catalog.transactions import TxnLog
+from iox_spark.catalog.errors import CatalogError
+from iox_spark.catalog.sharding import partition_for
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
            "HELD", "RETRYING", "ACCEPTED", "FENCED", "FROZEN", "NOT_OWNED", "merge_lost_writes", "PERSISTING",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from catalog.errors import (
+from iox_spark.catalog.errors import (
     CheckpointDecodeError,
     InvertedOffsetRange,
     PartitionCheckpointMaximumAfterDatabase,

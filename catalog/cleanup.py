@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from catalog.errors import RevisionConflict
-from catalog.object_store import ObjectStore, data_prefix
-from catalog.preserved_catalog import CatalogState, transaction_key
+from iox_spark.catalog.errors import RevisionConflict
+from iox_spark.catalog.object_store import ObjectStore, data_prefix
+from iox_spark.catalog.preserved_catalog import CatalogState, transaction_key
 
 __all__ = ["DEFAULT_CLEANUP_MIN_AGE_S", "PARQUET_SUFFIX", "delete_unreferenced", "find_unreferenced"]
 

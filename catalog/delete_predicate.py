@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Union
-from catalog.errors import CatalogError
+from iox_spark.catalog.errors import CatalogError
 
 __all__ = [
     "InvalidDelete",

@@ -49,7 +49,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow.fs
 
-from catalog.errors import AlreadyExists, InvalidKey, InvalidStoreUrl, NotDurable, ObjectNotFound
+from iox_spark.catalog.errors import AlreadyExists, InvalidKey, InvalidStoreUrl, NotDurable, ObjectNotFound
 
 __all__ = [
     "DEFAULT_S3_CONNECT_TIMEOUT_S",

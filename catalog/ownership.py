@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from catalog.errors import InvalidAction, PartitionsNotOwned
-from catalog.sharding import partition_for
+from iox_spark.catalog.errors import InvalidAction, PartitionsNotOwned
+from iox_spark.catalog.sharding import partition_for
 
 __all__ = [
     "MEMBERS_PREFIX",
@@ -60,7 +60,7 @@ _MEMBER_FORMAT_VERSION = 1
 
 def member_address_key(member: str) -> str:
     """The object key of `member`'s published address."""
-    from catalog.object_store import encode_key_segment
+    from iox_spark.catalog.object_store import encode_key_segment
 
     return MEMBERS_PREFIX + encode_key_segment(member) + ".json"
 
@@ -81,7 +81,7 @@ def read_member_records(store) -> list[dict]:
     recorded}); an unreadable one is left out."""
     import json
 
-    from catalog.errors import ObjectNotFound
+    from iox_spark.catalog.errors import ObjectNotFound
 
     out = []
     for meta in store.list(MEMBERS_PREFIX):
@@ -100,7 +100,7 @@ def read_member_address(store, member: str) -> str | None:
     object is unreadable or of another format version."""
     import json
 
-    from catalog.errors import ObjectNotFound
+    from iox_spark.catalog.errors import ObjectNotFound
 
     try:
         obj = json.loads(store.get(member_address_key(member)))

@@ -37,8 +37,8 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Union
 
-from catalog.checkpoint import PartitionCheckpoint, UnpersistedOffsets
-from catalog.errors import (
+from iox_spark.catalog.checkpoint import PartitionCheckpoint, UnpersistedOffsets
+from iox_spark.catalog.errors import (
     EmptyWriteRange,
     FlushHandleReleased,
     ForeignFlushHandle,

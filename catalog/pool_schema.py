@@ -18,9 +18,9 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from catalog.errors import AlreadyExists, ObjectNotFound
-from catalog.object_store import encode_key_segment
-from catalog.schema import Column
+from iox_spark.catalog.errors import AlreadyExists, ObjectNotFound
+from iox_spark.catalog.object_store import encode_key_segment
+from iox_spark.catalog.schema import Column
 
 __all__ = ["SCHEMA_PREFIX", "column_key", "reserve_columns", "ColumnReservationUnreadable"]
 

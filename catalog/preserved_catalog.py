@@ -76,7 +76,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-from catalog.errors import (
+from iox_spark.catalog.errors import (
     AlreadyExists,
     CorruptCatalogFile,
     FormatVersionMismatch,
@@ -87,9 +87,9 @@ from catalog.errors import (
     RevisionConflict,
     RevisionGap,
 )
-from catalog.object_store import ObjectStore, catalog_prefix
-from catalog.ownership import ClaimPartitions, PartitionOwner, check_ownership, claim_epochs
-from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET
+from iox_spark.catalog.object_store import ObjectStore, catalog_prefix
+from iox_spark.catalog.ownership import ClaimPartitions, PartitionOwner, check_ownership, claim_epochs
+from iox_spark.catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET
 
 __all__ = [
     "DEFAULT_TRANSACTIONS_UNTIL_CHECKPOINT",
@@ -1406,7 +1406,7 @@ def _parse_actions(actions: Sequence[Action | Mapping[str, Any]], revision: int)
 
 def read_state(store: ObjectStore, db: str, revision: int | None = None) -> CatalogState | None:
     """The state of ``db``'s preserved catalog as of ``revision`` (None: the newest), for a
-    reader that never commits (the Spark data source, iox_spark_source/); None if there is no
+    reader that never commits (the Spark data source, iox_spark/source/); None if there is no
     catalog. When the catalog's newest revision is below ``revision`` the newest state is
     returned: the caller compares ``state.revision``. Loads like :meth:`PreservedCatalog.create_or_load`
     (newest checkpoint at or below ``revision``, then the transactions after it, chain verified)

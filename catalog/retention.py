@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from catalog.errors import InvalidDuration
+from iox_spark.catalog.errors import InvalidDuration
 
 __all__ = ["parse_duration_s", "format_duration_s", "reader_lo_ns", "MAX_RETENTION_S", "DURATION_UNITS_S"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from catalog.errors import CatalogError
+from iox_spark.catalog.errors import CatalogError
 
 __all__ = ["Column", "TableSchema", "SchemaRegistry", "ColumnTypeConflict", "ColumnLimitExceeded", "SPARK_TYPES",
            "TIME_NS_COLUMN", "SEQ_COLUMN", "RESERVED_COLUMNS"]

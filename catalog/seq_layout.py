@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.errors import SeqOverflow
+from iox_spark.catalog.errors import SeqOverflow
 
 __all__ = [
     "LEGACY_MAX_EPOCH",

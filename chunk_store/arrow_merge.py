@@ -19,7 +19,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 __all__ = ["ArrowDelete", "as_arrow_delete", "deletes_supported", "apply_deletes", "deduplicate", "sort_by_seq"]
 

@@ -20,7 +20,7 @@ Called on the driver (ingest, compaction, persist) with a DataFrame; runs its jo
 """
 from __future__ import annotations
 
-from chunk_store.cluster import runs_local
+from iox_spark.chunk_store.cluster import runs_local
 
 __all__ = ["checkpoint"]
 

@@ -13,12 +13,12 @@ import base64
 import json
 import pickle
 
-from catalog import time_spans
-from chunk_store import chunk_views
-from catalog.chunk import Chunk
-from catalog.schema import TIME_NS_COLUMN, TableSchema
-from chunk_store.cluster import parts_for, task_slots
-from chunk_store.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
+from iox_spark.catalog import time_spans
+from iox_spark.chunk_store import chunk_views
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.schema import TIME_NS_COLUMN, TableSchema
+from iox_spark.chunk_store.cluster import parts_for, task_slots
+from iox_spark.chunk_store.views import ChunkSource, chunk_view_name, quote, spark_struct_for, table_view_sql
 
 __all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "time_range_mask",
@@ -96,7 +96,7 @@ def arrow_plan(chunks: list, schema, deletes: list):
 def arrow_deletes_meeting(chunks: list, schema, deletes: list) -> list | None:
     """The `deletes` (of the mailbox) whose time range meets `chunks`' (non-empty) as ArrowDelete,
     or None when Arrow cannot evaluate a term of one of them. Pure (driver)."""
-    from chunk_store.arrow_merge import as_arrow_delete, deletes_supported
+    from iox_spark.chunk_store.arrow_merge import as_arrow_delete, deletes_supported
 
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
@@ -110,7 +110,7 @@ def indexed_segments_df(chunks: list, segment_lists: list | None = None):
     read now). Driver side; no job runs."""
     from pyspark.sql import functions as F
 
-    from chunk_store.ipc_segments import SEGMENT_COLUMNS
+    from iox_spark.chunk_store.ipc_segments import SEGMENT_COLUMNS
 
     inputs = None
     for i, segs in enumerate(segment_lists if segment_lists is not None else [c.segments for c in chunks]):
@@ -147,8 +147,8 @@ def merge_segment_rows(batches, tags: list, fields: list, deletes: list, dedup: 
     since deduplication only merges rows of one time."""
     import pyarrow as pa
 
-    from chunk_store.arrow_merge import apply_deletes, deduplicate
-    from chunk_store.ipc_segments import chunk_arrow_schema, read_segment_rows
+    from iox_spark.chunk_store.arrow_merge import apply_deletes, deduplicate
+    from iox_spark.chunk_store.ipc_segments import chunk_arrow_schema, read_segment_rows
 
     columns = [(t, "string") for t in tags] + list(fields)
     target = chunk_arrow_schema(columns)
@@ -285,7 +285,7 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
 
 def table_deletes(db, table: str) -> list:
     """The deletes that apply to `table` (its own, and database-wide ones via its Kafka partition)."""
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.sharding import partition_for
 
     return db.deletes.for_table(table, partition_for(table, db.kafka_partitions))
 
@@ -309,7 +309,7 @@ def register_parquet_chunk(spark, store, keys: list, schema_cols: list, chunk_id
     source (no hadoop-aws here), its tasks reading S3 directly on the executors.
     """
     view = chunk_view_name(chunk_id)
-    from catalog.object_store import LocalObjectStore
+    from iox_spark.catalog.object_store import LocalObjectStore
 
     # the files' columns are `schema_cols`: given, Spark does not read a footer to infer them
     # (the first persist of a server spent ~0.4 s there)
@@ -356,6 +356,6 @@ def release_df(df) -> None:
 
 
 def _col(c):
-    from catalog.schema import Column
+    from iox_spark.catalog.schema import Column
 
     return Column(*c) if not isinstance(c, Column) else c

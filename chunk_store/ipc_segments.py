@@ -28,7 +28,7 @@ Runs on the driver (plans, view registration) and the executors (`decode_fn`,
 """
 from __future__ import annotations
 
-from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
 __all__ = ["SEGMENT_SCHEMA", "SEGMENT_COLUMNS", "LAYOUT_WIRE", "LAYOUT_CHUNK", "decode_fn", "chunk_table",
            "segments_df", "register_segments_chunk", "value_columns_of", "value_arrays", "read_segment_rows",
@@ -110,7 +110,7 @@ def chunk_table(t, layout: int, seq_base: int, day_lo, day_hi, columns: list):
     names += [TIME_NS_COLUMN, SEQ_COLUMN]
     out = pa.Table.from_arrays(arrays, names=names)
     if day_lo is not None and n:
-        from catalog.partition_keys import day_numbers
+        from iox_spark.catalog.partition_keys import day_numbers
 
         d = day_numbers(out.column(TIME_NS_COLUMN).combine_chunks())
         out = out.filter(pc.and_(pc.greater_equal(d, day_lo), pc.less_equal(d, day_hi)))
@@ -160,9 +160,9 @@ def register_segments_chunk(spark, segments: list, columns, chunk_id: int) -> st
 
     The view decodes the segments on the executors each time it is read.
     """
-    from catalog.schema import TableSchema
-    from chunk_store.cluster import task_slots
-    from chunk_store.views import chunk_view_name, spark_struct_for
+    from iox_spark.catalog.schema import TableSchema
+    from iox_spark.chunk_store.cluster import task_slots
+    from iox_spark.chunk_store.views import chunk_view_name, spark_struct_for
 
     schema = TableSchema.from_json("_", columns)
     df = segments_df(segments)
@@ -170,7 +170,7 @@ def register_segments_chunk(spark, segments: list, columns, chunk_id: int) -> st
     slots = task_slots(df.sparkSession)
     if len(segments) > slots:
         df = df.coalesce(slots)
-    from chunk_store import chunk_views
+    from iox_spark.chunk_store import chunk_views
 
     return chunk_views.register(spark, chunk_view_name(chunk_id),
                                 df.mapInArrow(decode_fn(value_columns_of(columns)), spark_struct_for(schema)))

@@ -27,7 +27,7 @@ engine); nothing here is pickled.
 """
 from __future__ import annotations
 
-from chunk_store.ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
+from iox_spark.chunk_store.ipc_segments import (LAYOUT_CHUNK, SEGMENT_SCHEMA, chunk_arrow_schema, chunk_table, read_segment_rows,
                            value_columns_of)
 
 __all__ = ["LOCAL_PAYLOAD_MAX_BYTES", "LOCAL_BUILD_MAX_BYTES", "LOCAL_CHUNK_MAX_ROWS", "segment_table",
@@ -78,17 +78,17 @@ def conform(rows, columns: list):
 
 def local_df(spark, rows, columns: list):
     """A local relation of `rows` (a pyarrow Table in the chunk layout of `columns`). No job runs."""
-    from catalog.schema import TableSchema
-    from chunk_store.views import spark_struct_for
+    from iox_spark.catalog.schema import TableSchema
+    from iox_spark.chunk_store.views import spark_struct_for
 
     return spark.createDataFrame(rows, schema=spark_struct_for(TableSchema.from_json("_", columns)))
 
 
 def register_local_chunk(spark, rows, columns: list, chunk_id: int) -> str:
     """Registers a local chunk's view: a local relation of its `rows`. Returns the view name."""
-    from chunk_store.views import chunk_view_name
+    from iox_spark.chunk_store.views import chunk_view_name
 
-    from chunk_store import chunk_views
+    from iox_spark.chunk_store import chunk_views
 
     return chunk_views.register(spark, chunk_view_name(chunk_id), local_df(spark, rows, columns))
 
@@ -100,7 +100,7 @@ def merged_local_rows(chunks: list, schema, deletes: list):
     `joined_local_rows` is None or such a delete is not evaluable in Arrow. No Spark job runs."""
     import pyarrow.compute as pc
 
-    from catalog.schema import TIME_NS_COLUMN
+    from iox_spark.catalog.schema import TIME_NS_COLUMN
 
     joined = joined_local_rows(chunks, schema.to_json())
     if joined is None:
@@ -117,7 +117,7 @@ def merge_rows(t, schema, deletes: list):
     deduplicated in Arrow (chunk_store/arrow_merge.py: the rows the SQL merge of the table views
     gives), or None when a delete is not evaluable in Arrow. Pure (driver: compaction of local
     chunks, the query engine's merge of a small table)."""
-    from chunk_store.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
+    from iox_spark.chunk_store.arrow_merge import apply_deletes, as_arrow_delete, deduplicate, deletes_supported
 
     col_types = {c.name: c.type for c in schema.columns if c.role != "time"}
     arrow_deletes = [as_arrow_delete(d) for d in deletes]

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from catalog import time_spans
-from catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
+from iox_spark.catalog import time_spans
+from iox_spark.catalog.schema import SEQ_COLUMN, SPARK_TYPES, TIME_NS_COLUMN, TableSchema
 
 __all__ = ["ChunkSource", "deletes_sql", "quote", "table_view_name", "chunk_view_name", "chunk_select_sql",
            "empty_table_view_sql", "overlap_groups", "table_view_sql", "spark_struct_for", "retained_view_sql"]
@@ -123,7 +123,7 @@ def deletes_sql(schema: TableSchema, deletes: list) -> str:
     """SQL condition that is true for rows NO delete removes (before dedup, per row)."""
     if not deletes:
         return ""
-    from catalog.delete_predicate import from_json, predicate_sql
+    from iox_spark.catalog.delete_predicate import from_json, predicate_sql
 
     col_types = {c.name: c.type for c in schema.columns}
     t, s = quote(TIME_NS_COLUMN), quote(SEQ_COLUMN)

@@ -32,18 +32,18 @@ import logging
 
 import pyarrow.compute as pc
 
-from catalog.catalog import COMPACTING, Catalog, Database
-from catalog.chunk import Chunk
-from catalog.schema import TIME_NS_COLUMN
+from iox_spark.catalog.catalog import COMPACTING, Catalog, Database
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.schema import TIME_NS_COLUMN
 
-from catalog.crash_points import CrashPoint, crash_point
+from iox_spark.catalog.crash_points import CrashPoint, crash_point
 
-from chunk_store.chunk_checkpoint import checkpoint
-from chunk_store.cluster import task_slots
-from chunk_store.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
+from iox_spark.chunk_store.chunk_checkpoint import checkpoint
+from iox_spark.chunk_store.cluster import task_slots
+from iox_spark.chunk_store.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
                          row_stats, schema_bytes, table_deletes, time_disjoint)
-from chunk_store.ipc_segments import register_segments_chunk
-from chunk_store.local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
+from iox_spark.chunk_store.ipc_segments import register_segments_chunk
+from iox_spark.chunk_store.local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
 
 __all__ = ["compact_chunks"]
 

@@ -33,17 +33,17 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from catalog.catalog import COMPACTING, Catalog, Database
-from catalog.chunk import Chunk
-from catalog.object_store import ObjectStore, parquet_key
-from catalog.preserved_catalog import RemoveParquet, SetTableSchema
+from iox_spark.catalog.catalog import COMPACTING, Catalog, Database
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.object_store import ObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
-from catalog.crash_points import CrashPoint, crash_point
+from iox_spark.catalog.crash_points import CrashPoint, crash_point
 
-from chunk_store.chunk_checkpoint import checkpoint
-from chunk_store.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
+from iox_spark.chunk_store.chunk_checkpoint import checkpoint
+from iox_spark.chunk_store.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
                          schema_bytes, table_deletes, time_disjoint)
-from lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
+from iox_spark.lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
 __all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks", "arrow_compaction_fn",
            "stored_arrow_plan"]
@@ -185,11 +185,11 @@ def arrow_compaction_fn(store: ObjectStore, file_keys: list, key: str, columns: 
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+        from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-        from chunk_store.arrow_merge import apply_deletes, deduplicate
-        from chunk_store.ipc_segments import arrow_type, chunk_arrow_schema
-        from lifecycle.persist import write_files
+        from iox_spark.chunk_store.arrow_merge import apply_deletes, deduplicate
+        from iox_spark.chunk_store.ipc_segments import arrow_type, chunk_arrow_schema
+        from iox_spark.lifecycle.persist import write_files
 
         for _ in batches:  # the one input row only starts the task
             pass

@@ -42,22 +42,22 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from catalog.catalog import PERSISTING, Catalog, Database
-from catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
-from catalog.chunk import Chunk
-from catalog.object_store import ObjectStore, parquet_key
-from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordPartitionCheckpoint,
+from iox_spark.catalog.catalog import PERSISTING, Catalog, Database
+from iox_spark.catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.object_store import ObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordPartitionCheckpoint,
                                        SetTableSchema)
-from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 
-from catalog.crash_points import CrashPoint, crash_point
+from iox_spark.catalog.crash_points import CrashPoint, crash_point
 
-from chunk_store.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
+from iox_spark.chunk_store.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
                          register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes, time_range_mask)
-from chunk_store.chunk_checkpoint import checkpoint
-from chunk_store.cluster import cores_per_executor, task_slots
-from chunk_store.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
-from lifecycle.policy import ChunkState, select_persistable_chunks
+from iox_spark.chunk_store.chunk_checkpoint import checkpoint
+from iox_spark.chunk_store.cluster import cores_per_executor, task_slots
+from iox_spark.chunk_store.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
+from iox_spark.lifecycle.policy import ChunkState, select_persistable_chunks
 
 __all__ = ["PersistOutcome", "persist_partition", "InFlightFiles", "mailbox_actions", "write_one_file",
            "add_parquet_action", "FILE_META_SCHEMA", "write_files", "persist_tasks", "persist_time_ranges",
@@ -189,7 +189,7 @@ def mailbox_actions(db, preserved, new_files: list, actions: list) -> list:
     files (committed ones and the ones this transaction adds). Deletes of tables
     without any file stay in the mailbox. Returns the deletes recorded.
     """
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.sharding import partition_for
 
     files_by_table: dict = {}
     for key, f in preserved.state.files.items():
@@ -373,8 +373,8 @@ def segments_persist_fn(store: ObjectStore, keys: list, tags: list, fields: list
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from chunk_store.chunk_data import merge_segment_rows
-        from chunk_store.ipc_segments import encode_ipc
+        from iox_spark.chunk_store.chunk_data import merge_segment_rows
+        from iox_spark.chunk_store.ipc_segments import encode_ipc
 
         waited = [0.0]
 

@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal, Union
 
-from lifecycle.errors import InvalidLifecycleState
-from lifecycle.rules import LifecycleRules
+from iox_spark.lifecycle.errors import InvalidLifecycleState
+from iox_spark.lifecycle.rules import LifecycleRules
 
 __all__ = [
     "CHUNK_STATES",

@@ -29,8 +29,8 @@ import datetime
 from dataclasses import dataclass
 from typing import Union
 
-from catalog.partition_keys import NS_PER_DAY
-from catalog.retention import reader_lo_ns
+from iox_spark.catalog.partition_keys import NS_PER_DAY
+from iox_spark.catalog.retention import reader_lo_ns
 
 __all__ = ["DEFAULT_PRUNE_DELAY_S", "PartitionRef", "RetentionState", "SetReaderLo", "PrunePartition", "AdvancePrunerHi", "PruneAction",
            "decide_prune", "prune_bound_ns", "day_bounds_ns"]

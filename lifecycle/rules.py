@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S
+from iox_spark.catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S
 
-from lifecycle.errors import InvalidLifecycleRule
+from iox_spark.lifecycle.errors import InvalidLifecycleRule
 
 __all__ = [
     "DEFAULT_PERSIST",

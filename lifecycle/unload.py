@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from catalog.catalog import Catalog, Database
+from iox_spark.catalog.catalog import Catalog, Database
 
-from chunk_store.chunk_data import register_parquet_chunk
+from iox_spark.chunk_store.chunk_data import register_parquet_chunk
 
 __all__ = ["unload_chunk"]
 

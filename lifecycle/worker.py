@@ -61,26 +61,26 @@ import logging
 import threading
 import time
 
-from catalog.catalog import PERSISTING, Catalog
-from catalog.cleanup import delete_unreferenced, find_unreferenced
-from catalog.errors import PartitionsNotOwned, RevisionConflict
-from catalog.object_store import table_of_parquet_key
-from catalog.preserved_catalog import RecordPruned, transaction_key
-from catalog.sharding import partition_for
+from iox_spark.catalog.catalog import PERSISTING, Catalog
+from iox_spark.catalog.cleanup import delete_unreferenced, find_unreferenced
+from iox_spark.catalog.errors import PartitionsNotOwned, RevisionConflict
+from iox_spark.catalog.object_store import table_of_parquet_key
+from iox_spark.catalog.preserved_catalog import RecordPruned, transaction_key
+from iox_spark.catalog.sharding import partition_for
 
-from catalog.crash_points import CrashPoint, crash_point
+from iox_spark.catalog.crash_points import CrashPoint, crash_point
 
-from chunk_store.chunk_data import release_chunk_data
-from lifecycle.compact import compact_chunks
-from lifecycle.compact_persisted import compact_persisted_chunks
-from lifecycle.persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
-from lifecycle.policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState,
+from iox_spark.chunk_store.chunk_data import release_chunk_data
+from iox_spark.lifecycle.compact import compact_chunks
+from iox_spark.lifecycle.compact_persisted import compact_persisted_chunks
+from iox_spark.lifecycle.persist import InFlightFiles, chunk_states, mailbox_actions, persist_partition
+from iox_spark.lifecycle.policy import (Backpressure, CompactChunks, CompactPersistedChunks, DatabaseState, DropChunk, PartitionState,
                      PersistChunks, UnloadChunk, decide)
-from lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
+from iox_spark.lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
                                     day_bounds_ns, decide_prune)
-from chunk_store.parquet_cache import CachedCopy
-from lifecycle.rules import LifecycleRules
-from lifecycle.unload import unload_chunk
+from iox_spark.chunk_store.parquet_cache import CachedCopy
+from iox_spark.lifecycle.rules import LifecycleRules
+from iox_spark.lifecycle.unload import unload_chunk
 
 __all__ = ["LifecycleWorker", "RETIRED_GRACE_S", "CLEANUP_INTERVAL_S", "MAILBOX_FLUSH_INTERVAL_S",
            "PARQUET_CACHE_SWEEP_INTERVAL_S", "FENCE_PROBE_INTERVAL_S"]
@@ -469,7 +469,7 @@ class LifecycleWorker:
         self._check_not_fenced(db_name)
         pc = self.preserved.get(db_name)
         if pc is None:
-            from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
+            from iox_spark.catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig
 
             cfg = PreservedCatalogConfig(transactions_until_checkpoint=self.rules.catalog_transactions_until_checkpoint)
             pc, _state = PreservedCatalog.create_or_load(self.store, db_name, now, cfg)
@@ -675,7 +675,7 @@ class LifecycleWorker:
         chunks leave memory (retired: queries planned before still read them) and its files wait
         for the queries running now (catalog/query_pins.py). False when it is busy or held (a failed
         micro-batch not applied again yet); raises what the commit raises."""
-        from catalog.preserved_catalog import RemoveParquet
+        from iox_spark.catalog.preserved_catalog import RemoveParquet
 
         with self._action_lock:  # no other commit of the lifecycle meanwhile
             pc = self.preserved_for(db.name, now)

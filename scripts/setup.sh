@@ -44,7 +44,7 @@ fi
 
 # the Spark JVM's class-data-sharing archive (server/runtime/jvm_archive.py), built once per installation:
 # every server starts ~4 s faster; without it servers still start (tests/integration check it)
-.venv/bin/python -m server.cli.build_jvm_archive >&2 || echo "setup: the JVM archive was not built; servers start without it" >&2
+.venv/bin/python -m iox_spark.server.cli.build_jvm_archive >&2 || echo "setup: the JVM archive was not built; servers start without it" >&2
 
 # the embedded in-memory broker (Tansu) keeps each message of ~128 KiB or more in a memory map of its
 # own and exits once it holds vm.max_map_count of them (65,530 by default; server/runtime/broker.py): raise it

@@ -40,47 +40,47 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from catalog.catalog import FENCED, Catalog
-from iox import management_pb2
+from iox_spark.catalog.catalog import FENCED, Catalog
+from iox_spark.iox import management_pb2
 
-from server.runtime import broker as broker_mod
-from server.config import ServerConfig, is_loopback
-from server.api.auth import Authenticator
-from server.consume.consumer import WriteBufferConsumer
-from server.write_buffer.end_polls import AckMarks
-from server.errors import DatabaseFenced
-from server.api.grpc_services import SERVICE_NAMES, build_grpc_server
-from server.errors import NotAPoolMember, RoleRefuses
-from server.write_buffer.ack_log import AckLog
-from server.consume.ingest import Ingestor
-from server.query.engine import QueryEngine
-from server.query.read_barrier import ReadBarrier
-from server.consume.watermarks import MessageSizes
-from server.write.router import Router
-from server.runtime.broker_truncation import BrokerTruncation
-from server.runtime.spark import build_spark, lower_spark_priority
-from server.write_buffer.kafka_ends import KafkaEnds
-from server.write_buffer.producer import WriteBuffer
-from catalog.sharding import topic_for
-from server.query.tail import WriteBufferTail
-from server.runtime.write_path_priority import raise_server_and_broker
-from server.runtime.memory_guard import MemoryGuard, process_tree_rss_bytes
-from server.runtime.ports import check_ports_free
-from server.runtime import spark_connect
-from server.retention_admin import RetentionControl, operation_gauges
-from server.freeze_admin import FreezeControl
-from server.lost_writes_admin import LostWritesControl
-from server.poison_admin import PoisonControl
-from server.pool_admin import PoolControl
-from server.replay_watch import ReplayWatch
-from server.status_document import StatusDocument
-from server.query_service import QueryService
-from server.query.visibility import Visibility
-from server.clean_stop import drain_and_persist
-from server.manual_actions import ManualActions
-from server.verify_admin import VerifyControl
-from server.write_buffer.freeze import cap_replay_until
-from server.api.buckets import BucketsApi
+from iox_spark.server.runtime import broker as broker_mod
+from iox_spark.server.config import ServerConfig, is_loopback
+from iox_spark.server.api.auth import Authenticator
+from iox_spark.server.consume.consumer import WriteBufferConsumer
+from iox_spark.server.write_buffer.end_polls import AckMarks
+from iox_spark.server.errors import DatabaseFenced
+from iox_spark.server.api.grpc_services import SERVICE_NAMES, build_grpc_server
+from iox_spark.server.errors import NotAPoolMember, RoleRefuses
+from iox_spark.server.write_buffer.ack_log import AckLog
+from iox_spark.server.consume.ingest import Ingestor
+from iox_spark.server.query.engine import QueryEngine
+from iox_spark.server.query.read_barrier import ReadBarrier
+from iox_spark.server.consume.watermarks import MessageSizes
+from iox_spark.server.write.router import Router
+from iox_spark.server.runtime.broker_truncation import BrokerTruncation
+from iox_spark.server.runtime.spark import build_spark, lower_spark_priority
+from iox_spark.server.write_buffer.kafka_ends import KafkaEnds
+from iox_spark.server.write_buffer.producer import WriteBuffer
+from iox_spark.catalog.sharding import topic_for
+from iox_spark.server.query.tail import WriteBufferTail
+from iox_spark.server.runtime.write_path_priority import raise_server_and_broker
+from iox_spark.server.runtime.memory_guard import MemoryGuard, process_tree_rss_bytes
+from iox_spark.server.runtime.ports import check_ports_free
+from iox_spark.server.runtime import spark_connect
+from iox_spark.server.retention_admin import RetentionControl, operation_gauges
+from iox_spark.server.freeze_admin import FreezeControl
+from iox_spark.server.lost_writes_admin import LostWritesControl
+from iox_spark.server.poison_admin import PoisonControl
+from iox_spark.server.pool_admin import PoolControl
+from iox_spark.server.replay_watch import ReplayWatch
+from iox_spark.server.status_document import StatusDocument
+from iox_spark.server.query_service import QueryService
+from iox_spark.server.query.visibility import Visibility
+from iox_spark.server.clean_stop import drain_and_persist
+from iox_spark.server.manual_actions import ManualActions
+from iox_spark.server.verify_admin import VerifyControl
+from iox_spark.server.write_buffer.freeze import cap_replay_until
+from iox_spark.server.api.buckets import BucketsApi
 
 __all__ = ["IoxServer"]
 
@@ -178,11 +178,11 @@ class IoxServer:
         self.write_buffer = WriteBuffer(bootstrap, cfg.partitions, cfg.produce_timeout_ms, cfg.txn_timeout_s,
                                         cfg.replication_factor if cfg.kafka_bootstrap else 1)
         self.kafka_ends = KafkaEnds(self.write_buffer, self.catalog)
-        from catalog.object_store import object_store_from_url
+        from iox_spark.catalog.object_store import object_store_from_url
 
         self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
         if cfg.pool_member is not None:  # the pool's Kafka cluster and object store, or no start (before Spark)
-            from server.pool_identity import establish_pool_identity
+            from iox_spark.server.pool_identity import establish_pool_identity
 
             establish_pool_identity(self.store, bootstrap, cfg.pool_member, cfg.object_store_url,
                                     cfg.replication_factor if cfg.kafka_bootstrap else 1, time.time())
@@ -201,26 +201,26 @@ class IoxServer:
         if self._owns_spark and cfg.spark_nice:
             n = lower_spark_priority(self.spark, cfg.spark_nice)
             log.info("Spark JVM: %d thread(s) at nice %d", n, cfg.spark_nice)
-        from chunk_store.cluster import runs_local
-        from lifecycle.worker import LifecycleWorker
+        from iox_spark.chunk_store.cluster import runs_local
+        from iox_spark.lifecycle.worker import LifecycleWorker
 
         if not runs_local(self.spark):  # executors on other hosts: they must run this code
-            from server.runtime.executor_check import check_executor_environment
+            from iox_spark.server.runtime.executor_check import check_executor_environment
 
             check_executor_environment(self.spark, cfg.spark_master)
 
-        from server.consume.recovery import list_catalog_databases, recover
-        from server.consume.replay_schemas import load_replay_schemas
-        from server.write_buffer.producer import PartitionCountMismatch
-        from catalog.sharding import database_of_topic
+        from iox_spark.server.consume.recovery import list_catalog_databases, recover
+        from iox_spark.server.consume.replay_schemas import load_replay_schemas
+        from iox_spark.server.write_buffer.producer import PartitionCountMismatch
+        from iox_spark.catalog.sharding import database_of_topic
 
         self.rules = cfg.lifecycle_rules()
         self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
         # local mode on S3: Parquet files are copied to this directory (up to its byte limit) and read
         # natively; on a cluster the executors read the object store themselves (nothing of it on the
         # driver's disk); a local object store is read in place
-        from catalog.object_store import LocalObjectStore
-        from chunk_store.parquet_cache import ParquetCache
+        from iox_spark.catalog.object_store import LocalObjectStore
+        from iox_spark.chunk_store.parquet_cache import ParquetCache
 
         self.parquet_cache = ParquetCache(os.path.join(data_dir, "parquet-cache"), cfg.parquet_cache_max_bytes,
                                           self.catalog.query_pins) \
@@ -370,7 +370,7 @@ class IoxServer:
             self.pool.publish_address(cfg.pool_address or _advertised(cfg.bind_host, self.grpc_port))
         self.http = None
         if cfg.http_port:
-            from server.api.http_api import HttpWriteServer, database_for
+            from iox_spark.server.api.http_api import HttpWriteServer, database_for
 
             self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port, authenticator=self.authenticator,
                                         workers=cfg.http_workers)
@@ -380,8 +380,8 @@ class IoxServer:
             self.http.start()
         self.one_port = None
         if cfg.influxdb3_port and self.http is not None:  # last: both servers behind it are serving
-            from server.api.one_port import OnePortServer
-            from server.runtime.ports import PortTaken
+            from iox_spark.server.api.one_port import OnePortServer
+            from iox_spark.server.runtime.ports import PortTaken
 
             target = "127.0.0.1" if cfg.bind_host in ("0.0.0.0", "::", "", "localhost") else cfg.bind_host
             try:
@@ -511,7 +511,7 @@ class IoxServer:
             return refusal
         if self.lifecycle is None or not self.lifecycle.backpressure_engaged:
             return None
-        from server.errors import WriteBufferOverloaded
+        from iox_spark.server.errors import WriteBufferOverloaded
 
         return WriteBufferOverloaded(self.catalog.memory_bytes(), self.rules.buffer_size_hard_bytes,
                                      self.rules.worker_backoff_s)
@@ -527,7 +527,7 @@ class IoxServer:
 
     def verify(self, database: str, table: str = "", max_differences: int = 0, here_only: bool = False):
         """`iox verify`: see server/verify_admin.py and server/query/verify.py."""
-        from server.query.verify import DEFAULT_MAX_DIFFERENCES
+        from iox_spark.server.query.verify import DEFAULT_MAX_DIFFERENCES
 
         if self.pool is not None and self.catalog.peek_database(database) is None:
             self.pool.learn_database(database)  # written through another member only
@@ -629,8 +629,8 @@ class IoxServer:
     def _agree_columns(self, database: str, columns: dict) -> dict:
         """The router's `agree_columns` in an ingester pool (request threads): the pool's columns of
         `columns` (catalog/pool_schema.py); ColumnAgreementUnavailable when the store cannot be asked."""
-        from catalog.pool_schema import reserve_columns
-        from server.errors import ColumnAgreementUnavailable
+        from iox_spark.catalog.pool_schema import reserve_columns
+        from iox_spark.server.errors import ColumnAgreementUnavailable
 
         try:
             return reserve_columns(self.store, database, columns, self.config.pool_member)

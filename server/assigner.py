@@ -38,12 +38,12 @@ import time
 
 import grpc
 
-from iox import management_pb2
+from iox_spark.iox import management_pb2
 
-from server.api.client import IoxClient
-from server.assigner_policy import (DEFAULT_REBALANCE_INTERVAL_S, DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView,
+from iox_spark.server.api.client import IoxClient
+from iox_spark.server.assigner_policy import (DEFAULT_REBALANCE_INTERVAL_S, DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView,
                                     RebalanceRules, decide_assignments)
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["Assigner", "AssignerStateCorrupt", "parse_pins", "STATE_FORMAT_VERSION", "DEFAULT_INTERVAL_S",
            "STATUS_TIMEOUT_S"]
@@ -255,7 +255,7 @@ class Assigner:
         "high_watermark", "lag_messages", "lag_bytes"}]}]} (a member that did not answer: its
         "error")], "assignments": [{"database", "partition", "address", "applied_per_s"}], "moves":
         [{"at", "database", "partition", "from", "to", "why"}] (the latest)}. Any thread."""
-        from server.api.client import owned_partitions_status
+        from iox_spark.server.api.client import owned_partitions_status
 
         now = time.time() if now is None else now
         with self._status_lock:

@@ -20,7 +20,7 @@ import json
 import logging
 import uuid
 
-from catalog.errors import AlreadyExists, ObjectNotFound
+from iox_spark.catalog.errors import AlreadyExists, ObjectNotFound
 
 __all__ = ["AssignerLease", "LEASE_PREFIX", "DEFAULT_LEASE_S", "TAKEOVER_GRACE_S", "RENEW_MARGIN_S"]
 

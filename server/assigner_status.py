@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from server.api.auth import token_from_authorization
+from iox_spark.server.api.auth import token_from_authorization
 
 __all__ = ["AssignerStatusServer"]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
-from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
-from server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
-from server.errors import ServerError
-from server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S
+from iox_spark.server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
+from iox_spark.server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from iox_spark.server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
+from iox_spark.server.errors import ServerError
+from iox_spark.server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S
 #: the retention pruner's delay behind reader_lo (declared with the prune policy)
-from lifecycle.prune_policy import DEFAULT_PRUNE_DELAY_S
+from iox_spark.lifecycle.prune_policy import DEFAULT_PRUNE_DELAY_S
 
 __all__ = [
     "ServerConfig",
@@ -164,7 +164,7 @@ def object_store_reachable(spark_master: str, object_store_url: str, shared: boo
     with a cluster master only when declared `shared` (mounted at the same path everywhere). Pure."""
     from urllib.parse import urlsplit
 
-    from chunk_store.cluster import is_local_master
+    from iox_spark.chunk_store.cluster import is_local_master
 
     return is_local_master(spark_master) or shared or urlsplit(object_store_url).scheme.lower() == "s3"
 
@@ -260,7 +260,7 @@ class ServerConfig:
     lifecycle: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from server.write_buffer.producer import TXN_SLACK_S, txn_commit_deadline_s
+        from iox_spark.server.write_buffer.producer import TXN_SLACK_S, txn_commit_deadline_s
 
         if not _int_in(self.spark_nice, 0, 19):
             raise InvalidConfig("spark_nice", self.spark_nice, "must be an integer from 0 to 19")
@@ -313,8 +313,8 @@ class ServerConfig:
         if self.role != DEFAULT_ROLE and self.pool_member is None:
             raise InvalidConfig("role", self.role, "an ingester or querier is a member of a pool: set --pool-member")
         if self.pool_member is not None:
-            from catalog.errors import InvalidAction
-            from catalog.ownership import owner_name_check
+            from iox_spark.catalog.errors import InvalidAction
+            from iox_spark.catalog.ownership import owner_name_check
 
             try:
                 owner_name_check("pool_member", self.pool_member)
@@ -349,7 +349,7 @@ class ServerConfig:
     def lifecycle_rules(self):
         """The lifecycle rules; with the in-memory embedded broker the persist age threshold is at
         most MEMORY_BROKER_MAX_PERSIST_AGE_S (what a broker crash can lose is bounded by it)."""
-        from lifecycle.rules import LifecycleRules
+        from iox_spark.lifecycle.rules import LifecycleRules
 
         rules = LifecycleRules.for_driver_memory(self.driver_memory_bytes, **self.lifecycle)
         if self.memory_broker and rules.persist_age_threshold_s > MEMORY_BROKER_MAX_PERSIST_AGE_S:

@@ -18,10 +18,10 @@ import shutil
 import threading
 import time
 
-from iox import management_pb2
+from iox_spark.iox import management_pb2
 
-from server.runtime.memory_guard import process_tree_rss_bytes
-from server.write_buffer.freeze import (ADMIN_REASON, FREEZE_FILE_NAME, FreezeRecord, UsageWatch, read_record,
+from iox_spark.server.runtime.memory_guard import process_tree_rss_bytes
+from iox_spark.server.write_buffer.freeze import (ADMIN_REASON, FREEZE_FILE_NAME, FreezeRecord, UsageWatch, read_record,
                                         remove_record, write_record)
 
 __all__ = ["FreezeControl", "host_memory_bytes"]

@@ -21,11 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from catalog.catalog import Catalog, Database, LostWriteRange
-from iox import management_pb2
-from server.errors import (DatabaseNotFound, NotReadyToAccept, NothingToAccept, TopicReplaced, WriteBufferTruncated,
+from iox_spark.catalog.catalog import Catalog, Database, LostWriteRange
+from iox_spark.iox import management_pb2
+from iox_spark.server.errors import (DatabaseNotFound, NotReadyToAccept, NothingToAccept, TopicReplaced, WriteBufferTruncated,
                            WriteBufferUnavailable, WritesLost)
-from server.write_buffer.tail_loss import TailWatch
+from iox_spark.server.write_buffer.tail_loss import TailWatch
 
 __all__ = ["LostWritesControl", "TAIL_CHECK_INTERVAL_S", "lost_status"]
 
@@ -311,7 +311,7 @@ class LostWritesControl:
 
     def _record_lost_writes(self, db: Database, now: float) -> None:
         """Commits the database's lost-write records (all of them) to its preserved catalog."""
-        from catalog.preserved_catalog import RecordLostWrites
+        from iox_spark.catalog.preserved_catalog import RecordLostWrites
 
         self._lifecycle.commit_records(db, [RecordLostWrites(ranges=db.lost_write_entries())], now)
 
@@ -321,7 +321,7 @@ class LostWritesControl:
         topic in a new write-buffer epoch (`continue_in_new_epoch`); one whose broker lost the tail
         continues from Kafka's end once what was applied is persisted. The loss stays recorded,
         marked accepted with the time, in the preserved catalog too."""
-        from catalog.preserved_catalog import RecordLostWrites
+        from iox_spark.catalog.preserved_catalog import RecordLostWrites
 
         db = self._catalog.peek_database(database)
         if db is None:
@@ -365,8 +365,8 @@ class LostWritesControl:
         stream then restarts from there. Raises NotReadyToAccept (nothing changed) when something is
         still unpersisted or, on a cut-short topic, not applied; RevisionConflict when the database is
         fenced."""
-        from catalog.preserved_catalog import RecordDatabaseCheckpoint, RecordLostWrites
-        from catalog.seq_layout import next_seq_origin, seq_base
+        from iox_spark.catalog.preserved_catalog import RecordDatabaseCheckpoint, RecordLostWrites
+        from iox_spark.catalog.seq_layout import next_seq_origin, seq_base
 
         lc = self._lifecycle
         lc.persist_now(db, None, None, now)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 
-from catalog.catalog import DatabaseNotFoundError, below_holds
-from catalog.sharding import partition_for, topic_for
-from iox import management_pb2
-from server.deadlines import wait_budget_s
-from server.errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
+from iox_spark.catalog.catalog import DatabaseNotFoundError, below_holds
+from iox_spark.catalog.sharding import partition_for, topic_for
+from iox_spark.iox import management_pb2
+from iox_spark.server.deadlines import wait_budget_s
+from iox_spark.server.errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
 
 __all__ = ["ManualActions", "CATCH_UP_TIMEOUT_S"]
 

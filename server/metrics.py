@@ -37,7 +37,7 @@ import logging
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from server.operation_metrics import OperationMetrics
+from iox_spark.server.operation_metrics import OperationMetrics
 
 __all__ = ["ServerMetrics", "WRITE_STAGES", "WRITE_STAGE_BUCKETS_S", "GC_PAUSE_BUCKETS_S", "CONTENT_TYPE_LATEST",
            "WATERMARKS"]

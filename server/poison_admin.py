@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from catalog.catalog import ACCEPTED, Catalog
-from iox import management_pb2
-from server.errors import DatabaseNotFound, InvalidArgument, PoisonedMessageNotFound
-from server.write_buffer.poison import select
+from iox_spark.catalog.catalog import ACCEPTED, Catalog
+from iox_spark.iox import management_pb2
+from iox_spark.server.errors import DatabaseNotFound, InvalidArgument, PoisonedMessageNotFound
+from iox_spark.server.write_buffer.poison import select
 
 __all__ = ["PoisonControl", "poisoned_status"]
 
@@ -96,7 +96,7 @@ class PoisonControl:
         """`iox poison accept`: the held messages (of `partition`, at `offset`) are skipped for good:
         recorded in the preserved catalog first (so a replay skips them too), then marked accepted,
         and their Kafka partitions continue after them."""
-        from catalog.preserved_catalog import RecordAcceptedPoison
+        from iox_spark.catalog.preserved_catalog import RecordAcceptedPoison
 
         db = self._held(database, partition, offset)
         self._refuse_when_fenced(database)  # the record cannot be committed

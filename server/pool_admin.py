@@ -26,16 +26,16 @@ import logging
 import threading
 import time
 
-from catalog.catalog import below_holds
-from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
-from catalog.preserved_catalog import RecordDatabaseCheckpoint
-from catalog.schema import Column
-from catalog.seq_layout import current_seq_origin
-from catalog.sharding import partition_for, topic_for
-from iox import management_pb2
+from iox_spark.catalog.catalog import below_holds
+from iox_spark.catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
+from iox_spark.catalog.preserved_catalog import RecordDatabaseCheckpoint
+from iox_spark.catalog.schema import Column
+from iox_spark.catalog.seq_layout import current_seq_origin
+from iox_spark.catalog.sharding import partition_for, topic_for
+from iox_spark.iox import management_pb2
 
-from server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
-from server.errors import InvalidArgument, StreamRestartTimedOut
+from iox_spark.server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
+from iox_spark.server.errors import InvalidArgument, StreamRestartTimedOut
 
 __all__ = ["PoolControl", "check_reachable"]
 
@@ -58,8 +58,8 @@ def check_reachable(member: str, address: str, host: str, others: list) -> None:
     """Raises PoolAddressUnreachable when `address` (host:port) is a loopback one and a member of
     `others` (published records) recorded another host; logs a member on another host that
     published a loopback address (this one cannot reach it). Pure but for the log."""
-    from server.config import is_loopback
-    from server.errors import PoolAddressUnreachable
+    from iox_spark.server.config import is_loopback
+    from iox_spark.server.errors import PoolAddressUnreachable
 
     def loopback(addr: str) -> bool:
         return is_loopback(addr.rsplit(":", 1)[0] if addr.count(":") == 1 or addr.startswith("[") else addr)
@@ -104,7 +104,7 @@ class PoolControl:
     def claim(self, database: str, partitions) -> management_pb2.ClaimPartitionsResponse:
         """Claims `partitions` of `database` for this server (see the module docstring); returns
         the epochs claimed and where each partition resumes."""
-        from server.write.router import validate_database_name
+        from iox_spark.server.write.router import validate_database_name
 
         srv = self.server
         validate_database_name(database)
@@ -324,13 +324,13 @@ class PoolControl:
         `timeout_s`) and `_barrier`'s are (OwnerNotCaughtUp past it)."""
         import json
 
-        from catalog.catalog import DatabaseNotFoundError
-        from iox import query_pb2
+        from iox_spark.catalog.catalog import DatabaseNotFoundError
+        from iox_spark.iox import query_pb2
 
-        from server.errors import DatabaseNotFound, OwnerNotCaughtUp, WriteTokenNotVisible
-        from catalog.retention import reader_lo_ns
+        from iox_spark.server.errors import DatabaseNotFound, OwnerNotCaughtUp, WriteTokenNotVisible
+        from iox_spark.catalog.retention import reader_lo_ns
 
-        from server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
+        from iox_spark.server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
 
         srv = self.server
         try:
@@ -386,7 +386,7 @@ class PoolControl:
 
     def _not_owner(self, database: str, partitions: set):
         """NotPartitionOwner naming who owns `partitions` now, as far as this member's catalog knows."""
-        from server.errors import NotPartitionOwner
+        from iox_spark.server.errors import NotPartitionOwner
 
         pc = self.server.lifecycle.preserved.get(database) if self.server.lifecycle is not None else None
         owners = {kp: (o.owner, o.epoch) for kp, o in (pc.state.owners.items() if pc is not None else ())
@@ -403,8 +403,8 @@ class PoolControl:
         catalog and asked again until `timeout_s` passed. Reads the catalog up to the revision the
         owners' answers go with first (server/query/pool_rows.py). Raises PoolMemberUnavailable,
         OwnerNotCaughtUp, OwnershipMoving."""
-        from server.errors import OwnershipMoving
-        from server.query.pool_rows import OwnerMoved
+        from iox_spark.server.errors import OwnershipMoving
+        from iox_spark.server.query.pool_rows import OwnerMoved
 
         srv = self.server
         db = srv.catalog.peek_database(database)
@@ -439,7 +439,7 @@ class PoolControl:
         it: another member took its writes, and this one lists new topics only while it consumes
         (not while frozen). A query or verify through it then gathers from the owners instead of
         answering NOT_FOUND. Kafka that cannot be asked leaves it unknown. Request threads."""
-        from server.write.router import validate_database_name
+        from iox_spark.server.write.router import validate_database_name
 
         srv = self.server
         try:
@@ -482,7 +482,7 @@ class PoolControl:
         """Waits until this member's visible offsets (applied, or in the write buffer's tail) of the
         partitions it owns reach `written_before`, as far as a partition is not held here;
         OwnerNotCaughtUp past `deadline`."""
-        from server.errors import OwnerNotCaughtUp
+        from iox_spark.server.errors import OwnerNotCaughtUp
 
         srv = self.server
         t0 = time.monotonic()
@@ -507,8 +507,8 @@ class PoolControl:
         what the query reads of each table (server/query/pushdown.py), sent to the owners."""
         import grpc
 
-        from server.errors import PoolMemberUnavailable, QueryResultTooLarge, WriteTokenNotVisible
-        from server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
+        from iox_spark.server.errors import PoolMemberUnavailable, QueryResultTooLarge, WriteTokenNotVisible
+        from iox_spark.server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
 
         srv, database, n = self.server, db.name, db.kafka_partitions
         owned = db.owned()  # in a pool: those claimed
@@ -530,7 +530,7 @@ class PoolControl:
         max_bytes = srv.query_engine.max_bytes
 
         def fetch(member, name, ts, w, left_s):
-            from iox import query_pb2
+            from iox_spark.iox import query_pb2
 
             addr = self.address_of(member, name)
             kps = {kp for kp, a in owners.items() if a == member}
@@ -566,7 +566,7 @@ class PoolControl:
         runs on another host."""
         import socket
 
-        from catalog.ownership import member_address_key, member_address_record, read_member_records
+        from iox_spark.catalog.ownership import member_address_key, member_address_record, read_member_records
 
         host = socket.gethostname()
         others = [r for r in read_member_records(self.server.store) if r["member"] != self.member]
@@ -578,9 +578,9 @@ class PoolControl:
     def address_of(self, member: str, database: str) -> str:
         """The gRPC address `member` published (cached until a call to it fails); PoolMemberUnavailable
         when it published none."""
-        from catalog.ownership import read_member_address
+        from iox_spark.catalog.ownership import read_member_address
 
-        from server.errors import PoolMemberUnavailable
+        from iox_spark.server.errors import PoolMemberUnavailable
 
         with self._lock_clients:
             addr = self._addresses.get(member)
@@ -601,7 +601,7 @@ class PoolControl:
         return self._client(addr)
 
     def _client(self, addr: str):
-        from server.api.client import IoxClient
+        from iox_spark.server.api.client import IoxClient
 
         with self._lock_clients:
             c = self._clients.get(addr)

@@ -29,9 +29,9 @@ import logging
 import time
 import uuid
 
-from catalog.errors import AlreadyExists, ObjectNotFound
+from iox_spark.catalog.errors import AlreadyExists, ObjectNotFound
 
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["IDENTITY_KEY", "ANCHOR_TOPIC", "PoolIdentityMismatch", "PoolIdentityUnavailable",
            "establish_pool_identity", "judge"]
@@ -143,7 +143,7 @@ def announce_anchor(bootstrap: str, pool_id: str, replication_factor: int,
     from confluent_kafka import KafkaError, KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from server.write_buffer.producer import replication_for
+    from iox_spark.server.write_buffer.producer import replication_for
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     md = admin.list_topics(timeout=timeout_s)

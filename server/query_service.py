@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 
-from server.deadlines import wait_budget_s
-from server.errors import DatabaseNotFound, NotAPoolMember, OwnershipMoving, RoleRefuses, WriteTokenNotVisible
-from server.query.read_barrier import covered
+from iox_spark.server.deadlines import wait_budget_s
+from iox_spark.server.errors import DatabaseNotFound, NotAPoolMember, OwnershipMoving, RoleRefuses, WriteTokenNotVisible
+from iox_spark.server.query.read_barrier import covered
 
 __all__ = ["QueryService", "QUERY_WAIT_MAX_S"]
 

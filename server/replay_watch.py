@@ -17,9 +17,9 @@ import logging
 import threading
 import time
 
-from catalog.catalog import below_holds
-from server.consume.recovery import replay_progress
-from server.query.read_barrier import ReplayState
+from iox_spark.catalog.catalog import below_holds
+from iox_spark.server.consume.recovery import replay_progress
+from iox_spark.server.query.read_barrier import ReplayState
 
 __all__ = ["ReplayWatch", "REPLAY_LOG_INTERVAL_S"]
 

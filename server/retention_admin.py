@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 import time
 
-from catalog.retention import MAX_RETENTION_S, format_duration_s, reader_lo_ns
-from catalog.sharding import topic_for
-from iox import management_pb2
-from server.errors import InvalidArgument
+from iox_spark.catalog.retention import MAX_RETENTION_S, format_duration_s, reader_lo_ns
+from iox_spark.catalog.sharding import topic_for
+from iox_spark.iox import management_pb2
+from iox_spark.server.errors import InvalidArgument
 
 __all__ = ["RetentionControl", "fill_retention_status", "operation_gauges"]
 
@@ -43,8 +43,8 @@ class RetentionControl:
         """Records `period_s` (0 removes it) as `database`'s retention and applies it; creates the
         database when the server does not know it yet. Raises InvalidArgument (a bad name or period),
         DatabaseFenced (another server owns the database)."""
-        from catalog.preserved_catalog import RecordRetention
-        from server.write.router import validate_database_name
+        from iox_spark.catalog.preserved_catalog import RecordRetention
+        from iox_spark.server.write.router import validate_database_name
 
         validate_database_name(database)
         if isinstance(period_s, bool) or not isinstance(period_s, int) or not 0 <= period_s <= MAX_RETENTION_S:

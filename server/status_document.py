@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import time
 
-from catalog.catalog import DatabaseNotFoundError
-from iox import management_pb2
-from server.errors import DatabaseNotFound
-from server.lost_writes_admin import lost_status
-from server.poison_admin import poisoned_status
-from server.retention_admin import fill_retention_status
+from iox_spark.catalog.catalog import DatabaseNotFoundError
+from iox_spark.iox import management_pb2
+from iox_spark.server.errors import DatabaseNotFound
+from iox_spark.server.lost_writes_admin import lost_status
+from iox_spark.server.poison_admin import poisoned_status
+from iox_spark.server.retention_admin import fill_retention_status
 
 __all__ = ["StatusDocument"]
 
@@ -52,7 +52,7 @@ class StatusDocument:
         resp.freeze.CopyFrom(self._freeze.state())
         resp.pool_member = self._pool_member or ""
         if pool_members and self._pool_member is not None:
-            from catalog.ownership import read_member_records
+            from iox_spark.catalog.ownership import read_member_records
 
             for r in sorted(read_member_records(self._store), key=lambda r: r["member"]):
                 resp.pool_members.add(member=r["member"], address=r["address"], host=r.get("host") or "",

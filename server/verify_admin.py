@@ -13,12 +13,12 @@ because the whole table is compared, and they run even on a member whose role is
 """
 from __future__ import annotations
 
-from catalog.catalog import DatabaseNotFoundError
-from catalog.sharding import partition_for, topic_for
-from chunk_store.views import quote
-from server.errors import DatabaseNotFound, PoolMemberUnavailable
-from server.query.engine import QueryEngine
-from server.query.verify import (DEFAULT_MAX_DIFFERENCES, PartitionReport, VerifyReport, merge_reports,
+from iox_spark.catalog.catalog import DatabaseNotFoundError
+from iox_spark.catalog.sharding import partition_for, topic_for
+from iox_spark.chunk_store.views import quote
+from iox_spark.server.errors import DatabaseNotFound, PoolMemberUnavailable
+from iox_spark.server.query.engine import QueryEngine
+from iox_spark.server.query.verify import (DEFAULT_MAX_DIFFERENCES, PartitionReport, VerifyReport, merge_reports,
                                  report_from_proto, verify_partition)
 
 __all__ = ["VerifyControl"]

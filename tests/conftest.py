@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 
-from server.runtime.broker import free_port, start_broker
-from server.api.client import IoxClient
-from server.config import ServerConfig
+from iox_spark.server.runtime.broker import free_port, start_broker
+from iox_spark.server.api.client import IoxClient
+from iox_spark.server.config import ServerConfig
 
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
@@ -77,7 +77,7 @@ def make_config(data_dir: str, bootstrap: str | None, **kw) -> ServerConfig:
 def start_server(cfg: ServerConfig):
     """(server, client) of an in-process server on `cfg`, ready; a start that fails raises after
     the server stopped what it started."""
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     srv = IoxServer(cfg)
     srv.start()
@@ -89,7 +89,7 @@ def start_server(cfg: ServerConfig):
 @pytest.fixture(scope="session")
 def iox_server(broker, session_tmp):
     """The session's server: real Spark local[*], real gRPC, the session broker."""
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     # the session's Spark application also serves Spark Connect (on a free port)
     srv = IoxServer(make_config(os.path.join(session_tmp, "main"), broker.bootstrap, spark_connect_port=free_port()))

@@ -9,18 +9,28 @@ __all__ = ["ROOT", "PACKAGES", "module_paths"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: the product's packages (pyproject.toml installs them, with the generated `iox`), lowest first
-PACKAGES = ("catalog", "chunk_store", "lifecycle", "iox_spark_source", "pyspark_iox", "server")
+#: the product's packages by their installed names (setup.py maps each to its folder; the generated
+#: `iox_spark.iox` is left out), lowest first
+PACKAGES = {
+    "iox_spark.catalog": "catalog",
+    "iox_spark.chunk_store": "chunk_store",
+    "iox_spark.lifecycle": "lifecycle",
+    "iox_spark.source": os.path.join("iox_spark", "source"),
+    "pyspark_iox": "pyspark_iox",
+    "iox_spark.server": "server",
+}
 
 
-def module_paths(packages=PACKAGES) -> dict[str, str]:
-    """{dotted module name: path} of every module of `packages` (a package by its own name)."""
+def module_paths(packages=tuple(PACKAGES)) -> dict[str, str]:
+    """{installed dotted module name: path} of every module of `packages` (a package by its own name)."""
     out = {}
     for pkg in packages:
-        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, pkg)):
+        folder = os.path.join(ROOT, PACKAGES[pkg])
+        for dirpath, _dirs, files in os.walk(folder):
             for f in sorted(files):
                 if f.endswith(".py"):
                     path = os.path.join(dirpath, f)
-                    mod = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                    out[mod[:-len(".__init__")] if mod.endswith(".__init__") else mod] = path
+                    rel = os.path.relpath(path, folder)[:-3].replace(os.sep, ".")
+                    mod = pkg if rel == "__init__" else pkg + "." + rel.removesuffix(".__init__")
+                    out[mod] = path
     return out

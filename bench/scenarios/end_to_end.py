@@ -67,10 +67,10 @@ def produce_as_router(bootstrap: str, topic: str, partitions: int, bodies: dict)
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from catalog.schema import Column
-    from server.write.line_protocol import parse_lines
-    from server.write_buffer.producer import producer_conf
-    from server.write_buffer.wire_format import encode_write
+    from iox_spark.catalog.schema import Column
+    from iox_spark.server.write.line_protocol import parse_lines
+    from iox_spark.server.write_buffer.producer import producer_conf
+    from iox_spark.server.write_buffer.wire_format import encode_write
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     try:

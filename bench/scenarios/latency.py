@@ -62,7 +62,7 @@ class _Probes:
         return self
 
     def _writer(self):
-        from server.api.client import IoxClient
+        from iox_spark.server.api.client import IoxClient
 
         pc = IoxClient(self.srv.addr)
         k = 0
@@ -81,7 +81,7 @@ class _Probes:
         self._writing_done.set()
 
     def _checker(self):
-        from server.api.client import IoxClient
+        from iox_spark.server.api.client import IoxClient
 
         pc = IoxClient(self.srv.addr)
         while True:

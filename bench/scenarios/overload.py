@@ -38,7 +38,7 @@ OVERHEAD_BYTES = 3 << 30
 def memory_limit_bytes(sizes: dict) -> int:
     """The overload run's --memory-limit-bytes: sizes' `overload_memory_limit` (e.g. "8g"), else the
     driver memory plus OVERHEAD_BYTES."""
-    from server.config import parse_memory_bytes
+    from iox_spark.server.config import parse_memory_bytes
 
     given = sizes.get("overload_memory_limit")
     return parse_memory_bytes(str(given)) if given else parse_memory_bytes(sizes["driver_memory"]) + OVERHEAD_BYTES
@@ -64,11 +64,11 @@ def _direct_producers(bootstrap: str, partitions: int, batches: list, rate: floa
     points; returns acknowledged points, requests and the highest acknowledged offsets (token)."""
     from confluent_kafka import Producer
 
-    from catalog.schema import Column
-    from server.write.line_protocol import parse_lines
-    from server.write_buffer.wire_format import encode_write
-    from server.write_buffer.producer import producer_conf
-    from catalog.sharding import partition_for, topic_for
+    from iox_spark.catalog.schema import Column
+    from iox_spark.server.write.line_protocol import parse_lines
+    from iox_spark.server.write_buffer.wire_format import encode_write
+    from iox_spark.server.write_buffer.producer import producer_conf
+    from iox_spark.catalog.sharding import partition_for, topic_for
 
     topic = topic_for(DB)
     stats = WriteStats()

@@ -17,7 +17,7 @@ from bench.harness import Row, lp_batches, recent_t0_ns
 
 
 def _ours(body: bytes) -> int:
-    from server.write.line_protocol import parse_lines
+    from iox_spark.server.write.line_protocol import parse_lines
 
     r = parse_lines(body)
     assert not r.errors, r.errors[:3]

@@ -77,7 +77,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _one_size(ctx, n: int, batches: list, points: int, cores: list | None = None) -> dict:
     """`cores`: member k runs on core `cores[k]` only (None: members run on any core)."""
-    from server.assigner import Assigner
+    from iox_spark.server.assigner import Assigner
 
     label = f"{n}" if cores is None else f"{n}_pinned"
     root = os.path.join(ctx.tmp, f"pool-{label}")

@@ -40,7 +40,7 @@ import threading
 
 import grpc
 
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["PERMISSIONS", "ALL_DATABASES", "RPC_PERMISSIONS", "TokenScope", "TokenTable", "Authenticator",
            "Unauthenticated", "PermissionDenied", "InvalidTokensFile", "load_tokens_file", "parse_tokens",
@@ -106,8 +106,8 @@ def request_database(method: str, request, metadata=()) -> str:
     else of its `database` header (server/api/flight_sql.py `request_database`; `metadata`: the
     call's). For a DoPut, `request` is its first message."""
     if method.startswith(_FLIGHT):
-        from server.api.flight import ticket_database
-        from server.api.flight_sql import request_database as flight_sql_database
+        from iox_spark.server.api.flight import ticket_database
+        from iox_spark.server.api.flight_sql import request_database as flight_sql_database
 
         db = flight_sql_database(method, request, metadata)
         if db is None:  # an InfluxDB 3 ticket

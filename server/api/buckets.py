@@ -25,7 +25,7 @@ import json
 import threading
 from urllib.parse import parse_qs
 
-from catalog.retention import MAX_RETENTION_S
+from iox_spark.catalog.retention import MAX_RETENTION_S
 
 __all__ = ["BucketsApi", "BUCKETS_PATH", "ORGS_PATH", "object_id", "handles"]
 
@@ -184,7 +184,7 @@ class BucketsApi:
                                                     "is not supported")
 
     def _apply(self, database: str, period_s: int) -> None:
-        from server.errors import InvalidArgument
+        from iox_spark.server.errors import InvalidArgument
 
         try:
             self.server.set_retention(database, period_s)

@@ -25,9 +25,9 @@ import struct
 import grpc
 import pyarrow as pa
 
-from iox import flight_pb2, flight_pb2_grpc
-from server.api.flight_sql import ACTIONS, FlightSql, flight_info, header_database, unpack
-from server.errors import InvalidArgument, NotServed
+from iox_spark.iox import flight_pb2, flight_pb2_grpc
+from iox_spark.server.api.flight_sql import ACTIONS, FlightSql, flight_info, header_database, unpack
+from iox_spark.server.errors import InvalidArgument, NotServed
 
 __all__ = ["FlightService", "ticket_query", "TicketQuery"]
 
@@ -78,7 +78,7 @@ def ticket_query(raw: bytes) -> TicketQuery:
     if not isinstance(kind, str) or kind.lower() not in (_SQL, _INFLUXQL):
         raise _BadTicket(f"query_type {kind!r} is not served: send query_type \"sql\" (Spark SQL over the "
                          f"database's tables) or \"influxql\"", grpc.StatusCode.UNIMPLEMENTED)
-    from server.query.params import bind_parameters, named_values
+    from iox_spark.server.query.params import bind_parameters, named_values
 
     try:
         params = named_values(doc.get("params") or {})
@@ -168,8 +168,8 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
 
     def _influxql(self, q: TicketQuery, context) -> pa.Table:
         """InfluxQL's answer as InfluxDB 3 gives it (server/api/influxql_answer.py `v3_table`)."""
-        from server.api.influxql_answer import AnswerContext, run, v3_table
-        from server.query.influxql import InfluxQLSyntaxError
+        from iox_spark.server.api.influxql_answer import AnswerContext, run, v3_table
+        from iox_spark.server.query.influxql import InfluxQLSyntaxError
 
         try:
             results = run(AnswerContext(self.server, self._scope(), context.time_remaining()), q.database, q.sql,

@@ -34,8 +34,8 @@ import pyarrow as pa
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 
-from iox import flight_pb2, flight_sql_pb2 as sql_pb2
-from server.errors import InvalidArgument, NotServed
+from iox_spark.iox import flight_pb2, flight_sql_pb2 as sql_pb2
+from iox_spark.server.errors import InvalidArgument, NotServed
 
 __all__ = ["FlightSql", "flight_info", "unpack", "pack", "header_database", "request_database", "DATABASE_HEADERS",
            "CATALOG", "DB_SCHEMA", "TABLE_TYPE", "SQL_INFO_SCHEMA", "sql_info_table", "ACTIONS"]
@@ -315,7 +315,7 @@ class FlightSql:
                 raise NotServed("a transaction", "run the query without one (queries are read-only)")
             db = self._database(database)
             schema = b""
-            from server.query.params import placeholders
+            from iox_spark.server.query.params import placeholders
 
             positional, named = placeholders(request.query)
             if not positional and not named:  # a query without parameters is planned now for its schema
@@ -338,7 +338,7 @@ class FlightSql:
         if not isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             raise NotServed(f"a DoPut of {type(command).__name__}" if command is not None else "a DoPut of no command",
                             "this server takes no writes over Flight SQL: use the write APIs")
-        from server.query.params import bind_parameters, placeholders
+        from iox_spark.server.query.params import bind_parameters, placeholders
 
         db, sql = _statement(command.prepared_statement_handle)
         if parameters.num_rows != 1:
@@ -360,7 +360,7 @@ class FlightSql:
         return database
 
     def _run(self, database: str, sql: str, deadline_s: float | None):
-        from server.query.params import bind_parameters
+        from iox_spark.server.query.params import bind_parameters
 
         bind_parameters(sql)  # unbound placeholders: InvalidArgument before Spark sees them
         return self.server.query(database, sql, "", False, deadline_s=deadline_s)

@@ -26,21 +26,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
+from iox_spark.iox import delete_pb2, delete_pb2_grpc, management_pb2, management_pb2_grpc, query_pb2, query_pb2_grpc, write_pb2, write_pb2_grpc
 
-from catalog.errors import RevisionConflict
+from iox_spark.catalog.errors import RevisionConflict
 
-from catalog.errors import PartitionsNotOwned
-from server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
+from iox_spark.catalog.errors import PartitionsNotOwned
+from iox_spark.server.errors import (NotAPoolMember, PoolMemberUnavailable, RoleRefuses, WriteBufferOverloaded, BadLines, CatchUpTimedOut, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, InvalidArgument, RequestTooLarge, ServerError,
                      WriteBufferUnavailable, NotAQuery, QueryRefused)
-from server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotPartitionOwner, NotReadyToAccept, OwnerNotCaughtUp,
+from iox_spark.server.errors import (ColumnAgreementUnavailable, NothingToAccept, NotPartitionOwner, NotReadyToAccept, OwnerNotCaughtUp,
                            OwnershipMoving,
                            PoisonedMessageNotFound, StreamRestartTimedOut)
-from server.errors import NotServed, QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
-from server.api.auth import PermissionDenied, current_scope
-from server.write.router import ArrowTableWrite
-from server.query.pool_rows import NOT_OWNER_METADATA, scans_of
-from server.write_buffer.write_token import format_token, token_for
+from iox_spark.server.errors import NotServed, QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
+from iox_spark.server.api.auth import PermissionDenied, current_scope
+from iox_spark.server.write.router import ArrowTableWrite
+from iox_spark.server.query.pool_rows import NOT_OWNER_METADATA, scans_of
+from iox_spark.server.write_buffer.write_token import format_token, token_for
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
 
@@ -206,7 +206,7 @@ class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):
         self.server = server
 
     def Delete(self, request, context):
-        from server.write.deletes import submit_delete
+        from iox_spark.server.write.deletes import submit_delete
 
         try:
             token = submit_delete(self.server.catalog, self.server.write_buffer, request.database, request.table,
@@ -294,7 +294,7 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
             _abort(context, e)
 
     def Verify(self, request, context):
-        from server.query.verify import report_to_proto
+        from iox_spark.server.query.verify import report_to_proto
 
         try:
             return report_to_proto(self.server.verify(request.database, request.table, request.max_differences,
@@ -324,7 +324,7 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
             ("grpc.so_reuseport", 0)]
     interceptors = []
     if authenticator is not None and authenticator.enabled:
-        from server.api.auth import AuthInterceptor
+        from iox_spark.server.api.auth import AuthInterceptor
 
         interceptors.append(AuthInterceptor(authenticator))
     g = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"), options=opts,
@@ -333,9 +333,9 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
     query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(server), g)
     management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(server), g)
     delete_pb2_grpc.add_DeleteServiceServicer_to_server(_DeleteService(server), g)
-    from iox import flight_pb2_grpc
+    from iox_spark.iox import flight_pb2_grpc
 
-    from server.api.flight import FlightService
+    from iox_spark.server.api.flight import FlightService
 
     flight_pb2_grpc.add_FlightServiceServicer_to_server(FlightService(server, QUERY_BATCH_ROWS, _abort, current_scope), g)
     health_servicer = health.HealthServicer()
@@ -348,7 +348,7 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
     except RuntimeError:  # grpcio raises it when the port cannot be bound
         bound = 0
     if bound == 0:
-        from server.runtime.ports import PortTaken
+        from iox_spark.server.runtime.ports import PortTaken
 
         raise PortTaken(bind, port, "--grpc-port", "gRPC could not bind it")
     return g, health_servicer, bound

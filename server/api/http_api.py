@@ -61,19 +61,19 @@ import zlib
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, OwnershipMoving, PoolMemberUnavailable, RoleRefuses
-from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
+from iox_spark.server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, OwnershipMoving, PoolMemberUnavailable, RoleRefuses
+from iox_spark.server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, TopicReplaced, WritesLost, DecompressedRequestTooLarge, InvalidArgument, RequestTooLarge,
                      WriteBufferOverloaded, WriteBufferUnavailable)
-from server.write.line_protocol import ALL_PRECISIONS
-from server.write.router import MAX_REPORTED_BAD_LINES
-from server.metrics import CONTENT_TYPE_LATEST
-from server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
-from server.api.buckets import handles as handles_buckets
-from server.errors import LinesRejected, OlderThanRetention, QueryTimedOut
-from server.write_buffer.write_token import format_token, token_for
-from server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
+from iox_spark.server.write.line_protocol import ALL_PRECISIONS
+from iox_spark.server.write.router import MAX_REPORTED_BAD_LINES
+from iox_spark.server.metrics import CONTENT_TYPE_LATEST
+from iox_spark.server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
+from iox_spark.server.api.buckets import handles as handles_buckets
+from iox_spark.server.errors import LinesRejected, OlderThanRetention, QueryTimedOut
+from iox_spark.server.write_buffer.write_token import format_token, token_for
+from iox_spark.server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
                            WriteTokenOfOtherIncarnation)
-from server.api.http_query import (DEFAULT_TIMEOUT_S, FORMATS, MAX_QUERY_BODY_BYTES, QUERY_PATH, answer_headers,
+from iox_spark.server.api.http_query import (DEFAULT_TIMEOUT_S, FORMATS, MAX_QUERY_BODY_BYTES, QUERY_PATH, answer_headers,
                                    encoded_rows, query_body, query_params, query_request)
 
 __all__ = ["HttpWriteServer", "database_for", "database_for_v1", "precision_for_v1", "gunzip_limited",
@@ -459,8 +459,8 @@ class _Handler(BaseHTTPRequestHandler):
         (as query_sql: `db`, `q`, `format`; a JSON body by POST) answered as a table. Needs the `query`
         permission on `db` (and on each database a statement names); SHOW DATABASES lists the
         token's databases (server/api/influxql_answer.py)."""
-        from server.api.influxql_answer import AnswerContext, EPOCHS, run, v1_chunks, v1_document, v3_table
-        from server.query.influxql import InfluxQLSyntaxError
+        from iox_spark.server.api.influxql_answer import AnswerContext, EPOCHS, run, v1_chunks, v1_document, v3_table
+        from iox_spark.server.query.influxql import InfluxQLSyntaxError
 
         v1 = self._route() == V1_QUERY_PATH
         qs = parse_qs(urlsplit(self.path).query, keep_blank_values=True)

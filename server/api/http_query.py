@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from server.errors import InvalidArgument
+from iox_spark.server.errors import InvalidArgument
 
 __all__ = ["QUERY_PATH", "AFTER_HEADER", "ALLOW_PARTIAL_HEADER", "TIMEOUT_HEADER", "DEFAULT_TIMEOUT_S",
            "MAX_TIMEOUT_S", "FORMATS", "QueryRequest", "query_request", "query_body", "query_params", "MAX_QUERY_BODY_BYTES",
@@ -101,7 +101,7 @@ def query_body(body: bytes) -> dict:
 def query_params(raw: str) -> dict:
     """The `params` query parameter (JSON text) as {name: value} (server/query/params.py
     `named_values`); InvalidArgument when it is not such an object."""
-    from server.query.params import named_values
+    from iox_spark.server.query.params import named_values
 
     try:
         value = json.loads(raw)
@@ -112,7 +112,7 @@ def query_params(raw: str) -> dict:
 
 def _bound(sql: str, raw: str) -> str:
     """`sql` with the `$name` placeholders bound to the JSON object `raw` (server/query/params.py)."""
-    from server.query.params import bind_parameters
+    from iox_spark.server.query.params import bind_parameters
 
     return bind_parameters(sql, named=query_params(raw))
 

@@ -17,7 +17,7 @@ import time
 
 import pyarrow as pa
 
-from server.query.influxql import Series, StatementResult, execute
+from iox_spark.server.query.influxql import Series, StatementResult, execute
 
 __all__ = ["AnswerContext", "run", "v1_document", "v1_chunks", "v3_table", "EPOCHS", "MEASUREMENT_COLUMN"]
 

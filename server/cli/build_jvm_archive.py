@@ -1,4 +1,4 @@
-"""`python -m server.cli.build_jvm_archive`: builds the Spark JVM's class-data-sharing archive.
+"""`python -m iox_spark.server.cli.build_jvm_archive`: builds the Spark JVM's class-data-sharing archive.
 
 Runs a throwaway server (embedded in-memory broker, scratch data directory) through the demo's
 writes and queries and a persist with the JVM option that dumps the classes it loaded
@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 
-from server.runtime.jvm_archive import DUMP_OPTION, ENV, QUIET_CDS, archive_path
+from iox_spark.server.runtime.jvm_archive import DUMP_OPTION, ENV, QUIET_CDS, archive_path
 
 __all__ = ["build", "main"]
 
@@ -27,11 +27,11 @@ def build(path: str) -> bool:
     """Builds the archive at `path`: runs a server (embedded broker, scratch data directory)
     through writes, the demo's queries and a persist with DUMP_OPTION, stops it cleanly and waits
     for its JVM to dump the archive and exit. True when the archive is in place."""
-    from server.app import IoxServer
-    from server.runtime.broker import free_port
-    from server.api.client import IoxClient
-    from server.config import ServerConfig
-    from server.cli.demo import _QUERIES, SAMPLE_LINE_PROTOCOL
+    from iox_spark.server.app import IoxServer
+    from iox_spark.server.runtime.broker import free_port
+    from iox_spark.server.api.client import IoxClient
+    from iox_spark.server.config import ServerConfig
+    from iox_spark.server.cli.demo import _QUERIES, SAMPLE_LINE_PROTOCOL
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -72,7 +72,7 @@ def build(path: str) -> bool:
 
 
 def main(argv=None) -> int:
-    """`python -m server.cli.build_jvm_archive [--path] [--force]`: prints the archive's path (--path), or
+    """`python -m iox_spark.server.cli.build_jvm_archive [--path] [--force]`: prints the archive's path (--path), or
     builds it unless it exists (--force: again). Exit 0 when it is in place, 1 when it could not be
     built, 2 when archives are off or there is no Java."""
     args = sys.argv[1:] if argv is None else argv

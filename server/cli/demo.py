@@ -38,11 +38,11 @@ _QUERIES = [
 def run_demo(data_dir: str | None, grpc_port: int, keep_running: bool) -> int:
     import logging
 
-    from server.runtime.broker import free_port
-    from server.cli.output import print_table
-    from server.api.client import IoxClient
-    from server.config import DEFAULT_SPARK_CONNECT_PORT, ServerConfig
-    from server.app import IoxServer
+    from iox_spark.server.runtime.broker import free_port
+    from iox_spark.server.cli.output import print_table
+    from iox_spark.server.api.client import IoxClient
+    from iox_spark.server.config import DEFAULT_SPARK_CONNECT_PORT, ServerConfig
+    from iox_spark.server.app import IoxServer
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir or tempfile.mkdtemp(prefix="iox-demo-")

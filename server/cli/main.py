@@ -21,12 +21,12 @@ import logging
 import os
 import sys
 
-from server.cli.output import format_verify_report, print_table
-from server.errors import ServerError
-from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
-from server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
-from server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
-from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
+from iox_spark.server.cli.output import format_verify_report, print_table
+from iox_spark.server.errors import ServerError
+from iox_spark.server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR
+from iox_spark.server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKER_MAX_PERSIST_AGE_S, STORAGE_DURABLE, STORAGE_MEMORY
+from iox_spark.server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
+from iox_spark.server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
                            DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_PARQUET_CACHE_MAX_BYTES, DEFAULT_QUERY_TIMEOUT_S, DEFAULT_MAX_COLUMNS_PER_TABLE, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
                      DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the server's own JVM options")
     s.add_argument("--log-level", default=os.environ.get("IOX_LOG_LEVEL", "INFO"),
                    help="LEVEL[,LOGGER=LEVEL...]: the root level, then levels of single loggers, e.g. "
-                        "WARNING,server.consume.ingest=DEBUG (each micro-batch's timings) (env IOX_LOG_LEVEL)")
+                        "WARNING,iox_spark.server.consume.ingest=DEBUG (each micro-batch's timings) (env IOX_LOG_LEVEL)")
 
     pe = sub.add_parser("persist", help="persist now (all partitions of the scope) and wait for the commit")
     _add_addr(pe)
@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--interval-s", type=float, default=2.0, help="seconds between rounds")
     asg.add_argument("--unreachable-after-s", type=float, default=30.0,
                      help="an ingester that does not answer this long loses its partitions to the others")
-    from server.assigner_policy import DEFAULT_REBALANCE_INTERVAL_S
+    from iox_spark.server.assigner_policy import DEFAULT_REBALANCE_INTERVAL_S
 
     asg.add_argument("--no-rebalance", dest="rebalance", action="store_false",
                      help="move partitions only to hand them off (frozen, removed or unreachable members), never "
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "assigners on it share a lease, one acts and the others stand by; without it, run "
                           "exactly one assigner")
     asg.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL of --object-store (MinIO, moto)")
-    from server.assigner_lease import DEFAULT_LEASE_S
+    from iox_spark.server.assigner_lease import DEFAULT_LEASE_S
 
     asg.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S,
                      help="how long a renewal of the assigner lease holds it (renewed every round)")
@@ -448,7 +448,7 @@ def write_input(client, database: str, data, precision: str, batch_bytes: int, e
     import grpc
     from tqdm import tqdm
 
-    from server.write.line_protocol import line_protocol_pieces
+    from iox_spark.server.write.line_protocol import line_protocol_pieces
 
     token: dict = {}
     last = None
@@ -483,7 +483,7 @@ def write_input(client, database: str, data, precision: str, batch_bytes: int, e
 def _token_text(resp, offsets: dict) -> str:
     """The printable write token (server/write_buffer/write_token.py) of the whole input: the merged
     `offsets` in the topic, epoch and topic incarnation of its last response `resp`."""
-    from server.write_buffer.write_token import WriteToken, format_token
+    from iox_spark.server.write_buffer.write_token import WriteToken, format_token
 
     if not resp.token_text:  # a server that answers no printable token
         return ""
@@ -511,7 +511,7 @@ def _read_input(path: str):
 
 def _duration_s(text: str) -> int:
     """argparse type of a retention period (catalog/retention.py `parse_duration_s`)."""
-    from catalog.retention import parse_duration_s
+    from iox_spark.catalog.retention import parse_duration_s
 
     try:
         return parse_duration_s(text)
@@ -530,8 +530,8 @@ def _client_call(fn):
 
 
 def parse_log_levels(text: str) -> tuple[str, dict]:
-    """'WARNING,server.consume.ingest=DEBUG' -> ('WARNING', {'server.consume.ingest': 'DEBUG'}). The root level comes
-    first and may be left out ('server.consume.ingest=DEBUG' keeps INFO). Raises ValueError naming a bad part."""
+    """'WARNING,iox_spark.server.consume.ingest=DEBUG' -> ('WARNING', {'iox_spark.server.consume.ingest': 'DEBUG'}). The root level comes
+    first and may be left out ('iox_spark.server.consume.ingest=DEBUG' keeps INFO). Raises ValueError naming a bad part."""
     known = {"CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"}
     root, levels = "INFO", {}
     for i, part in enumerate(p.strip() for p in text.split(",")):
@@ -560,14 +560,14 @@ def main(argv=None) -> int:
         logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
-        from server.app import IoxServer
+        from iox_spark.server.app import IoxServer
 
         try:
             cfg = config_from_args(a)
         except InvalidConfig as e:
             build_parser().error(f"--{e.field.replace('_', '-')}: {e}")
         if cfg.auth_tokens_file:
-            from server.api.auth import InvalidTokensFile, load_tokens_file
+            from iox_spark.server.api.auth import InvalidTokensFile, load_tokens_file
 
             try:
                 load_tokens_file(cfg.auth_tokens_file)
@@ -580,16 +580,16 @@ def main(argv=None) -> int:
         except ServerError as e:  # a start refused for a reason the operator acts on: one line, no traceback
             sys.stderr.write(f"error: {e}\n")
             return 1
-        from server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
+        from iox_spark.server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
 
         GcPauseRecorder(srv.router.metrics.observe_gc_pause).install()
         frozen = freeze_startup_heap()
-        logging.getLogger("server").info("%d objects of the start frozen out of garbage collection", frozen)
+        logging.getLogger("iox_spark.server").info("%d objects of the start frozen out of garbage collection", frozen)
         print(f"iox serving gRPC on port {srv.grpc_port}", flush=True)
         srv.wait()
         return 0
     if a.cmd == "spark-connect-url":
-        from server.runtime.spark_connect import connect_url
+        from iox_spark.server.runtime.spark_connect import connect_url
 
         try:
             print(connect_url(os.path.abspath(a.data_dir)))
@@ -598,17 +598,17 @@ def main(argv=None) -> int:
             return 1
         return 0
     if a.cmd == "broker":
-        from server.runtime.broker import run_foreground
+        from iox_spark.server.runtime.broker import run_foreground
 
         return run_foreground(a.port, a.storage, a.data_dir)
     if a.cmd == "assigner":
         return _run_assigner(a)
     if a.cmd == "demo":
-        from server.cli.demo import run_demo
+        from iox_spark.server.cli.demo import run_demo
 
         return run_demo(a.data_dir, a.grpc_port, a.keep_running)
 
-    from server.api.client import IoxClient
+    from iox_spark.server.api.client import IoxClient
 
     client = IoxClient(a.addr, token=a.token)
     if a.cmd == "write":
@@ -687,7 +687,7 @@ def main(argv=None) -> int:
         if a.assigner:
             return _assigner_status(a.assigner, a.token)
         if a.pool:
-            from server.api.client import NotAPoolMember
+            from iox_spark.server.api.client import NotAPoolMember
 
             try:
                 print(json.dumps(_client_call(client.pool_status), indent=2))
@@ -741,8 +741,8 @@ def _assigner_status(addr: str, token: str | None) -> int:
 def _run_assigner(a) -> int:
     import signal
 
-    from server.assigner import Assigner, AssignerStateCorrupt, parse_pins
-    from server.assigner_status import AssignerStatusServer
+    from iox_spark.server.assigner import Assigner, AssignerStateCorrupt, parse_pins
+    from iox_spark.server.assigner_status import AssignerStatusServer
 
     pool = [x.strip() for x in a.ingesters.split(",") if x.strip()]
     try:
@@ -751,8 +751,8 @@ def _run_assigner(a) -> int:
         if a.object_store:
             import socket
 
-            from catalog.object_store import object_store_from_url
-            from server.assigner_lease import AssignerLease
+            from iox_spark.catalog.object_store import object_store_from_url
+            from iox_spark.server.assigner_lease import AssignerLease
 
             if not a.lease_s >= a.interval_s * 2:
                 raise ValueError(f"--lease-s {a.lease_s} must be at least twice --interval-s {a.interval_s}")
@@ -778,11 +778,11 @@ def _run_assigner(a) -> int:
             return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if lease is None:
-        logging.getLogger("server.assigner").warning("no --object-store: no lease, so run exactly one assigner")
+        logging.getLogger("iox_spark.server.assigner").warning("no --object-store: no lease, so run exactly one assigner")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: assigner.stop())
     if status is not None:
-        logging.getLogger("server.assigner").info("status served on http://%s:%d/status", status_at[0], status.port)
+        logging.getLogger("iox_spark.server.assigner").info("status served on http://%s:%d/status", status_at[0], status.port)
     try:
         assigner.run()
     finally:

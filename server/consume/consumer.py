@@ -29,11 +29,11 @@ import threading
 import time
 import uuid
 
-from catalog.catalog import Catalog
+from iox_spark.catalog.catalog import Catalog
 
-from server.consume.ingest import Ingestor
-from server.errors import StreamRestartTimedOut
-from server.write_buffer.kafka_source import SOURCE_NAME
+from iox_spark.server.consume.ingest import Ingestor
+from iox_spark.server.errors import StreamRestartTimedOut
+from iox_spark.server.write_buffer.kafka_source import SOURCE_NAME
 
 __all__ = ["WriteBufferConsumer"]
 

@@ -42,31 +42,31 @@ from dataclasses import dataclass
 
 from pyspark.accumulators import AccumulatorParam
 
-from catalog import time_spans
-from catalog.catalog import RETRYING, Catalog, Database
-from catalog.chunk import Chunk
-from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
-from catalog.seq_layout import SEQ_ROW_BITS, max_seq_offset, seq_base
+from iox_spark.catalog import time_spans
+from iox_spark.catalog.catalog import RETRYING, Catalog, Database
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
+from iox_spark.catalog.seq_layout import SEQ_ROW_BITS, max_seq_offset, seq_base
 
-from catalog.delete_mailbox import Delete
-from catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
-from chunk_store.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, register_df_chunk, release_df,
+from iox_spark.catalog.delete_mailbox import Delete
+from iox_spark.catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
+from iox_spark.chunk_store.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, register_df_chunk, release_df,
                                   row_stats, table_deletes)
-from chunk_store.chunk_checkpoint import checkpoint
-from chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
-from chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
+from iox_spark.chunk_store.chunk_checkpoint import checkpoint
+from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
+from iox_spark.chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
                                   local_segment_df, register_local_chunk, segment_table)
 
-from catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point, delay_point, fault_point
-from catalog.delete_predicate import from_json
-from server.write_buffer.holds_file import holds_of, write_holds
-from server.write_buffer.poison import isolate, select, set_aside, settle_retried
-from server.errors import ServerError
-from server.consume.recovery import keep_mask_fn
-from chunk_store.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql
-from server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, WireFormatMismatch, encode_decision, encode_marker, header_problem)
-from catalog.partition_keys import NS_PER_DAY, day_numbers
-from catalog.sharding import database_of_topic, partition_for
+from iox_spark.catalog.crash_points import CrashPoint, DelayPoint, FaultPoint, crash_point, delay_point, fault_point
+from iox_spark.catalog.delete_predicate import from_json
+from iox_spark.server.write_buffer.holds_file import holds_of, write_holds
+from iox_spark.server.write_buffer.poison import isolate, select, set_aside, settle_retried
+from iox_spark.server.errors import ServerError
+from iox_spark.server.consume.recovery import keep_mask_fn
+from iox_spark.chunk_store.views import quote, retained_view_sql, spark_struct_for, table_view_name, table_view_sql
+from iox_spark.server.write_buffer.wire_format import (FORMAT_VERSION, SUPPORTED_FORMATS, WireFormatMismatch, encode_decision, encode_marker, header_problem)
+from iox_spark.catalog.partition_keys import NS_PER_DAY, day_numbers
+from iox_spark.catalog.sharding import database_of_topic, partition_for
 
 __all__ = ["Ingestor", "decode_delete", "disjoint_unique", "check_seqs_fit", "payload_decode_fn", "executor_lost",
            "local_payloads", "table_messages_condition"]
@@ -140,7 +140,7 @@ def payload_decode_fn(columns: list, day_lo_hi: tuple | None, keep_mask=None, se
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from server.write_buffer.wire_format import decode_payload, decoded_problem
+        from iox_spark.server.write_buffer.wire_format import decode_payload, decoded_problem
 
         for b in batches:
             offsets = b.column("offset").to_pylist()
@@ -885,7 +885,7 @@ class Ingestor:
                     had_view = (db.name, table) in self._table_views
                 if not had_view or schema is None:
                     return
-                from chunk_store.views import empty_table_view_sql
+                from iox_spark.chunk_store.views import empty_table_view_sql
 
                 sql = empty_table_view_sql(schema)  # every chunk went (retention): an empty table
             else:

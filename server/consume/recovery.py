@@ -21,17 +21,17 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from catalog.catalog import Catalog, LostWriteRange, PoisonedMessage
-from catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
-from catalog.chunk import Chunk
-from catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
-from catalog.schema import Column
-from catalog.seq_layout import current_seq_origin, next_seq_origin
-from chunk_store.chunk_data import estimate_bytes, register_parquet_chunk
+from iox_spark.catalog.catalog import Catalog, LostWriteRange, PoisonedMessage
+from iox_spark.catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
+from iox_spark.catalog.schema import Column
+from iox_spark.catalog.seq_layout import current_seq_origin, next_seq_origin
+from iox_spark.chunk_store.chunk_data import estimate_bytes, register_parquet_chunk
 
-from catalog.sharding import topic_for
-from server.errors import ServerError
-from server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S, settled_bounds
+from iox_spark.catalog.sharding import topic_for
+from iox_spark.server.errors import ServerError
+from iox_spark.server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S, settled_bounds
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
            "lost_offsets", "truncated_tail", "replay_progress", "register_persisted_file", "add_recorded_delete",
@@ -419,8 +419,8 @@ def register_persisted_file(spark, catalog: Catalog, store, db, f, now: float, c
 def add_recorded_delete(db, dp) -> None:
     """Adds the preserved catalog's delete predicate `dp` to the database's mailbox as recorded
     (queries apply it; an equal delete replayed from Kafka is applied once)."""
-    from catalog.delete_mailbox import Delete
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.delete_mailbox import Delete
+    from iox_spark.catalog.sharding import partition_for
 
     db.deletes.add(Delete(table=dp.table, start_ns=dp.start_ns, stop_ns_exclusive=dp.stop_ns_exclusive,
                           predicate=tuple((c, op, v, _literal_kind(v)) for c, op, v in dp.predicate),

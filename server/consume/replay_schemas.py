@@ -17,14 +17,14 @@ import json
 import logging
 import time
 
-from catalog.catalog import Database
-from catalog.schema import Column, ColumnTypeConflict
-from catalog.transactions import PART
+from iox_spark.catalog.catalog import Database
+from iox_spark.catalog.schema import Column, ColumnTypeConflict
+from iox_spark.catalog.transactions import PART
 
 # READ_STALL_TIMEOUT_S: how long Kafka may deliver nothing before the start fails (as a micro-batch read)
-from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, READ_STALL_TIMEOUT_S, consumer_positions, reader_consumer
-from server.write_buffer.wire_format import header_problem, header_text
-from server.errors import ServerError
+from iox_spark.server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, READ_STALL_TIMEOUT_S, consumer_positions, reader_consumer
+from iox_spark.server.write_buffer.wire_format import header_problem, header_text
+from iox_spark.server.errors import ServerError
 
 __all__ = ["load_replay_schemas", "ReplaySchemasStalled"]
 

@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog import time_spans
-from catalog.retention import reader_lo_ns
-from catalog.catalog import Catalog, DatabaseNotFoundError
-from catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
+from iox_spark.catalog import time_spans
+from iox_spark.catalog.retention import reader_lo_ns
+from iox_spark.catalog.catalog import Catalog, DatabaseNotFoundError
+from iox_spark.catalog.schema import TIME_NS_COLUMN, Column, ColumnTypeConflict, TableSchema
 
-from server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge, QueryTimedOut
-from server.query.sql_sandbox import check_query, checked_dataframe, require_tables
-from chunk_store.chunk_views import hide_chunk_views, query_session
-from chunk_store.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
+from iox_spark.server.errors import DatabaseNotFound, InvalidArgument, QueryResultTooLarge, QueryTimedOut
+from iox_spark.server.query.sql_sandbox import check_query, checked_dataframe, require_tables
+from iox_spark.chunk_store.chunk_views import hide_chunk_views, query_session
+from iox_spark.chunk_store.views import ChunkSource, empty_table_view_sql, quote, spark_struct_for, table_view_sql
 
 __all__ = ["QueryEngine", "QueryResult", "arrow_batches", "in_partition_order", "tail_rows", "tables_named"]
 
@@ -152,7 +152,7 @@ class QueryEngine:
         """(`tables_read`, {table: TableScan}): with the tables, what the query reads of them, for
         an ingester pool's owners to send only that (server/query/pushdown.py; a table without a
         scan: all of it)."""
-        from server.query.pushdown import scans
+        from iox_spark.server.query.pushdown import scans
 
         known = sorted(set(db.table_names()) | set(db.schemas.tables()))
         if _lists_tables(sql):
@@ -170,10 +170,10 @@ class QueryEngine:
     def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
         """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of
         the tables another member owns (server/query/pool_rows.py `gather`)."""
-        from chunk_store.chunk_data import chunk_source, table_deletes
+        from iox_spark.chunk_store.chunk_data import chunk_source, table_deletes
 
-        from server.runtime.spark import use_query_pool
-        from catalog.sharding import partition_for
+        from iox_spark.server.runtime.spark import use_query_pool
+        from iox_spark.catalog.sharding import partition_for
 
         t0 = time.perf_counter()
         try:
@@ -333,7 +333,7 @@ def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
     catalog's and the tail's deletes. The tail's rows are a local relation from Arrow, named only
     while the view is analysed (a DataFrame's temp view keeps its analysed plan), so no name of
     ours shows up among the session's tables."""
-    from server.consume.ingest import disjoint_unique
+    from iox_spark.server.consume.ingest import disjoint_unique
 
     writes = r.tail_writes
     schema = TableSchema(table, r.schema.columns if r.schema is not None else [])
@@ -350,7 +350,7 @@ def _tail_view(session, table: str, seq_origin: int, r: _TableRead):
         r.tail_deletes = list(r.tail_deletes) + list(owner.deletes)
     rows = tail_rows(writes, [(c.name, c.type) for c in schema.columns if c.role != "time"], seq_origin)
     if owner is not None and owner.rows is not None and owner.rows.num_rows:
-        from chunk_store.local_rows import conform
+        from iox_spark.chunk_store.local_rows import conform
 
         theirs = conform(owner.rows, schema.to_json())
         rows = theirs if rows is None else pa.concat_tables([conform(rows, schema.to_json()), theirs],
@@ -392,7 +392,7 @@ def _local_merge(session, schema: TableSchema, r: _TableRead, tail: pa.Table | N
     rows the SQL view gives), read as one local relation: no Python worker and no GROUP BY in Spark.
     None when it does not apply (more than SMALL_TABLE_ROWS rows, or a delete Arrow does not
     evaluate): the caller builds the view from the chunks' views."""
-    from chunk_store.local_rows import conform, merge_rows
+    from iox_spark.chunk_store.local_rows import conform, merge_rows
 
     if sum(t.num_rows for t in r.local) + (tail.num_rows if tail is not None else 0) > SMALL_TABLE_ROWS:
         return None
@@ -615,10 +615,10 @@ def tail_rows(writes: list, columns: list, seq_origin: int) -> pa.Table | None:
     """The rows of tail writes in the chunk layout of `columns` [(name, type)] (+ time_ns, _iox_seq
     from the database's `seq_origin`, as the consumer computes it), in write-buffer order; a payload
     that does not decode yields no rows, as the consumer skips it. None when there are no rows. Pure."""
-    from chunk_store.ipc_segments import LAYOUT_WIRE, chunk_table
+    from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE, chunk_table
 
-    from catalog.seq_layout import seq_base
-    from server.write_buffer.wire_format import decode_payload, decoded_problem
+    from iox_spark.catalog.seq_layout import seq_base
+    from iox_spark.server.write_buffer.wire_format import decode_payload, decoded_problem
 
     out = []
     for w in writes:

@@ -36,10 +36,10 @@ import re
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from server.query.influxql_parse import (TIME, Binary, BoolLit, Call, DurationLit, Ident, InfluxQLSyntaxError,
+from iox_spark.server.query.influxql_parse import (TIME, Binary, BoolLit, Call, DurationLit, Ident, InfluxQLSyntaxError,
                                          Now, NumberLit, RegexLit, Select, Show, StringLit, Wildcard, parse)
-from server.errors import ServerError
-from server.query.params import sql_literal
+from iox_spark.server.errors import ServerError
+from iox_spark.server.query.params import sql_literal
 
 __all__ = ["Series", "StatementResult", "InfluxQLError", "execute", "parse_time_ns", "FIELD_TYPES",
            "InfluxQLSyntaxError", "parse"]

@@ -18,7 +18,7 @@ import decimal
 import math
 import re
 
-from server.errors import InvalidArgument
+from iox_spark.server.errors import InvalidArgument
 
 __all__ = ["bind_parameters", "sql_literal", "placeholders", "named_values"]
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from catalog.delete_mailbox import Delete
-from catalog.schema import TIME_NS_COLUMN
-from catalog.sharding import partition_for
+from iox_spark.catalog.delete_mailbox import Delete
+from iox_spark.catalog.schema import TIME_NS_COLUMN
+from iox_spark.catalog.sharding import partition_for
 
 __all__ = ["OwnerRows", "owner_rows", "gather", "rows_message_parts", "deletes_to_json", "deletes_from_json",
            "NOT_OWNER_METADATA", "OwnerMoved", "scans_of", "reads_of", "scanned"]
@@ -82,12 +82,12 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision, scan=None, read
     None: all): only the rows and fields the query reads; `reader_lo_ns`: no row older (retention);
     `max_bytes` (0: none): QueryResultTooLarge when the rows hold more. A scan's condition runs
     only once the SQL sandbox passed it (QueryRefused)."""
-    from chunk_store.chunk_data import merged_df, table_deletes
-    from chunk_store.chunk_views import query_session
-    from chunk_store.views import quote
+    from iox_spark.chunk_store.chunk_data import merged_df, table_deletes
+    from iox_spark.chunk_store.chunk_views import query_session
+    from iox_spark.chunk_store.views import quote
 
-    from server.errors import QueryResultTooLarge
-    from server.query.sql_sandbox import check_query
+    from iox_spark.server.errors import QueryResultTooLarge
+    from iox_spark.server.query.sql_sandbox import check_query
 
     with catalog.lock:
         if not db.owns_table(table):
@@ -110,9 +110,9 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision, scan=None, read
 def scanned(df, schema, scan=None, reader_lo_ns: int | None = None):
     """`df` (a table's rows in the chunk layout) as far as `scan` (server/query/pushdown.py
     TableScan, None: all) reads it, without the rows older than `reader_lo_ns` (None: all)."""
-    from chunk_store.views import quote
+    from iox_spark.chunk_store.views import quote
 
-    from server.query.pushdown import TIME_COLUMN, owner_columns
+    from iox_spark.server.query.pushdown import TIME_COLUMN, owner_columns
 
     if reader_lo_ns is not None:
         df = df.where(f"{quote(TIME_NS_COLUMN)} >= {int(reader_lo_ns)}")
@@ -127,7 +127,7 @@ def scanned(df, schema, scan=None, reader_lo_ns: int | None = None):
 
 def reads_of(scans: dict) -> list:
     """{table: TableScan} (server/query/pushdown.py) as UnpersistedRowsRequest.reads."""
-    from iox import query_pb2
+    from iox_spark.iox import query_pb2
 
     return [query_pb2.TableRead(table=s.table, where_sql=s.where_sql, prune_fields=s.prune_fields,
                                 fields=list(s.fields)) for s in scans.values()]
@@ -135,7 +135,7 @@ def reads_of(scans: dict) -> list:
 
 def scans_of(reads) -> dict:
     """UnpersistedRowsRequest.reads as {table: TableScan}."""
-    from server.query.pushdown import TableScan
+    from iox_spark.server.query.pushdown import TableScan
 
     return {r.table: TableScan(r.table, r.where_sql, r.prune_fields, tuple(r.fields)) for r in reads}
 
@@ -164,7 +164,7 @@ def gather(db, tables: list, owners: dict, wait_applied: dict, fetch, timeout_s:
     Returns ({table: OwnerRows}, {kp: applied offset at its owner}, the highest catalog revision the
     answers go with). A table whose partition has no owner yet has nothing unpersisted anywhere.
     QueryResultTooLarge once the answers' rows hold more than `max_bytes` (0: no limit)."""
-    from server.errors import QueryResultTooLarge
+    from iox_spark.server.errors import QueryResultTooLarge
 
     by_owner: dict = {}
     for t in tables:

@@ -29,11 +29,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, TableSchema
-from chunk_store.views import quote
-from server.query.sql_sandbox import child_node as _child
-from server.query.sql_sandbox import nodes_in as _nodes_in
-from server.query.sql_sandbox import simple_class as _simple
+from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, TableSchema
+from iox_spark.chunk_store.views import quote
+from iox_spark.server.query.sql_sandbox import child_node as _child
+from iox_spark.server.query.sql_sandbox import nodes_in as _nodes_in
+from iox_spark.server.query.sql_sandbox import simple_class as _simple
 
 __all__ = ["TableScan", "scans", "owner_columns"]
 

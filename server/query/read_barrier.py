@@ -24,9 +24,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from server.errors import (DatabaseNotFound, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherDatabase,
+from iox_spark.server.errors import (DatabaseNotFound, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherDatabase,
                            WriteTokenOfOtherIncarnation)
-from server.write_buffer.write_token import InvalidWriteToken, WriteToken, parse_token
+from iox_spark.server.write_buffer.write_token import InvalidWriteToken, WriteToken, parse_token
 
 __all__ = ["ReadBarrier", "Passage", "ReplayState", "covered", "WAIT_SLICE_S"]
 

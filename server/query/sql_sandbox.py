@@ -32,7 +32,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from server.errors import ConstructRefused, FunctionRefused, NotAQuery, PathReadRefused, RelationRefused
+from iox_spark.server.errors import ConstructRefused, FunctionRefused, NotAQuery, PathReadRefused, RelationRefused
 
 __all__ = ["CheckedQuery", "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "check_query", "checked_dataframe",
            "require_tables", "simple_class", "nodes_in", "child_node"]

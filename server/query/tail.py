@@ -63,12 +63,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from catalog.delete_mailbox import Delete
-from catalog.transactions import COMMIT, DECISION, MARKER, PART
+from iox_spark.catalog.delete_mailbox import Delete
+from iox_spark.catalog.transactions import COMMIT, DECISION, MARKER, PART
 
-from server.config import DEFAULT_TAIL_MAX_BYTES
-from server.consume.ingest import decode_delete
-from server.write_buffer.wire_format import SUPPORTED_FORMATS, header_problem, header_text
+from iox_spark.server.config import DEFAULT_TAIL_MAX_BYTES
+from iox_spark.server.consume.ingest import decode_delete
+from iox_spark.server.write_buffer.wire_format import SUPPORTED_FORMATS, header_problem, header_text
 
 __all__ = ["WriteBufferTail", "TailWrite", "TailCut", "PartitionTail", "DEFAULT_TAIL_MAX_BYTES"]
 
@@ -437,7 +437,7 @@ class WriteBufferTail:
     def _run(self) -> None:
         from confluent_kafka import KafkaException
 
-        from server.write_buffer.kafka_source import reader_consumer
+        from iox_spark.server.write_buffer.kafka_source import reader_consumer
 
         consumer = None
         #: (topic, kp) -> when the consumer started reading it (the partitions assigned now)

@@ -38,15 +38,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from catalog.delete_predicate import from_json
-from catalog.retention import reader_lo_ns
-from catalog.schema import TIME_NS_COLUMN
-from catalog.seq_layout import seq_base
-from catalog.sharding import topic_for
-from catalog.transactions import COMMIT, DECISION, MARKER, PART
-from server.errors import ServerError
-from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, consumer_positions, reader_consumer
-from server.write_buffer.wire_format import (SUPPORTED_FORMATS, WireFormatMismatch, decode_payload, decoded_problem,
+from iox_spark.catalog.delete_predicate import from_json
+from iox_spark.catalog.retention import reader_lo_ns
+from iox_spark.catalog.schema import TIME_NS_COLUMN
+from iox_spark.catalog.seq_layout import seq_base
+from iox_spark.catalog.sharding import topic_for
+from iox_spark.catalog.transactions import COMMIT, DECISION, MARKER, PART
+from iox_spark.server.errors import ServerError
+from iox_spark.server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, consumer_positions, reader_consumer
+from iox_spark.server.write_buffer.wire_format import (SUPPORTED_FORMATS, WireFormatMismatch, decode_payload, decoded_problem,
                                              header_problem, header_text)
 
 __all__ = ["Difference", "PartitionReport", "VerifyReport", "VerifyFailed", "verify_partition", "merge_reports",
@@ -560,7 +560,7 @@ def _agrees(fields: dict, exact: bool, have: dict | None) -> bool:
 
 def report_to_proto(report: VerifyReport):
     """The VerifyResponse of a report."""
-    from iox import management_pb2
+    from iox_spark.iox import management_pb2
 
     resp = management_pb2.VerifyResponse(database=report.database, difference_count=report.difference_count,
                                          ok=report.ok)

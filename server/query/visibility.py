@@ -12,7 +12,7 @@ Who calls it: the read barrier, the pool's answers, status and /metrics, from th
 """
 from __future__ import annotations
 
-from server.consume.watermarks import partition_watermarks, persisted_hi_inclusive
+from iox_spark.server.consume.watermarks import partition_watermarks, persisted_hi_inclusive
 
 __all__ = ["Visibility", "OWNER_WAITS"]
 

@@ -54,7 +54,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port",
            "process_start",

@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from server.runtime.broker import STORE_BUCKET, TANSU_CLUSTER_ID, store_client
+from iox_spark.server.runtime.broker import STORE_BUCKET, TANSU_CLUSTER_ID, store_client
 
 __all__ = ["BrokerTruncation", "StoredBatch", "deletable", "partition_prefix", "batch_offset", "INTERVAL_S",
            "DEFAULT_RETENTION_S"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["EXECUTOR_CHECK_TIMEOUT_S", "ExecutorEnvironmentMismatch", "environment_of_this_process",
            "check_executor_environment", "compare_environments"]
@@ -26,8 +26,8 @@ __all__ = ["EXECUTOR_CHECK_TIMEOUT_S", "ExecutorEnvironmentMismatch", "environme
 #: how long the start waits for an executor to answer the check
 EXECUTOR_CHECK_TIMEOUT_S = 60.0
 #: modules the executors' Python workers import for the server's tasks
-_TASK_MODULES = ("catalog.object_store", "chunk_store.ipc_segments", "chunk_store.arrow_merge", "chunk_store.parquet_source",
-                 "server.write_buffer.kafka_source", "server.runtime.spark_worker_daemon")
+_TASK_MODULES = ("iox_spark.catalog.object_store", "iox_spark.chunk_store.ipc_segments", "iox_spark.chunk_store.arrow_merge", "iox_spark.chunk_store.parquet_source",
+                 "iox_spark.server.write_buffer.kafka_source", "iox_spark.server.runtime.spark_worker_daemon")
 _JOB_GROUP = "iox-executor-check"
 
 log = logging.getLogger(__name__)

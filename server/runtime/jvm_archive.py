@@ -18,10 +18,10 @@ Invariants:
 - One archive per installation and JVM: its name carries PySpark's version, the
   Java binary (path and modification time) and the Spark home the JVM runs from
   (server/runtime/spark_home.py: the class path lies under it), so a change of
-  any of them makes the next `python -m server.cli.build_jvm_archive` build a new one.
+  any of them makes the next `python -m iox_spark.server.cli.build_jvm_archive` build a new one.
 
 Who calls it: `build_spark` adds `java_options()` to the driver's JVM options;
-`python -m server.cli.build_jvm_archive` (scripts/setup.sh, docker/Dockerfile) builds the
+`python -m iox_spark.server.cli.build_jvm_archive` (scripts/setup.sh, docker/Dockerfile) builds the
 archive once by running a server through the demo's work (writes, queries, a
 persist) with `-XX:ArchiveClassesAtExit`. `IOX_JVM_ARCHIVE` names another file,
 or `off`. Driver side only; nothing here is pickled.
@@ -64,7 +64,7 @@ def archive_path() -> str | None:
         return None
     import pyspark
 
-    from server.runtime import spark_home
+    from iox_spark.server.runtime import spark_home
 
     real = os.path.realpath(java)
     try:

@@ -38,7 +38,7 @@ import os
 import threading
 import time
 
-from server.errors import MemoryLimitReached
+from iox_spark.server.errors import MemoryLimitReached
 
 __all__ = ["MemoryGuard", "NORMAL", "THROTTLED", "REFUSING", "process_tree_rss_bytes", "THROTTLE_DIVISOR",
            "RETRY_AFTER_S", "children_map"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["PortTaken", "check_ports_free"]
 

@@ -72,9 +72,9 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
         os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
     from pyspark.sql import SparkSession
 
-    from chunk_store.cluster import is_local_master
-    from server.runtime import jvm_archive, spark_home, spark_worker_daemon
-    from server.write_buffer.kafka_source import IoxKafkaDataSource
+    from iox_spark.chunk_store.cluster import is_local_master
+    from iox_spark.server.runtime import jvm_archive, spark_home, spark_worker_daemon
+    from iox_spark.server.write_buffer.kafka_source import IoxKafkaDataSource
 
     os.makedirs(scratch_dir, exist_ok=True)
     user_java_opts = (extra_conf or {}).get("spark.driver.extraJavaOptions", "")
@@ -145,7 +145,7 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
             os.environ.pop(spark_home.ENV, None)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(IoxKafkaDataSource)
-    from chunk_store.parquet_source import IoxParquetDataSource
+    from iox_spark.chunk_store.parquet_source import IoxParquetDataSource
 
     spark.dataSource.register(IoxParquetDataSource)
     return spark

@@ -17,7 +17,7 @@ import json
 import os
 import secrets
 
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["RECORD", "token_for", "connect_url", "NoSparkConnectRecord"]
 

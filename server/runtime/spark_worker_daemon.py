@@ -21,7 +21,7 @@ Invariant: the bytes a worker reads and writes, and everything else the daemon d
 `pyspark.daemon`'s. A socket that refuses an option (a Unix domain socket, with
 `spark.python.unix.domain.socket.enabled`) is used as it is.
 
-Runs as the daemon process Spark starts (`python -m server.runtime.spark_worker_daemon`, set by
+Runs as the daemon process Spark starts (`python -m iox_spark.server.runtime.spark_worker_daemon`, set by
 server/runtime/spark.py `build_spark`; `--spark-conf spark.python.daemon.module=pyspark.daemon` turns
 it off), and in the workers it forks. Imports only the standard library and pyspark before
 the fork: the daemon must start no thread.
@@ -36,7 +36,7 @@ import stat
 __all__ = ["QuickAckReader", "MODULE"]
 
 #: the value of spark.python.daemon.module that selects this daemon
-MODULE = "server.runtime.spark_worker_daemon"
+MODULE = "iox_spark.server.runtime.spark_worker_daemon"
 
 
 class QuickAckReader(io.RawIOBase):

@@ -8,13 +8,13 @@ Runs on the driver, in gRPC worker threads.
 """
 from __future__ import annotations
 
-from catalog.catalog import Catalog, DatabaseNotFoundError
+from iox_spark.catalog.catalog import Catalog, DatabaseNotFoundError
 
-from catalog.delete_predicate import InvalidDelete, parse_predicate, parse_time_range, to_json, validate_against_schema
-from server.errors import DatabaseNotFound, InvalidArgument
-from server.write.router import validate_database_name
-from server.write_buffer.wire_format import encode_delete
-from server.write_buffer.producer import WriteBuffer
+from iox_spark.catalog.delete_predicate import InvalidDelete, parse_predicate, parse_time_range, to_json, validate_against_schema
+from iox_spark.server.errors import DatabaseNotFound, InvalidArgument
+from iox_spark.server.write.router import validate_database_name
+from iox_spark.server.write_buffer.wire_format import encode_delete
+from iox_spark.server.write_buffer.producer import WriteBuffer
 
 __all__ = ["submit_delete"]
 

@@ -67,7 +67,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 try:
-    from server.write import _lpfast
+    from iox_spark.server.write import _lpfast
 except ImportError:  # not built: the Python path does everything
     _lpfast = None
 

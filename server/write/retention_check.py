@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
-from catalog.retention import format_duration_s, reader_lo_ns
-from server.errors import OlderThanRetention
+from iox_spark.catalog.retention import format_duration_s, reader_lo_ns
+from iox_spark.server.errors import OlderThanRetention
 
 __all__ = ["check_retention", "first_line_older_than"]
 

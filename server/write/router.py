@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.catalog import Catalog
-from catalog.schema import RESERVED_COLUMNS, Column, ColumnLimitExceeded, ColumnTypeConflict
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.schema import RESERVED_COLUMNS, Column, ColumnLimitExceeded, ColumnTypeConflict
 
-from server.errors import BadLines, DecompressedRequestTooLarge, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict, TooManyColumns
-from catalog.seq_layout import SEQ_ROW_BITS
-from server.write.line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
-from server.metrics import ServerMetrics
-from server.write_buffer.wire_format import encode_write
-from server.write_buffer.producer import WriteBuffer
+from iox_spark.server.errors import BadLines, DecompressedRequestTooLarge, InvalidArgument, InvalidDatabaseName, RequestTooLarge, SchemaConflict, TooManyColumns
+from iox_spark.catalog.seq_layout import SEQ_ROW_BITS
+from iox_spark.server.write.line_protocol import MAX_NAME_BYTES, PRECISIONS, parse_lines
+from iox_spark.server.metrics import ServerMetrics
+from iox_spark.server.write_buffer.wire_format import encode_write
+from iox_spark.server.write_buffer.producer import WriteBuffer
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,8 @@ class Router:
         written); so does a request none of whose lines can be. `no_sync`: answered once the
         request is handed to the producer, before Kafka acknowledged it (`_produce`); its token is
         then empty."""
-        from server.errors import LinesRejected
-        from server.write import lp_v3
+        from iox_spark.server.errors import LinesRejected
+        from iox_spark.server.write import lp_v3
 
         validate_database_name(database)
         if len(body) > self.max_request_bytes:
@@ -181,7 +181,7 @@ class Router:
         return self._write_v3_batches(database, result, unit, no_sync), lines
 
     def _write_v3_batches(self, database: str, result, unit: str | None, no_sync: bool) -> WriteResult:
-        from server.write.lp_v3 import guess_units
+        from iox_spark.server.write.lp_v3 import guess_units
 
         batches = {}
         for name, tb in result.tables.items():
@@ -198,8 +198,8 @@ class Router:
         """[(RejectedLine, span)] of the lines of `body` that cannot be written, in order: a line
         that does not parse, or one writing a column with another type than the table's (as this
         server knows it) or than an earlier line of the request that can be written."""
-        from server.write import lp_v3
-        from server.write.line_protocol import numbered_lines
+        from iox_spark.server.write import lp_v3
+        from iox_spark.server.write.line_protocol import numbered_lines
 
         db = self.catalog.peek_database(database)
         seen: dict = {}  # (table, column) -> (role, type) of the first line written that has it
@@ -285,7 +285,7 @@ class Router:
         (server/write/retention_check.py)."""
         db = self.catalog.peek_database(database)
         if db is not None and db.retention_period_s:
-            from server.write.retention_check import check_retention
+            from iox_spark.server.write.retention_check import check_retention
 
             check_retention(database, db.retention_period_s, batches, time.time(), body, precision)
 

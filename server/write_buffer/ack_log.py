@@ -24,7 +24,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from server.errors import ServerError, WriteBufferUnavailable
+from iox_spark.server.errors import ServerError, WriteBufferUnavailable
 
 __all__ = ["AckLog", "AckedOffsets", "AckLogBroken", "AckLogFormatMismatch", "ACK_LOG_FILE", "ACK_LOG_VERSION"]
 

@@ -32,9 +32,9 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from catalog.sharding import topic_for
+from iox_spark.catalog.sharding import topic_for
 
-from server.errors import ServerError
+from iox_spark.server.errors import ServerError
 
 __all__ = ["FREEZE_FILE_NAME", "FREEZE_FORMAT_VERSION", "FreezeRecord", "FreezeFileCorrupt", "read_record",
            "write_record", "remove_record", "source_holds", "usage_reason", "cap_replay_until", "UsageWatch",

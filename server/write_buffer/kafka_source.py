@@ -70,9 +70,9 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from server.write_buffer.end_polls import AckMarks, EndPolls
-from server.write_buffer.freeze import source_holds
-from server.write_buffer.holds_file import held_end, read_holds
+from iox_spark.server.write_buffer.end_polls import AckMarks, EndPolls
+from iox_spark.server.write_buffer.freeze import source_holds
+from iox_spark.server.write_buffer.holds_file import held_end, read_holds
 
 __all__ = ["IoxKafkaDataSource", "SOURCE_SCHEMA", "SOURCE_NAME", "true_ends", "EndNotConfirmed", "TRUE_END_WAIT_S",
            "reader_consumer",
@@ -511,7 +511,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         import pyarrow as pa
         from confluent_kafka import TopicPartition
 
-        from server.write_buffer.wire_format import header_text, holds_write, payload_problem
+        from iox_spark.server.write_buffer.wire_format import header_text, holds_write, payload_problem
 
         topic, kp, end = partition.topic, partition.partition, partition.end_exclusive
         c = _take_consumer(self.bootstrap, time.monotonic())

@@ -34,7 +34,7 @@ headers or payloads the server could never apply): those are skipped at once and
 """
 from __future__ import annotations
 
-from catalog.catalog import ACCEPTED, HELD, RETRYING, Database, PoisonedMessage
+from iox_spark.catalog.catalog import ACCEPTED, HELD, RETRYING, Database, PoisonedMessage
 
 __all__ = ["isolate", "first_failing", "set_aside", "select", "settle_retried", "MAX_ERROR_CHARS"]
 

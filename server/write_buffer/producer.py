@@ -21,13 +21,13 @@ import uuid
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from catalog.sharding import TOPIC_PREFIX, consumer_group_for, partition_for, topic_for
-from catalog.transactions import ABORT, COMMIT, DECISION, DEFAULT_TXN_TIMEOUT_S
+from iox_spark.catalog.sharding import TOPIC_PREFIX, consumer_group_for, partition_for, topic_for
+from iox_spark.catalog.transactions import ABORT, COMMIT, DECISION, DEFAULT_TXN_TIMEOUT_S
 
-from catalog.crash_points import CrashPoint, crash_point
-from server.errors import WriteBufferUnavailable
-from server.write_buffer.wire_format import EncodedWrite, as_part, encode_decision, encode_marker
-from server.errors import ServerError
+from iox_spark.catalog.crash_points import CrashPoint, crash_point
+from iox_spark.server.errors import WriteBufferUnavailable
+from iox_spark.server.write_buffer.wire_format import EncodedWrite, as_part, encode_decision, encode_marker
+from iox_spark.server.errors import ServerError
 
 __all__ = ["WriteBuffer", "PartitionCountMismatch", "txn_commit_deadline_s", "TXN_SLACK_S",
            "DEFAULT_REPLICATION_FACTOR", "replication_for", "producer_conf"]
@@ -118,7 +118,7 @@ def _confirmed_bounds(consumer, topic: str, kps) -> dict[int, tuple[int, int]]:
     (`true_ends` exact); WriteBufferUnavailable when an end is not confirmed within END_CONFIRM_WAIT_S."""
     from confluent_kafka import TopicPartition
 
-    from server.write_buffer.kafka_source import EndNotConfirmed, true_ends
+    from iox_spark.server.write_buffer.kafka_source import EndNotConfirmed, true_ends
 
     marks = {kp: consumer.get_watermark_offsets(TopicPartition(topic, kp), timeout=ADMIN_TIMEOUT_S) for kp in kps}
     try:
@@ -274,7 +274,7 @@ class WriteBuffer:
 
     def partition_bounds_of(self, topics: list[str], partitions: int) -> dict[str, dict[int, tuple[int, int]]]:
         """`partition_bounds` of several topics, with one reader ({} for a topic that is absent)."""
-        from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, reader_consumer
+        from iox_spark.server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, reader_consumer
 
         md = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)  # naming the topic would auto-create it
         out: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics}
@@ -433,8 +433,8 @@ class WriteBuffer:
         markers). Raises WriteBufferUnavailable when Kafka cannot be read to the end."""
         from confluent_kafka import TopicPartition
 
-        from server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, consumer_positions, reader_consumer
-        from server.write_buffer.wire_format import header_text
+        from iox_spark.server.write_buffer.kafka_source import LIST_FETCH_WAIT_MS, consumer_positions, reader_consumer
+        from iox_spark.server.write_buffer.wire_format import header_text
 
         c = reader_consumer(self.bootstrap, **{"fetch.wait.max.ms": LIST_FETCH_WAIT_MS})
         try:

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from catalog.partition_keys import day_partitions
-from catalog.transactions import ABORT, COMMIT, DECISION, PART, TXN_KINDS
-from server.errors import ServerError
+from iox_spark.catalog.partition_keys import day_partitions
+from iox_spark.catalog.transactions import ABORT, COMMIT, DECISION, PART, TXN_KINDS
+from iox_spark.server.errors import ServerError
 
 __all__ = ["FORMAT_VERSION", "WireFormatMismatch", "header_problem", "header_text", "EncodedWrite", "encode_write",
            "encode_delete", "as_part", "encode_decision", "encode_marker", "SUPPORTED_FORMATS", "decode_payload",

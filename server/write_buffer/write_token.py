@@ -21,7 +21,7 @@ import binascii
 import json
 from dataclasses import dataclass, field
 
-from server.errors import InvalidArgument
+from iox_spark.server.errors import InvalidArgument
 
 __all__ = ["WriteToken", "TOKEN_VERSION", "TOKEN_PREFIX", "format_token", "parse_token", "InvalidWriteToken",
            "WriteTokenVersionMismatch", "merge_offsets", "token_for"]

@@ -17,9 +17,9 @@ import time
 
 import grpc
 
-from catalog.crash_points import ENV as CRASH_ENV, CrashPoint
-from server.runtime.broker import free_port, process_alive, remove_left_sockets
-from server.api.client import IoxClient
+from iox_spark.catalog.crash_points import ENV as CRASH_ENV, CrashPoint
+from iox_spark.server.runtime.broker import free_port, process_alive, remove_left_sockets
+from iox_spark.server.api.client import IoxClient
 from tests.waiting import accepts_connections
 from tests.timestamps import T0
 
@@ -135,8 +135,8 @@ def broker_record(data_dir: str) -> dict:
 def stored_offsets(data_dir: str, topic: str, kp: int) -> list[int]:
     """Base offsets of the record batches the durable embedded broker's store holds for one
     partition, in order (listed with boto3 as Tansu lays them out)."""
-    from server.runtime.broker import STORE_BUCKET, TANSU_CLUSTER_ID, store_client
-    from server.runtime.broker_truncation import batch_offset, partition_prefix
+    from iox_spark.server.runtime.broker import STORE_BUCKET, TANSU_CLUSTER_ID, store_client
+    from iox_spark.server.runtime.broker_truncation import batch_offset, partition_prefix
 
     pages = store_client(broker_record(data_dir)["store_port"]).get_paginator("list_objects_v2").paginate(
         Bucket=STORE_BUCKET, Prefix=partition_prefix(TANSU_CLUSTER_ID, topic, kp))

@@ -146,7 +146,7 @@ def recorded(first_failure: list, where):
 
 
 def _driven_points():
-    from catalog.crash_points import CrashPoint
+    from iox_spark.catalog.crash_points import CrashPoint
 
     # cleanup runs every few minutes: no test drives a server there
     return [p for p in CrashPoint if p is not CrashPoint.CLEANUP_BEFORE_DELETE]
@@ -163,7 +163,7 @@ def drive_to(point, client, database: str, requests: list, pts: list, tables: tu
     point (a persist, a compaction of its chunks or of its files, waiting until the write is
     applied). Returns the request (its state says whether it was acknowledged); an RpcError of
     the action after it propagates (the server died, or the partition held nothing to compact)."""
-    from catalog.crash_points import CrashPoint as P
+    from iox_spark.catalog.crash_points import CrashPoint as P
 
     if point in (P.TXN_AFTER_PARTS, P.TXN_AFTER_DECISION):
         pts = list(pts) + [(t, *pts[0][1:]) for t in tables if t not in {p[0] for p in pts}]

@@ -18,7 +18,7 @@ import uuid
 
 import grpc
 
-from catalog.sharding import partition_for
+from iox_spark.catalog.sharding import partition_for
 from tests.waiting import wait_for
 from tests.crash.harness import ServerProcess, broker_record
 from tests.timestamps import T0

@@ -13,8 +13,8 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
-from catalog.sharding import topic_for
-from server.runtime.broker import free_port
+from iox_spark.catalog.sharding import topic_for
+from iox_spark.server.runtime.broker import free_port
 from tests.crash.harness import ServerProcess, Writer, broker_record, stored_offsets
 from tests.waiting import wait_for
 

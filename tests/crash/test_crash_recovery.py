@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from catalog.crash_points import CrashPoint
+from iox_spark.catalog.crash_points import CrashPoint
 from tests.crash.harness import ServerProcess, Writer, broker_record, stop_embedded_broker
 from tests.timestamps import T0
 
@@ -145,7 +145,7 @@ def test_kill_inside_a_multi_partition_request_applies_all_or_nothing(data_dir, 
     got no success either way; acknowledged requests before it come back exactly once."""
     import grpc
 
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.sharding import partition_for
 
     assert partition_for("cpu", 2) != partition_for("net", 2)
     db = f"x_{uuid.uuid4().hex[:8]}"
@@ -246,8 +246,8 @@ def test_the_lifecycle_acting_on_a_half_applied_batch_loses_nothing(data_dir):
     A batch that adds chunks is held half applied for as long as the test's gate file exists
     (`IOX_DELAY_GATE`), i.e. until the test saw the persist and the offsets not yet applied.
     The server is killed once everything is applied, and the restart answers the same."""
-    from catalog.crash_points import DELAY_ENV, DELAY_GATE_ENV
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.crash_points import DELAY_ENV, DELAY_GATE_ENV
+    from iox_spark.catalog.sharding import partition_for
     from tests.waiting import wait_for
 
     assert partition_for("cpu", 2) != partition_for("net", 2)

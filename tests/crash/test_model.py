@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from catalog.crash_points import DELAY_ENV, CrashPoint, DelayPoint
+from iox_spark.catalog.crash_points import DELAY_ENV, CrashPoint, DelayPoint
 from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
 from tests.crash.model import (DRIVEN_POINTS, Request, answers, bursts, check_requests, deletes, describe,
                                drive_to, fold, new_request, points, read_log, recorded, send)

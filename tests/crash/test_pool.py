@@ -15,10 +15,10 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from catalog.errors import PartitionsNotOwned
-from catalog.preserved_catalog import RecordPartitionCheckpoint
-from catalog.sharding import partition_for
-from server.assigner import Assigner
+from iox_spark.catalog.errors import PartitionsNotOwned
+from iox_spark.catalog.preserved_catalog import RecordPartitionCheckpoint
+from iox_spark.catalog.sharding import partition_for
+from iox_spark.server.assigner import Assigner
 from tests.conftest import make_config, start_server
 from tests.crash.harness import ServerProcess
 from tests.waiting import wait_for

@@ -14,7 +14,7 @@ import uuid
 import grpc
 import pytest
 
-from catalog.crash_points import DELAY_ENV
+from iox_spark.catalog.crash_points import DELAY_ENV
 from tests.crash.harness import ServerProcess
 from tests.timestamps import T0
 

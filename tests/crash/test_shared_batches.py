@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import uuid
 
-from catalog.sharding import partition_for, topic_for
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.crash.harness import ServerProcess, Writer, stored_offsets
 from tests.crash.test_broker_truncation import DURABLE
 from tests.waiting import wait_for

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from server.runtime.broker import free_port
+from iox_spark.server.runtime.broker import free_port
 
 __all__ = ["SparkCluster", "spark_cluster", "CLUSTER_START_TIMEOUT_S", "WORKER_CORES"]
 

@@ -41,7 +41,7 @@ def test_markdown_table_marks_missed_targets():
 
 
 def test_line_protocol_generator_parses_back_exactly():
-    from server.write.line_protocol import parse_lines
+    from iox_spark.server.write.line_protocol import parse_lines
 
     t = harness.gen_table(1000, seed=1, t0_ns=1_700_000_000_000_000_000)
     r = parse_lines(harness.to_line_protocol("cpu", t))
@@ -54,7 +54,7 @@ def test_line_protocol_generator_parses_back_exactly():
 
 
 def test_tables_on_distinct_partitions_cover_every_partition():
-    from catalog.sharding import partition_for
+    from iox_spark.catalog.sharding import partition_for
 
     names = harness.tables_on_distinct_partitions("t", 4)
     assert sorted(partition_for(n, 4) for n in names) == [0, 1, 2, 3]
@@ -73,7 +73,7 @@ def test_quick_sizes_are_not_larger_than_full():
 
 def test_distinct_cycle_makes_every_resend_new_points():
     from bench.harness import distinct_cycle
-    from server.write.line_protocol import parse_lines
+    from iox_spark.server.write.line_protocol import parse_lines
 
     body = b"cpu,host=a,region=x v=1 10\ncpu,host=b,region=x v=2 10\n"
     assert distinct_cycle(body, 0) == body

@@ -8,7 +8,7 @@ import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: a path of the project as text names it: from one of its top folders, to a file with an extension
-_PATH = re.compile(r"(?<![\w./-])((?:server|catalog|lifecycle|tests|bench|docs|scripts|proto|iox_spark_source|"
+_PATH = re.compile(r"(?<![\w./-])((?:server|catalog|lifecycle|tests|bench|docs|scripts|proto|iox_spark|"
                    r"pyspark_iox)/[\w./-]*\w\.(?:py|md|proto|sh|json|toml|c))\b")
 _CITED = re.compile(r"docs/ARCHITECTURE\.md,? invariant (\d+[a-z]?)")
 

@@ -12,46 +12,46 @@ import os
 
 import pytest
 
-from tests.project_code import PACKAGES, ROOT, module_paths
+from tests.project_code import ROOT, module_paths
 
 
 #: lowest first; a module may import its own layer and the ones before it
 LAYERS = [
-    "iox",                  # generated gRPC stubs
-    "catalog",              # shared vocabulary and the catalog itself
-    "chunk_store",          # chunk forms in Spark, their views and merges
-    "lifecycle",            # the policy and its actions: persist, compaction, unload
-    "iox_spark_source",     # the users' Spark data source: reads catalog and lifecycle, never server
+    "iox_spark.iox",                  # generated gRPC stubs
+    "iox_spark.catalog",              # shared vocabulary and the catalog itself
+    "iox_spark.chunk_store",          # chunk forms in Spark, their views and merges
+    "iox_spark.lifecycle",            # the policy and its actions: persist, compaction, unload
+    "iox_spark.source",     # the users' Spark data source: reads catalog and lifecycle, never server
     "pyspark_iox",          # Spark's automatic registration of that data source
-    "server.errors",        # the server's error vocabulary
-    "server.operation_metrics",  # micro-batch, lifecycle, retention and memory metrics
-    "server.metrics",
-    "server.write_buffer",  # Kafka: producer, wire format, streaming source
-    "server.runtime",       # processes: Spark, the embedded broker, JVM archive, priorities
-    "server.pool_identity",  # an ingester pool's Kafka cluster and object store, checked at a member's start
-    "server.config",
-    "server.deadlines",     # how long a wait for a request may last
-    "server.consume",       # micro-batches into the catalog, recovery
-    "server.write",         # line protocol, router, deletes
-    "server.query",         # SQL over a database, the write buffer's tail
-    "server.api",           # gRPC and HTTP surfaces, the client
-    "server.assigner_policy",  # the ingester pool's assignment decisions (pure)
-    "server.assigner_lease",  # one assigner at a time: its lease in the object store
-    "server.assigner",      # the assigner process (talks to the ingesters through the client)
-    "server.assigner_status",  # the assigner's status endpoint (HTTP)
-    "server.replay_watch",  # how far each database's replay of its write buffer must reach
-    "server.retention_admin",  # retention settings, their status and the scrape-time gauges
-    "server.freeze_admin",  # frozen mode of a running server
-    "server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
-    "server.poison_admin",  # retrying and accepting poisoned messages
-    "server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
-    "server.verify_admin",
-    "server.query_service",  # a user's SQL: the read barrier, the pool's rows, the engine
-    "server.manual_actions",  # `iox persist` / `iox compact` on what was written before them
-    "server.status_document",
-    "server.clean_stop",    # the in-memory broker's clean stop: drain, persist, a complete checkpoint  # what `iox status` answers  # `iox verify`: which partitions a server checks, the pool's owners the rest
-    "server.app",           # the composition root
-    "server.cli",           # the command line
+    "iox_spark.server.errors",        # the server's error vocabulary
+    "iox_spark.server.operation_metrics",  # micro-batch, lifecycle, retention and memory metrics
+    "iox_spark.server.metrics",
+    "iox_spark.server.write_buffer",  # Kafka: producer, wire format, streaming source
+    "iox_spark.server.runtime",       # processes: Spark, the embedded broker, JVM archive, priorities
+    "iox_spark.server.pool_identity",  # an ingester pool's Kafka cluster and object store, checked at a member's start
+    "iox_spark.server.config",
+    "iox_spark.server.deadlines",     # how long a wait for a request may last
+    "iox_spark.server.consume",       # micro-batches into the catalog, recovery
+    "iox_spark.server.write",         # line protocol, router, deletes
+    "iox_spark.server.query",         # SQL over a database, the write buffer's tail
+    "iox_spark.server.api",           # gRPC and HTTP surfaces, the client
+    "iox_spark.server.assigner_policy",  # the ingester pool's assignment decisions (pure)
+    "iox_spark.server.assigner_lease",  # one assigner at a time: its lease in the object store
+    "iox_spark.server.assigner",      # the assigner process (talks to the ingesters through the client)
+    "iox_spark.server.assigner_status",  # the assigner's status endpoint (HTTP)
+    "iox_spark.server.replay_watch",  # how far each database's replay of its write buffer must reach
+    "iox_spark.server.retention_admin",  # retention settings, their status and the scrape-time gauges
+    "iox_spark.server.freeze_admin",  # frozen mode of a running server
+    "iox_spark.server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
+    "iox_spark.server.poison_admin",  # retrying and accepting poisoned messages
+    "iox_spark.server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
+    "iox_spark.server.verify_admin",
+    "iox_spark.server.query_service",  # a user's SQL: the read barrier, the pool's rows, the engine
+    "iox_spark.server.manual_actions",  # `iox persist` / `iox compact` on what was written before them
+    "iox_spark.server.status_document",
+    "iox_spark.server.clean_stop",    # the in-memory broker's clean stop: drain, persist, a complete checkpoint  # what `iox status` answers  # `iox verify`: which partitions a server checks, the pool's owners the rest
+    "iox_spark.server.app",           # the composition root
+    "iox_spark.server.cli",           # the command line
 ]
 
 
@@ -64,15 +64,19 @@ def _layer(module: str) -> int | None:
         if module == prefix or module.startswith(prefix + "."):
             if best is None or len(prefix) > len(LAYERS[best]):
                 best = i
-    if best is None and module == "server":
-        return LAYERS.index("server.errors")
+    if best is None and module == "iox_spark.server":
+        return LAYERS.index("iox_spark.server.errors")
     return best
+
+
+def _generated(name: str) -> bool:
+    return name == "iox_spark.iox" or name.startswith("iox_spark.iox.")
 
 
 def _resolve(name: str) -> str | None:
     """The project module `name` refers to (a module, or the package holding a name)."""
     while name:
-        if name in MODULES or name.split(".")[0] == "iox":
+        if name in MODULES or _generated(name):
             return name
         name = name.rpartition(".")[0]
     return None
@@ -96,7 +100,7 @@ def _imports(module: str, path: str) -> set[str]:
             names = [f"{mod}.{a.name}" for a in node.names] + [mod]
         for n in names:
             target = _resolve(n)
-            if target is not None and target != module and target.split(".")[0] in PACKAGES + ("iox",):
+            if target is not None and target != module and (target in MODULES or _generated(target)):
                 out.add(target)
     return out
 
@@ -111,7 +115,7 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_downward(module):
     own = _layer(module)
-    upward = sorted(t for t in GRAPH[module] if t.split(".")[0] != "iox" and _layer(t) > own)
+    upward = sorted(t for t in GRAPH[module] if not _generated(t) and _layer(t) > own)
     assert upward == [], f"{module} ({LAYERS[own]}) imports higher layers: {upward}"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 
-from server.cli.main import build_parser
+from iox_spark.server.cli.main import build_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,21 +33,33 @@ def test_compose_passes_only_options_iox_serve_accepts():
     assert "IOX_AUTH_TOKEN:" in text
 
 
-def _installed_packages() -> list[str]:
-    """The top-level packages pyproject.toml installs (`iox` is generated from proto/)."""
-    import tomllib
+def _package_dirs() -> dict[str, str]:
+    """setup.py's `_PACKAGE_DIRS`: {installed package: its folder in the repository}."""
+    import ast
 
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
-    return sorted({p.split(".")[0] for p in include} - {"iox"} | {"proto"})
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "_PACKAGE_DIRS" for t in targets):
+                return ast.literal_eval(node.value)
+    raise AssertionError("setup.py declares no _PACKAGE_DIRS")
+
+
+def test_one_root_package_lands_in_site_packages():
+    """Nothing generic at the top of site-packages: `iox_spark`, and `pyspark_iox` that Spark's
+    registration of data sources needs at the top."""
+    dirs = _package_dirs()
+    assert {name.split(".")[0] for name in dirs} == {"iox_spark", "pyspark_iox"}
+    assert {"iox_spark.server", "iox_spark.catalog", "iox_spark.chunk_store", "iox_spark.lifecycle"} <= set(dirs)
 
 
 def test_dockerfile_installs_every_package():
     text = open(os.path.join(ROOT, "docker", "Dockerfile")).read()
-    pkgs = _installed_packages()
-    assert {"server", "catalog", "chunk_store", "lifecycle", "proto"} <= set(pkgs)
-    for pkg in pkgs:
-        assert f"COPY {pkg} ./{pkg}" in text
+    folders = sorted(set(_package_dirs().values()) | {"proto"})
+    assert {"server", "catalog", "chunk_store", "lifecycle", "iox_spark", "proto"} <= set(folders)
+    for folder in folders:
+        assert f"COPY {folder} ./{folder}" in text
 
 
 def test_every_serve_option_has_an_env_variable(monkeypatch):

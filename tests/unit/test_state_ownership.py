@@ -16,8 +16,8 @@ import ast
 import dataclasses
 import os
 
-from catalog.catalog import Database, TablePartition
-from catalog.chunk import Chunk
+from iox_spark.catalog.catalog import Database, TablePartition
+from iox_spark.catalog.chunk import Chunk
 from tests.project_code import PACKAGES, ROOT, module_paths
 
 FIELDS = {f.name for f in dataclasses.fields(Database)}
@@ -87,7 +87,7 @@ def writes_outside_catalog(source: str) -> list[tuple[int, str]]:
 
 def _modules():
     """Paths of every module outside catalog/."""
-    return [p for m, p in module_paths(tuple(pkg for pkg in PACKAGES if pkg != "catalog")).items()]
+    return [p for m, p in module_paths(tuple(pkg for pkg in PACKAGES if pkg != "iox_spark.catalog")).items()]
 
 
 def test_the_walk_finds_writes_of_partitions_and_chunks():

@@ -20,7 +20,7 @@ def test_write_sql_status_persist_delete_commands(iox_server, db):
     r = _iox("write", "--db", db, "-", stdin=f"cpu,host=a v=1.5 {T0}\ncpu,host=b v=2 {T0 + 1}\n", addr=addr)
     assert r.returncode == 0, r.stderr
     token = {int(k): v for k, v in json.loads(r.stdout)["token"].items()}
-    from server.api.client import IoxClient
+    from iox_spark.server.api.client import IoxClient
 
     with IoxClient(addr) as c:
         c.wait_applied(db, token, timeout_s=90)
@@ -75,7 +75,7 @@ def test_sql_json_writes_numbers_as_numbers(iox_server, db):
     lp = f"mem,host=a free=10u,big=18446744073709551615u,i=-5i,f=1.5,s=\"x\",ok=true {T0}\n"
     r = _iox("write", "--db", db, "-", stdin=lp, addr=addr)
     assert r.returncode == 0, r.stderr
-    from server.api.client import IoxClient
+    from iox_spark.server.api.client import IoxClient
 
     with IoxClient(addr) as c:
         c.wait_applied(db, {int(k): v for k, v in json.loads(r.stdout)["token"].items()}, timeout_s=90)
@@ -98,7 +98,7 @@ def test_write_a_file_in_several_requests(iox_server, db, tmp_path):
     token = {int(k): v for k, v in json.loads(r.stdout)["token"].items()}
     (last,) = token.values()  # one table: one message per request, on one Kafka partition
     assert last + 1 >= f.stat().st_size // 1024
-    from server.api.client import IoxClient
+    from iox_spark.server.api.client import IoxClient
 
     with IoxClient(addr) as c:
         c.wait_applied(db, token, timeout_s=90)
@@ -116,9 +116,9 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
     import logging
     import uuid
 
-    from server import app, replay_watch
-    from server.runtime.broker import free_port, start_broker
-    from server.api.client import IoxClient
+    from iox_spark.server import app, replay_watch
+    from iox_spark.server.runtime.broker import free_port, start_broker
+    from iox_spark.server.api.client import IoxClient
     from tests.conftest import make_config
 
     monkeypatch.setattr(replay_watch, "REPLAY_LOG_INTERVAL_S", 0.2)
@@ -138,7 +138,7 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
                 assert (st["replay_offsets_done"], st["replay_offsets_todo"]) == (0, 0)  # nothing replayed
         finally:
             srv.stop()  # an external broker: nothing is persisted on stop
-        caplog.set_level(logging.INFO, logger="server.replay_watch")
+        caplog.set_level(logging.INFO, logger="iox_spark.server.replay_watch")
         srv = app.IoxServer(cfg)
         srv.start()
         try:
@@ -169,7 +169,7 @@ def test_serve_on_a_taken_port_exits_at_once_naming_the_port_and_its_option(tmp_
     import socket
     import time
 
-    from server.runtime.broker import free_port
+    from iox_spark.server.runtime.broker import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOX_")}
     options = ("--grpc-port", "--http-port", "--spark-connect-port", "--influxdb3-port")

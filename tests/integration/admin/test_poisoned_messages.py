@@ -18,9 +18,9 @@ import uuid
 import grpc
 import pytest
 
-from catalog.crash_points import FaultPoint, arm_fault, disarm_fault
-from server.write_buffer.wire_format import encode_delete
-from catalog.sharding import partition_for, topic_for
+from iox_spark.catalog.crash_points import FaultPoint, arm_fault, disarm_fault
+from iox_spark.server.write_buffer.wire_format import encode_delete
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.conftest import make_config, start_server
 from tests.waiting import wait_for
 from tests.timestamps import T0
@@ -201,7 +201,7 @@ def test_a_message_held_during_replay_holds_only_its_own_databases_persists(serv
 
 def test_cli_poison_commands_name_what_they_did(server):
     cfg, srv, c = server
-    from server.cli.main import main
+    from iox_spark.server.cli.main import main
 
     db = f"c_{uuid.uuid4().hex[:8]}"
     c.wait_applied(db, c.write(db, f"m v=1 {T0}\n"), timeout_s=90)

@@ -83,7 +83,7 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
     assert len(st["tables"][0]["partitions"]) == 4 and all(store.exists(f) for f in files)
 
     # a query that planned (and pinned) before the prune, held after planning until the prune is done
-    import server.query.engine as engine
+    import iox_spark.server.query.engine as engine
 
     pins, real_to_arrow = iox_server.catalog.query_pins, engine.arrow_batches
     planned, release, answer = threading.Event(), threading.Event(), []
@@ -132,13 +132,13 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
 
 
 def _day(t_ns: int) -> str:
-    from catalog.partition_keys import partition_key_of_day
+    from iox_spark.catalog.partition_keys import partition_key_of_day
 
     return partition_key_of_day(t_ns // DAY_NS)
 
 
 def test_writes_older_than_the_retention_are_rejected_whole(client, db, iox_server):
-    from server.cli.main import main
+    from iox_spark.server.cli.main import main
 
     out = io.StringIO()
     with redirect_stdout(out):

@@ -19,8 +19,8 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from server.api.client import IoxClient
-from server.runtime.broker import free_port
+from iox_spark.server.api.client import IoxClient
+from iox_spark.server.runtime.broker import free_port
 from tests.waiting import accepts_connections
 from tests.timestamps import T0
 from tests.project_code import ROOT
@@ -193,8 +193,8 @@ def test_flight_sql_needs_query_on_the_database_of_its_header_or_handle(srv):
     from adbc_driver_flightsql import DatabaseOptions
     from adbc_driver_manager import dbapi as adbc_dbapi
 
-    from iox import flight_sql_pb2
-    from server.api.flight_sql import pack
+    from iox_spark.iox import flight_sql_pb2
+    from iox_spark.server.api.flight_sql import pack
 
     with IoxClient(srv.addr, token=MAIN) as m:  # both databases exist, these rows applied
         m.wait_applied(DB, m.write(DB, f"cpu,host=fsql-m v=1 {T0}"), timeout_s=60)
@@ -247,7 +247,7 @@ def test_flight_sql_needs_query_on_the_database_of_its_header_or_handle(srv):
 def test_an_admin_token_of_one_database_never_acts_beyond_it(srv):
     """Server-wide operations need a token for every database; listings show its databases only;
     another database's retention cannot be set, by RPC or through the buckets API."""
-    from iox import management_pb2
+    from iox_spark.iox import management_pb2
 
     with IoxClient(srv.addr, token=MAIN) as m:
         m.write("org_other", f"cpu v=1 {T0}")

@@ -65,7 +65,7 @@ def test_one_port_for_an_influxdb3_client_given_one_address(iox_server, client, 
     HTTP/1.1 request on it is answered by the HTTP API."""
     import http.client
 
-    from server.api.one_port import OnePortServer
+    from iox_spark.server.api.one_port import OnePortServer
 
     one = OnePortServer("127.0.0.1", 0, iox_server.grpc_port, iox_server.http.port).start()
     try:

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from iox import write_pb2
+from iox_spark.iox import write_pb2
 from tests.timestamps import T0
 
 EXAMPLES = int(os.environ.get("IOX_FUZZ_EXAMPLES", "3000"))
@@ -52,9 +52,9 @@ def _rss() -> int:
 def fuzz_server(session_tmp):
     """A server on an in-memory broker of its own: what the fuzzing writes (random tables and
     columns by the thousand) never reaches the session server, whose consumer later tests share."""
-    from server.api.client import IoxClient
-    from server.app import IoxServer
-    from server.runtime.broker import free_port, start_broker
+    from iox_spark.server.api.client import IoxClient
+    from iox_spark.server.app import IoxServer
+    from iox_spark.server.runtime.broker import free_port, start_broker
     from tests.conftest import make_config
 
     b = start_broker(free_port())

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from catalog.sharding import partition_for, topic_for
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.project_code import ROOT
 
 CASES_PATH = Path(ROOT).parent / "shared" / "lp" / "cases.jsonl"
@@ -340,9 +340,9 @@ def test_vectors_with_names_differing_in_case(iox_server, session_tmp, db):
     through both transports, on a server of their own (own broker, same Spark application):
     if the server mishandles them, the micro-batch holding them fails again on every retry, and
     that must not stall the session server's write buffer."""
-    from server.app import IoxServer
-    from server.runtime.broker import start_broker
-    from server.api.client import IoxClient
+    from iox_spark.server.app import IoxServer
+    from iox_spark.server.runtime.broker import start_broker
+    from iox_spark.server.api.client import IoxClient
     from tests.conftest import make_config
 
     cases = [c for c in CASES if _case_collision(c)]

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.metrics import WRITE_STAGE_BUCKETS_S, WRITE_STAGES
+from iox_spark.server.metrics import WRITE_STAGE_BUCKETS_S, WRITE_STAGES
 from tests.timestamps import T0
 
 

@@ -22,8 +22,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from iox import write_pb2
-from catalog.sharding import partition_for, topic_for
+from iox_spark.iox import write_pb2
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.timestamps import T0
 
 I64_MIN, I64_MAX, U64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
@@ -200,7 +200,7 @@ def test_request_over_the_size_limit_is_resource_exhausted(client, db, iox_serve
     err = _rpc_error(client.write_arrow, db, {"big": (big, {"v": "field", "t": "time"})})
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and str(limit) in err.details()
     # a message past the limit and its framing is refused by grpc before it is read, naming its limit
-    from server.api.grpc_services import REQUEST_FRAMING_BYTES
+    from iox_spark.server.api.grpc_services import REQUEST_FRAMING_BYTES
 
     err = _rpc_error(client.write, db, line * ((limit + REQUEST_FRAMING_BYTES) // len(line) + 1))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -520,7 +520,7 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
     from influxdb import InfluxDBClient
     from influxdb.exceptions import InfluxDBClientError
 
-    from server.api.http_api import SERVER_VERSION
+    from iox_spark.server.api.http_api import SERVER_VERSION
 
     port = iox_server.config.http_port
     parts = iox_server.config.partitions
@@ -609,9 +609,9 @@ def test_http_1x_write_ping_and_limits(client, iox_server):
 
 def test_http_503_with_retry_after_while_broker_down(session_tmp):
     """A server of its own on a broker of its own (same Spark application), as in test_broker_outage."""
-    from server.app import IoxServer
-    from server.runtime.broker import free_port, start_broker
-    from server.api.client import IoxClient
+    from iox_spark.server.app import IoxServer
+    from iox_spark.server.runtime.broker import free_port, start_broker
+    from iox_spark.server.api.client import IoxClient
     from tests.conftest import make_config
 
     port = free_port()

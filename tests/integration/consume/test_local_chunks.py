@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from server.query import engine as query_mod
+from iox_spark.server.query import engine as query_mod
 from tests.waiting import wait_for
 from tests.timestamps import T0
 
@@ -75,7 +75,7 @@ def test_a_request_too_large_to_come_along_makes_an_ordinary_write_buffer_chunk(
 def test_a_join_of_local_chunks_is_a_local_chunk_with_their_rows(iox_server, client, db):
     """The lifecycle's join of write-buffer chunks (no move to the read buffer) keeps them local;
     `iox compact` moves them to the read buffer."""
-    from lifecycle.policy import CompactChunks
+    from iox_spark.lifecycle.policy import CompactChunks
 
     srv = iox_server
     client.wait_applied(db, client.write(db, f"cpu,host=a v=1 {T0}\n"), timeout_s=60)
@@ -111,7 +111,7 @@ def test_local_chunks_move_to_the_read_buffer_on_the_driver_and_queries_of_them_
     aggregate still runs one, and a persist writes the same rows."""
     from pyspark.sql import DataFrame
 
-    from lifecycle.policy import CompactChunks
+    from iox_spark.lifecycle.policy import CompactChunks
 
     srv = iox_server
     client.write(db, f"cpu,host=a v=1,w=10i {T0}\ncpu,host=b v=2 {T0 + 1}\ncpu,host=c v=3 {T0 + 2}\n")

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from server.runtime.broker import free_port, start_broker
-from server.consume.recovery import LostWrites
-from server.write_buffer.producer import PartitionCountMismatch, WriteBuffer
+from iox_spark.server.runtime.broker import free_port, start_broker
+from iox_spark.server.consume.recovery import LostWrites
+from iox_spark.server.write_buffer.producer import PartitionCountMismatch, WriteBuffer
 from tests.conftest import make_config, start_server
 from tests.timestamps import T0
 

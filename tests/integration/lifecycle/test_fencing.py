@@ -15,8 +15,8 @@ import uuid
 import grpc
 import pytest
 
-from server.runtime.broker import start_broker
-from server.api.client import IoxClient
+from iox_spark.server.runtime.broker import start_broker
+from iox_spark.server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
 from tests.timestamps import T0
@@ -52,7 +52,7 @@ def _http_write(port: int, org: str, bucket: str, body: bytes) -> tuple[int, byt
 
 
 def test_second_committer_is_fenced_and_refuses_writes(iox_server, session_tmp):
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     broker, base, other = _servers(session_tmp)
     db = f"f_{uuid.uuid4().hex[:6]}"
@@ -100,7 +100,7 @@ def test_second_committer_is_fenced_and_refuses_writes(iox_server, session_tmp):
 
 
 def test_a_newer_revision_fences_a_server_that_commits_nothing(iox_server, session_tmp):
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     broker, base, other = _servers(session_tmp)
     org, bucket = "f", uuid.uuid4().hex[:6]

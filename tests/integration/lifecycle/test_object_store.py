@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.cleanup import delete_unreferenced, find_unreferenced
-from catalog.errors import AlreadyExists, InvalidKey, ObjectNotFound, RevisionConflict
-from catalog.object_store import (
+from iox_spark.catalog.cleanup import delete_unreferenced, find_unreferenced
+from iox_spark.catalog.errors import AlreadyExists, InvalidKey, ObjectNotFound, RevisionConflict
+from iox_spark.catalog.object_store import (
     LocalObjectStore,
     ObjectStore,
     S3Config,
@@ -28,7 +28,7 @@ from catalog.object_store import (
     object_store_from_url,
     parquet_key,
 )
-from catalog.preserved_catalog import (
+from iox_spark.catalog.preserved_catalog import (
     AddParquet,
     PreservedCatalog,
     PreservedCatalogConfig,

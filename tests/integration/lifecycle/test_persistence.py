@@ -16,9 +16,9 @@ import boto3
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.object_store import object_store_from_url
-from server.runtime.broker import start_broker
-from server.api.client import IoxClient
+from iox_spark.catalog.object_store import object_store_from_url
+from iox_spark.server.runtime.broker import start_broker
+from iox_spark.server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.waiting import wait_for
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
@@ -60,7 +60,7 @@ class _Running:
 
     def restart(self):
         """Stops this server (not its broker) and starts a new one on the same data."""
-        from server.app import IoxServer
+        from iox_spark.server.app import IoxServer
 
         self.client.close()
         self.server.stop()
@@ -77,7 +77,7 @@ class _Running:
 
 
 def _start(session_tmp, backend, **lifecycle):
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     b = start_broker()
     # one deployment = one broker + its own object-store namespace: a catalog whose topics
@@ -200,7 +200,7 @@ def test_a_large_persist_writes_files_split_by_time_that_queries_and_a_restart_r
     """From PARALLEL_WRITE_MIN_ROWS rows on a persist from the write-buffer form writes one file per
     thread, each a time range of its own: the persisted chunk reads both, the answers stay, and a
     restart (each file a chunk of its own) answers the same without deduplicating across them."""
-    import lifecycle.persist as persist
+    import iox_spark.lifecycle.persist as persist
 
     monkeypatch.setattr(persist, "PARALLEL_WRITE_MIN_ROWS", 10)
     c, db = manual.client, f"pp_{uuid.uuid4().hex[:8]}"
@@ -232,7 +232,7 @@ def test_a_persist_run_as_one_task_per_executor_writes_disjoint_time_ranges_exac
     per executor (here: the slots of three two-core executors), each merging and writing only its
     time range: overwrites and a delete come out exactly as one task gives them, the files' times
     never meet, and a restart reads the same."""
-    import lifecycle.persist as persist
+    import iox_spark.lifecycle.persist as persist
 
     monkeypatch.setattr(persist, "task_slots", lambda spark: 3 * persist.cores_per_executor(spark))
     monkeypatch.setattr(persist, "PERSIST_TASK_MIN_ROWS", 10)
@@ -282,8 +282,8 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     to the read buffer (deduplicated rows, keeping the IPC streams), and persist writes from those.
     Every step answers the same, duplicates and overwrites included. From ARROW_MERGE_MIN_ROWS rows
     the read form is `parts` checkpoints split by time, one Spark partition each."""
-    import chunk_store.chunk_data as chunk_data
-    import server.consume.ingest as ingest
+    import iox_spark.chunk_store.chunk_data as chunk_data
+    import iox_spark.server.consume.ingest as ingest
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10 if parts > 1 else 10**9)
     # checkpointed segments, not local chunks (those move to the read buffer on the driver, a local
@@ -335,7 +335,7 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     """Two unique-keyed requests merged into one chunk keep their own time spans: a later chunk
     falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
     so compaction keeps the merge known-deduplicated and persist writes without deduplicating."""
-    from chunk_store.chunk_data import arrow_plan, table_deletes
+    from iox_spark.chunk_store.chunk_data import arrow_plan, table_deletes
 
     c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
@@ -365,7 +365,7 @@ def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(ma
     Spark SQL's GROUP BY merge of the same chunks row for row: repeated keys across and within requests, fields missing in a request
     (the last non-null value wins), an unsigned field, a delete with a predicate (removes only the
     rows written before it), and the layout's columns and types."""
-    from chunk_store.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
+    from iox_spark.chunk_store.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
 
     c, db, srv = manual.client, f"a_{uuid.uuid4().hex[:8]}", manual.server
     # 20 points on 15 keys (host, time): i and i + 15 share one, the later wins
@@ -405,7 +405,7 @@ def test_queries_read_overlapping_write_buffer_chunks_through_an_arrow_merge_vie
     """A table view's group of overlapping write-buffer chunks (keys repeated across requests) reads
     a global temp view of their Arrow merge, with a delete applied, and answers exactly; the
     merge view is dropped with the chunks' data once they are replaced and released."""
-    import chunk_store.chunk_data as chunk_data
+    import iox_spark.chunk_store.chunk_data as chunk_data
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
     c, db, srv = manual.client, f"v_{uuid.uuid4().hex[:8]}", manual.server
@@ -444,7 +444,7 @@ def test_a_table_view_refreshed_while_a_compaction_takes_over_its_chunks_segment
     `segments` to []) while the micro-batch thread may be building the table view over the old
     chunks: the merge view is built from the segments read once, and the view answers exactly.
     (Before, the second read found none and the micro-batch failed.)"""
-    import chunk_store.chunk_data as chunk_data
+    import iox_spark.chunk_store.chunk_data as chunk_data
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
     c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
@@ -565,7 +565,7 @@ def test_persisting_a_compacted_chunk(manual, form):
     without that form (as replay builds them) has its rows checkpoint written as it is and kept as
     the persisted chunk's data. Either way, releasing the retired chunk afterwards leaves the answers
     intact, and the file holds whole row groups."""
-    from chunk_store.chunk_data import release_chunk_data, release_df
+    from iox_spark.chunk_store.chunk_data import release_chunk_data, release_df
 
     c, db, srv = manual.client, f"r_{uuid.uuid4().hex[:8]}", manual.server
     n = 9_000
@@ -607,12 +607,12 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     one transaction, merged in Arrow (one task) or, above ARROW_COMPACTION_MAX_ROWS, by Spark;
     answers, the delete and a restart agree; the old files go only once the chunks reading them
     are released."""
-    from lifecycle import compact_persisted
-    from chunk_store.chunk_data import release_chunk_data
+    from iox_spark.lifecycle import compact_persisted
+    from iox_spark.chunk_store.chunk_data import release_chunk_data
 
     if merge == "spark":
         monkeypatch.setattr(compact_persisted, "ARROW_COMPACTION_MAX_ROWS", 0)
-    caplog.set_level(logging.INFO, logger="lifecycle.compact_persisted")
+    caplog.set_level(logging.INFO, logger="iox_spark.lifecycle.compact_persisted")
 
     c, db = manual.client, f"k_{uuid.uuid4().hex[:8]}"
     _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
@@ -635,7 +635,7 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     r = c.compact(db, "cpu", "2023-11-14", persisted=True)
     assert r["compacted"] is True and int(r["rows"]) == 30 and sorted(r["removed_files"]) == sorted(old)
     merged_by = [m.getMessage().split("merged ")[1].split(")")[0] for m in caplog.records
-                 if m.name == "lifecycle.compact_persisted" and db in m.getMessage()]
+                 if m.name == "iox_spark.lifecycle.compact_persisted" and db in m.getMessage()]
     assert merged_by == ["in Arrow" if merge == "arrow" else "by Spark"]
     assert c.query(db, Q).to_pylist() == expect
     part = _partitions(c, db)["2023-11-14"]
@@ -663,7 +663,7 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
 
 
 def test_the_policy_compacts_the_files_of_a_cold_partition(auto, caplog):
-    caplog.set_level(logging.INFO, logger="lifecycle.worker")
+    caplog.set_level(logging.INFO, logger="iox_spark.lifecycle.worker")
     c, db = auto.client, f"f_{uuid.uuid4().hex[:8]}"
     for k in range(3):  # three forced persists: three files, then the partition goes cold (no write for 1 s)
         _write(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
@@ -746,9 +746,9 @@ def test_local_copies_of_s3_files_are_bounded_and_go_once_no_chunk_reads_them(ma
     they fit --parquet-cache-max-bytes, and from S3 directly past it, with the same answers; the
     copies of files a compaction replaced go once their chunks are released. On a local object
     store the files are read in place: no copies."""
-    from chunk_store import parquet_cache
-    from chunk_store.chunk_data import release_chunk_data
-    from lifecycle.unload import unload_chunk
+    from iox_spark.chunk_store import parquet_cache
+    from iox_spark.chunk_store.chunk_data import release_chunk_data
+    from iox_spark.lifecycle.unload import unload_chunk
 
     srv, c, db = manual.server, manual.client, f"pc_{uuid.uuid4().hex[:8]}"
     cache = srv.parquet_cache

@@ -20,10 +20,10 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from catalog.errors import PartitionsNotOwned
-from catalog.preserved_catalog import AddParquet
-from catalog.sharding import partition_for
-from server.runtime.broker import free_port, start_broker
+from iox_spark.catalog.errors import PartitionsNotOwned
+from iox_spark.catalog.preserved_catalog import AddParquet
+from iox_spark.catalog.sharding import partition_for
+from iox_spark.server.runtime.broker import free_port, start_broker
 from tests.conftest import make_config, start_server
 from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
@@ -180,7 +180,7 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp,
     """A member that joins a pool whose one member owns every partition gets half of them from the
     assigner, one at a time and no faster than the rebalancing interval; every acknowledged row is
     read exactly once through either member, before and after, and then nothing moves."""
-    from server.assigner import Assigner
+    from iox_spark.server.assigner import Assigner
 
     own_broker = start_broker()  # a pool of its own: the module's broker belongs to another pool's object store
     db = f"pool_{uuid.uuid4().hex[:8]}"
@@ -384,7 +384,7 @@ def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) 
 def _status_through_the_assigner(assigner, db: str, addresses: list, owned: dict) -> None:
     """`iox status --assigner`: the pool as the assigner's last round saw it, over its status
     endpoint (with its token): both members, what each owns, the two rebalancing moves."""
-    from server.assigner_status import AssignerStatusServer
+    from iox_spark.server.assigner_status import AssignerStatusServer
 
     assigner.run_once()
     status = AssignerStatusServer(assigner, "127.0.0.1", 0, token="assigner-token").start()
@@ -412,7 +412,7 @@ def _filtered_reads(db: str, ca, cb) -> None:
     """b owns partition 3: a query through a sends b what it reads of the table (its tags' and time's
     conditions, the fields it names), b answers only those rows and fields, under --max-query-bytes,
     and the answer through a is exact."""
-    from iox import query_pb2
+    from iox_spark.iox import query_pb2
 
     table = next(f"f{i}" for i in range(1000) if partition_for(f"f{i}", PARTITIONS) == 3)
     lines = [f"{table},host={'g' if i % 2 else 'k'} v={i},w={i * 10}i {T0 + i * US}" for i in range(20)]

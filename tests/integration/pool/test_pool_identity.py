@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from catalog.object_store import object_store_from_url
-from server.pool_identity import PoolIdentityMismatch, establish_pool_identity, read_anchor
+from iox_spark.catalog.object_store import object_store_from_url
+from iox_spark.server.pool_identity import PoolIdentityMismatch, establish_pool_identity, read_anchor
 from tests.crash.harness import ServerProcess, stop_embedded_broker
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from iox import query_pb2
+from iox_spark.iox import query_pb2
 
-from server.errors import InvalidArgument, QueryResultTooLarge, QueryTimedOut
-from server.query.engine import arrow_batches
+from iox_spark.server.errors import InvalidArgument, QueryResultTooLarge, QueryTimedOut
+from iox_spark.server.query.engine import arrow_batches
 from tests.waiting import wait_for
 from tests.timestamps import T0
 

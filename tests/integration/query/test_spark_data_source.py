@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from catalog.object_store import S3Config, S3ObjectStore, encode_key_segment, object_store_from_url
-from catalog.preserved_catalog import read_state
-from iox_spark_source import IoxDataSource
-from iox_spark_source.plan import load_snapshot, plan_read
+from iox_spark.catalog.object_store import S3Config, S3ObjectStore, encode_key_segment, object_store_from_url
+from iox_spark.catalog.preserved_catalog import read_state
+from iox_spark.source import IoxDataSource
+from iox_spark.source.plan import load_snapshot, plan_read
 from tests.integration.s3_fixture import (  # noqa: F401
     MOTO_ACCESS_KEY_ID,
     MOTO_REGION,
@@ -56,7 +56,7 @@ def spark(iox_server):
 def persisted(iox_server, spark):
     """A database written, deleted from, written again at the deleted times and persisted twice:
     (database, object store url, the answer after the first persist and that revision)."""
-    from server.api.client import IoxClient
+    from iox_spark.server.api.client import IoxClient
 
     c = IoxClient(f"127.0.0.1:{iox_server.grpc_port}")
     c.wait_ready(60)

@@ -10,8 +10,8 @@ import uuid
 import grpc
 import pytest
 
-from server.api.client import IoxClient
-from chunk_store.views import table_view_name
+from iox_spark.server.api.client import IoxClient
+from iox_spark.chunk_store.views import table_view_name
 from tests.timestamps import T0
 
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -233,8 +233,8 @@ def test_the_query_session_reads_no_path_and_has_no_reflect(iox_server):
     off and the denied functions are gone from its registry (other sessions keep theirs)."""
     from pyspark.errors import AnalysisException
 
-    from server.errors import QueryRefused
-    from server.query.sql_sandbox import check_query
+    from iox_spark.server.errors import QueryRefused
+    from iox_spark.server.query.sql_sandbox import check_query
 
     session = iox_server.spark.newSession()
     with pytest.raises(QueryRefused):

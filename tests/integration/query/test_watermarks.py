@@ -18,9 +18,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from catalog.crash_points import FaultPoint, arm_fault, disarm_fault
-from catalog.sharding import partition_for, topic_for
-from server.write_buffer.write_token import WriteToken, format_token, parse_token
+from iox_spark.catalog.crash_points import FaultPoint, arm_fault, disarm_fault
+from iox_spark.catalog.sharding import partition_for, topic_for
+from iox_spark.server.write_buffer.write_token import WriteToken, format_token, parse_token
 from tests.waiting import wait_for
 from tests.timestamps import T0
 

@@ -7,7 +7,7 @@ import os
 
 import pyspark
 
-from server.runtime import spark_home
+from iox_spark.server.runtime import spark_home
 
 
 def _paths(batches):

@@ -33,8 +33,8 @@ def _inspect(batches):
 
 def test_python_workers_run_under_the_daemon_with_nodelay_sockets(iox_server):
     spark = iox_server.spark
-    assert spark.conf.get("spark.python.daemon.module") == "server.runtime.spark_worker_daemon"
+    assert spark.conf.get("spark.python.daemon.module") == "iox_spark.server.runtime.spark_worker_daemon"
     rows = spark.range(0, 1000, 1, 2).mapInArrow(_inspect, "id long, parent string, nodelay long").collect()
     assert sorted(r["id"] for r in rows) == list(range(1000))
-    assert {r["parent"].split()[-2] for r in rows} == {"server.runtime.spark_worker_daemon"}, {r["parent"] for r in rows}
+    assert {r["parent"].split()[-2] for r in rows} == {"iox_spark.server.runtime.spark_worker_daemon"}, {r["parent"] for r in rows}
     assert {r["nodelay"] for r in rows} == {1}

@@ -10,14 +10,14 @@ import uuid
 
 import grpc
 
-from server.runtime.broker import start_broker
-from server.api.client import IoxClient
+from iox_spark.server.runtime.broker import start_broker
+from iox_spark.server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.timestamps import T0
 
 
 def test_hard_limit_rejects_writes_until_memory_is_back_under(iox_server, session_tmp):
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     broker = start_broker()
     cfg = make_config(os.path.join(session_tmp, f"bp-{uuid.uuid4().hex[:6]}"), broker.bootstrap, http_port=0,
@@ -80,8 +80,8 @@ def test_a_micro_batch_takes_at_most_the_read_limit_of_each_kafka_partition(brok
     from confluent_kafka.admin import AdminClient, NewTopic
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from server.write_buffer.kafka_source import IoxKafkaStreamReader
-    from server.write_buffer.producer import producer_conf
+    from iox_spark.server.write_buffer.kafka_source import IoxKafkaStreamReader
+    from iox_spark.server.write_buffer.producer import producer_conf
 
     # not an `iox.` topic: the session server's consumer would read these bare messages
     topic = f"readlimit.{uuid.uuid4().hex[:8]}"

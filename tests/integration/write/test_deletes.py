@@ -9,8 +9,8 @@ import uuid
 import grpc
 import pytest
 
-from server.runtime.broker import start_broker
-from server.api.client import IoxClient
+from iox_spark.server.runtime.broker import start_broker
+from iox_spark.server.api.client import IoxClient
 from tests.conftest import make_config
 from tests.timestamps import T0
 
@@ -19,7 +19,7 @@ Q = "SELECT host, v, time_ns FROM cpu ORDER BY host, time_ns"
 
 class _Srv:
     def __init__(self, session_tmp, broker=None, data_dir=None):
-        from server.app import IoxServer
+        from iox_spark.server.app import IoxServer
 
         self.broker = broker or start_broker()
         self.data_dir = data_dir or os.path.join(session_tmp, f"del-{uuid.uuid4().hex[:6]}")
@@ -73,7 +73,7 @@ def _stage(c, db, stage, server):
     if stage == "unloaded":
         db_ = server.catalog.database(db)
         for ch in list(db_.partitions["cpu"][part].chunks):
-            from lifecycle.unload import unload_chunk
+            from iox_spark.lifecycle.unload import unload_chunk
 
             assert unload_chunk(server.spark, server.catalog, db_, "cpu", part, ch.id, server.store,
                                 server.parquet_cache)

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.runtime.memory_guard import NORMAL, REFUSING
+from iox_spark.server.runtime.memory_guard import NORMAL, REFUSING
 from tests.waiting import wait_for
 from tests.timestamps import T0
 

@@ -13,9 +13,9 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from iox import query_pb2, write_pb2
-from server.api.client import IoxClient
-from server.api.grpc_services import REQUEST_FRAMING_BYTES
+from iox_spark.iox import query_pb2, write_pb2
+from iox_spark.server.api.client import IoxClient
+from iox_spark.server.api.grpc_services import REQUEST_FRAMING_BYTES
 from tests.conftest import make_config
 from tests.waiting import wait_for
 from tests.timestamps import T0
@@ -29,7 +29,7 @@ MAX_QUERY_BYTES = 16 * 1024
 
 @pytest.fixture(scope="module")
 def small(own_broker, session_tmp, iox_server):
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     cfg = make_config(os.path.join(session_tmp, f"bounds-{uuid.uuid4().hex[:6]}"), own_broker.bootstrap,
                       max_request_bytes=MAX_REQUEST, grpc_workers=2, max_concurrent_rpcs=MAX_RPCS,

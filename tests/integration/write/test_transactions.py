@@ -15,10 +15,10 @@ import time
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from catalog.schema import Column
-from server.write_buffer.kafka_source import reader_consumer
-from server.write_buffer.wire_format import as_part, encode_decision, encode_write
-from catalog.sharding import partition_for, topic_for
+from iox_spark.catalog.schema import Column
+from iox_spark.server.write_buffer.kafka_source import reader_consumer
+from iox_spark.server.write_buffer.wire_format import as_part, encode_decision, encode_write
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.waiting import wait_for
 from tests.timestamps import T0
 
@@ -207,7 +207,7 @@ def test_the_first_decision_of_a_transaction_is_read_from_kafka(broker):
     """`WriteBuffer.first_decision` (a pool member whose part waits on another member's coordinator
     partition): the FIRST decision of the transaction on that partition, past other writes and other
     transactions' decisions; None while it has none."""
-    from server.write_buffer.producer import WriteBuffer
+    from iox_spark.server.write_buffer.producer import WriteBuffer
 
     db = f"firstdec{time.monotonic_ns()}"
     wb = WriteBuffer(broker.bootstrap, PARTITIONS, 5000)

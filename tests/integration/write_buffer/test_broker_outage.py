@@ -11,10 +11,10 @@ import time
 import grpc
 import pytest
 
-from server.runtime.broker import free_port, start_broker
-from server.api.client import IoxClient
-from server.write_buffer.write_token import WriteToken, format_token
-from catalog.sharding import topic_for
+from iox_spark.server.runtime.broker import free_port, start_broker
+from iox_spark.server.api.client import IoxClient
+from iox_spark.server.write_buffer.write_token import WriteToken, format_token
+from iox_spark.catalog.sharding import topic_for
 from tests.conftest import make_config
 from tests.waiting import wait_for
 from tests.timestamps import T0
@@ -35,7 +35,7 @@ def _write_until_ok(client, db, lp, timeout_s=60.0):
 def _server_on_a_broker_of_its_own(session_tmp, name: str, db: str):
     """(port, broker, config, server, client, token): a server on an in-memory broker of its own,
     after a first write to `db` was applied."""
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     port = free_port()
     b = start_broker(port)
@@ -116,8 +116,8 @@ def test_a_broker_that_comes_back_empty_is_a_loss_reported_and_refused_until_acc
     restart refuses to start without --skip-lost-writes and accepts the loss with it."""
     import dataclasses
 
-    from server.app import IoxServer
-    from server.consume.recovery import LostWrites
+    from iox_spark.server.app import IoxServer
+    from iox_spark.server.consume.recovery import LostWrites
 
     port, b, cfg, srv, c, tok = _server_on_a_broker_of_its_own(session_tmp, f"loss-{db}", db)
     try:
@@ -178,7 +178,7 @@ def test_lost_writes_accepted_while_running_continue_in_a_new_epoch_and_the_reco
     also after a restart (which needs no --skip-lost-writes)."""
     import dataclasses
 
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     port, b, cfg, srv, c, tok = _server_on_a_broker_of_its_own(session_tmp, f"accept-{db}", db)
     try:

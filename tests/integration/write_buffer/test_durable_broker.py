@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from server.runtime import broker
+from iox_spark.server.runtime import broker
 
 TOPIC = "durable"
 
@@ -182,7 +182,7 @@ def test_an_exact_end_is_the_partitions_own_when_listoffsets_is_short_by_many_ba
     """Tansu on s3:// storage answers ListOffsets latest with the first batch stored in the last
     second of the store's clock: the end `true_ends` confirms is the partition's (the fetch's own
     high watermark), whatever watermark it started from."""
-    from server.write_buffer.kafka_source import reader_consumer, true_ends
+    from iox_spark.server.write_buffer.kafka_source import reader_consumer, true_ends
 
     h = durable()
     _create_topic(h.bootstrap)
@@ -203,8 +203,8 @@ def test_a_partition_holding_more_batches_than_a_short_fetch_lists_is_read_to_it
     then answers nothing: the reader's 20 ms fetches never reach the end of 3,000 stored batches. The
     exact end (`true_ends`, `partition_bounds`) and the streaming source's `read` use consumers that may
     wait LIST_FETCH_WAIT_MS, and reach it."""
-    from server.write_buffer import kafka_source
-    from server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange
+    from iox_spark.server.write_buffer import kafka_source
+    from iox_spark.server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange
 
     monkeypatch.setattr(kafka_source, "_idle_consumers", {})
     monkeypatch.setattr(kafka_source, "READ_STALL_TIMEOUT_S", 30.0)
@@ -232,7 +232,7 @@ def test_a_partition_holding_more_batches_than_a_short_fetch_lists_is_read_to_it
     finally:
         long.close()
     assert time.monotonic() - t0 < 1.0  # closing does not wait out the fetch at the partition's end
-    from server.write_buffer.producer import WriteBuffer
+    from iox_spark.server.write_buffer.producer import WriteBuffer
 
     wb = WriteBuffer(h.bootstrap, 1, 10_000)
     try:  # the exact end recovery and the read barrier take (WriteBufferUnavailable when not confirmed)

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from server.write_buffer.end_polls import DEFAULT_MAX_DELAY_S
-from catalog.sharding import partition_for, topic_for
+from iox_spark.server.write_buffer.end_polls import DEFAULT_MAX_DELAY_S
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.integration.foreign_messages import PARTITIONS, applied_rows, ipc, write_headers
 from tests.timestamps import T0
 

@@ -14,7 +14,7 @@ import logging
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from catalog.sharding import partition_for, topic_for
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.integration.foreign_messages import PARTITIONS, applied_rows, ipc, produce, write_headers
 from tests.timestamps import T0
 
@@ -39,7 +39,7 @@ def test_unreadable_messages_are_skipped_logged_and_counted(client, db, iox_serv
         (b"garbage", write_headers(1)),
         (ipc(pa.table({"host": ["c"], "v": [3.0]})), write_headers(1)),
     ]
-    with caplog.at_level(logging.WARNING, logger="server.consume.ingest"):
+    with caplog.at_level(logging.WARNING, logger="iox_spark.server.consume.ingest"):
         offsets = produce(iox_server.bootstrap, topic_for(db), kp, bad)
         client.delete(db, 0, 2 ** 62, predicate="host = 'nobody'", table="cpu")
         second = client.write(db, f"cpu,host=b v=2 {T0 + 1}\n")
@@ -85,7 +85,7 @@ def test_another_producers_batch_of_several_writes_is_applied_to_its_last_messag
     applied whole: the source reads the last batch for the true end once the partition stops moving."""
     from confluent_kafka import TopicPartition
 
-    from server.write_buffer.kafka_source import reader_consumer
+    from iox_spark.server.write_buffer.kafka_source import reader_consumer
     from tests.waiting import wait_for
 
     first = client.write(db, f"cpu,host=a v=1 {T0}\n")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from server.write_buffer.kafka_source import FETCH_MAX_BYTES, FETCH_MAX_PARTITION_BYTES
-from catalog.sharding import partition_for, topic_for
+from iox_spark.server.write_buffer.kafka_source import FETCH_MAX_BYTES, FETCH_MAX_PARTITION_BYTES
+from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.integration.foreign_messages import PARTITIONS, applied_rows, ipc, write_headers
 from tests.timestamps import T0
 from tests.waiting import wait_for

@@ -14,12 +14,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from catalog.catalog import Database
-from catalog.schema import Column
-from server.write_buffer import kafka_source
-from server.consume import replay_schemas
-from server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange, reader_consumer, true_ends
-from server.write_buffer.wire_format import encode_write
+from iox_spark.catalog.catalog import Database
+from iox_spark.catalog.schema import Column
+from iox_spark.server.write_buffer import kafka_source
+from iox_spark.server.consume import replay_schemas
+from iox_spark.server.write_buffer.kafka_source import IoxKafkaStreamReader, TopicPartitionRange, reader_consumer, true_ends
+from iox_spark.server.write_buffer.wire_format import encode_write
 from tests.timestamps import T0
 
 

@@ -13,9 +13,9 @@ import time
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from catalog.schema import Column
-from server.write_buffer.wire_format import encode_write
-from catalog.sharding import partition_for
+from iox_spark.catalog.schema import Column
+from iox_spark.server.write_buffer.wire_format import encode_write
+from iox_spark.catalog.sharding import partition_for
 from tests.waiting import wait_for
 from tests.timestamps import T0
 

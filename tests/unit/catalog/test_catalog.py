@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.catalog import Catalog
-from catalog.chunk import Chunk
-from catalog.errors import OffsetNotIncreasing
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.errors import OffsetNotIncreasing
 
 
 def _chunk(cid: int, offsets: dict, rows: int = 3) -> Chunk:
@@ -104,7 +104,7 @@ def test_a_held_message_forgets_what_failed_attempts_recorded_after_it_and_ends_
 
 
 def test_a_batch_being_applied_pins_replay_at_its_first_offsets_until_it_ends():
-    from catalog.transactions import PART, TxnRecord
+    from iox_spark.catalog.transactions import PART, TxnRecord
 
     cat = Catalog()
     db = cat.ensure_database("d", "t", 2)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.checkpoint import (
+from iox_spark.catalog.checkpoint import (
     SEQUENCE_MISSING_WARNING,
     DatabaseCheckpoint,
     OffsetSection,
@@ -24,7 +24,7 @@ from catalog.checkpoint import (
     ReplayPlanner,
     UnpersistedOffsets,
 )
-from catalog.errors import (
+from iox_spark.catalog.errors import (
     CatalogError,
     CheckpointDecodeError,
     InvertedOffsetRange,
@@ -32,7 +32,7 @@ from catalog.errors import (
     PartitionCheckpointWithoutDatabase,
     UndeterminedPartitionCheckpointOrder,
 )
-from catalog.persistence_windows import PersistenceWindows
+from iox_spark.catalog.persistence_windows import PersistenceWindows
 
 U = UnpersistedOffsets
 U64_MAX = 2**64 - 1
@@ -222,7 +222,7 @@ def test_replay_planner_fail_missing_database_checkpoint() -> None:
 def test_replay_planner_warns_empty_range_out_of_sync(caplog: pytest.LogCaptureFixture) -> None:
     planner = ReplayPlanner()
     planner.register_checkpoints(part_ckpt("table_1", "partition_1", {1: (10, 12)}), db_ckpt({1: (None, 20)}))
-    with caplog.at_level(logging.WARNING, logger="catalog.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="iox_spark.catalog.checkpoint"):
         planner.build()
     assert "What happened to these sequence numbers?" in caplog.text
 
@@ -230,7 +230,7 @@ def test_replay_planner_warns_empty_range_out_of_sync(caplog: pytest.LogCaptureF
 def test_replay_planner_warns_minima_out_of_sync(caplog: pytest.LogCaptureFixture) -> None:
     planner = ReplayPlanner()
     planner.register_checkpoints(part_ckpt("table_1", "partition_1", {1: (10, 12)}), db_ckpt({1: (11, 20)}))
-    with caplog.at_level(logging.WARNING, logger="catalog.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="iox_spark.catalog.checkpoint"):
         planner.build()
     assert SEQUENCE_MISSING_WARNING in caplog.text
 

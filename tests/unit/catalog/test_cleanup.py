@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from catalog.cleanup import delete_unreferenced
-from catalog.errors import RevisionConflict
-from catalog.object_store import LocalObjectStore, parquet_key
-from catalog.preserved_catalog import AddParquet, PreservedCatalog, transaction_key
+from iox_spark.catalog.cleanup import delete_unreferenced
+from iox_spark.catalog.errors import RevisionConflict
+from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import AddParquet, PreservedCatalog, transaction_key
 
 DB = "mydb"
 NOW_S = 1_700_000_000.5

@@ -5,7 +5,7 @@ import ast
 
 import pytest
 
-from catalog.crash_points import CrashPoint, DelayPoint, InvalidDelay, UnknownCrashPoint, armed_delays, armed_points
+from iox_spark.catalog.crash_points import CrashPoint, DelayPoint, InvalidDelay, UnknownCrashPoint, armed_delays, armed_points
 from tests.project_code import module_paths
 
 
@@ -59,7 +59,7 @@ def test_a_gated_delay_point_waits_while_its_gate_file_exists(tmp_path, monkeypa
     import threading
     import time
 
-    import catalog.crash_points as cp
+    import iox_spark.catalog.crash_points as cp
 
     gate = tmp_path / "gate"
     gate.write_text("")

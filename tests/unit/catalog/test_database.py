@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from catalog.catalog import (ACCEPTED, FENCED, FROZEN, HELD, NOT_OWNED, RETRYING, Catalog, LostWriteRange,
+from iox_spark.catalog.catalog import (ACCEPTED, FENCED, FROZEN, HELD, NOT_OWNED, RETRYING, Catalog, LostWriteRange,
                              PoisonedMessage, TablePartition)
-from catalog.transactions import TxnLog
+from iox_spark.catalog.transactions import TxnLog
 
 
 def _poisoned(kp: int, offset: int, state: str = HELD, epoch: int = 0) -> PoisonedMessage:
@@ -154,7 +154,7 @@ def test_an_operation_waits_for_the_catalog_lock_another_thread_holds():
 
 
 def test_reads_return_copies_taken_at_one_instant():
-    from catalog.schema import Column
+    from iox_spark.catalog.schema import Column
 
     cat = Catalog()
     db = cat.ensure_database("d", "iox.d", 2)

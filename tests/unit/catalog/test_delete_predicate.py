@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog import delete_predicate as dp
-from catalog.delete_predicate import (
+from iox_spark.catalog import delete_predicate as dp
+from iox_spark.catalog.delete_predicate import (
     InvalidDelete,
     Term,
     from_json,
@@ -31,7 +31,7 @@ from catalog.delete_predicate import (
     to_json,
     validate_against_schema,
 )
-from chunk_store.views import quote
+from iox_spark.chunk_store.views import quote
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.object_store import LocalObjectStore, S3Config, S3ObjectStore
+from iox_spark.catalog.object_store import LocalObjectStore, S3Config, S3ObjectStore
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_failed_fsync_of_the_directory_fails_the_write_one_it_cannot_do_at_all
     """A catalog commit (put_if_absent) whose directory entry cannot be made durable fails with
     NotDurable, the OSError chained; a file system that does not fsync directories at all
     (EINVAL, EBADF) is left as it is."""
-    from catalog.errors import NotDurable
+    from iox_spark.catalog.errors import NotDurable
 
     store = LocalObjectStore(root)
     store.put("db/catalog/x", b"made before")  # the directories exist: only the entry's fsync is left

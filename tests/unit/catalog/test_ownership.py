@@ -11,10 +11,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from catalog.errors import AlreadyExists, CorruptCatalogFile, InvalidAction, PartitionsNotOwned, RevisionConflict
-from catalog.object_store import LocalObjectStore, parquet_key
-from catalog.ownership import ClaimPartitions, PartitionOwner, check_ownership, touched_partitions
-from catalog.preserved_catalog import (
+from iox_spark.catalog.errors import AlreadyExists, CorruptCatalogFile, InvalidAction, PartitionsNotOwned, RevisionConflict
+from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
+from iox_spark.catalog.ownership import ClaimPartitions, PartitionOwner, check_ownership, touched_partitions
+from iox_spark.catalog.preserved_catalog import (
     AddDeletePredicate,
     AddParquet,
     LostWritesEntry,
@@ -29,7 +29,7 @@ from catalog.preserved_catalog import (
     read_state,
     transaction_key,
 )
-from catalog.sharding import partition_for
+from iox_spark.catalog.sharding import partition_for
 
 DB = "pooldb"
 NOW_S = 1_700_000_000.0

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.checkpoint import (
+from iox_spark.catalog.checkpoint import (
     DatabaseCheckpoint,
     OffsetSection,
     PartitionCheckpoint,
@@ -24,7 +24,7 @@ from catalog.checkpoint import (
     UnpersistedOffsets,
     classify_offset,
 )
-from catalog.errors import (
+from iox_spark.catalog.errors import (
     CatalogError,
     EmptyWriteRange,
     FlushHandleReleased,
@@ -35,7 +35,7 @@ from catalog.errors import (
     InvertedTimeRange,
     OffsetNotIncreasing,
 )
-from catalog.persistence_windows import (
+from iox_spark.catalog.persistence_windows import (
     DEFAULT_CLOSED_WINDOW_PERIOD_S,
     OffsetRange,
     PersistenceWindows,

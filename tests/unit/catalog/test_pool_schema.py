@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from catalog.object_store import LocalObjectStore
-from catalog.pool_schema import ColumnReservationUnreadable, column_key, reserve_columns
-from catalog.schema import Column
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.catalog.pool_schema import ColumnReservationUnreadable, column_key, reserve_columns
+from iox_spark.catalog.schema import Column
 
 
 def test_racing_reservations_agree_on_the_first_type(tmp_path):

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from catalog.errors import (
+from iox_spark.catalog.errors import (
     BrokenChain,
     CatalogError,
     CorruptCatalogFile,
@@ -18,8 +18,8 @@ from catalog.errors import (
     RevisionConflict,
     RevisionGap,
 )
-from catalog.object_store import LocalObjectStore, catalog_prefix, data_prefix, parquet_key
-from catalog.preserved_catalog import (
+from iox_spark.catalog.object_store import LocalObjectStore, catalog_prefix, data_prefix, parquet_key
+from iox_spark.catalog.preserved_catalog import (
     BASE_FORMAT_VERSION,
     FORMAT_VERSION,
     READABLE_FORMAT_VERSIONS,
@@ -263,7 +263,7 @@ def test_database_checkpoint_seq_origin_round_trips_and_legacy_json_reads_as_the
     """seq_origin survives JSON, a commit, a reload and a full checkpoint file; a checkpoint
     written without it (every catalog before origins were recorded) reads as None, whose origin
     is the legacy layout's; an origin that is negative, not aligned or too large is refused."""
-    from catalog.seq_layout import SEQ_MAX, SEQ_ROW_BITS, current_seq_origin, legacy_seq_origin
+    from iox_spark.catalog.seq_layout import SEQ_MAX, SEQ_ROW_BITS, current_seq_origin, legacy_seq_origin
 
     origin = legacy_seq_origin(255) + (42 << SEQ_ROW_BITS)
     ck = RecordDatabaseCheckpoint(topic="t", kafka_partitions=2, sequencer_numbers={0: (None, 4)}, epoch=256,
@@ -571,7 +571,7 @@ def test_retention_records_are_version_3_and_survive_a_reload(store) -> None:
     """The retention period and the pruner's watermark are version-3 records: only the files that
     hold them are version 3 (transactions and checkpoints), the state keeps the last period and
     the highest watermark, and a reload (from transactions, then from a checkpoint) gives them back."""
-    from catalog.preserved_catalog import RecordPruned, RecordRetention
+    from iox_spark.catalog.preserved_catalog import RecordPruned, RecordRetention
 
     cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S,
                                              config=PreservedCatalogConfig(transactions_until_checkpoint=4))
@@ -596,7 +596,7 @@ def test_a_version_2_file_holding_a_retention_record_is_corrupt_and_a_version_5_
     """A record needs its version: a file claiming a lower one is corrupt; a version this code does
     not read raises FormatVersionMismatch naming it (a server older than retention refuses version 3
     the same way)."""
-    from catalog.preserved_catalog import RecordRetention
+    from iox_spark.catalog.preserved_catalog import RecordRetention
 
     assert 3 in READABLE_FORMAT_VERSIONS and FORMAT_VERSION == 4 and 5 not in READABLE_FORMAT_VERSIONS
     cat, _ = PreservedCatalog.create_or_load(store, DB, now_s=NOW_S)
@@ -623,7 +623,7 @@ def test_a_run_of_removals_applies_as_one_by_one_would() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from catalog.preserved_catalog import apply_action, apply_actions
+    from iox_spark.catalog.preserved_catalog import apply_action, apply_actions
 
     files = [_add(i) for i in range(8)]
 

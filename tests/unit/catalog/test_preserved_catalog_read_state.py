@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.object_store import LocalObjectStore, catalog_prefix, parquet_key
-from catalog.preserved_catalog import (AddParquet, PreservedCatalog, PreservedCatalogConfig, RemoveParquet,
+from iox_spark.catalog.object_store import LocalObjectStore, catalog_prefix, parquet_key
+from iox_spark.catalog.preserved_catalog import (AddParquet, PreservedCatalog, PreservedCatalogConfig, RemoveParquet,
                                        checkpoint_key, read_state, transaction_key)
 
 DB = "mydb"

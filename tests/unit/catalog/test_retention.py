@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.errors import InvalidDuration
-from catalog.query_pins import QueryPins
-from catalog.retention import format_duration_s, parse_duration_s, reader_lo_ns
+from iox_spark.catalog.errors import InvalidDuration
+from iox_spark.catalog.query_pins import QueryPins
+from iox_spark.catalog.retention import format_duration_s, parse_duration_s, reader_lo_ns
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.schema import Column, ColumnLimitExceeded, ColumnTypeConflict, SchemaRegistry
+from iox_spark.catalog.schema import Column, ColumnLimitExceeded, ColumnTypeConflict, SchemaRegistry
 
 
 def _fields(n: int, prefix: str = "f") -> list[Column]:

@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.errors import CatalogError, SeqOverflow
-from catalog.preserved_catalog import (
+from iox_spark.catalog.errors import CatalogError, SeqOverflow
+from iox_spark.catalog.preserved_catalog import (
     AddDeletePredicate,
     AddParquet,
     CatalogState,
     RecordDatabaseCheckpoint,
     RecordPartitionCheckpoint,
 )
-from catalog.seq_layout import (
+from iox_spark.catalog.seq_layout import (
     LEGACY_MAX_EPOCH,
     SEQ_MAX,
     SEQ_OFFSET_BITS,

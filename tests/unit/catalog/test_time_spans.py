@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog import time_spans as ts
+from iox_spark.catalog import time_spans as ts
 
 
 def test_normalize_sorts_and_joins_overlapping_ranges_but_keeps_adjacent_ones_apart():

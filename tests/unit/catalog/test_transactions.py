@@ -1,5 +1,5 @@
 """TxnLog: a part's fate is the first decision or marker of its transaction after it on its own partition."""
-from catalog.transactions import ABORT, COMMIT, DECISION, MARKER, PART, TxnLog, TxnRecord, TxnRepair
+from iox_spark.catalog.transactions import ABORT, COMMIT, DECISION, MARKER, PART, TxnLog, TxnRecord, TxnRepair
 
 
 def part(kp, off, txn="t1", q=2, ts_ms=0):

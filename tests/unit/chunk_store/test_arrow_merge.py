@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunk_store import arrow_merge
-from chunk_store.arrow_merge import ArrowDelete, apply_deletes, deduplicate, deletes_supported, sort_by_seq
+from iox_spark.chunk_store import arrow_merge
+from iox_spark.chunk_store.arrow_merge import ArrowDelete, apply_deletes, deduplicate, deletes_supported, sort_by_seq
 
 TAGS = ["host", "region"]
 FIELDS = [("f", "float"), ("i", "integer"), ("u", "uinteger"), ("s", "string"), ("b", "boolean")]

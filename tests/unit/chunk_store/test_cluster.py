@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from chunk_store.chunk_data import ARROW_MERGE_MIN_ROWS, arrow_merge_parts
-from chunk_store.cluster import is_local_master, parts_for, slots_per_executor
+from iox_spark.chunk_store.chunk_data import ARROW_MERGE_MIN_ROWS, arrow_merge_parts
+from iox_spark.chunk_store.cluster import is_local_master, parts_for, slots_per_executor
 
 
 @pytest.mark.parametrize("master,local", [("local", True), ("local[*]", True), ("local[2]", True),

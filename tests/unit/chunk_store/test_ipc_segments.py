@@ -5,9 +5,9 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from chunk_store.ipc_segments import LAYOUT_CHUNK, LAYOUT_WIRE, chunk_table, decode_fn, encode_ipc, value_columns_of
-from catalog.seq_layout import seq_base
-from catalog.partition_keys import NS_PER_DAY
+from iox_spark.chunk_store.ipc_segments import LAYOUT_CHUNK, LAYOUT_WIRE, chunk_table, decode_fn, encode_ipc, value_columns_of
+from iox_spark.catalog.seq_layout import seq_base
+from iox_spark.catalog.partition_keys import NS_PER_DAY
 
 COLUMNS = [("host", "string"), ("u", "uinteger"), ("v", "float"), ("extra", "boolean")]
 

@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from chunk_store.ipc_segments import LAYOUT_WIRE, decode_fn, encode_ipc
-from catalog.delete_mailbox import Delete
-from catalog.schema import TableSchema
-from chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
+from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE, decode_fn, encode_ipc
+from iox_spark.catalog.delete_mailbox import Delete
+from iox_spark.catalog.schema import TableSchema
+from iox_spark.chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, conform, decode_local,
                                   joined_local_rows, merged_local_rows, segment_table)
-from server.consume.ingest import local_payloads
-from catalog.seq_layout import seq_base
-from catalog.partition_keys import NS_PER_DAY
+from iox_spark.server.consume.ingest import local_payloads
+from iox_spark.catalog.seq_layout import seq_base
+from iox_spark.catalog.partition_keys import NS_PER_DAY
 
 COLUMNS = [["host", "tag", "string"], ["v", "field", "float"], ["u", "field", "uinteger"], ["time", "time", "integer"]]
 

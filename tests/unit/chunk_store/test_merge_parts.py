@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from chunk_store.chunk_data import merge_segment_rows, time_part_mask
-from chunk_store.ipc_segments import LAYOUT_WIRE
-from catalog.seq_layout import seq_base
+from iox_spark.chunk_store.chunk_data import merge_segment_rows, time_part_mask
+from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE
+from iox_spark.catalog.seq_layout import seq_base
 
 _SEG = pa.schema([("ci", pa.int32()), ("layout", pa.int32()), ("seq_base", pa.int64()), ("day_lo", pa.int32()),
                   ("day_hi", pa.int32()), ("payload", pa.binary())])

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from catalog.object_store import LocalObjectStore
-from catalog.query_pins import QueryPins
-from chunk_store import parquet_cache
-from chunk_store.parquet_cache import CachedCopy, ParquetCache
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.catalog.query_pins import QueryPins
+from iox_spark.chunk_store import parquet_cache
+from iox_spark.chunk_store.parquet_cache import CachedCopy, ParquetCache
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_a_previous_runs_copies_are_counted_and_swept_partial_ones_removed(store
 
 
 def test_a_missing_object_copies_nothing(store, tmp_path):
-    from catalog.errors import ObjectNotFound
+    from iox_spark.catalog.errors import ObjectNotFound
 
     cache = ParquetCache(str(tmp_path / "cache"), 1000, QueryPins())
     with pytest.raises(ObjectNotFound):

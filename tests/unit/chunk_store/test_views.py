@@ -1,8 +1,8 @@
 """Tests of chunk_store/views.py: which chunks a view deduplicates, and the SQL it plans."""
 from __future__ import annotations
 
-from catalog.schema import Column, TableSchema
-from chunk_store.views import ChunkSource, overlap_groups, table_view_sql
+from iox_spark.catalog.schema import Column, TableSchema
+from iox_spark.chunk_store.views import ChunkSource, overlap_groups, table_view_sql
 
 SCHEMA = TableSchema("cpu", [Column("host", "tag", "string"), Column("usage", "field", "float"),
                              Column("time", "time", "integer")])
@@ -34,7 +34,7 @@ def test_a_chunk_that_may_hold_duplicates_is_merged_even_alone():
 
 
 def test_only_overlapping_chunks_are_merged_and_deletes_filter_every_group():
-    from catalog.delete_mailbox import Delete
+    from iox_spark.catalog.delete_mailbox import Delete
 
     d = Delete(table="cpu", start_ns=0, stop_ns_exclusive=100, predicate=(), seq=7, kafka_partition=0)
     sql = table_view_sql(SCHEMA, [src("a", 0, 10), src("b", 5, 20), src("c", 50, 60)], as_chunk=True,
@@ -46,7 +46,7 @@ def test_only_overlapping_chunks_are_merged_and_deletes_filter_every_group():
 
 
 def test_a_table_without_rows_is_an_empty_view_in_the_user_layout():
-    from chunk_store.views import empty_table_view_sql
+    from iox_spark.chunk_store.views import empty_table_view_sql
 
     sql = empty_table_view_sql(SCHEMA)
     assert sql == ("SELECT CAST(NULL AS STRING) AS `host`, CAST(NULL AS DOUBLE) AS `usage`, "

@@ -8,12 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.delete_mailbox import Delete
-from catalog.object_store import LocalObjectStore
-from catalog.schema import TableSchema
-from lifecycle import compact_persisted
-from chunk_store.arrow_merge import as_arrow_delete
-from lifecycle.compact_persisted import arrow_compaction_fn, stored_arrow_plan
+from iox_spark.catalog.delete_mailbox import Delete
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.catalog.schema import TableSchema
+from iox_spark.lifecycle import compact_persisted
+from iox_spark.chunk_store.arrow_merge import as_arrow_delete
+from iox_spark.lifecycle.compact_persisted import arrow_compaction_fn, stored_arrow_plan
 
 _COLUMNS = [("host", "string"), ("v", "float"), ("w", "integer")]
 

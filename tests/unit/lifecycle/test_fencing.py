@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from catalog.catalog import Catalog
-from catalog.errors import RevisionConflict
-from catalog.object_store import LocalObjectStore, parquet_key
-from catalog.preserved_catalog import AddParquet, PreservedCatalog
-from lifecycle.rules import LifecycleRules
-from lifecycle.worker import LifecycleWorker
-from catalog.sharding import topic_for
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.errors import RevisionConflict
+from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import AddParquet, PreservedCatalog
+from iox_spark.lifecycle.rules import LifecycleRules
+from iox_spark.lifecycle.worker import LifecycleWorker
+from iox_spark.catalog.sharding import topic_for
 from tests.waiting import wait_for
 
 DB = "fenced_db"

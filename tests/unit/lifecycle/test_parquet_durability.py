@@ -14,13 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.object_store import LocalObjectStore, parquet_key
-from catalog.preserved_catalog import PreservedCatalog, RemoveParquet, SetTableSchema, transaction_key
-from catalog.schema import TableSchema
-from lifecycle.compact_persisted import arrow_compaction_fn
-from chunk_store.ipc_segments import LAYOUT_WIRE
-from lifecycle.persist import segments_persist_fn, writer_fn, add_parquet_action
-from catalog.seq_layout import seq_base
+from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import PreservedCatalog, RemoveParquet, SetTableSchema, transaction_key
+from iox_spark.catalog.schema import TableSchema
+from iox_spark.lifecycle.compact_persisted import arrow_compaction_fn
+from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE
+from iox_spark.lifecycle.persist import segments_persist_fn, writer_fn, add_parquet_action
+from iox_spark.catalog.seq_layout import seq_base
 
 DB, TABLE, PARTITION = "mydb", "cpu", "2024-01-01"
 NOW_S = 1_700_000_000.0

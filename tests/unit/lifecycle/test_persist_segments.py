@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.object_store import LocalObjectStore
-from chunk_store.ipc_segments import LAYOUT_WIRE
-from lifecycle.persist import segments_persist_fn
-from catalog.seq_layout import seq_base
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE
+from iox_spark.lifecycle.persist import segments_persist_fn
+from iox_spark.catalog.seq_layout import seq_base
 
 _SEG = pa.schema([("ci", pa.int32()), ("layout", pa.int32()), ("seq_base", pa.int64()), ("day_lo", pa.int32()),
                   ("day_hi", pa.int32()), ("payload", pa.binary())])
@@ -88,7 +88,7 @@ def test_a_large_persist_of_one_time_writes_one_file(tmp_path):
 def test_time_pieces_keep_whole_the_batches_within_one_piece_and_cut_the_others():
     """Piece i holds cuts[i-1] < time <= cuts[i], in the table's order; a batch within one piece is
     the same batch (no copy), a batch across cuts is filtered into each piece it meets."""
-    from lifecycle.persist import time_pieces
+    from iox_spark.lifecycle.persist import time_pieces
 
     def batch(times):
         return pa.record_batch({"v": pa.array([float(x) for x in times], pa.float64()),
@@ -115,7 +115,7 @@ def test_time_pieces_keep_whole_the_batches_within_one_piece_and_cut_the_others(
     (3, 4, 10**9, 1),  # an executor with more cores than the slots registered yet
 ])
 def test_a_persist_runs_as_one_task_per_executor_with_enough_rows_for_each(slots, cores, rows, expected):
-    from lifecycle.persist import persist_tasks
+    from iox_spark.lifecycle.persist import persist_tasks
 
     assert persist_tasks(slots, cores, rows, min_rows_per_task=4) == expected
 
@@ -125,7 +125,7 @@ def test_a_persist_runs_as_one_task_per_executor_with_enough_rows_for_each(slots
 def test_persist_time_ranges_cover_every_time_once_in_order(lo, span, tasks, times):
     """Every time (inside the span or not) is in exactly one range; ranges are in time order, at most
     `tasks`, and as many as asked when the span allows the cuts."""
-    from lifecycle.persist import persist_time_ranges
+    from iox_spark.lifecycle.persist import persist_time_ranges
 
     ranges = persist_time_ranges(lo, lo + span, tasks)
     assert 1 <= len(ranges) <= tasks and ranges[0][0] is None and ranges[-1][1] is None
@@ -142,8 +142,8 @@ def test_each_task_of_a_persist_writes_and_keeps_only_its_time_range(tmp_path):
     and writes only its range's rows, deduplicated and with the deletes applied, at its own keys;
     together the tasks write exactly what one task writes, in files whose times never meet, and keep
     exactly the rows after the flush timestamp."""
-    from chunk_store.arrow_merge import ArrowDelete
-    from lifecycle.persist import persist_time_ranges
+    from iox_spark.chunk_store.arrow_merge import ArrowDelete
+    from iox_spark.lifecycle.persist import persist_time_ranges
 
     times = [[30, 10, 20, 40, 50, 60], [15, 35, 55, 5, 25, 45], [30, 10, 20, 40]]  # the third rewrites four
     # written before the third segment: takes 25, 35 and the first 30 (its rewrite stays)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from catalog.checkpoint import DatabaseCheckpoint, ReplayPlan
-from catalog.persistence_windows import PersistenceWindows
-from lifecycle.errors import InvalidLifecycleRule, InvalidLifecycleState, LifecycleError
-from lifecycle.policy import (
+from iox_spark.catalog.checkpoint import DatabaseCheckpoint, ReplayPlan
+from iox_spark.catalog.persistence_windows import PersistenceWindows
+from iox_spark.lifecycle.errors import InvalidLifecycleRule, InvalidLifecycleState, LifecycleError
+from iox_spark.lifecycle.policy import (
     CHUNK_STATES,
     FREE_JOIN_MAX_ROWS,
     Action,
@@ -34,7 +34,7 @@ from lifecycle.policy import (
     select_persistable_chunks,
     select_read_buffer_run,
 )
-from lifecycle.rules import (
+from iox_spark.lifecycle.rules import (
     DEFAULT_DRIVER_MEMORY_BYTES,
     LifecycleRules,
     default_buffer_sizes,
@@ -122,7 +122,7 @@ def test_soft_limit_must_not_exceed_hard_limit() -> None:
 
 
 def test_chunk_states_match_the_catalog() -> None:
-    from catalog import chunk as catalog_chunk
+    from iox_spark.catalog import chunk as catalog_chunk
 
     assert CHUNK_STATES == tuple(catalog_chunk.CHUNK_STATES)
     with pytest.raises(InvalidLifecycleState):
@@ -649,7 +649,7 @@ def test_sim_two_partitions_compaction_slots() -> None:
 
 
 def test_persisted_compaction_waits_for_the_file_threshold_while_the_partition_is_written():
-    from lifecycle.policy import CompactPersistedChunks, select_persisted_compaction
+    from iox_spark.lifecycle.policy import CompactPersistedChunks, select_persisted_compaction
 
     r = rules(persisted_compaction_file_threshold=3, late_arrive_window_s=60.0)
     two = part([chunk(1, 100.0, "persisted"), chunk(2, 100.0, "unloaded"), chunk(3, 100.0, "open")])
@@ -662,7 +662,7 @@ def test_persisted_compaction_waits_for_the_file_threshold_while_the_partition_i
 
 
 def test_a_cold_partition_gets_its_files_compacted_from_two_on():
-    from lifecycle.policy import CompactPersistedChunks
+    from iox_spark.lifecycle.policy import CompactPersistedChunks
 
     r = rules(persisted_compaction_file_threshold=10, persisted_compaction_cold_s=60.0)
     p = part([chunk(1, 100.0, "persisted"), chunk(2, 130.0, "unloaded")])
@@ -676,7 +676,7 @@ def test_a_short_late_arrive_window_does_not_make_a_partition_under_load_cold():
     """Under load a partition is written once per micro-batch, seconds apart. With a 2 s
     late-arrive window (rows persistable sooner) it must not count as cold between two of them:
     the compaction would rewrite all its persisted rows while it is still written."""
-    from lifecycle.policy import CompactPersistedChunks, select_persisted_compaction
+    from iox_spark.lifecycle.policy import CompactPersistedChunks, select_persisted_compaction
 
     r = rules(persisted_compaction_file_threshold=10, late_arrive_window_s=2.0, persisted_compaction_cold_s=30.0,
               read_buffer_delay_s=1000.0, queried_read_buffer_delay_s=1000.0)
@@ -691,7 +691,7 @@ def test_a_short_late_arrive_window_does_not_make_a_partition_under_load_cold():
 
 
 def test_persisted_compaction_yields_to_persist_memory_compaction_busy_partitions_and_replay():
-    from lifecycle.policy import CompactPersistedChunks
+    from iox_spark.lifecycle.policy import CompactPersistedChunks
 
     r = rules(persisted_compaction_file_threshold=2, late_arrive_window_s=60.0, mub_row_threshold=5)
     files = [chunk(1, 0.0, "persisted"), chunk(2, 0.0, "persisted")]
@@ -832,7 +832,7 @@ def test_a_due_read_buffer_run_waits_for_the_next_write_buffer_chunk_at_most_its
 def test_a_chunk_whose_rows_were_all_deleted_is_persisted_with_its_neighbours() -> None:
     """A compaction whose every row a delete removed leaves an empty chunk; persist takes it along
     (its rows' windows must be flushed), whatever its time bounds say."""
-    from lifecycle.policy import ChunkState, select_persistable_chunks
+    from iox_spark.lifecycle.policy import ChunkState, select_persistable_chunks
 
     def c(i, rows, lo, hi):
         return ChunkState(chunk_id=i, order=i, state="closed", row_count=rows, size_bytes=0, min_time_ns=lo,

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from catalog.catalog import Catalog
-from catalog.errors import PartitionsNotOwned
-from catalog.object_store import LocalObjectStore, parquet_key
-from catalog.preserved_catalog import AddParquet, PreservedCatalog, RemoveParquet
-from catalog.sharding import partition_for, topic_for
-from lifecycle.rules import LifecycleRules
-from lifecycle.worker import LifecycleWorker
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.errors import PartitionsNotOwned
+from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import AddParquet, PreservedCatalog, RemoveParquet
+from iox_spark.catalog.sharding import partition_for, topic_for
+from iox_spark.lifecycle.rules import LifecycleRules
+from iox_spark.lifecycle.worker import LifecycleWorker
 
 DB = "pooled_db"
 NOW_S = 1_700_000_000.0
@@ -100,7 +100,7 @@ def test_the_owner_deletes_its_unreferenced_files_after_the_minimum_age_and_noth
 def _writers(store) -> list[dict]:
     import json
 
-    from catalog.preserved_catalog import transaction_key
+    from iox_spark.catalog.preserved_catalog import transaction_key
 
     out, revision = [], 1
     while store.exists(transaction_key(DB, revision)):

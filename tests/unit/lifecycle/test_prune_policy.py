@@ -1,8 +1,8 @@
 """The prune policy (pure): reader_lo, which day partitions go, and pruner_hi."""
 from __future__ import annotations
 
-from catalog.partition_keys import NS_PER_DAY, partition_key_of_day
-from lifecycle.prune_policy import (AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
+from iox_spark.catalog.partition_keys import NS_PER_DAY, partition_key_of_day
+from iox_spark.lifecycle.prune_policy import (AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
                                     decide_prune)
 
 DAY_S = 86_400

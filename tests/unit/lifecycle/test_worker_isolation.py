@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-import lifecycle.worker as worker_mod
-from catalog.catalog import Catalog
-from catalog.object_store import LocalObjectStore
-from catalog.preserved_catalog import PreservedCatalog
-from catalog.sharding import topic_for
-from lifecycle.rules import LifecycleRules
-from lifecycle.worker import LifecycleWorker
+import iox_spark.lifecycle.worker as worker_mod
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.catalog.preserved_catalog import PreservedCatalog
+from iox_spark.catalog.sharding import topic_for
+from iox_spark.lifecycle.rules import LifecycleRules
+from iox_spark.lifecycle.worker import LifecycleWorker
 
 NOW_S = 1_700_000_000.0
 DBS = ("db_a", "db_b")
@@ -70,7 +70,7 @@ def test_a_prune_commits_outside_the_catalog_lock(worker, monkeypatch):
     db = worker.catalog.database("db_a")
     worker.catalog.partition(db, "cpu", "2020-01-01")
     worker.refresh_view = lambda db, table: None
-    from catalog.preserved_catalog import AddParquet
+    from iox_spark.catalog.preserved_catalog import AddParquet
 
     key = "db_a/data/cpu/2020-01-01/f.parquet"  # a file of the partition: the prune removes it
     worker.preserved["db_a"].commit([AddParquet(key=key, table="cpu", partition_key="2020-01-01", row_count=1,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.object_store import LocalObjectStore
-from server.assigner import Assigner
-from server.assigner_lease import LEASE_PREFIX, RENEW_MARGIN_S, TAKEOVER_GRACE_S, AssignerLease
-from server.assigner_policy import IngesterView
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.server.assigner import Assigner
+from iox_spark.server.assigner_lease import LEASE_PREFIX, RENEW_MARGIN_S, TAKEOVER_GRACE_S, AssignerLease
+from iox_spark.server.assigner_policy import IngesterView
 
 T = 1_700_000_000.0
 L = 10.0

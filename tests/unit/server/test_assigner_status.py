@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from server.assigner import Assigner
-from server.assigner_status import AssignerStatusServer
-from server.runtime.broker import free_port
+from iox_spark.server.assigner import Assigner
+from iox_spark.server.assigner_status import AssignerStatusServer
+from iox_spark.server.runtime.broker import free_port
 
 
 def _get(port: int, path: str, token: str | None = None) -> tuple[int, str]:
@@ -74,7 +74,7 @@ def test_a_taken_status_port_is_one_line_naming_the_option(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "server.cli.main", "assigner", "--ingesters", "127.0.0.1:1",
+        out = subprocess.run([sys.executable, "-m", "iox_spark.server.cli.main", "assigner", "--ingesters", "127.0.0.1:1",
                               "--state-file", str(tmp_path / "s.json"), "--status-addr", f"127.0.0.1:{port}"],
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr

@@ -1,8 +1,8 @@
 """ServerConfig validation and how `iox serve` reports a bad value."""
 import pytest
 
-from server.cli.main import main
-from server.config import InvalidConfig, ServerConfig
+from iox_spark.server.cli.main import main
+from iox_spark.server.config import InvalidConfig, ServerConfig
 
 
 def test_txn_timeout_must_leave_room_for_the_router_to_give_up_first():
@@ -46,7 +46,7 @@ def test_lower_spark_priority_sets_every_thread_of_the_jvm_process():
     import sys
     import types
 
-    from server.runtime.spark import lower_spark_priority
+    from iox_spark.server.runtime.spark import lower_spark_priority
 
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
                               "for _ in range(3): threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
@@ -68,7 +68,7 @@ def test_lower_spark_priority_sets_every_thread_of_the_jvm_process():
 
 
 def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usage_error(capsys, monkeypatch):
-    from server.cli.main import config_from_args, build_parser
+    from iox_spark.server.cli.main import config_from_args, build_parser
 
     monkeypatch.setenv("IOX_SPARK_CONF", "spark.a=1;spark.b=x=y")
     a = build_parser().parse_args(["serve", "--spark-conf", "spark.c= 2", "--read-buffer-delay-s", "5",
@@ -85,7 +85,7 @@ def test_spark_conf_options_reach_the_config_and_a_pair_without_equals_is_a_usag
 
 
 def test_the_query_engine_notes_every_table_a_query_names():
-    from server.query.engine import tables_named
+    from iox_spark.server.query.engine import tables_named
 
     tables = ["cpu", "cpu_total", "My-Table", "mem"]
     assert tables_named("SELECT * FROM cpu JOIN `my-table` USING (host)", tables) == ["cpu", "My-Table"]
@@ -94,24 +94,24 @@ def test_the_query_engine_notes_every_table_a_query_names():
 
 
 def test_log_levels_root_then_loggers():
-    from server.cli.main import parse_log_levels
+    from iox_spark.server.cli.main import parse_log_levels
 
-    assert parse_log_levels("WARNING,server.consume.ingest=debug, lifecycle = INFO") == (
-        "WARNING", {"server.consume.ingest": "DEBUG", "lifecycle": "INFO"})
+    assert parse_log_levels("WARNING,iox_spark.server.consume.ingest=debug, iox_spark.lifecycle = INFO") == (
+        "WARNING", {"iox_spark.server.consume.ingest": "DEBUG", "iox_spark.lifecycle": "INFO"})
     assert parse_log_levels("info") == ("INFO", {})
-    assert parse_log_levels("server.consume.ingest=DEBUG") == ("INFO", {"server.consume.ingest": "DEBUG"})
+    assert parse_log_levels("iox_spark.server.consume.ingest=DEBUG") == ("INFO", {"iox_spark.server.consume.ingest": "DEBUG"})
 
 
 @pytest.mark.parametrize("bad", ["LOUD", "INFO,DEBUG", "=DEBUG", "INFO,x=LOUD"])
 def test_log_levels_reject_bad_parts(bad):
-    from server.cli.main import parse_log_levels
+    from iox_spark.server.cli.main import parse_log_levels
 
     with pytest.raises(ValueError):
         parse_log_levels(bad)
 
 
 def test_tail_max_bytes_takes_sizes_and_zero_disables_it():
-    from server.cli.main import config_from_args, build_parser
+    from iox_spark.server.cli.main import config_from_args, build_parser
 
     assert config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "64m"])).tail_max_bytes == 64 << 20
     assert config_from_args(build_parser().parse_args(["serve", "--tail-max-bytes", "0"])).tail_max_bytes == 0
@@ -130,7 +130,7 @@ def test_spark_threads_are_lowered_but_the_jvms_session_keeps_its_weight():
     import sys
     from types import SimpleNamespace
 
-    from server.runtime.spark import lower_spark_priority
+    from iox_spark.server.runtime.spark import lower_spark_priority
 
     if not os.path.exists("/proc/self/autogroup"):
         pytest.fail("this test needs Linux autogroup scheduling (/proc/<pid>/autogroup)")
@@ -157,7 +157,7 @@ def test_write_path_rt_priority_must_be_0_to_99(prio):
 
 
 def test_write_path_rt_priority_is_off_by_default_and_an_opt_in():
-    from server.cli.main import config_from_args, build_parser
+    from iox_spark.server.cli.main import config_from_args, build_parser
 
     assert ServerConfig().write_path_rt_priority == 0
     assert config_from_args(build_parser().parse_args(["serve"])).write_path_rt_priority == 0
@@ -166,8 +166,8 @@ def test_write_path_rt_priority_is_off_by_default_and_an_opt_in():
 
 
 def test_request_bounds_options():
-    from server.cli.main import config_from_args, build_parser
-    from server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
+    from iox_spark.server.cli.main import config_from_args, build_parser
+    from iox_spark.server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
                                DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS)
 
     c = config_from_args(build_parser().parse_args(["serve"]))
@@ -217,7 +217,7 @@ def test_memory_and_retention_options_are_checked(field, value):
 
 
 def test_memory_and_retention_options_reach_the_config():
-    from server.cli.main import config_from_args, build_parser
+    from iox_spark.server.cli.main import config_from_args, build_parser
 
     a = build_parser().parse_args(["serve", "--memory-limit-bytes", "6g", "--memory-soft-fraction", "0.7",
                                    "--prune-delay-s", "60"])
@@ -227,7 +227,7 @@ def test_memory_and_retention_options_reach_the_config():
 
 
 def test_a_role_other_than_all_needs_a_pool_member():
-    from server.config import InvalidConfig, ServerConfig
+    from iox_spark.server.config import InvalidConfig, ServerConfig
 
     assert ServerConfig().role == "all"
     assert ServerConfig(pool_member="m", role="querier").role == "querier"

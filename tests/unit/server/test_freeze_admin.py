@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from server.freeze_admin import FreezeControl
+from iox_spark.server.freeze_admin import FreezeControl
 
 _Disk = namedtuple("_Disk", "total used free")
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from catalog.catalog import FROZEN, Catalog
-from server.deadlines import ANSWER_MARGIN_S, wait_budget_s
-from server.errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
-from server.manual_actions import CATCH_UP_TIMEOUT_S, ManualActions
+from iox_spark.catalog.catalog import FROZEN, Catalog
+from iox_spark.server.deadlines import ANSWER_MARGIN_S, wait_budget_s
+from iox_spark.server.errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
+from iox_spark.server.manual_actions import CATCH_UP_TIMEOUT_S, ManualActions
 
 
 def _actions(bounds, applied_after):

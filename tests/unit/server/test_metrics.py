@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.metrics import WRITE_STAGE_BUCKETS_S, WRITE_STAGES, ServerMetrics
+from iox_spark.server.metrics import WRITE_STAGE_BUCKETS_S, WRITE_STAGES, ServerMetrics
 
 
 def _samples(m: ServerMetrics) -> dict:
@@ -68,7 +68,7 @@ def test_poisoned_messages_are_counted_and_the_held_ones_gauged_per_database():
 
 
 def test_watermarks_are_read_at_each_scrape_per_database_and_partition():
-    from server.consume.watermarks import PartitionWatermarks
+    from iox_spark.server.consume.watermarks import PartitionWatermarks
 
     m = ServerMetrics()
     marks = [("d", PartitionWatermarks(0, 9, 11, 4, 12, 2, 300))]

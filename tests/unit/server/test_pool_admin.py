@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from catalog.catalog import FROZEN, NOT_OWNED, Catalog
-from catalog.ownership import PartitionOwner
-from catalog.sharding import partition_for
-from server.errors import NotPartitionOwner, OwnerNotCaughtUp, OwnershipMoving, WriteTokenNotVisible
-from server.pool_admin import PoolControl
-from server.replay_watch import ReplayWatch
+from iox_spark.catalog.catalog import FROZEN, NOT_OWNED, Catalog
+from iox_spark.catalog.ownership import PartitionOwner
+from iox_spark.catalog.sharding import partition_for
+from iox_spark.server.errors import NotPartitionOwner, OwnerNotCaughtUp, OwnershipMoving, WriteTokenNotVisible
+from iox_spark.server.pool_admin import PoolControl
+from iox_spark.server.replay_watch import ReplayWatch
 
 #: a table on Kafka partition 0 and one on 1 of a topic with 2 partitions
 T0 = next(f"t{i}" for i in range(100) if partition_for(f"t{i}", 2) == 0)
@@ -89,7 +89,7 @@ def _asker(owned, applied, ends, acked=None):
 
 
 def test_a_query_asks_again_after_not_the_owner_and_is_unavailable_past_its_deadline(monkeypatch):
-    from server.query.pool_rows import OwnerMoved
+    from iox_spark.server.query.pool_rows import OwnerMoved
 
     pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9}, acked={1: 10})
     rounds = []
@@ -143,8 +143,8 @@ def test_a_kafka_that_cannot_be_asked_leaves_this_members_acks_and_is_not_asked_
 # -- a member's published address reaches the others --------------------------------------------
 
 def test_a_loopback_address_is_refused_while_a_member_runs_on_another_host():
-    from server.errors import PoolAddressUnreachable
-    from server.pool_admin import check_reachable
+    from iox_spark.server.errors import PoolAddressUnreachable
+    from iox_spark.server.pool_admin import check_reachable
 
     others = [{"member": "b", "address": "10.0.0.2:50051", "host": "node-b"}]
     with pytest.raises(PoolAddressUnreachable) as e:
@@ -161,8 +161,8 @@ def test_a_loopback_address_is_refused_while_a_member_runs_on_another_host():
 
 
 def test_published_records_carry_the_host_and_are_listed(tmp_path):
-    from catalog.object_store import LocalObjectStore
-    from catalog.ownership import member_address_key, member_address_record, read_member_address, read_member_records
+    from iox_spark.catalog.object_store import LocalObjectStore
+    from iox_spark.catalog.ownership import member_address_key, member_address_record, read_member_address, read_member_records
 
     store = LocalObjectStore(str(tmp_path))
     store.put(member_address_key("a"), member_address_record("a", "10.0.0.1:1", 1.0, "node-a"))
@@ -215,10 +215,10 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
     from hypothesis import example, given, settings
     from hypothesis import strategies as st
 
-    from catalog.chunk import Chunk
-    from catalog.object_store import parquet_key
-    from catalog.preserved_catalog import AddParquet
-    from server import pool_admin
+    from iox_spark.catalog.chunk import Chunk
+    from iox_spark.catalog.object_store import parquet_key
+    from iox_spark.catalog.preserved_catalog import AddParquet
+    from iox_spark.server import pool_admin
 
     tables = [T0, T1]  # Kafka partitions 0 and 1
     keys = ["2024-01-01", "2024-01-02"]

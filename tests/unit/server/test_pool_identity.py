@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from catalog.errors import ObjectNotFound
-from catalog.object_store import LocalObjectStore
-from server.pool_identity import (IDENTITY_KEY, PoolIdentityMismatch, PoolIdentityUnavailable,
+from iox_spark.catalog.errors import ObjectNotFound
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.server.pool_identity import (IDENTITY_KEY, PoolIdentityMismatch, PoolIdentityUnavailable,
                                   establish_pool_identity, judge)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from catalog.catalog import Catalog
-from server.replay_watch import ReplayWatch
-from server.write_buffer.poison import set_aside
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.server.replay_watch import ReplayWatch
+from iox_spark.server.write_buffer.poison import set_aside
 
 
 def _watch(until, replay_from=None):
@@ -59,7 +59,7 @@ def test_progress_is_logged_until_done(caplog):
     import logging
 
     w, cat, a, _b, _ = _watch({"iox.a": {0: 1}}, {"iox.a": {0: 0}})
-    caplog.set_level(logging.INFO, logger="server.replay_watch")
+    caplog.set_level(logging.INFO, logger="iox_spark.server.replay_watch")
     stopped = threading.Event()
     t = threading.Thread(target=w.log_progress, args=(stopped, 0.01))
     t.start()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from server.config import ServerConfig
-from server.errors import RoleRefuses
+from iox_spark.server.config import ServerConfig
+from iox_spark.server.errors import RoleRefuses
 
 
 def _server(role: str):
-    from server.app import IoxServer
+    from iox_spark.server.app import IoxServer
 
     return IoxServer(ServerConfig(pool_member="m", role=role))
 
@@ -21,7 +21,7 @@ def test_a_querier_claims_no_partition():
 
 
 def test_an_ingester_answers_no_user_query():
-    from server.query_service import QueryService
+    from iox_spark.server.query_service import QueryService
 
     # before the read barrier, the pool or the engine is asked anything (none is given)
     with pytest.raises(RoleRefuses, match="role is ingester: it does not answer queries"):

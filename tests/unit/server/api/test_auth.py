@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from iox import delete_pb2, flight_pb2, management_pb2, query_pb2, write_pb2
-from server.api.auth import (ADMIN, ALL_DATABASES, PERMISSIONS, RPC_PERMISSIONS, Authenticator, InvalidTokensFile,
+from iox_spark.iox import delete_pb2, flight_pb2, management_pb2, query_pb2, write_pb2
+from iox_spark.server.api.auth import (ADMIN, ALL_DATABASES, PERMISSIONS, RPC_PERMISSIONS, Authenticator, InvalidTokensFile,
                              PermissionDenied, TokenScope, TokenTable, Unauthenticated, load_tokens_file,
                              parse_tokens, required_permission, token_from_authorization)
-from server.config import InvalidConfig, ServerConfig, is_loopback
-from catalog.catalog import Catalog
+from iox_spark.server.config import InvalidConfig, ServerConfig, is_loopback
+from iox_spark.catalog.catalog import Catalog
 
 TOML = """
 [[tokens]]
@@ -147,7 +147,7 @@ def test_authenticator_main_token_and_reload_keeps_old_set_on_error(tmp_path, ca
         a.authorize("tok-read", ADMIN, None)
     # an invalid file: logged, the tokens in use stay
     _write(tmp_path, "t.toml", "[[tokens]]\ntoken = 1\n")
-    with caplog.at_level(logging.ERROR, logger="server.api.auth"):
+    with caplog.at_level(logging.ERROR, logger="iox_spark.server.api.auth"):
         assert a.reload() is False
     assert "keeping the 4 token(s)" in caplog.text
     assert a.authorize("tok-write", "write", "metrics")
@@ -190,7 +190,7 @@ def test_spark_connect_always_gets_a_token_kept_by_its_owner_only(tmp_path):
     import os
     import stat
 
-    from server.runtime import spark_connect
+    from iox_spark.server.runtime import spark_connect
 
     ServerConfig(auth_tokens_file="f.toml", spark_connect_port=15002)  # no longer refused
     t1 = spark_connect.token_for(str(tmp_path), 15002, None)
@@ -205,7 +205,7 @@ def test_spark_connect_always_gets_a_token_kept_by_its_owner_only(tmp_path):
 
 
 def test_cli_serve_refuses_wide_bind_without_token(capsys, monkeypatch):
-    from server.cli.main import main
+    from iox_spark.server.cli.main import main
 
     for var in ("IOX_AUTH_TOKEN", "IOX_AUTH_TOKENS_FILE", "IOX_INSECURE"):
         monkeypatch.delenv(var, raising=False)
@@ -216,7 +216,7 @@ def test_cli_serve_refuses_wide_bind_without_token(capsys, monkeypatch):
 
 
 def test_cli_serve_refuses_invalid_tokens_file(capsys, tmp_path, monkeypatch):
-    from server.cli.main import main
+    from iox_spark.server.cli.main import main
 
     monkeypatch.delenv("IOX_INSECURE", raising=False)
     with pytest.raises(SystemExit):
@@ -225,7 +225,7 @@ def test_cli_serve_refuses_invalid_tokens_file(capsys, tmp_path, monkeypatch):
 
 
 def test_cli_token_option_and_env(monkeypatch):
-    from server.cli.main import build_parser
+    from iox_spark.server.cli.main import build_parser
 
     assert build_parser().parse_args(["status", "--token", "abc"]).token == "abc"
     monkeypatch.setenv("IOX_TOKEN", "fromenv")
@@ -251,7 +251,7 @@ class _FakeRouter:
         self.calls = []
 
     def write_line_protocol(self, database, body, precision="ns", **_):
-        from server.write.router import WriteResult
+        from iox_spark.server.write.router import WriteResult
 
         self.calls.append(database)
         return WriteResult({0: len(self.calls)}, 1, f"iox_{database}")
@@ -261,8 +261,8 @@ class _FakeRouter:
 def http_auth(tmp_path):
     import http.client
 
-    from server.api.http_api import HttpWriteServer
-    from server.runtime.broker import free_port
+    from iox_spark.server.api.http_api import HttpWriteServer
+    from iox_spark.server.runtime.broker import free_port
 
     auth = Authenticator("main", _write(tmp_path, "t.toml", TOML))
     router = _FakeRouter()
@@ -314,14 +314,14 @@ def test_http_tokens(http_auth):
 def test_grpc_interceptor(tmp_path):
     import grpc
 
-    from server.api.auth import AuthInterceptor
-    from server.api.client import IoxClient
+    from iox_spark.server.api.auth import AuthInterceptor
+    from iox_spark.server.api.client import IoxClient
 
     auth = Authenticator("main", _write(tmp_path, "t.toml", TOML))
     from concurrent import futures
 
     from grpc_health.v1 import health, health_pb2_grpc
-    from iox import management_pb2_grpc
+    from iox_spark.iox import management_pb2_grpc
 
     class Mgmt(management_pb2_grpc.ManagementServiceServicer):
         def GetStatus(self, request, context):
@@ -375,8 +375,8 @@ def _flight_request(method: str, database: str, handle_database: str | None = No
     """(request, metadata) of a Flight method naming `database` as its clients do: DoGet in
     InfluxDB 3's ticket, Flight SQL in the `database` header, or in a statement handle naming
     `handle_database` (then the header names `database`)."""
-    from iox import flight_sql_pb2
-    from server.api.flight_sql import pack
+    from iox_spark.iox import flight_sql_pb2
+    from iox_spark.server.api.flight_sql import pack
 
     md = [("database", database)] if database else []
     name = method.rsplit("/", 1)[1]
@@ -415,7 +415,7 @@ def test_every_rpc_keeps_a_database_scoped_token_in_its_databases(tmp_path):
 
     import grpc
 
-    from server.api.auth import LISTINGS, SERVER_WIDE, AuthInterceptor
+    from iox_spark.server.api.auth import LISTINGS, SERVER_WIDE, AuthInterceptor
 
     auth = Authenticator("main", _write(tmp_path, "t.json", json.dumps(
         {"tokens": [{"name": "a-all", "token": "tok-a", "databases": ["a"], "permissions": list(PERMISSIONS)}]})))

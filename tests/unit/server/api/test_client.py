@@ -1,9 +1,9 @@
 """server/api/client.py: responses as dicts with 64-bit integers as ints (no server here)."""
 from __future__ import annotations
 
-from iox import management_pb2, query_pb2
+from iox_spark.iox import management_pb2, query_pb2
 
-from server.api.client import as_dict
+from iox_spark.server.api.client import as_dict
 
 
 def test_int64_fields_are_ints_at_every_depth():

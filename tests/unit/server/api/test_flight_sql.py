@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 from google.protobuf import any_pb2
 
-from iox import flight_pb2, flight_sql_pb2
-from server.api.flight_sql import (SQL_INFO_SCHEMA, header_database, pack, request_database, sql_info_table,
+from iox_spark.iox import flight_pb2, flight_sql_pb2
+from iox_spark.server.api.flight_sql import (SQL_INFO_SCHEMA, header_database, pack, request_database, sql_info_table,
                                    unpack)
-from server.errors import NotServed
+from iox_spark.server.errors import NotServed
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 

@@ -13,16 +13,16 @@ import zlib
 
 import pytest
 
-from server.runtime.broker import free_port
-from server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
+from iox_spark.server.runtime.broker import free_port
+from iox_spark.server.errors import (BadLines, DatabaseFenced, DatabaseNotFound, DecompressedRequestTooLarge, InvalidArgument,
                            InvalidDatabaseName, RequestTooLarge, SchemaConflict, WriteBufferUnavailable)
-from server.api.http_api import (HttpWriteServer, compressed_cap, database_for, database_for_v1, error_response,
+from iox_spark.server.api.http_api import (HttpWriteServer, compressed_cap, database_for, database_for_v1, error_response,
                              error_response_v1, gunzip_limited, precision_for_v1)
-from server.write.line_protocol import ALL_PRECISIONS, PRECISIONS
-from server.write.router import WriteResult
-from server.write_buffer.write_token import WriteToken, parse_token
-from catalog.catalog import Catalog
-from catalog.sharding import topic_for
+from iox_spark.server.write.line_protocol import ALL_PRECISIONS, PRECISIONS
+from iox_spark.server.write.router import WriteResult
+from iox_spark.server.write_buffer.write_token import WriteToken, parse_token
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.sharding import topic_for
 
 
 # -- gunzip_limited --------------------------------------------------------------------
@@ -105,7 +105,7 @@ def test_error_response_mapping():
     st, headers, body = error_response(WriteBufferUnavailable("down", retry_after_s=2.5))
     assert st == 503 and ("Retry-After", "3") in headers and body["code"] == "unavailable"
     assert ("Retry-After", "1") in error_response(WriteBufferUnavailable("down", retry_after_s=0.1))[1]
-    from server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, OwnershipMoving
+    from iox_spark.server.errors import ColumnAgreementUnavailable, OwnerNotCaughtUp, OwnershipMoving
 
     for err in (OwnerNotCaughtUp("d", "a", {1: (3, 5)}, 2.0), OwnershipMoving("d", "b: not the owner"),
                 ColumnAgreementUnavailable("d", "timeout")):  # an ingester pool's: retry
@@ -401,7 +401,7 @@ class _Result:
 
 
 def test_a_query_answers_json_rows_and_says_what_it_reflects_in_headers():
-    from server.errors import ReplayNotCaughtUp, WriteTokenNotVisible
+    from iox_spark.server.errors import ReplayNotCaughtUp, WriteTokenNotVisible
 
     calls = []
 
@@ -477,7 +477,7 @@ def test_query_sql_binds_params_by_get_and_by_a_json_post_as_influxdb3_takes_the
 
 
 def test_a_query_streams_json_jsonl_csv_or_parquet_batch_by_batch_and_an_error_after_the_first_rows_cuts_it_off():
-    from server.errors import InvalidArgument, QueryResultTooLarge
+    from iox_spark.server.errors import InvalidArgument, QueryResultTooLarge
 
     rows = [{"host": f"h{i}", "v": i / 2, "ok": i % 2 == 0, "n": None if i % 3 == 0 else i, "tags": {"i": i, "s": "x"}}
             for i in range(2500)]

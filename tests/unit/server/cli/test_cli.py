@@ -14,11 +14,11 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from server.cli import main as cli
-from server.cli.main import write_input
-from server.cli.output import json_value, print_table
-from server.consume.recovery import replay_progress
-from server.write_buffer.write_token import WriteToken, parse_token
+from iox_spark.server.cli import main as cli
+from iox_spark.server.cli.main import write_input
+from iox_spark.server.cli.output import json_value, print_table
+from iox_spark.server.consume.recovery import replay_progress
+from iox_spark.server.write_buffer.write_token import WriteToken, parse_token
 
 U64_MAX = (1 << 64) - 1
 
@@ -151,7 +151,7 @@ def test_write_reads_a_file_through_a_map(tmp_path, monkeypatch, capsys):
     f = tmp_path / "in.lp"
     f.write_bytes(BODY)
     c = FakeClient()
-    monkeypatch.setattr("server.api.client.IoxClient", lambda addr, token=None: c)
+    monkeypatch.setattr("iox_spark.server.api.client.IoxClient", lambda addr, token=None: c)
     assert cli.main(["write", "--db", "db", "--batch-bytes", "1k", str(f)]) == 0
     assert b"".join(b for _, b, _ in c.requests) == BODY and len(c.requests) == 3
     out = json.loads(capsys.readouterr().out)

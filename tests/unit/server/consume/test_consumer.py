@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from catalog.catalog import Catalog
-from server.consume import consumer as consumer_mod
-from server.consume.consumer import WriteBufferConsumer
-from server.consume.ingest import Ingestor
-from server.errors import StreamRestartTimedOut
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.server.consume import consumer as consumer_mod
+from iox_spark.server.consume.consumer import WriteBufferConsumer
+from iox_spark.server.consume.ingest import Ingestor
+from iox_spark.server.errors import StreamRestartTimedOut
 from tests.waiting import wait_for
 
 
@@ -70,7 +70,7 @@ def parts(monkeypatch, tmp_path):
     """(consumer, ingestor, started queries, applied batch generations)"""
     started, applied = [], []
     ingestor = Ingestor(spark=None, catalog=Catalog(), kafka_partitions=1)
-    monkeypatch.setattr("server.consume.ingest.release_df", lambda df: None)
+    monkeypatch.setattr("iox_spark.server.consume.ingest.release_df", lambda df: None)
 
     # past the generation checks, the batch's read and apply (Spark's) record the generation applying
     monkeypatch.setattr(Ingestor, "_apply_read", lambda self, raw, batch_id, t0: applied.append(self.stream_generation))

@@ -2,7 +2,7 @@
 poisoned message (server/consume/ingest.py `executor_lost`)."""
 from __future__ import annotations
 
-from server.consume.ingest import executor_lost
+from iox_spark.server.consume.ingest import executor_lost
 
 
 def test_lost_checkpoint_blocks_and_lost_executors_are_recognised_also_when_chained():
@@ -26,7 +26,7 @@ def test_other_failures_are_not():
 
 
 def test_infrastructure_failures_are_retried_after_a_doubling_wait():
-    from server.consume.ingest import infrastructure_backoff_s
+    from iox_spark.server.consume.ingest import infrastructure_backoff_s
 
     assert [infrastructure_backoff_s(n) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
 
@@ -37,8 +37,8 @@ def test_an_executor_lost_while_looking_for_a_poisoned_message_blames_none(monke
     no message is set aside."""
     import pytest
 
-    import server.consume.ingest as ingest
-    from catalog.catalog import Catalog
+    import iox_spark.server.consume.ingest as ingest
+    from iox_spark.catalog.catalog import Catalog
 
     catalog = Catalog()
     db = catalog.ensure_database("d", "iox.d", 2)

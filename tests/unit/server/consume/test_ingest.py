@@ -9,15 +9,15 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from catalog.errors import SeqOverflow
-from catalog.preserved_catalog import CatalogState, RecordDatabaseCheckpoint
-from catalog.schema import Column
-from catalog.seq_layout import (SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset, next_seq_origin,
+from iox_spark.catalog.errors import SeqOverflow
+from iox_spark.catalog.preserved_catalog import CatalogState, RecordDatabaseCheckpoint
+from iox_spark.catalog.schema import Column
+from iox_spark.catalog.seq_layout import (SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset, next_seq_origin,
                                 seq_base)
-from chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
-from catalog.transactions import MARKER, PART
-from server.consume.ingest import Ingestor, check_seqs_fit, payload_decode_fn, table_messages_condition, decode_delete
-from server.write_buffer.wire_format import encode_delete, encode_write
+from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS
+from iox_spark.catalog.transactions import MARKER, PART
+from iox_spark.server.consume.ingest import Ingestor, check_seqs_fit, payload_decode_fn, table_messages_condition, decode_delete
+from iox_spark.server.write_buffer.wire_format import encode_delete, encode_write
 from tests.timestamps import T0
 
 COLUMNS = [Column("host", "tag", "string"), Column("usage", "field", "float"), Column("time", "time", "time")]
@@ -258,8 +258,8 @@ def test_a_stop_ends_a_batch_between_its_chunk_builds_with_nothing_added(monkeyp
     jobs: the builds not started yet are not run, nothing is added, every build's data is released."""
     from types import SimpleNamespace
 
-    from catalog.catalog import Catalog
-    from server.consume import ingest
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.server.consume import ingest
 
     ingestor = Ingestor(spark=None, catalog=Catalog(), kafka_partitions=1)
     built, released = [], []

@@ -7,16 +7,16 @@ import functools
 
 import pytest
 
-from catalog.catalog import Catalog
-from catalog.object_store import LocalObjectStore
-from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, PreservedCatalog, RecordDatabaseCheckpoint,
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.catalog.preserved_catalog import (AddDeletePredicate, AddParquet, PreservedCatalog, RecordDatabaseCheckpoint,
                                        RecordPartitionCheckpoint)
-from catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset
-from server.consume import recovery
-from server.consume.recovery import LostWrites, lost_offsets, truncated_tail
-from server.write_buffer import tail_loss
-from server.write_buffer.ack_log import AckedOffsets
-from catalog.sharding import topic_for
+from iox_spark.catalog.seq_layout import SEQ_MAX, SEQ_ROWS_PER_OFFSET, legacy_seq_origin, max_seq_offset
+from iox_spark.server.consume import recovery
+from iox_spark.server.consume.recovery import LostWrites, lost_offsets, truncated_tail
+from iox_spark.server.write_buffer import tail_loss
+from iox_spark.server.write_buffer.ack_log import AckedOffsets
+from iox_spark.catalog.sharding import topic_for
 
 
 def test_kafka_holds_everything_replay_needs():
@@ -202,8 +202,8 @@ def test_replay_reads_from_past_the_checkpoint_to_the_end_and_reports_its_progre
 
 
 def test_a_loss_found_again_at_start_is_the_record_found_while_running_accepted_now():
-    from catalog.catalog import LostWriteRange
-    from catalog.catalog import merge_lost_writes
+    from iox_spark.catalog.catalog import LostWriteRange
+    from iox_spark.catalog.catalog import merge_lost_writes
 
     running = LostWriteRange(0, 5, 7, 100.0, "topic replaced", epoch=2)
     other = LostWriteRange(1, 3, None, 100.0, "topic replaced", accepted=True, accepted_at_s=101.0, epoch=2)
@@ -222,8 +222,8 @@ def test_recorded_losses_and_accepted_messages_come_back_and_skip_lost_writes_ac
     preserved catalog: a start without --skip-lost-writes that finds no loss keeps the loss open
     (writes stay refused) and the accepted message (skipped by the consumer in its epoch); a start
     with the flag accepts the loss and records that."""
-    from catalog.catalog import ACCEPTED
-    from catalog.preserved_catalog import (AcceptedPoisonEntry, LostWritesEntry, RecordAcceptedPoison,
+    from iox_spark.catalog.catalog import ACCEPTED
+    from iox_spark.catalog.preserved_catalog import (AcceptedPoisonEntry, LostWritesEntry, RecordAcceptedPoison,
                                            RecordLostWrites)
 
     pc, _state = PreservedCatalog.create_or_load(store, DB, NOW)

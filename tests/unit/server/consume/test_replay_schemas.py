@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.catalog import Database
-from server.consume import replay_schemas
+from iox_spark.catalog.catalog import Database
+from iox_spark.server.consume import replay_schemas
 from tests.unit.server.write_buffer.fake_consumer import TOPIC, Msg, RecordingConsumer, partition_log, write_message
 
 

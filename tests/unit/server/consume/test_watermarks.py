@@ -1,8 +1,8 @@
 """Watermarks per Kafka partition (server/consume/watermarks.py), pure parts."""
 from __future__ import annotations
 
-from catalog.preserved_catalog import RecordDatabaseCheckpoint
-from server.consume.watermarks import MessageSizes, PartitionWatermarks, partition_watermarks, persisted_hi_inclusive
+from iox_spark.catalog.preserved_catalog import RecordDatabaseCheckpoint
+from iox_spark.server.consume.watermarks import MessageSizes, PartitionWatermarks, partition_watermarks, persisted_hi_inclusive
 
 
 def _ck(numbers: dict, epoch: int = 3) -> RecordDatabaseCheckpoint:

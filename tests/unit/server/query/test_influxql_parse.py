@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.query.influxql import InfluxQLError, execute, parse_time_ns
-from server.query.influxql_parse import (Binary, Call, DurationLit, Field, Ident, InfluxQLSyntaxError, Now, RegexLit,
+from iox_spark.server.query.influxql import InfluxQLError, execute, parse_time_ns
+from iox_spark.server.query.influxql_parse import (Binary, Call, DurationLit, Field, Ident, InfluxQLSyntaxError, Now, RegexLit,
                                          Select, Show, Source, StringLit, Wildcard, duration_ns, parse)
 
 

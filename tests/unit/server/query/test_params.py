@@ -9,8 +9,8 @@ import decimal
 import pytest
 from hypothesis import given, strategies as st
 
-from server.errors import InvalidArgument
-from server.query.params import bind_parameters, placeholders, sql_literal
+from iox_spark.server.errors import InvalidArgument
+from iox_spark.server.query.params import bind_parameters, placeholders, sql_literal
 
 
 def test_positional_placeholders_are_bound_in_order():

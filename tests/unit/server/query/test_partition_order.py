@@ -2,7 +2,7 @@
 completion order, come out in partition order, each as early as the order allows."""
 from hypothesis import given, strategies as st
 
-from server.query.engine import in_partition_order
+from iox_spark.server.query.engine import in_partition_order
 
 
 @st.composite

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from server.query.pool_rows import rows_message_parts
+from iox_spark.server.query.pool_rows import rows_message_parts
 
 
 def _read(parts: list) -> pa.Table:

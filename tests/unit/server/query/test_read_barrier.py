@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from catalog.catalog import Catalog
-from server.errors import (DatabaseNotFound, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherDatabase,
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.server.errors import (DatabaseNotFound, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherDatabase,
                            WriteTokenOfOtherIncarnation)
-from server.query.read_barrier import ReadBarrier, ReplayState
-from server.write_buffer.write_token import InvalidWriteToken, WriteToken, format_token
+from iox_spark.server.query.read_barrier import ReadBarrier, ReplayState
+from iox_spark.server.write_buffer.write_token import InvalidWriteToken, WriteToken, format_token
 
 UNTIL = {0: 9, 1: 4}
 

@@ -7,13 +7,13 @@ import json
 import pyarrow as pa
 import pytest
 
-from catalog.delete_mailbox import Delete
-from catalog.schema import Column
-from catalog.seq_layout import SEQ_ROW_BITS, legacy_seq_origin
-from catalog.seq_layout import seq_base
-from server.query.engine import tail_rows
-from server.write_buffer.wire_format import as_part, encode_decision, encode_delete, encode_marker, encode_write
-from server.query.tail import PartitionTail, TailWrite
+from iox_spark.catalog.delete_mailbox import Delete
+from iox_spark.catalog.schema import Column
+from iox_spark.catalog.seq_layout import SEQ_ROW_BITS, legacy_seq_origin
+from iox_spark.catalog.seq_layout import seq_base
+from iox_spark.server.query.engine import tail_rows
+from iox_spark.server.write_buffer.wire_format import as_part, encode_decision, encode_delete, encode_marker, encode_write
+from iox_spark.server.query.tail import PartitionTail, TailWrite
 from tests.timestamps import T0
 
 KP = 1
@@ -253,7 +253,7 @@ def test_a_restart_at_the_applied_watermark_forgets_the_early_messages():
 
 
 def test_the_early_messages_are_bounded():
-    from server.query.tail import MAX_EARLY
+    from iox_spark.server.query.tail import MAX_EARLY
 
     pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()
@@ -265,7 +265,7 @@ def test_the_early_messages_are_bounded():
 
 
 def test_a_full_tail_waits_until_what_it_dropped_is_small_before_reading_kafka_again():
-    from server.query.tail import RESUME_BACKLOG_SHARE
+    from iox_spark.server.query.tail import RESUME_BACKLOG_SHARE
 
     pt = PartitionTail.starting_after(-1, seq_origin=0)
     w = _write()

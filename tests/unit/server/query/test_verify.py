@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from server.query.verify import PartitionReport, compare, TableFold
+from iox_spark.server.query.verify import PartitionReport, compare, TableFold
 from tests.timestamps import S, T0
 
 ROLES = {"host": "tag", "v": "field", "w": "field", "time": "time"}

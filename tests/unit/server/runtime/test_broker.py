@@ -1,5 +1,5 @@
 """The embedded broker (server/runtime/broker.py): the start-time warning about the kernel's memory-map limit, and how stop() signals it."""
-from server.runtime.broker import MAP_COUNT_FOR_MEMORY_STORAGE, map_count_warning
+from iox_spark.server.runtime.broker import MAP_COUNT_FOR_MEMORY_STORAGE, map_count_warning
 
 
 def test_the_default_map_count_is_warned_of_with_the_command_that_raises_it():
@@ -20,7 +20,7 @@ def test_an_in_memory_broker_is_killed_at_once_a_durable_one_asked_to_stop(monke
     to flush, so stop() does not ask it. A broker on durable storage gets SIGTERM first."""
     import signal
 
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     sent = []
     monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
@@ -35,7 +35,7 @@ def test_an_in_memory_broker_is_killed_at_once_a_durable_one_asked_to_stop(monke
 def test_a_durable_broker_is_asked_to_stop_before_its_store(monkeypatch):
     import signal
 
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     sent = []
     monkeypatch.setattr(broker.os, "kill", lambda pid, sig: sent.append((pid, sig)))
@@ -52,7 +52,7 @@ def test_a_missing_store_names_the_fix(monkeypatch, tmp_path):
 
     import pytest
 
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     monkeypatch.setenv("IOX_WEED", str(tmp_path / "nope"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
@@ -62,8 +62,8 @@ def test_a_missing_store_names_the_fix(monkeypatch, tmp_path):
 
 
 def test_the_memory_broker_bounds_the_persist_age_and_a_durable_one_does_not():
-    from server.runtime.broker import MEMORY_BROKER_MAX_PERSIST_AGE_S
-    from server.config import InvalidConfig, ServerConfig
+    from iox_spark.server.runtime.broker import MEMORY_BROKER_MAX_PERSIST_AGE_S
+    from iox_spark.server.config import InvalidConfig, ServerConfig
 
     import pytest
 
@@ -89,7 +89,7 @@ def test_a_recorded_pid_that_names_another_process_now_is_never_signalled(tmp_pa
     import subprocess
     import sys
 
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -120,7 +120,7 @@ def test_free_port_never_hands_one_port_out_twice(monkeypatch):
     """Callers ask for several ports before binding any; the system may answer one twice in a row."""
     import socket
 
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     answers = iter([4001, 4001, 4002, 4001, 4003])
 
@@ -148,7 +148,7 @@ def test_free_port_never_hands_one_port_out_twice(monkeypatch):
 def test_the_stores_ports_are_chosen_below_the_ephemeral_range():
     """A client socket's local port comes from the ephemeral range: a store port chosen there could be
     taken between the check and the store's bind."""
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
@@ -162,7 +162,7 @@ def test_the_stores_ports_are_chosen_below_the_ephemeral_range():
 
 
 def test_a_store_that_exits_before_it_listens_starts_again_on_other_ports(monkeypatch):
-    from server.runtime import broker
+    from iox_spark.server.runtime import broker
 
     tried = []
 

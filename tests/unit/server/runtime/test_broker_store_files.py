@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from server.runtime import broker
+from iox_spark.server.runtime import broker
 
 PORTS = {"master": 11001, "volume": 11002, "filer": 11003, "admin": 11004, "s3": 11005}
 

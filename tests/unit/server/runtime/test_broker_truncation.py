@@ -4,7 +4,7 @@ import math
 
 from hypothesis import given, strategies as st
 
-from server.runtime.broker_truncation import StoredBatch, batch_offset, deletable, partition_prefix
+from iox_spark.server.runtime.broker_truncation import StoredBatch, batch_offset, deletable, partition_prefix
 
 NOW = 1_000_000.0
 

@@ -1,7 +1,7 @@
 """Tests of server/runtime/executor_check.py's comparison of the driver's and an executor's environment."""
 from __future__ import annotations
 
-from server.runtime.executor_check import (ExecutorEnvironmentMismatch, compare_environments,
+from iox_spark.server.runtime.executor_check import (ExecutorEnvironmentMismatch, compare_environments,
                                            environment_of_this_process)
 
 
@@ -13,9 +13,9 @@ def test_this_process_imports_every_task_module():
 
 def test_every_difference_is_named():
     driver = {"python": "3.11", "pyarrow": "26.0.1", "missing": {}}
-    executor = {"python": "3.10", "pyarrow": "15.0.0", "missing": {"chunk_store.ipc_segments": "ModuleNotFoundError: x"}}
+    executor = {"python": "3.10", "pyarrow": "15.0.0", "missing": {"iox_spark.chunk_store.ipc_segments": "ModuleNotFoundError: x"}}
     diffs = compare_environments(driver, executor)
-    assert diffs == ["module chunk_store.ipc_segments does not import on the executor (ModuleNotFoundError: x)",
+    assert diffs == ["module iox_spark.chunk_store.ipc_segments does not import on the executor (ModuleNotFoundError: x)",
                      "python 3.10 on the executor, 3.11 on the driver",
                      "pyarrow 15.0.0 on the executor, 26.0.1 on the driver"]
     e = ExecutorEnvironmentMismatch("spark://h:7077", diffs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
+from iox_spark.server.runtime.gc_pauses import GcPauseRecorder, freeze_startup_heap
 
 
 class _Cycle:

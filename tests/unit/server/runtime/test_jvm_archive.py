@@ -6,8 +6,8 @@ import os
 import pyspark
 import pytest
 
-from server.cli import build_jvm_archive
-from server.runtime.jvm_archive import DUMP_OPTION, ENV, archive_path, java_options
+from iox_spark.server.cli import build_jvm_archive
+from iox_spark.server.runtime.jvm_archive import DUMP_OPTION, ENV, archive_path, java_options
 
 
 def test_the_default_archive_is_per_pyspark_version_and_java_binary(monkeypatch, tmp_path):

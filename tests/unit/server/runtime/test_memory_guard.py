@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from server.errors import MemoryLimitReached, WriteBufferOverloaded
-from server.runtime.memory_guard import (EXACT_MAX_AGE_S, NORMAL, REFUSING, THROTTLED, MemoryGuard,
+from iox_spark.server.errors import MemoryLimitReached, WriteBufferOverloaded
+from iox_spark.server.runtime.memory_guard import (EXACT_MAX_AGE_S, NORMAL, REFUSING, THROTTLED, MemoryGuard,
                                          process_tree_rss_bytes)
 
 
@@ -120,7 +120,7 @@ def test_pages_forked_workers_share_count_once_and_reused_processes_count_too() 
     import subprocess
     import sys
 
-    from server.runtime.memory_guard import children_map
+    from iox_spark.server.runtime.memory_guard import children_map
 
     parent = subprocess.Popen([sys.executable, "-c", _FORKED], stdout=subprocess.PIPE, text=True)
     try:

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from server.runtime.spark import usable_cpus
+from iox_spark.server.runtime.spark import usable_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 

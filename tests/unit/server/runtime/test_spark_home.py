@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from server.runtime import spark_home
+from iox_spark.server.runtime import spark_home
 
 
 @pytest.fixture

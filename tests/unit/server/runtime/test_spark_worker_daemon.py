@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from server.runtime import spark_worker_daemon as swd
+from iox_spark.server.runtime import spark_worker_daemon as swd
 
 
 def _tcp_pair():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from server.runtime.write_path_priority import PriorityResult, raise_write_path_priority
+from iox_spark.server.runtime.write_path_priority import PriorityResult, raise_write_path_priority
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 

@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(autouse=True)
 def _python_path_only_in_test_line_protocol(request, monkeypatch):
     if request.path.name == "test_line_protocol.py":
-        from server.write import line_protocol as lp
+        from iox_spark.server.write import line_protocol as lp
 
         monkeypatch.setattr(lp, "_lpfast", None)
     yield

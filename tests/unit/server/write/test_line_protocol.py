@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.write import line_protocol as lp
-from server.write.line_protocol import (
+from iox_spark.server.write import line_protocol as lp
+from iox_spark.server.write.line_protocol import (
     PRECISIONS,
     ALL_PRECISIONS,
     ColumnSpec,

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.write import line_protocol as lp
-from server.write.line_protocol import ColumnSpec, ParseResult, TableBatch, parse_lines
+from iox_spark.server.write import line_protocol as lp
+from iox_spark.server.write.line_protocol import ColumnSpec, ParseResult, TableBatch, parse_lines
 
 
 def _load_base():
@@ -135,7 +135,7 @@ def fell_back(body, precision="ns", default_time=DEFAULT_TIME):
 # --------------------------------------------------------------------------
 
 def test_extension_is_built():
-    mod = importlib.import_module("server.write._lpfast")  # ImportError: the build is broken
+    mod = importlib.import_module("iox_spark.server.write._lpfast")  # ImportError: the build is broken
     assert lp._lpfast is mod
     assert callable(mod.parse)
 

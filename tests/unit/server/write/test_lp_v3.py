@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from server.write.line_protocol import numbered_lines, parse_lines
-from server.write.lp_v3 import (blank_lines, guess_units, line_text, parse_precision, type_conflict_message)
+from iox_spark.server.write.line_protocol import numbered_lines, parse_lines
+from iox_spark.server.write.lp_v3 import (blank_lines, guess_units, line_text, parse_precision, type_conflict_message)
 
 
 def test_precision_names():

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from server.errors import OlderThanRetention
-from server.write.retention_check import check_retention, first_line_older_than
+from iox_spark.server.errors import OlderThanRetention
+from iox_spark.server.write.retention_check import check_retention, first_line_older_than
 
 NOW_S = 1_000_000.0
 LO_NS = int((NOW_S - 3600) * 1e9)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from catalog.catalog import Catalog
-from server.errors import InvalidArgument
-from server.write.router import ArrowTableWrite, Router
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.server.errors import InvalidArgument
+from iox_spark.server.write.router import ArrowTableWrite, Router
 from tests.timestamps import T0
 
 

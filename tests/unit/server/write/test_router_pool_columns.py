@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.catalog import Catalog
-from catalog.schema import Column
-from server.errors import SchemaConflict, TooManyColumns
-from server.write.router import Router
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.catalog.schema import Column
+from iox_spark.server.errors import SchemaConflict, TooManyColumns
+from iox_spark.server.write.router import Router
 
 
 def _router(pool: dict, buf):

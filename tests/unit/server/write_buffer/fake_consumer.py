@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 from confluent_kafka import OFFSET_INVALID, TopicPartition
 
-from catalog.schema import Column
-from server.write_buffer.wire_format import encode_write
+from iox_spark.catalog.schema import Column
+from iox_spark.server.write_buffer.wire_format import encode_write
 from tests.timestamps import T0
 
 __all__ = ["TOPIC", "Msg", "Control", "RecordingConsumer", "write_message", "partition_log"]

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from server.write_buffer import ack_log
-from server.write_buffer.ack_log import ACK_LOG_FILE, AckedOffsets, AckLog, AckLogBroken, AckLogFormatMismatch
+from iox_spark.server.write_buffer import ack_log
+from iox_spark.server.write_buffer.ack_log import ACK_LOG_FILE, AckedOffsets, AckLog, AckLogBroken, AckLogFormatMismatch
 
 
 def test_what_was_recorded_is_read_at_the_next_open(tmp_path):

@@ -1,7 +1,7 @@
 """EndPolls: which partitions' ends the streaming source asks the broker for at a trigger.
 
 Times are multiples of 1/8 s (exact in binary floating point): the trigger is 0.125 s."""
-from server.write_buffer.end_polls import EndPolls
+from iox_spark.server.write_buffer.end_polls import EndPolls
 
 K = ("iox.db", 0)
 
@@ -69,7 +69,7 @@ def test_answered_says_whether_the_high_watermark_moved():
 def test_ack_marks_change_with_every_touch_per_partition_and_survive_pickling(tmp_path):
     import pickle
 
-    from server.write_buffer.end_polls import AckMarks
+    from iox_spark.server.write_buffer.end_polls import AckMarks
 
     marks = AckMarks(str(tmp_path / "acked"))  # the directory is made on the first touch
     assert marks.read("iox.db", 0) is None and marks.topics() == set()

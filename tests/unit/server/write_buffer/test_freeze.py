@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from server.write_buffer.freeze import (FREEZE_FORMAT_VERSION, FreezeFileCorrupt, FreezeRecord, UsageWatch,
+from iox_spark.server.write_buffer.freeze import (FREEZE_FORMAT_VERSION, FreezeFileCorrupt, FreezeRecord, UsageWatch,
                                         cap_replay_until, read_record, remove_record, source_holds, usage_reason,
                                         write_record)
 

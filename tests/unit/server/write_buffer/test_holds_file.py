@@ -1,9 +1,9 @@
 """The holds file (server/write_buffer/holds_file.py): what it holds, its round trip, and a batch's end."""
 from __future__ import annotations
 
-from catalog.catalog import FENCED, Database
-from server.write_buffer.holds_file import held_end, holds_of, read_holds, write_holds
-from server.write_buffer.poison import set_aside
+from iox_spark.catalog.catalog import FENCED, Database
+from iox_spark.server.write_buffer.holds_file import held_end, holds_of, read_holds, write_holds
+from iox_spark.server.write_buffer.poison import set_aside
 
 
 def test_holds_file_round_trip_and_held_end(tmp_path):

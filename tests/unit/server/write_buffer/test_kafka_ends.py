@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from catalog.catalog import Catalog
-from server.write_buffer.kafka_ends import KafkaEnds
+from iox_spark.catalog.catalog import Catalog
+from iox_spark.server.write_buffer.kafka_ends import KafkaEnds
 from tests.waiting import wait_for
 
 

@@ -13,8 +13,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from server.write_buffer import kafka_source
-from server.write_buffer.kafka_source import EndNotConfirmed, IoxKafkaStreamReader, TopicPartitionRange, true_ends
+from iox_spark.server.write_buffer import kafka_source
+from iox_spark.server.write_buffer.kafka_source import EndNotConfirmed, IoxKafkaStreamReader, TopicPartitionRange, true_ends
 from tests.unit.server.write_buffer.fake_consumer import TOPIC, Msg, RecordingConsumer, partition_log, write_message
 
 
@@ -300,7 +300,7 @@ def test_the_end_reader_waits_long_enough_to_list_a_long_partition(monkeypatch):
 def test_only_partitions_marked_moving_or_due_are_asked_and_in_one_request(tmp_path, monkeypatch):
     """end_polls: a partition this server got a write acknowledged on is asked at the next trigger;
     an idle one only once its poll is due; the partitions asked are asked together."""
-    from server.write_buffer.end_polls import AckMarks
+    from iox_spark.server.write_buffer.end_polls import AckMarks
 
     marks = AckMarks(str(tmp_path / "acked"))
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "acked_marks_dir": marks.directory})
@@ -365,7 +365,7 @@ def test_the_topic_list_is_asked_again_when_marked_or_after_the_longest_poll_del
     longest poll delay passed; `initialOffset` always asks."""
     from types import SimpleNamespace
 
-    from server.write_buffer.end_polls import AckMarks
+    from iox_spark.server.write_buffer.end_polls import AckMarks
 
     marks = AckMarks(str(tmp_path / "acked"))
     topics = {TOPIC: SimpleNamespace(error=None, partitions={0: None, 1: None}), "other": SimpleNamespace(error=None, partitions={0: None})}
@@ -402,7 +402,7 @@ def test_latest_offset_never_reads_a_held_partition_past_its_poisoned_message(tm
     message (or where it already is, when a batch read past it), the others read on."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from server.write_buffer.holds_file import write_holds
+    from iox_spark.server.write_buffer.holds_file import write_holds
 
     holds = str(tmp_path / "holds.json")
     r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "holds_file": holds})

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from catalog.catalog import ACCEPTED, HELD, RETRYING, Database
-from server.write_buffer.poison import first_failing, isolate, select, set_aside, settle_retried
+from iox_spark.catalog.catalog import ACCEPTED, HELD, RETRYING, Database
+from iox_spark.server.write_buffer.poison import first_failing, isolate, select, set_aside, settle_retried
 
 
 class Fake:
@@ -141,7 +141,7 @@ def test_set_aside_select_and_settle():
 
 
 def test_accepted_and_lost_records_round_trip_through_their_catalog_entries():
-    from catalog.catalog import LostWriteRange, PoisonedMessage
+    from iox_spark.catalog.catalog import LostWriteRange, PoisonedMessage
 
     db = Database("d", "iox.d", 2)
     r = set_aside(db, 1, 7, "cpu", "write", "boom", 100.0)

@@ -1,8 +1,8 @@
 """WriteBuffer pieces that need no broker."""
 import pytest
 
-from server.errors import WriteBufferUnavailable
-from server.write_buffer.producer import WriteBuffer, txn_commit_deadline_s
+from iox_spark.server.errors import WriteBufferUnavailable
+from iox_spark.server.write_buffer.producer import WriteBuffer, txn_commit_deadline_s
 
 
 def test_producing_nothing_returns_at_once_without_a_broker():
@@ -37,10 +37,10 @@ def test_a_producer_whose_messages_time_out_is_replaced():
     """A broker that is away (here: nothing listens) times the message out; the producer is
     replaced so that writes recover once a broker is back, whatever the old idempotence session
     went through. Its queue is purged."""
-    from catalog.schema import Column
+    from iox_spark.catalog.schema import Column
     import pyarrow as pa
 
-    from server.write_buffer.wire_format import encode_write
+    from iox_spark.server.write_buffer.wire_format import encode_write
 
     wb = WriteBuffer("127.0.0.1:9", partitions=1, produce_timeout_ms=300)
     wb._known_topics.add("iox.x")  # no topic admin against a missing broker
@@ -56,7 +56,7 @@ def test_a_producer_whose_messages_time_out_is_replaced():
 
 
 def test_topics_are_replicated_as_configured_or_on_every_broker_of_a_smaller_cluster():
-    from server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR, replication_for
+    from iox_spark.server.write_buffer.producer import DEFAULT_REPLICATION_FACTOR, replication_for
 
     assert DEFAULT_REPLICATION_FACTOR == 3
     assert replication_for(3, 5) == 3

@@ -1,7 +1,7 @@
 """server/write_buffer/tail_loss.py: a Kafka end short of known offsets, a late read or a lost tail."""
 from __future__ import annotations
 
-from server.write_buffer.tail_loss import TailWatch, settled_bounds
+from iox_spark.server.write_buffer.tail_loss import TailWatch, settled_bounds
 
 K = ("db", 0, 0)
 

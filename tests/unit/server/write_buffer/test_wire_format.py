@@ -3,9 +3,9 @@ messages a reader skips as unreadable (header_problem, header_text)."""
 import pyarrow as pa
 import pytest
 
-from catalog.schema import Column
-from catalog.partition_keys import NS_PER_DAY, day_partitions
-from server.write_buffer.wire_format import (as_part, encode_decision, encode_delete, encode_marker, encode_write, header_problem, header_text)
+from iox_spark.catalog.schema import Column
+from iox_spark.catalog.partition_keys import NS_PER_DAY, day_partitions
+from iox_spark.server.write_buffer.wire_format import (as_part, encode_decision, encode_delete, encode_marker, encode_write, header_problem, header_text)
 
 
 def _t(values):

@@ -8,8 +8,8 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from server.errors import InvalidArgument
-from server.write_buffer.write_token import (TOKEN_PREFIX, InvalidWriteToken, WriteToken, WriteTokenVersionMismatch,
+from iox_spark.server.errors import InvalidArgument
+from iox_spark.server.write_buffer.write_token import (TOKEN_PREFIX, InvalidWriteToken, WriteToken, WriteTokenVersionMismatch,
                                              format_token, merge_offsets, parse_token)
 
 tokens = st.builds(WriteToken, topic=st.text(min_size=1, max_size=40), topic_id=st.none() | st.text(max_size=30),

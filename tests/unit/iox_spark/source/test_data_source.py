@@ -9,10 +9,10 @@ import pytest
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StringType, StructField, StructType
 
-from catalog.object_store import LocalObjectStore, parquet_key
-from catalog.preserved_catalog import AddParquet, PreservedCatalog, SetTableSchema
-from iox_spark_source import IoxDataSource
-from iox_spark_source.errors import SchemaMismatch
+from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
+from iox_spark.catalog.preserved_catalog import AddParquet, PreservedCatalog, SetTableSchema
+from iox_spark.source import IoxDataSource
+from iox_spark.source.errors import SchemaMismatch
 
 COLUMNS = (("host", "tag", "string"), ("v", "field", "float"), ("time", "time", "time"))
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.object_store import LocalObjectStore
-from chunk_store.arrow_merge import ArrowDelete
-from iox_spark_source.errors import FileGone
-from iox_spark_source.plan import FileRef, ReadPlan
-from iox_spark_source.rows import query_arrow_schema, read_group, spark_schema
+from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.chunk_store.arrow_merge import ArrowDelete
+from iox_spark.source.errors import FileGone
+from iox_spark.source.plan import FileRef, ReadPlan
+from iox_spark.source.rows import query_arrow_schema, read_group, spark_schema
 
 COLUMNS = (("host", "tag", "string"), ("n", "field", "integer"), ("v", "field", "float"), ("time", "time", "time"))
 FIELDS = ("n", "v")

@@ -2,26 +2,26 @@
 
 Usage (any PySpark 4 session that has this project installed; no server needed)::
 
-    from iox_spark_source import IoxDataSource
+    from iox_spark.source import IoxDataSource
     spark.dataSource.register(IoxDataSource)  # unless Spark found pyspark_iox/ by itself
     df = (spark.read.format("iox")
           .option("object_store", "s3://bucket/prefix")   # or a directory, as the server's --object-store
           .option("database", "mydb").option("table", "cpu")
           .load())
 
-Options: iox_spark_source/options.py. The rows are those of the preserved catalog's
+Options: iox_spark/source/options.py. The rows are those of the preserved catalog's
 snapshot: what the server persisted (its unpersisted rows, and deletes not recorded
 by a persist yet, are not in it). In an ingester pool, ``.option("unpersisted", "true")``
 adds the rows the table's owner holds and has not persisted, with its deletes
-(iox_spark_source/owner_rows.py); the snapshot is then read at least at the revision
+(iox_spark/source/owner_rows.py); the snapshot is then read at least at the revision
 the owner's answer goes with.
 
 Invariants: the snapshot is read once, on the driver, when the read is loaded
 (``load()`` asks for the schema): the catalog revision it names, with its files,
 deletes and schema, is pickled with the data source into every partition, so all
 partitions and every action of the DataFrame read that one revision (load again to
-see newer data). Each group of files whose times overlap (iox_spark_source/plan.py)
-is read whole by one input partition on an executor (iox_spark_source/rows.py);
+see newer data). Each group of files whose times overlap (iox_spark/source/plan.py)
+is read whole by one input partition on an executor (iox_spark/source/rows.py);
 small groups are packed into one partition up to ``PARTITION_BYTES`` of Parquet.
 
 Contracts: `IoxDataSource`, its reader and its partitions are picklable; the
@@ -33,11 +33,11 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from iox_spark_source.errors import SchemaMismatch
-from iox_spark_source.options import ReadOptions, parse_options
-from iox_spark_source.owner_rows import fetch_owner_rows
-from iox_spark_source.plan import FileRef, ReadPlan, load_snapshot, pack_groups, plan_read
-from iox_spark_source.rows import read_group, spark_schema
+from iox_spark.source.errors import SchemaMismatch
+from iox_spark.source.options import ReadOptions, parse_options
+from iox_spark.source.owner_rows import fetch_owner_rows
+from iox_spark.source.plan import FileRef, ReadPlan, load_snapshot, pack_groups, plan_read
+from iox_spark.source.rows import read_group, spark_schema
 
 __all__ = ["IoxDataSource", "SOURCE_NAME"]
 

@@ -22,13 +22,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.object_store import ObjectStore
-from catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
-from chunk_store.arrow_merge import apply_deletes, deduplicate
-from chunk_store.ipc_segments import LAYOUT_CHUNK, arrow_type, chunk_table
+from iox_spark.catalog.object_store import ObjectStore
+from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
+from iox_spark.chunk_store.arrow_merge import apply_deletes, deduplicate
+from iox_spark.chunk_store.ipc_segments import LAYOUT_CHUNK, arrow_type, chunk_table
 
-from iox_spark_source.errors import FileGone
-from iox_spark_source.plan import OWNER_ROWS_KEY, FileRef, ReadPlan
+from iox_spark.source.errors import FileGone
+from iox_spark.source.plan import OWNER_ROWS_KEY, FileRef, ReadPlan
 
 __all__ = ["BATCH_ROWS", "TIME_COLUMN", "read_group", "query_arrow_schema", "spark_schema"]
 

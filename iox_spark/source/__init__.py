@@ -8,6 +8,6 @@ reads of a group of Parquet files (`rows.py`), and its errors (`errors.py`).
 May import: `catalog`, `chunk_store`, `lifecycle`, pyarrow, pyspark and the other third-party
 libraries; never `server`.
 """
-from iox_spark_source.data_source import IoxDataSource
+from iox_spark.source.data_source import IoxDataSource
 
 __all__ = ["IoxDataSource"]

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from catalog.errors import CatalogError, InvalidKey
-from catalog.object_store import ObjectStore
-from catalog.preserved_catalog import CatalogState, ColumnSpec, read_state
-from catalog.retention import reader_lo_ns
-from chunk_store.arrow_merge import ArrowDelete, deletes_supported
-from chunk_store.views import overlap_groups
+from iox_spark.catalog.errors import CatalogError, InvalidKey
+from iox_spark.catalog.object_store import ObjectStore
+from iox_spark.catalog.preserved_catalog import CatalogState, ColumnSpec, read_state
+from iox_spark.catalog.retention import reader_lo_ns
+from iox_spark.chunk_store.arrow_merge import ArrowDelete, deletes_supported
+from iox_spark.chunk_store.views import overlap_groups
 
-from iox_spark_source.errors import (CatalogUnreadable, DatabaseNotFound, InvalidOption, RevisionNotFound,
+from iox_spark.source.errors import (CatalogUnreadable, DatabaseNotFound, InvalidOption, RevisionNotFound,
                                      TableNotFound, UnsupportedDelete)
 
 __all__ = ["PARTITION_BYTES", "OWNER_ROWS_KEY", "FileRef", "ReadPlan", "load_snapshot", "plan_read", "literal_kind",
@@ -73,7 +73,7 @@ class ReadPlan:
     #: rows with time_ns below it are not returned (retention); None: no bound
     reader_lo_ns: int | None = None
     #: the ingester pool owner's unpersisted rows (Arrow IPC, chunk layout; b"": none), read as the
-    #: file named OWNER_ROWS_KEY of the groups (iox_spark_source/owner_rows.py)
+    #: file named OWNER_ROWS_KEY of the groups (iox_spark/source/owner_rows.py)
     owner_rows: bytes = b""
 
     def tags(self) -> list[str]:

@@ -2,9 +2,9 @@
 
 Invariant: :func:`parse_options` returns a :class:`ReadOptions` only when every
 option given is known and well-formed; an unknown option, a missing required one
-or a malformed value raises :class:`~iox_spark_source.errors.InvalidOption`, and
+or a malformed value raises :class:`~iox_spark.source.errors.InvalidOption`, and
 the reserved ``assigner`` option raises
-:class:`~iox_spark_source.errors.AssignerNotAvailable` (never silently ignored).
+:class:`~iox_spark.source.errors.AssignerNotAvailable` (never silently ignored).
 Option names are case-insensitive, as Spark's are.
 
 Pure apart from :meth:`ReadOptions.store`, which resolves the S3 settings the
@@ -21,10 +21,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from catalog.errors import CatalogError
-from catalog.object_store import ObjectStore, S3ObjectStore, object_store_from_url
+from iox_spark.catalog.errors import CatalogError
+from iox_spark.catalog.object_store import ObjectStore, S3ObjectStore, object_store_from_url
 
-from iox_spark_source.errors import AssignerNotAvailable, InvalidOption
+from iox_spark.source.errors import AssignerNotAvailable, InvalidOption
 
 __all__ = ["OPTION_OBJECT_STORE", "OPTION_DATABASE", "OPTION_TABLE", "OPTION_REVISION", "OPTION_S3_ENDPOINT",
            "OPTION_S3_REGION", "OPTION_S3_ACCESS_KEY_ID", "OPTION_S3_SECRET_ACCESS_KEY", "OPTION_ASSIGNER",
@@ -42,7 +42,7 @@ OPTION_S3_ACCESS_KEY_ID = "s3_access_key_id"
 OPTION_S3_SECRET_ACCESS_KEY = "s3_secret_access_key"
 #: reserved: the assigner serves no reads (its error names `unpersisted`)
 OPTION_ASSIGNER = "assigner"
-#: "true": add the rows the ingester pool's owners hold and have not persisted (iox_spark_source/owner_rows.py)
+#: "true": add the rows the ingester pool's owners hold and have not persisted (iox_spark/source/owner_rows.py)
 OPTION_UNPERSISTED = "unpersisted"
 #: the token the pool's members require (their --auth-token), for `unpersisted`
 OPTION_TOKEN = "token"

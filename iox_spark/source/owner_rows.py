@@ -4,7 +4,7 @@ Invariant: the rows come from the owner of the table's Kafka partition (the pool
 it; the address it published in the object store says where it is reached), through its
 UnpersistedRows gRPC call: its in-memory rows that are not persisted, deduplicated, with its
 deletes applied, plus those deletes and the catalog revision they go with. The caller then reads
-the catalog snapshot at that revision or later (`iox_spark_source/data_source.py`), so a persist
+the catalog snapshot at that revision or later (`iox_spark/source/data_source.py`), so a persist
 between the two reads loses no row; a row both in a file and among these rows is the same row.
 
 Runs on the driver when a read is loaded; never on executors (the rows travel in the plan).
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from catalog.object_store import ObjectStore
-from catalog.ownership import read_member_address
-from catalog.preserved_catalog import CatalogState
-from catalog.sharding import partition_for
-from chunk_store.arrow_merge import ArrowDelete
+from iox_spark.catalog.object_store import ObjectStore
+from iox_spark.catalog.ownership import read_member_address
+from iox_spark.catalog.preserved_catalog import CatalogState
+from iox_spark.catalog.sharding import partition_for
+from iox_spark.chunk_store.arrow_merge import ArrowDelete
 
-from iox_spark_source.errors import OwnerUnavailable
+from iox_spark.source.errors import OwnerUnavailable
 
 __all__ = ["OwnerRows", "fetch_owner_rows", "OWNER_TIMEOUT_S"]
 
@@ -48,7 +48,7 @@ def fetch_owner_rows(store: ObjectStore, state: CatalogState, table: str, token:
     None outside a pool or when the partition has no owner. Raises OwnerUnavailable."""
     import grpc
 
-    from iox import query_pb2, query_pb2_grpc
+    from iox_spark.iox import query_pb2, query_pb2_grpc
 
     if not state.pooled:
         return None
@@ -84,7 +84,7 @@ def fetch_owner_rows(store: ObjectStore, state: CatalogState, table: str, token:
         return OwnerRows(b"", None, None, columns, deletes, revision)
     import pyarrow.compute as pc
 
-    from catalog.schema import TIME_NS_COLUMN
+    from iox_spark.catalog.schema import TIME_NS_COLUMN
 
     mm = pc.min_max(rows.column(TIME_NS_COLUMN))
     sink = pa.BufferOutputStream()

@@ -6,12 +6,12 @@ import pickle
 
 import pytest
 
-from catalog.object_store import LocalObjectStore, catalog_prefix
-from catalog.preserved_catalog import (AddDeletePredicate, AddParquet, CatalogState, PreservedCatalog,
+from iox_spark.catalog.object_store import LocalObjectStore, catalog_prefix
+from iox_spark.catalog.preserved_catalog import (AddDeletePredicate, AddParquet, CatalogState, PreservedCatalog,
                                        SetTableSchema)
-from iox_spark_source.errors import (CatalogUnreadable, DatabaseNotFound, InvalidOption, RevisionNotFound,
+from iox_spark.source.errors import (CatalogUnreadable, DatabaseNotFound, InvalidOption, RevisionNotFound,
                                      TableNotFound, UnsupportedDelete)
-from iox_spark_source.plan import FileRef, load_snapshot, pack_groups, plan_read
+from iox_spark.source.plan import FileRef, load_snapshot, pack_groups, plan_read
 
 SCHEMA = (("host", "tag", "string"), ("v", "field", "float"), ("b", "field", "boolean"),
           ("time", "time", "time"), ("az", "tag", "string"))

@@ -5,9 +5,9 @@ import pickle
 
 import pytest
 
-from catalog.object_store import LocalObjectStore, S3ObjectStore
-from iox_spark_source.errors import AssignerNotAvailable, InvalidOption
-from iox_spark_source.options import KNOWN_OPTIONS, ReadOptions, parse_options
+from iox_spark.catalog.object_store import LocalObjectStore, S3ObjectStore
+from iox_spark.source.errors import AssignerNotAvailable, InvalidOption
+from iox_spark.source.options import KNOWN_OPTIONS, ReadOptions, parse_options
 
 BASE = {"object_store": "/data/objects", "database": "db", "table": "cpu"}
 
