@@ -14,11 +14,12 @@ Runs on the driver only.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from iox_spark.catalog.chunk import Chunk
@@ -405,6 +406,30 @@ class Database:
         return self.topic, self.topic_id, self.epoch
 
     @_locked
+    def applied_in_epoch(self) -> tuple[dict, int, str]:
+        """(`applied_offsets`, the write-buffer epoch they are of, the topic), read at one instant."""
+        return dict(self.applied_hi_inclusive), self.epoch, self.topic
+
+    @_locked
+    def tail_state(self) -> tuple[str, int, dict, dict]:
+        """(topic, seq origin, `applied_offsets`, `held_offsets`), read at one instant: what the write
+        buffer's tail (server/query/tail.py) keeps of this database."""
+        return self.topic, self.seq_origin, dict(self.applied_hi_inclusive), self.held_offsets()
+
+    @_locked
+    def partition_keys(self, table: str | None = None, partition_key: str | None = None) -> list[tuple[str, str]]:
+        """The (table, partition key) of every table partition, of ``table`` and ``partition_key``
+        (None or "": any), sorted."""
+        return sorted((t, k) for t, parts in self.partitions.items() for k in parts
+                      if (not table or t == table) and (not partition_key or k == partition_key))
+
+    @_locked
+    def has_unpersisted_rows(self) -> bool:
+        """Whether a persistence window of any table partition counts rows not persisted yet."""
+        return any(p.windows is not None and p.windows.unpersisted_row_count()
+                   for parts in self.partitions.values() for p in parts.values())
+
+    @_locked
     def known_tables(self) -> list[str]:
         """Every table this database holds rows of or knows the columns of, sorted."""
         return sorted(set(self.partitions) | set(self.schemas.tables()))
@@ -426,9 +451,17 @@ class Database:
         return [r for r in self.lost_writes if not r.accepted], self.topic_replaced, truncated
 
     @_locked
-    def lost_write_entries(self) -> tuple:
-        """Every lost-write range as the preserved catalog records it (LostWritesEntry)."""
-        return tuple(r.entry() for r in self.lost_writes)
+    def lost_write_entries(self, accepted_at_s: float | None = None) -> tuple:
+        """Every lost-write range as the preserved catalog records it (LostWritesEntry); with
+        ``accepted_at_s``, as it records them once accepted then (each accepted before keeps its time).
+        Changes nothing."""
+        ranges = self.lost_writes if accepted_at_s is None else [r.as_accepted(accepted_at_s) for r in self.lost_writes]
+        return tuple(r.entry() for r in ranges)
+
+    @_locked
+    def lost_write_ranges(self) -> list:
+        """Every lost-write range (LostWriteRange, immutable), accepted or not."""
+        return list(self.lost_writes)
 
     @_locked
     def chunks_in_memory(self) -> tuple[int, int]:
@@ -458,6 +491,24 @@ class Database:
             self.applied_hi_inclusive[kp] = start - 1
         self.release(NOT_OWNED, starts)
         self.owned_partitions = frozenset((self.owned_partitions or frozenset()) | set(starts))
+
+    @_locked
+    def drop_unpersisted_of(self, kps: Iterable[int], keep_states: tuple) -> tuple[list, set]:
+        """Drops, in every table partition of the tables on Kafka partitions ``kps``, the chunks whose
+        state is not in ``keep_states`` (`TablePartition.drop_unpersisted`); returns (the chunks
+        dropped, the tables whose rows changed: a chunk dropped, or persistence windows forgotten)."""
+        kps = set(kps)
+        dropped, tables = [], set()
+        for table, parts in self.partitions.items():
+            if partition_for(table, self.kafka_partitions) not in kps:
+                continue
+            for part in parts.values():
+                had_windows = part.windows is not None
+                gone = part.drop_unpersisted(keep_states)
+                if gone or had_windows:
+                    dropped.extend(gone)
+                    tables.add(table)
+        return dropped, tables
 
     @_locked
     def lose_claim(self, kps: Iterable[int]) -> bool:
@@ -522,6 +573,46 @@ class Database:
                 p.windows = None  # the old epoch's offsets: all persisted
 
     @_locked
+    def txns_to_stage(self, batch_hi: Mapping[int, int]) -> tuple[dict, TxnLog]:
+        """What a micro-batch stages its transactions on: (the applied offsets of every partition
+        once ``batch_hi`` ({kp: highest offset of the batch}) is applied, a copy of the transaction
+        log). `install_txns` makes the staged copy the database's."""
+        hi_after = dict(self.applied_hi_inclusive)  # every partition, not only the batch's
+        for kp, off in batch_hi.items():
+            hi_after[kp] = max(hi_after.get(kp, -1), off)
+        return hi_after, copy.deepcopy(self.txns)
+
+    @_locked
+    def due_txn_repairs(self, now: float, txn_timeout_s: float) -> list:
+        """The markers and abort decisions the transaction log asks for now (`TxnLog.due_repairs`)."""
+        return self.txns.due_repairs(now, txn_timeout_s)
+
+    @_locked
+    def txns_undecided_elsewhere(self, now: float) -> list | None:
+        """A pool member's transactions whose decision is on a partition it does not own
+        (`TxnLog.undecided_elsewhere`); None when every partition is read here."""
+        owned = self.owned_partitions
+        if owned is None:
+            return None
+        return self.txns.undecided_elsewhere(now, owned.__contains__)  # a frozenset, replaced on a claim
+
+    @_locked
+    def learn_txn_decision(self, txn: str, decision: str, now: float) -> None:
+        """The decision of ``txn`` read from the partition another member owns."""
+        self.txns.learn_decision(txn, decision, now)
+
+    @_locked
+    def close_chunks_of(self, applies: Callable[[str], bool]) -> list[str]:
+        """Closes every chunk of each table ``applies(table)`` is true of (a delete never lands in a
+        chunk that may still grow); returns those tables."""
+        tables = [t for t in self.partitions if applies(t)]
+        for table in tables:
+            for part in self.partitions[table].values():
+                for c in part.chunks:
+                    c.close()
+        return tables
+
+    @_locked
     def install_txns(self, staged: TxnLog) -> None:
         """The transaction log a micro-batch staged becomes the database's (adopting the repairs
         made to the current one meanwhile)."""
@@ -560,6 +651,49 @@ class Database:
         return True
 
     @_locked
+    def tail_check_state(self) -> tuple[int, dict] | None:
+        """(the write-buffer epoch, a copy of the applied offsets) of a database whose write buffer may
+        still lose its tail unnoticed; None when a loss is known already (its tail truncated, its topic
+        replaced) or its topic's Kafka id is unknown."""
+        if self.tail_truncated is not None or self.topic_replaced or self.topic_id is None:
+            return None
+        return self.epoch, dict(self.applied_hi_inclusive)
+
+    @_locked
+    def record_topic_replaced(self, acked: Mapping[int, int], now: float, reason: str) -> list | None:
+        """The topic was deleted and created again while the server ran: the acknowledged offsets
+        (``acked``: {kp: highest offset acknowledged}) past what is applied are recorded lost (the
+        ranges returned); None when the replacement was known before (nothing recorded)."""
+        if not self.mark_topic_replaced():
+            return None
+        applied = self.applied_hi_inclusive
+        ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason, epoch=self.epoch)
+                  for kp, off in sorted(acked.items()) if off > applied.get(kp, -1)]
+        self.record_lost_writes(ranges)
+        return ranges
+
+    @_locked
+    def record_tail_lost(self, epoch: int, ends: Mapping[int, int], acked: Mapping[int, int], now: float) -> list | None:
+        """The broker lost the tail of the partitions of ``ends`` ({kp: Kafka's end offset}), read in
+        write-buffer ``epoch``: the tail is recorded truncated, and the acknowledged offsets (``acked``)
+        at or past both Kafka's end and what is applied are recorded lost (the ranges returned). None
+        when the database is in another epoch now or the loss was known already (nothing recorded)."""
+        if self.epoch != epoch or self.tail_truncated is not None or self.topic_replaced:
+            return None
+        applied = self.applied_hi_inclusive
+        ranges = []
+        for kp, end in sorted(ends.items()):
+            first = max(end, applied.get(kp, -1) + 1)
+            if acked.get(kp, -1) >= first:
+                ranges.append(LostWriteRange(kp, first, acked[kp] + 1, now,
+                                             f"the broker lost the tail of Kafka partition {kp}: it ended at "
+                                             f"offset {end}, below offsets this server had acknowledged",
+                                             epoch=self.epoch))
+        self.record_tail_truncated(ends)
+        self.record_lost_writes(ranges)
+        return ranges
+
+    @_locked
     def record_tail_truncated(self, ends: Mapping[int, int]) -> None:
         """The broker lost the tail of the partitions of ``ends`` ({kp: Kafka's end offset})."""
         self.tail_truncated = dict(ends)
@@ -574,6 +708,67 @@ class Database:
         """Forgets ``records`` (the very objects)."""
         gone = {id(r) for r in records}
         self.poisoned = [r for r in self.poisoned if id(r) not in gone]
+
+    @_locked
+    def set_aside_poisoned(self, partition: int, offset: int, table: str, kind: str, error: str,
+                           now: float) -> PoisonedMessage:
+        """The message at (``partition``, ``offset``) of the current epoch failed on its own: a new
+        HELD record, or the existing one (retried) HELD again with one more attempt and ``error``."""
+        for r in self.poisoned:
+            if r.epoch == self.epoch and r.partition == partition and r.offset == offset and r.state != ACCEPTED:
+                r.failed_again(error, now)
+                return r
+        r = PoisonedMessage(partition=partition, offset=offset, epoch=self.epoch, table=table or "", kind=kind or "",
+                            error=error, detected_at_s=now, last_failed_at_s=now)
+        self.poisoned.append(r)
+        return r
+
+    @_locked
+    def settle_retried(self) -> list:
+        """Drops the RETRYING records whose offset is applied now (the retry applied them); returns them."""
+        done = [r for r in self.poisoned if r.state == RETRYING and r.epoch == self.epoch
+                and self.applied_hi_inclusive.get(r.partition, -1) >= r.offset]
+        if done:
+            self.drop_poisoned(done)
+        return done
+
+    @_locked
+    def poisoned_of(self, partition: int | None = None, offset: int | None = None, states=(HELD,)) -> list:
+        """The records of the current epoch in ``states``, of ``partition`` (None: any) at ``offset``
+        (None: any), in (partition, offset) order (the very objects: change them through the
+        operations below)."""
+        return sorted((r for r in self.poisoned if r.epoch == self.epoch and r.state in states
+                       and (partition is None or r.partition == partition) and (offset is None or r.offset == offset)),
+                      key=lambda r: (r.partition, r.offset))
+
+    @_locked
+    def retry_poisoned(self, partition: int | None = None, offset: int | None = None) -> list:
+        """`iox poison retry`: the HELD records of ``partition`` at ``offset`` become RETRYING; returns them."""
+        records = self.poisoned_of(partition, offset)
+        for r in records:
+            r.retry()
+        return records
+
+    @_locked
+    def poison_acceptance(self, partition: int | None, offset: int | None, now: float) -> tuple[list, list]:
+        """`iox poison accept`, before its record is committed: (the HELD records of ``partition`` at
+        ``offset``, the preserved catalog's entries of every ACCEPTED record with them accepted at
+        ``now``). Changes nothing."""
+        records = self.poisoned_of(partition, offset)
+        entries = [r.entry() for r in self.poisoned if r.state == ACCEPTED]
+        entries += [dataclasses.replace(r.entry(), accepted_at_s=now) for r in records]
+        return records, entries
+
+    @_locked
+    def accept_poisoned(self, records: Iterable[PoisonedMessage], now: float) -> None:
+        """`iox poison accept`, once its record is committed: ``records`` are ACCEPTED at ``now``."""
+        for r in records:
+            r.accept(now)
+
+    @_locked
+    def poisoned_copies(self, records: Iterable[PoisonedMessage]) -> list:
+        """Copies of ``records`` as they are now (to read outside the lock)."""
+        return [dataclasses.replace(r) for r in records]
 
     # -- retention (catalog/retention.py) ----------------------------------------------------
     @_locked
@@ -874,6 +1069,16 @@ class Catalog:
             for kp, hi in list(db.failed_batch_hi.items()):
                 if db.applied_hi_inclusive.get(kp, -1) >= hi:
                     del db.failed_batch_hi[kp]
+
+    def set_aside_poisoned(self, db: Database, partition: int, offset: int, table: str, kind: str, error: str,
+                           now: float) -> PoisonedMessage:
+        """The message at (``partition``, ``offset``) of ``db`` failed on its own: it is held
+        (`Database.set_aside_poisoned`) and what failed attempts recorded from it on is forgotten
+        (`forget_unapplied`), at one instant."""
+        with self._lock:
+            r = db.set_aside_poisoned(partition, offset, table, kind, error, now)
+            self.forget_unapplied(db, partition, offset)
+            return r
 
     def forget_unapplied(self, db: Database, kp: int, from_offset: int) -> None:
         """Kafka partition `kp` of `db` stops before `from_offset` (a message there is held,

@@ -422,10 +422,7 @@ class LifecycleWorker:
         out = []
         self._check_not_fenced(db.name)
         with self._action_lock:
-            with self.catalog.lock:
-                scope = [(t, k) for t, parts in db.partitions.items() for k in parts
-                         if (not table or t == table) and (not partition_key or k == partition_key)]
-            for t, k in sorted(scope):
+            for t, k in db.partition_keys(table, partition_key):
                 try:
                     r = self.persist(db, t, k, now, force=True)
                 except RevisionConflict as e:
@@ -522,10 +519,8 @@ class LifecycleWorker:
             pc = self.preserved.get(db.name)
             if pc is None or pc.state.database_checkpoint is None:
                 return False
-            with self.catalog.lock:
-                if any(p.windows is not None and p.windows.unpersisted_row_count()
-                       for parts in db.partitions.values() for p in parts.values()):
-                    return False
+            if db.has_unpersisted_rows():
+                return False
             numbers = dict(pc.state.database_checkpoint.sequencer_numbers)
             try:
                 pc.commit([db.checkpoint_action(numbers, complete=True)], now)

@@ -5,19 +5,8 @@ When it runs: `iox serve` builds one `IoxServer`, calls `start()` and blocks in
 (gRPC stops taking requests, the stream stops, producers close, the embedded
 broker this data directory owns is stopped).
 
-Fencing (docs/ARCHITECTURE.md invariant 8, "One committer") stops one database, not the
-server: once another server committed a newer revision of a database's
-preserved catalog (found by the lifecycle worker: a lost commit, its fence
-probe within seconds, or cleanup's check; see lifecycle/worker.py), writes and
-deletes to that database answer FAILED_PRECONDITION (DatabaseFenced, HTTP 409)
-naming the revision, `iox persist` / `iox compact --persisted` too, it is never
-committed to or cleaned up again, and `iox status` reports it `fenced` with
-`fenced_revision`; its write buffer is no longer applied (the owner's writes would
-grow this server's memory with rows it can never persist), so its queries answer
-what it held when fenced. The process keeps serving its other databases, queries and
-health: stopping everything would take down databases nobody else owns (and
-used to lose their unpersisted writes with an in-memory broker) to protect one
-that the refusals above already protect. A restart loads the catalog again.
+A fenced database (another server committed to its preserved catalog: docs/ARCHITECTURE.md
+invariant 8) stops that database only, not the server: server/fence_admin.py.
 
 A write-buffer message that fails to apply stops only its own Kafka partition
 of its database (server/write_buffer/poison.py): `iox poison retry` applies it again, `iox
@@ -40,7 +29,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from iox_spark.catalog.catalog import FENCED, Catalog
+from iox_spark.catalog.catalog import Catalog
 from iox_spark.iox import management_pb2
 
 from iox_spark.server.runtime import broker as broker_mod
@@ -48,15 +37,17 @@ from iox_spark.server.config import ServerConfig, is_loopback
 from iox_spark.server.api.auth import Authenticator
 from iox_spark.server.consume.consumer import WriteBufferConsumer
 from iox_spark.server.write_buffer.end_polls import AckMarks
-from iox_spark.server.errors import DatabaseFenced
 from iox_spark.server.api.grpc_services import SERVICE_NAMES, build_grpc_server
 from iox_spark.server.errors import NotAPoolMember, RoleRefuses
 from iox_spark.server.write_buffer.ack_log import AckLog
 from iox_spark.server.consume.ingest import Ingestor
+from iox_spark.server.consume.txn_repair import TransactionRepair
 from iox_spark.server.query.engine import QueryEngine
 from iox_spark.server.query.read_barrier import ReadBarrier
 from iox_spark.server.consume.watermarks import MessageSizes
+from iox_spark.server.write.backpressure import WriteBackpressure
 from iox_spark.server.write.router import Router
+from iox_spark.server.runtime.broker_supervisor import BrokerSupervisor
 from iox_spark.server.runtime.broker_truncation import BrokerTruncation
 from iox_spark.server.runtime.spark import build_spark, lower_spark_priority
 from iox_spark.server.write_buffer.kafka_ends import KafkaEnds
@@ -68,6 +59,8 @@ from iox_spark.server.runtime.memory_guard import MemoryGuard, process_tree_rss_
 from iox_spark.server.runtime.ports import check_ports_free
 from iox_spark.server.runtime import spark_connect
 from iox_spark.server.retention_admin import RetentionControl, operation_gauges
+from iox_spark.server.epoch_reset import EpochReset
+from iox_spark.server.fence_admin import FenceControl
 from iox_spark.server.freeze_admin import FreezeControl
 from iox_spark.server.lost_writes_admin import LostWritesControl
 from iox_spark.server.poison_admin import PoisonControl
@@ -84,10 +77,6 @@ from iox_spark.server.api.buckets import BucketsApi
 
 __all__ = ["IoxServer"]
 
-#: How often the server checks that its embedded broker still runs (and starts it again if not)
-BROKER_CHECK_INTERVAL_S = 1.0
-#: How often the transaction-repair thread looks for markers and aborts to write.
-TXN_REPAIR_INTERVAL_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -317,9 +306,10 @@ class IoxServer:
                 cfg.broker_persisted_retention_s, self.router.metrics).start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
-                                         is_replaying=self.replay.replaying, on_fenced=self._on_fenced,
-                                         on_persisted=self._commit_resumption_offsets,
+                                         is_replaying=self.replay.replaying, on_persisted=self._commit_resumption_offsets,
                                          cache=self.parquet_cache)
+        self.fence = FenceControl(self.catalog, self.lifecycle, self.ingestor)
+        self.lifecycle.on_fenced = self.fence.on_fenced
         self.lifecycle.prune_delay_s = cfg.prune_delay_s
         self.lifecycle.memory_pressure = self.memory_guard.pressure
         self.lifecycle.frozen = lambda: self.freeze.frozen
@@ -338,13 +328,16 @@ class IoxServer:
         self.losses = LostWritesControl(self.catalog, self.write_buffer, self.lifecycle, self.consumer,
                                         self.router.metrics, cfg.partitions, cfg.tail_loss_grace_s, self._stopped,
                                         replaying=self.replay.replaying,
-                                        refuse_when_fenced=self._refuse_writes_when_fenced,
-                                        forget_epoch=self._forget_epoch, ack_log=self.ack_log)
+                                        refuse_when_fenced=self.fence.refuse_when_fenced,
+                                        forget_epoch=EpochReset(self.ingestor, self.replay, self.kafka_ends,
+                                                                self.message_sizes, self.write_buffer,
+                                                                self.tail).forget,
+                                        ack_log=self.ack_log)
         self.poison = PoisonControl(self.catalog, self.consumer, self.lifecycle, self.ingestor,
-                                    refuse_when_fenced=self._refuse_writes_when_fenced)
+                                    refuse_when_fenced=self.fence.refuse_when_fenced)
         self.queries = QueryService(cfg.role, self.catalog, self.read_barrier, self.query_engine, self.pool)
         self.retention = RetentionControl(self.catalog, self.lifecycle, self.ingestor, cfg.partitions,
-                                          self._refuse_writes_when_fenced)
+                                          self.fence.refuse_when_fenced)
         self.manual = ManualActions(self.catalog, self.write_buffer, self.ingestor.wait_applied, self.lifecycle,
                                     cfg.partitions)
         self.status_document = StatusDocument(self.catalog, self.lifecycle, self.freeze, self.replay,
@@ -356,10 +349,10 @@ class IoxServer:
             if db.tail_truncated is not None:  # found by recovery: continues once its replay is persisted
                 self.losses.continue_after_tail_lost(db, lost=False)
         threading.Thread(target=self.losses.run_tail_checks, name="tail-check", daemon=True).start()
-        self._txn_repair = threading.Thread(target=self._txn_repair_loop, name="txn-repair", daemon=True)
-        self._txn_repair.start()
-        self.router.overload_check = self._overloaded
-        self.router.database_check = self._refuse_writes_when_fenced
+        TransactionRepair(self.ingestor, self.write_buffer, self._stopped).start()
+        self.router.overload_check = WriteBackpressure(self.memory_guard, self.lifecycle, self.catalog,
+                                                       self.rules).refusal
+        self.router.database_check = self.fence.refuse_when_fenced
         self.grpc, self._health, self.grpc_port = build_grpc_server(self, cfg.bind_host, cfg.grpc_port,
                                                                     authenticator=self.authenticator,
                                                                     max_workers=cfg.grpc_workers,
@@ -374,7 +367,8 @@ class IoxServer:
 
             self.http = HttpWriteServer(self.router, cfg.bind_host, cfg.http_port, authenticator=self.authenticator,
                                         workers=cfg.http_workers)
-            self.http.buckets = BucketsApi(self, database_for)  # /api/v2/buckets (server/api/buckets.py)
+            # /api/v2/buckets (server/api/buckets.py)
+            self.http.buckets = BucketsApi(self.catalog, self.retention.set, database_for, time.time())
             self.http.query = self.query  # /api/v3/query_sql (server/api/http_query.py)
             self.http.iox = self  # InfluxQL: /query, /api/v3/query_influxql (server/api/influxql_answer.py)
             self.http.start()
@@ -392,7 +386,8 @@ class IoxServer:
         if cfg.write_path_rt_priority:  # last: every process the server starts is running by now
             raise_server_and_broker(self.broker, cfg.write_path_rt_priority)
         if self.broker is not None:
-            threading.Thread(target=self._supervise_broker, name="broker-supervisor", daemon=True).start()
+            BrokerSupervisor(lambda: self.broker, data_dir, cfg.broker_storage, self._stopped, self._stop_lock,
+                             on_restarted=lambda nb: setattr(self, "broker", nb)).start()
         for name in ("",) + SERVICE_NAMES:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.started_at = time.time()
@@ -470,52 +465,6 @@ class IoxServer:
             self._stopped.set()
             log.info("iox stopped")
 
-    def _supervise_broker(self) -> None:
-        """Runs from start to stop with an embedded broker: one that died (or whose store died) is
-        started again on its port and its data directory, so writes recover by themselves; a durable
-        broker then serves every message it had acknowledged. A failed start is retried next round."""
-        while not self._stopped.wait(BROKER_CHECK_INTERVAL_S):
-            b = self.broker
-            if b is None or b.is_running():
-                continue
-            if not self._stop_lock.acquire(blocking=False):
-                continue  # stopping: the broker is being stopped on purpose
-            try:
-                if self._stopped.is_set():
-                    return
-                log.warning("the embedded broker (pid %s) is gone; starting it again on port %s", b.pid, b.port)
-                nb = broker_mod.start_or_reuse(self.config.abs_data_dir, b.port, self.config.broker_storage)
-                if nb.port != b.port:
-                    log.error("the embedded broker came back on port %s, not %s: restart the server", nb.port, b.port)
-                self.broker = nb
-            except Exception as e:
-                log.error("starting the embedded broker again failed (next try in %g s): %s", BROKER_CHECK_INTERVAL_S, e)
-            finally:
-                self._stop_lock.release()
-
-    def _txn_repair_loop(self) -> None:
-        """Runs from start to stop: about once a second, produces the transaction markers and
-        abort decisions the consumer's TxnLogs ask for (catalog/transactions.py). A failure is
-        retried on the next round; a stopping server is not an error."""
-        while not self._stopped.wait(TXN_REPAIR_INTERVAL_S):
-            try:
-                self.ingestor.repair_transactions(self.write_buffer, time.time())
-            except Exception as e:  # broker away: next round
-                log.warning("transaction repair: %s", e)
-
-    def _overloaded(self):
-        """Backpressure on the write path: RESOURCE_EXHAUSTED / HTTP 503 while the process tree is at
-        --memory-limit-bytes, or the buffer over its hard limit."""
-        refusal = self.memory_guard.refusal() if getattr(self, "memory_guard", None) is not None else None
-        if refusal is not None:
-            return refusal
-        if self.lifecycle is None or not self.lifecycle.backpressure_engaged:
-            return None
-        from iox_spark.server.errors import WriteBufferOverloaded
-
-        return WriteBufferOverloaded(self.catalog.memory_bytes(), self.rules.buffer_size_hard_bytes,
-                                     self.rules.worker_backoff_s)
-
     def claim_partitions(self, database: str, partitions):
         """`iox claim` / the assigner: see server/pool_admin.py."""
         if self.config.role == "querier":
@@ -543,29 +492,7 @@ class IoxServer:
         filters (what a persisted file already holds) are not needed any more."""
         self.ingestor.row_filters = {}
 
-    # -- write-buffer losses and fencing ------------------------------------------------
-    def _refuse_writes_when_fenced(self, database: str) -> None:
-        """Raises DatabaseFenced when another server committed a newer revision of the database's
-        preserved catalog (the router calls it before anything of a write is done)."""
-        lifecycle = self.lifecycle
-        revision = lifecycle.fenced_revision(database) if lifecycle is not None else None
-        if revision is not None:
-            raise DatabaseFenced(database, revision)
-
-    def _forget_epoch(self, db) -> None:
-        """A database continues in a new write-buffer epoch (server/lost_writes_admin.py; while no
-        micro-batch runs): what the server keeps of its old epoch's offsets and messages goes."""
-        self.ingestor.forget_topic(db.topic)
-        self.ingestor.poison_changed(db)
-        for key in [k for k in self.ingestor.row_filters if k[0] == db.name]:
-            del self.ingestor.row_filters[key]
-        self.replay.forget(db.topic)
-        self.kafka_ends.forget(db.topic)
-        self.message_sizes.forget_topic(db.topic)
-        self.write_buffer.forget_acked(db.topic)
-        if self.tail is not None:
-            self.tail.forget_topic(db.topic)
-
+    # -- write-buffer losses -----------------------------------------------------------
     def accept_lost_writes(self, database: str):
         """`iox accept-lost-writes` (server/lost_writes_admin.py `LostWritesControl.accept`)."""
         return self.losses.accept(database)
@@ -587,24 +514,6 @@ class IoxServer:
             self.write_buffer.commit_resumption_offsets(db.name, offsets)
         except Exception:
             log.exception("committing resumption offsets of %s", db.name)
-
-    def _on_fenced(self, err) -> None:
-        """The lifecycle found `err.db` fenced (a catalog RevisionConflict naming the other server's
-        revision): from now on its writes and deletes are refused (`_refuse_writes_when_fenced`), and
-        every Kafka partition of it is held past what is applied (`Database.hold`, FENCED): the owner's
-        writes are neither applied nor followed here, so this server's memory of it stops growing and
-        its queries answer what it held when fenced. The server keeps serving everything else (see the
-        module docstring)."""
-        log.error("database %s: another server committed revision %d of its preserved catalog; its writes and "
-                  "deletes are refused and its write buffer no longer applied from now on, its other databases "
-                  "are served on (restart to load the catalog again)", err.db, err.revision)
-        db = self.catalog.peek_database(err.db)
-        if db is None:
-            return
-        db.hold_after_applied(FENCED)
-        ingestor = getattr(self, "ingestor", None)
-        if ingestor is not None:
-            ingestor.poison_changed(db)  # the streaming source's holds file follows
 
     # -- queries -------------------------------------------------------------------------
     def query(self, database: str, sql: str, after: str = "", allow_partial: bool = False,

@@ -164,11 +164,10 @@ class LostWritesControl:
         its tail (`_tail_lost`); a topic whose Kafka id changed was replaced (`_topic_replaced`). What is
         known is read before Kafka's ends, so a write landing meanwhile never looks like a loss."""
         known: dict = {}
-        with self._catalog.lock:
-            for db in dbs:
-                if db.tail_truncated is None and not db.topic_replaced and db.topic_id is not None:
-                    known[db.name] = (db, db.epoch, dict(db.applied_hi_inclusive))
-        known = {n: k for n, k in known.items() if self._lifecycle.fenced_revision(n) is None}
+        for db in dbs:
+            state = db.tail_check_state()
+            if state is not None and self._lifecycle.fenced_revision(db.name) is None:
+                known[db.name] = (db, *state)
         if not known:
             return
         wb = self._write_buffer
@@ -210,13 +209,9 @@ class LostWritesControl:
         now = time.time()
         acked = self._write_buffer.acked_of(db.topic)
         reason = f"topic {db.topic} was deleted and created again (its id is now {new_topic_id}, was {db.topic_id})"
-        with self._catalog.lock:
-            if not db.mark_topic_replaced():
-                return
-            applied = dict(db.applied_hi_inclusive)
-            ranges = [LostWriteRange(kp, applied.get(kp, -1) + 1, off + 1, now, reason, epoch=db.epoch)
-                      for kp, off in sorted(acked.items()) if off > applied.get(kp, -1)]
-            db.record_lost_writes(ranges)
+        ranges = db.record_topic_replaced(acked, now, reason)
+        if ranges is None:
+            return
         if ranges:
             self._metrics.lost_writes(db.name, len(ranges))
             log.error("database %s: the write buffer LOST acknowledged writes (%s): %s; writes are refused until the "
@@ -238,20 +233,9 @@ class LostWritesControl:
         epoch from Kafka's end (`continue_after_tail_lost`)."""
         now = time.time()
         acked = self._write_buffer.acked_of(db.topic)
-        with self._catalog.lock:
-            if db.epoch != epoch or db.tail_truncated is not None or db.topic_replaced:
-                return  # a new epoch since the ends were read, or found already
-            applied = dict(db.applied_hi_inclusive)
-            ranges = []
-            for kp, end in sorted(ends.items()):
-                first = max(end, applied.get(kp, -1) + 1)
-                if acked.get(kp, -1) >= first:
-                    ranges.append(LostWriteRange(kp, first, acked[kp] + 1, now,
-                                                 f"the broker lost the tail of Kafka partition {kp}: it ended at "
-                                                 f"offset {end}, below offsets this server had acknowledged",
-                                                 epoch=db.epoch))
-            db.record_tail_truncated(ends)
-            db.record_lost_writes(ranges)
+        ranges = db.record_tail_lost(epoch, ends, acked, now)
+        if ranges is None:
+            return  # a new epoch since the ends were read, or found already
         if ranges:
             self._metrics.lost_writes(db.name, len(ranges))
             log.error("database %s: the write buffer LOST acknowledged writes (its broker lost the tail of %s): %s; "
@@ -338,9 +322,7 @@ class LostWritesControl:
         if replaced:
             self.continue_in_new_epoch(db, now)
         else:
-            with self._catalog.lock:
-                lost = [r.as_accepted(now) for r in db.lost_writes]
-            self._lifecycle.commit_records(db, [RecordLostWrites(ranges=tuple(r.entry() for r in lost))], now)
+            self._lifecycle.commit_records(db, [RecordLostWrites(ranges=db.lost_write_entries(accepted_at_s=now))], now)
             db.accept_lost_writes(now)
             if truncated:  # continues in a new epoch from Kafka's end once what was applied is persisted
                 self.continue_after_tail_lost(db, lost=False)
@@ -348,11 +330,10 @@ class LostWritesControl:
                     db.name, ", ".join(f"partition {r.partition} from {r.from_offset}" for r in open_ranges) or "none",
                     f" on the new topic, in write-buffer epoch {db.epoch}" if replaced else "")
         resp = management_pb2.AcceptLostWritesResponse(epoch=db.epoch, new_topic=replaced)
-        with self._catalog.lock:
-            for r in db.lost_writes:
-                if any((r.partition, r.from_offset, r.epoch) == (o.partition, o.from_offset, o.epoch)
-                       for o in open_ranges):
-                    lost_status(resp.accepted.add(), r)
+        opened = {(o.partition, o.from_offset, o.epoch) for o in open_ranges}
+        for r in db.lost_write_ranges():
+            if (r.partition, r.from_offset, r.epoch) in opened:
+                lost_status(resp.accepted.add(), r)
         return resp
 
     def continue_in_new_epoch(self, db: Database, now: float) -> None:

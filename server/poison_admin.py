@@ -11,15 +11,13 @@ driver only.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 
-from iox_spark.catalog.catalog import ACCEPTED, Catalog
+from iox_spark.catalog.catalog import Catalog
 from iox_spark.iox import management_pb2
 from iox_spark.server.errors import DatabaseNotFound, InvalidArgument, PoisonedMessageNotFound
-from iox_spark.server.write_buffer.poison import select
 
 __all__ = ["PoisonControl", "poisoned_status"]
 
@@ -57,17 +55,14 @@ class PoisonControl:
             raise DatabaseNotFound(database)
         if offset is not None and partition is None:
             raise InvalidArgument("a poisoned message's offset needs its Kafka partition")
-        with self._catalog.lock:
-            held = select(db, partition, offset)
-        if not held:
+        if not db.poisoned_of(partition, offset):
             raise PoisonedMessageNotFound(database, partition, offset)
         return db
 
     def _answer(self, db, targets: list) -> management_pb2.PoisonedResponse:
         resp = management_pb2.PoisonedResponse()
-        with self._catalog.lock:
-            for r in targets:
-                poisoned_status(resp.messages.add(), db, r)
+        for r in db.poisoned_copies(targets):
+            poisoned_status(resp.messages.add(), db, r)
         return resp
 
     def retry(self, database: str, partition: int | None = None, offset: int | None = None):
@@ -77,10 +72,7 @@ class PoisonControl:
         db = self._held(database, partition, offset)
 
         def resolve():  # while no micro-batch runs
-            with self._catalog.lock:
-                targets = select(db, partition, offset)
-                for r in targets:
-                    r.retry()
+            targets = db.retry_poisoned(partition, offset)
             if not targets:
                 raise PoisonedMessageNotFound(database, partition, offset)
             self._ingestor.poison_changed(db)
@@ -103,16 +95,11 @@ class PoisonControl:
 
         def resolve():  # while no micro-batch runs
             now = time.time()
-            with self._catalog.lock:
-                targets = select(db, partition, offset)
-                entries = [r.entry() for r in db.poisoned if r.state == ACCEPTED]
-                entries += [dataclasses.replace(r.entry(), accepted_at_s=now) for r in targets]
+            targets, entries = db.poison_acceptance(partition, offset, now)
             if not targets:
                 raise PoisonedMessageNotFound(database, partition, offset)
             self._lifecycle.commit_records(db, [RecordAcceptedPoison(messages=tuple(entries))], now)
-            with self._catalog.lock:  # read again from it, it is passed (server/consume/ingest.py `accepted`)
-                for r in targets:
-                    r.accept(now)
+            db.accept_poisoned(targets, now)  # read again from it, it is passed (server/consume/ingest.py `accepted`)
             self._ingestor.poison_changed(db)
             return targets
 

@@ -200,10 +200,9 @@ class PoolControl:
         kps = set(partitions)
         with self._lock:
             def between():
-                with srv.catalog.lock:
-                    if not db.lose_claim(kps):
-                        return
-                    self.losses += 1
+                if not db.lose_claim(kps):
+                    return
+                self.losses += 1  # `lose` holds self._lock meanwhile
                 self._drop_unpersisted(db, kps)
                 srv.replay.drop(db.topic, kps)
 
@@ -224,18 +223,7 @@ class PoolControl:
         catalog = self.server.catalog
         with self._state_lock:
             self._taken.pop(db.name, None)
-        n = db.kafka_partitions
-        dropped, tables = [], set()
-        with catalog.lock:
-            for table, parts in db.partitions.items():
-                if partition_for(table, n) not in kps:
-                    continue
-                for part in parts.values():
-                    had_windows = part.windows is not None
-                    gone = part.drop_unpersisted(_PERSISTED_STATES)
-                    if gone or had_windows:
-                        dropped.extend(gone)
-                        tables.add(table)
+        dropped, tables = db.drop_unpersisted_of(kps, _PERSISTED_STATES)
         if dropped:
             catalog.retire(dropped, time.time())
         for table in tables:

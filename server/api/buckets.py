@@ -71,11 +71,15 @@ def _period_of(rules) -> int:
 
 
 class BucketsApi:
-    """The buckets API of one server (`server`: the IoxServer; `database_for(org, bucket)`: the
-    write API's mapping, server/api/http_api.py; see the module docstring)."""
+    """The buckets API of one server. Collaborators: the `catalog` (which databases exist, their
+    retention); `set_retention(database, period_s)` (server/retention_admin.py `RetentionControl.set`);
+    `database_for(org, bucket)` (the write API's mapping, server/api/http_api.py); `started_at_s`
+    (wall seconds: the creation time of a bucket this server did not create). See the module docstring."""
 
-    def __init__(self, server, database_for):
-        self.server = server
+    def __init__(self, catalog, set_retention, database_for, started_at_s: float):
+        self._catalog = catalog
+        self._set_retention = set_retention
+        self._started_at_s = started_at_s
         self.database_for = database_for
         self._lock = threading.Lock()
         #: org id -> org name, of every org named to this server
@@ -93,7 +97,7 @@ class BucketsApi:
         with self._lock:
             orgs = sorted(set(self._orgs.values()), key=len, reverse=True)
         out = []
-        for db in self.server.catalog.databases():
+        for db in self._catalog.databases():
             org = next((o for o in orgs if db.name.startswith(o + "_") and len(db.name) > len(o) + 1), None)
             if org is None:
                 org, sep, _rest = db.name.partition("_")
@@ -103,10 +107,10 @@ class BucketsApi:
         return out
 
     def _bucket_json(self, org: str, bucket: str, database: str) -> dict:
-        db = self.server.catalog.peek_database(database)
+        db = self._catalog.peek_database(database)
         period = (db.retention_period_s or 0) if db is not None else 0
         bid = object_id("bucket", database)
-        created = _iso(self._created_at.get(database, self.server.started_at or 0))
+        created = _iso(self._created_at.get(database, self._started_at_s))
         return {"id": bid, "orgID": self._org(org), "type": "user", "name": bucket, "description": "",
                 "retentionRules": [{"type": "expire", "everySeconds": period, "shardGroupDurationSeconds": 86400}]
                 if period else [], "createdAt": created, "updatedAt": created, "labels": [],
@@ -164,7 +168,7 @@ class BucketsApi:
             database = self.database_for(org, name)
             self._allowed(may, database)
             period = _period_of(req.get("retentionRules"))
-            if self.server.catalog.peek_database(database) is not None:
+            if self._catalog.peek_database(database) is not None:
                 raise _HttpError(422, "conflict", f"bucket with name {name} already exists")
             self._apply(database, period)
             self._created_at.setdefault(database, self._now())
@@ -187,7 +191,7 @@ class BucketsApi:
         from iox_spark.server.errors import InvalidArgument
 
         try:
-            self.server.set_retention(database, period_s)
+            self._set_retention(database, period_s)
         except InvalidArgument as e:
             raise _HttpError(400, "invalid", str(e)) from None
 

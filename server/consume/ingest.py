@@ -32,7 +32,6 @@ accepts them.
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import threading
@@ -218,6 +217,7 @@ class Ingestor:
         self.stream_generation = 0
         #: where the streaming source reads which partitions are held (server/write_buffer/poison.py); "" none
         self.holds_file = holds_file
+        self._holds_lock = threading.Lock()
         #: ServerMetrics (poisoned messages), or None
         self.metrics = metrics
         #: (topic, kp, offset) -> isolations in a row in which the message failed on its own
@@ -405,9 +405,8 @@ class Ingestor:
             crash_point(CrashPoint.CONSUME_BEFORE_APPLIED)
             if self.row_filters:
                 crash_point(CrashPoint.REPLAY_BATCH)
-            with self.catalog.lock:
-                for db, txns in staged_txns.values():
-                    db.install_txns(txns)
+            for db, txns in staged_txns.values():
+                db.install_txns(txns)
             self._record_skipped(skipped)
             added_stash, removed = stash_changes
             for key in removed:
@@ -417,8 +416,7 @@ class Ingestor:
                 db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
                 self.catalog.advance_applied(db, parts)
                 if db.poisoned:
-                    with self.catalog.lock:
-                        settled = settle_retried(db)
+                    settled = settle_retried(db)
                     for r in settled:
                         log.warning("database %s: the poisoned message %s[%d]@%d was applied on retry", db.name,
                                     topic, r.partition, r.offset)
@@ -473,9 +471,9 @@ class Ingestor:
 
         found = isolate([groups[k] for k in sorted(groups)], attempt, first)
         keys = [(m["topic"], m["kp"], m["offset"]) for m, _e in found]
-        with self.catalog.lock:  # a message an operator retried failed before: no second isolation needed
-            retried = {(db.topic, r.partition, r.offset) for db in self.catalog.databases()
-                       for r in select(db, states=(RETRYING,))}
+        # a message an operator retried failed before: no second isolation needed
+        retried = {(db.topic, r.partition, r.offset) for db in self.catalog.databases()
+                   for r in select(db, states=(RETRYING,))}
         suspects = {k: max(self._suspects.get(k, 0) + 1, 2 if k in retried else 0) for k in keys}
         self._suspects = suspects
         if found and not applied_any and (len(found) > 1 or all(n < 2 for n in suspects.values())):
@@ -490,9 +488,7 @@ class Ingestor:
             self._suspects.pop((m["topic"], m["kp"], m["offset"]), None)
             db = self.catalog.ensure_database(database_of_topic(m["topic"]), m["topic"], self.kafka_partitions)
             error = f"{type(e).__name__}: {e}"
-            with self.catalog.lock:
-                r = set_aside(db, m["kp"], m["offset"], m["tbl"], m["kind"], error, now)
-                self.catalog.forget_unapplied(db, m["kp"], m["offset"])
+            r = set_aside(db, m["kp"], m["offset"], m["tbl"], m["kind"], error, now, catalog=self.catalog)
             log.error("database %s: write-buffer message %s[%d]@%d (%s%s) fails to apply (attempt %d): %s; it is "
                       "set aside and Kafka partition %d of the database applies nothing after it until it is retried "
                       "(iox poison retry --db %s) or accepted as skipped (iox poison accept --db %s)", db.name,
@@ -505,16 +501,19 @@ class Ingestor:
     def poison_changed(self, db: Database) -> None:
         """The database's poisoned records changed: the holds file (for the streaming source) and
         the held gauge follow."""
-        with self.catalog.lock:
+        # one writer at a time, so the file written last is of the newest holds; never called under the
+        # catalog's lock (taken inside, after this one)
+        with self._holds_lock:
             held = len(select(db))
             holds = holds_of(self.catalog.databases())
-        if self.metrics is not None:
-            self.metrics.poisoned_held(db.name, held)
-        if self.holds_file:
-            try:
-                write_holds(self.holds_file, holds)
-            except OSError:
-                log.exception("writing the holds file %s (the consumer still drops held messages)", self.holds_file)
+            if self.metrics is not None:
+                self.metrics.poisoned_held(db.name, held)
+            if self.holds_file:
+                try:
+                    write_holds(self.holds_file, holds)
+                except OSError:
+                    log.exception("writing the holds file %s (the consumer still drops held messages)",
+                                  self.holds_file)
 
     def forget_topic(self, topic: str) -> None:
         """The topic's write-buffer epoch ended (its lost writes were accepted): drops the
@@ -579,11 +578,7 @@ class Ingestor:
         for topic, rows in txn_rows.items():
             db = self.catalog.ensure_database(database_of_topic(topic), topic, self.kafka_partitions)
             records = [_txn_record(m) for m in rows]
-            with self.catalog.lock:
-                hi_after = dict(db.applied_hi_inclusive)  # every partition, not only this batch's
-                for kp, off in hi[topic].items():
-                    hi_after[kp] = max(hi_after.get(kp, -1), off)
-                txns = copy.deepcopy(db.txns)
+            hi_after, txns = db.txns_to_stage(hi[topic])
             res = txns.apply_batch(records, hi_after, now)
             staged[db.name] = (db, txns)
             still_pending = set(txns.pending)
@@ -627,8 +622,7 @@ class Ingestor:
         produced = 0
         for db in self.catalog.databases():
             self._learn_decisions_elsewhere(db, write_buffer, now)
-            with self.catalog.lock:
-                repairs = db.txns.due_repairs(now, self.txn_timeout_s)
+            repairs = db.due_txn_repairs(now, self.txn_timeout_s)
             if not repairs:
                 continue
             msgs = [encode_marker(r.txn, r.decision, r.kp) if r.kind == MARKER
@@ -644,11 +638,9 @@ class Ingestor:
         """In an ingester pool, a part on a partition this member owns can wait for a decision on a
         partition another member owns (its router died before the markers): that decision is read
         from Kafka (`WriteBuffer.first_decision`) and its markers are then written here."""
-        with self.catalog.lock:
-            owned = db.owned_partitions
-            if owned is None:
-                return  # every partition is read here: decisions arrive through the stream
-            lookups = db.txns.undecided_elsewhere(now, owned.__contains__)  # a frozenset, replaced on a claim
+        lookups = db.txns_undecided_elsewhere(now)
+        if lookups is None:
+            return  # every partition is read here: decisions arrive through the stream
         for txn, q, since_ms in lookups:
             try:
                 decision = write_buffer.first_decision(db.topic, q, txn, since_ms)
@@ -659,8 +651,7 @@ class Ingestor:
             if decision is not None:
                 log.info("database %s: transaction %s: read its %s decision on Kafka partition %d (another "
                          "member's)", db.name, txn, decision, q)
-                with self.catalog.lock:
-                    db.txns.learn_decision(txn, decision, now)
+                db.learn_txn_decision(txn, decision, now)
 
     def _plan_table(self, raw, db: Database, topic: str, table: str, msgs: list, F, at_offset: dict,
                     stashed: list) -> list["_ChunkBuild"]:
@@ -854,13 +845,8 @@ class Ingestor:
         the (db, table) pairs whose view must change."""
         touched = []
         for db, d in deleted:
-            with self.catalog.lock:
-                for table in list(db.partitions):
-                    if d.applies_to(table, partition_for(table, db.kafka_partitions)):
-                        for part in db.partitions[table].values():
-                            for c in part.chunks:
-                                c.close()
-                        touched.append((db, table))
+            tables = db.close_chunks_of(lambda table: d.applies_to(table, partition_for(table, db.kafka_partitions)))
+            touched += [(db, table) for table in tables]
         return touched
 
     def refresh_table_view(self, db: Database, table: str, arrow_merge: bool = True) -> None:

@@ -504,9 +504,7 @@ class WriteBufferTail:
     def _sync(self) -> bool:
         """Follows new databases and trims at the applied watermarks; True when the consumer's
         assignment must change (a partition to read from a new position)."""
-        with self.catalog.lock:
-            dbs = [(db.topic, db.seq_origin, dict(db.applied_hi_inclusive), db.held_offsets())
-                   for db in self.catalog.databases()]
+        dbs = [db.tail_state() for db in self.catalog.databases()]
         changed = False
         with self._lock:
             room = self.max_bytes - sum(p.nbytes for p in self._parts.values())

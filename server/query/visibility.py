@@ -54,8 +54,7 @@ class Visibility:
         ends = self._kafka_ends.ends(db)
         visible = self.visible(db)
         dbck = self._database_checkpoint(db.name)
-        with self._catalog.lock:  # offsets and their epoch at one instant
-            applied, epoch, topic = dict(db.applied_hi_inclusive), db.epoch, db.topic
+        applied, epoch, topic = db.applied_in_epoch()  # offsets and their epoch at one instant
         persisted = persisted_hi_inclusive(dbck, epoch, applied)
         return partition_watermarks(applied, visible, persisted, ends,
                                     lambda kp: self._message_sizes.mean_bytes(topic, kp))

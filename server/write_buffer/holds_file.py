@@ -24,7 +24,7 @@ __all__ = ["holds_of", "write_holds", "read_holds", "held_end"]
 
 def holds_of(databases: list) -> dict:
     """{topic: {"<kp>": offset}} of every HELD message (the streaming source's holds file).
-    Caller holds Catalog.lock."""
+    Each database's holds are read at one instant (`Database.held_offsets`)."""
     out: dict = {}
     for db in databases:
         held = db.held_offsets()

@@ -34,7 +34,7 @@ headers or payloads the server could never apply): those are skipped at once and
 """
 from __future__ import annotations
 
-from iox_spark.catalog.catalog import ACCEPTED, HELD, RETRYING, Database, PoisonedMessage
+from iox_spark.catalog.catalog import HELD, Database, PoisonedMessage
 
 __all__ = ["isolate", "first_failing", "set_aside", "select", "settle_retried", "MAX_ERROR_CHARS"]
 
@@ -113,34 +113,25 @@ def first_failing(messages: list, attempt, failed: BaseException | None, failed_
 
 
 def set_aside(db: Database, partition: int, offset: int, table: str, kind: str, error: str,
-              now: float) -> PoisonedMessage:
+              now: float, catalog=None) -> PoisonedMessage:
     """Records that the message at (``partition``, ``offset``) of the database's current epoch
     failed on its own: a new HELD record, or the existing one (retried) HELD again with one more
-    attempt and the latest error. Caller holds Catalog.lock."""
+    attempt and the latest error (cut to MAX_ERROR_CHARS; `Database.set_aside_poisoned`). With the
+    database's ``catalog``, what failed attempts recorded from the offset on is forgotten at the
+    same instant (`Catalog.set_aside_poisoned`)."""
     error = error[:MAX_ERROR_CHARS]
-    for r in db.poisoned:
-        if r.epoch == db.epoch and r.partition == partition and r.offset == offset and r.state != ACCEPTED:
-            r.failed_again(error, now)
-            return r
-    r = PoisonedMessage(partition=partition, offset=offset, epoch=db.epoch, table=table or "", kind=kind or "",
-                        error=error, detected_at_s=now, last_failed_at_s=now)
-    db.add_poisoned(r)
-    return r
+    if catalog is not None:
+        return catalog.set_aside_poisoned(db, partition, offset, table, kind, error, now)
+    return db.set_aside_poisoned(partition, offset, table, kind, error, now)
 
 
 def select(db: Database, partition: int | None = None, offset: int | None = None, states=(HELD,)) -> list:
     """The database's records of the current epoch in ``states``, of ``partition`` (None: any) at
-    ``offset`` (None: any), in (partition, offset) order. Caller holds Catalog.lock."""
-    return sorted((r for r in db.poisoned if r.epoch == db.epoch and r.state in states
-                   and (partition is None or r.partition == partition) and (offset is None or r.offset == offset)),
-                  key=lambda r: (r.partition, r.offset))
+    ``offset`` (None: any), in (partition, offset) order (`Database.poisoned_of`)."""
+    return db.poisoned_of(partition, offset, states)
 
 
 def settle_retried(db: Database) -> list:
     """Drops the RETRYING records whose offset is applied now (the retry applied them); returns
-    them. Caller holds Catalog.lock."""
-    done = [r for r in db.poisoned if r.state == RETRYING and r.epoch == db.epoch
-            and db.applied_hi_inclusive.get(r.partition, -1) >= r.offset]
-    if done:
-        db.drop_poisoned(done)
-    return done
+    them (`Database.settle_retried`)."""
+    return db.settle_retried()

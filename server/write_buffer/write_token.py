@@ -73,8 +73,8 @@ def token_for(catalog, database: str, offsets: dict) -> WriteToken | None:
     db = catalog.peek_database(database)
     if db is None:
         return None
-    with catalog.lock:
-        return WriteToken(db.topic, db.topic_id, db.epoch, {int(kp): int(off) for kp, off in offsets.items()})
+    topic, topic_id, epoch = db.incarnation()
+    return WriteToken(topic, topic_id, epoch, {int(kp): int(off) for kp, off in offsets.items()})
 
 
 def format_token(t: WriteToken) -> str:

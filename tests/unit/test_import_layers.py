@@ -41,6 +41,8 @@ LAYERS = [
     "iox_spark.server.assigner_status",  # the assigner's status endpoint (HTTP)
     "iox_spark.server.replay_watch",  # how far each database's replay of its write buffer must reach
     "iox_spark.server.retention_admin",  # retention settings, their status and the scrape-time gauges
+    "iox_spark.server.epoch_reset",  # what is forgotten of a database's old write-buffer epoch
+    "iox_spark.server.fence_admin",  # a database another server committed to: its writes refused, its buffer held
     "iox_spark.server.freeze_admin",  # frozen mode of a running server
     "iox_spark.server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
     "iox_spark.server.poison_admin",  # retrying and accepting poisoned messages

@@ -8,6 +8,8 @@ import pytest
 
 from iox_spark.catalog.catalog import (ACCEPTED, FENCED, FROZEN, HELD, NOT_OWNED, RETRYING, Catalog, LostWriteRange,
                              PoisonedMessage, TablePartition)
+from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.sharding import partition_for
 from iox_spark.catalog.transactions import TxnLog
 
 
@@ -102,6 +104,106 @@ def test_losses_are_recorded_accepted_and_merged_with_one_found_again_at_start()
     accepted = db.accept_lost_writes(40.0)
     assert [(r.partition, r.accepted_at_s) for r in accepted] == [(0, 20.0), (1, 40.0)]
     assert db.lost_writes == accepted
+
+
+def test_a_replaced_topic_records_the_acknowledged_offsets_past_the_applied_ones_once():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 3)
+    db.adopt_topic_id("id-1")
+    cat.advance_applied(db, {0: 4, 1: 9})
+    assert db.tail_check_state() == (0, {0: 4, 1: 9, 2: -1})
+    ranges = db.record_topic_replaced({0: 7, 1: 9, 2: 1}, 50.0, "gone")
+    assert [(r.partition, r.from_offset, r.to_exclusive, r.reason) for r in ranges] == [(0, 5, 8, "gone"), (2, 0, 2, "gone")]
+    assert db.topic_replaced and db.lost_writes == ranges and db.tail_check_state() is None
+    assert db.record_topic_replaced({0: 20}, 60.0, "again") is None and db.lost_writes == ranges  # known: nothing
+
+
+def test_a_lost_tail_records_what_was_acknowledged_past_kafkas_end_and_the_applied_offsets():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 3)
+    db.adopt_topic_id("id-1")
+    cat.advance_applied(db, {0: 4, 1: 2})
+    assert db.record_tail_lost(1, {0: 3}, {0: 9}, 50.0) is None  # read in another epoch: nothing
+    ranges = db.record_tail_lost(0, {0: 3, 1: 6, 2: 0}, {0: 9, 1: 5, 2: 2}, 50.0)
+    # kp 0: applied up to 4, so lost from 5; kp 1: acknowledged below Kafka's end, nothing lost
+    assert [(r.partition, r.from_offset, r.to_exclusive) for r in ranges] == [(0, 5, 10), (2, 0, 3)]
+    assert db.tail_truncated == {0: 3, 1: 6, 2: 0} and db.lost_writes == ranges
+    assert db.record_tail_lost(0, {0: 3}, {0: 9}, 60.0) is None and db.tail_check_state() is None
+
+
+def test_lost_write_entries_as_accepted_change_nothing():
+    db = Catalog().ensure_database("d", "iox.d", 2)
+    db.record_lost_writes([LostWriteRange(0, 5, 9, 10.0, "tail lost", epoch=0),
+                           LostWriteRange(1, 0, 3, 20.0, "gone", accepted=True, accepted_at_s=25.0, epoch=0)])
+    entries = db.lost_write_entries(accepted_at_s=30.0)
+    assert [(e.partition, e.accepted_at_s) for e in entries] == [(0, 30.0), (1, 25.0)]
+    assert [r.accepted for r in db.lost_write_ranges()] == [False, True]
+
+
+def test_poisoned_messages_are_selected_retried_and_accepted_through_the_database():
+    db = Catalog().ensure_database("d", "iox.d", 2)
+    a, b, old = _poisoned(0, 3), _poisoned(1, 7), _poisoned(1, 2, epoch=5)
+    done = _poisoned(0, 1, state=ACCEPTED)
+    for r in (b, a, old, done):
+        db.add_poisoned(r)
+    assert db.poisoned_of() == [a, b] and db.poisoned_of(1) == [b] and db.poisoned_of(1, 8) == []
+    assert db.retry_poisoned(0) == [a] and a.state == RETRYING and b.state == HELD
+    records, entries = db.poison_acceptance(1, 7, 40.0)
+    assert records == [b] and b.state == HELD  # nothing changes before the record is committed
+    assert [(e.partition, e.offset, e.accepted_at_s) for e in entries] == [(0, 1, 1.0), (1, 7, 40.0)]
+    copies = db.poisoned_copies(records)
+    db.accept_poisoned(records, 40.0)
+    assert (b.state, b.accepted_at_s) == (ACCEPTED, 40.0) and copies[0].state == HELD and copies[0] is not b
+
+
+def _chunk(cid: int, table: str, key: str, offsets: dict, state: str = "open") -> Chunk:
+    return Chunk(id=cid, table=table, partition_key=key, order=cid, state=state, rows=3, size_bytes=10,
+                 min_time_ns=0, max_time_ns=10, columns=[], view=None, offsets=offsets)
+
+
+def test_partitions_chunks_and_unpersisted_rows_through_the_database():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 4)
+    tables = sorted({"cpu", "mem", "disk", "net", "io"}, key=lambda t: partition_for(t, 4))
+    a, b = tables[0], next(t for t in tables if partition_for(t, 4) != partition_for(tables[0], 4))
+    assert not db.has_unpersisted_rows()
+    cat.add_chunk(db, _chunk(1, a, "2026-12-01", {0: (0, 2)}), now=10.0)
+    cat.add_chunk(db, _chunk(2, a, "2026-12-02", {0: (3, 4)}), now=10.0)
+    cat.add_chunk(db, _chunk(3, b, "2026-12-01", {1: (0, 1)}, state="persisted"))
+    assert db.partition_keys() == sorted([(a, "2026-12-01"), (a, "2026-12-02"), (b, "2026-12-01")])
+    assert db.partition_keys(a, "2026-12-02") == [(a, "2026-12-02")] and db.partition_keys("none") == []
+    assert db.has_unpersisted_rows()
+    assert db.close_chunks_of(lambda t: t == a) == [a]
+    assert {c.state for c in cat.table_chunks(db, a)} == {"closed"}
+    dropped, changed = db.drop_unpersisted_of({partition_for(a, 4)}, ("persisted", "unloaded"))
+    assert sorted(c.id for c in dropped) == [1, 2] and changed == {a}
+    assert [c.id for c in cat.table_chunks(db, b)] == [3] and not db.has_unpersisted_rows()
+
+
+def test_reads_of_offsets_with_their_epoch_and_the_transactions_to_stage():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    db.set_epoch(2, 1000)
+    cat.advance_applied(db, {0: 5})
+    assert db.applied_in_epoch() == ({0: 5, 1: -1}, 2, "iox.d")
+    db.hold(FROZEN, {1: 0})
+    assert db.tail_state() == ("iox.d", 1000, {0: 5, 1: -1}, {1: 0})
+    hi_after, txns = db.txns_to_stage({1: 7, 0: 2})
+    assert hi_after == {0: 5, 1: 7} and txns is not db.txns and isinstance(txns, TxnLog)
+    assert db.due_txn_repairs(1e9, 30.0) == [] and db.txns_undecided_elsewhere(1e9) is None
+
+
+def test_a_message_set_aside_is_held_and_settles_once_applied_on_retry():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    r = cat.set_aside_poisoned(db, 1, 4, "cpu", "write", "boom", 5.0)
+    assert db.held_offsets() == {1: 4} and (r.state, r.attempts) == (HELD, 1)
+    assert db.retry_poisoned(1, 4) == [r]
+    assert db.set_aside_poisoned(1, 4, "cpu", "write", "again", 6.0) is r and (r.state, r.attempts) == (HELD, 2)
+    db.retry_poisoned(1, 4)
+    assert db.settle_retried() == []  # offset 4 not applied yet
+    cat.advance_applied(db, {1: 4})
+    assert db.settle_retried() == [r] and db.poisoned == []
 
 
 def test_a_poisoned_message_retried_and_failing_again_counts_the_attempt():
