@@ -306,8 +306,8 @@ class IoxServer:
                 cfg.broker_persisted_retention_s, self.router.metrics).start()
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.ingestor.refresh_table_view, self.pause_file,
-                                         is_replaying=self.replay.replaying, on_persisted=self._commit_resumption_offsets,
-                                         cache=self.parquet_cache)
+                                         is_replaying=self.replay.replaying,
+                                         on_persisted=self._commit_resumption_offsets, cache=self.parquet_cache)
         self.fence = FenceControl(self.catalog, self.lifecycle, self.ingestor)
         self.lifecycle.on_fenced = self.fence.on_fenced
         self.lifecycle.prune_delay_s = cfg.prune_delay_s
