@@ -1,7 +1,8 @@
 """The catalog: the in-memory state of every database and its preserved form.
 
 Databases, partitions, chunks, persistence windows and the delete mailbox
-(`catalog.py`, `chunk.py`, `persistence_windows.py`, `delete_mailbox.py`);
+(`catalog.py`, `chunk.py`, `persistence_windows.py`, `delete_mailbox.py`), and the
+lifecycle's claims and swaps of a partition's chunks (`partition_moves.py`);
 checkpoints, transactions and the preserved catalog in the object store
 (`checkpoint.py`, `transactions.py`, `preserved_catalog.py`, `object_store.py`,
 `cleanup.py`), retention's watermarks (`retention.py`), the pins of running queries

@@ -464,6 +464,33 @@ class Database:
         return list(self.lost_writes)
 
     @_locked
+    def unpersisted_partitions(self, table: str | None = None, partition_key: str | None = None) -> list:
+        """[(table, partition key, why a persist may not take it or None)] of every table partition
+        (of ``table`` and ``partition_key``; None or "": any) holding rows not persisted yet, sorted:
+        a persist or compaction of it is running, or a failed micro-batch holds the database's
+        persists."""
+        out = []
+        for t, parts in sorted(self.partitions.items()):
+            for k, p in sorted(parts.items()):
+                if (table and t != table) or (partition_key and k != partition_key) or p.windows is None \
+                        or p.windows.is_empty():
+                    continue
+                out.append((t, k, "a persist or compaction of it was running" if p.persisting or p.compacting else
+                            "a micro-batch that failed is not applied again yet" if self.failed_batch_hi else None))
+        return out
+
+    @_locked
+    def verify_inputs(self, tables: Iterable[str], kp: int) -> tuple:
+        """What a check of ``tables`` against the write buffer's Kafka partition ``kp`` reads before
+        its queries, at one instant: ({table: schema or None}, seq origin, the offsets of ``kp``
+        whose losses were accepted, {table: [min seq of each of its files]}, retention period)."""
+        tables = list(tables)
+        files_min_seq = {t: [f.min_seq for part in self.partitions.get(t, {}).values() for f in part.files]
+                         for t in tables}
+        return ({t: self.schemas.get(t) for t in tables}, self.seq_origin,
+                {off for p, off in self.accepted_offsets() if p == kp}, files_min_seq, self.retention_period_s)
+
+    @_locked
     def chunks_in_memory(self) -> tuple[int, int]:
         """(how many chunks, their bytes) this database holds in memory."""
         chunks = [c for parts in self.partitions.values() for p in parts.values() for c in p.chunks if c.in_memory]
@@ -1043,6 +1070,29 @@ class Catalog:
         with self._lock:
             for name in names:
                 self._applying.pop(name, None)
+
+    def owned_table_read(self, db: Database, table: str, skip_states: tuple) -> tuple | None:
+        """(schema or None, the table's chunks with a view whose state is not in ``skip_states``, the
+        deletes that apply to it) at one instant, or None when another pool member owns the table."""
+        with self._lock:
+            if not db.owns_table(table):
+                return None
+            chunks = [c for c in self.table_chunks(db, table) if c.state not in skip_states and c.view is not None]
+            return (db.schemas.get(table), chunks,
+                    db.deletes.for_table(table, partition_for(table, db.kafka_partitions)))
+
+    def unpersisted_at_stop(self, db: Database) -> tuple[list, dict]:
+        """(what still holds unpersisted rows: table partitions, and the offsets replay must still
+        read, `replay_pins`; the applied offsets), at one instant: a clean stop records a complete
+        checkpoint only when the first is empty."""
+        with self._lock:
+            unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
+                           if p.windows is not None and not p.windows.is_empty()]
+            applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
+            pins = self.replay_pins(db, {})  # undecided transaction parts, a batch half applied
+            if pins:
+                unpersisted.append(("offsets replay must read", sorted(pins.items())))
+            return unpersisted, applied
 
     def replay_pins(self, db: Database, unpersisted_lo: dict) -> dict:
         """{kp: lowest offset a replay must still read}, whatever the persistence windows say:

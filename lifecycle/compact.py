@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from iox_spark.catalog.catalog import COMPACTING, Catalog, Database
 from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.partition_moves import claim_to_compact, give_back, swap_compacted
 from iox_spark.catalog.schema import TIME_NS_COLUMN
 
 from iox_spark.catalog.crash_points import CrashPoint, crash_point
@@ -55,24 +56,10 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     """Compacts `chunk_ids` (None: every in-memory unpersisted chunk). Returns the new chunk or None.
 
     A run of one chunk is compacted only `to_read_buffer` (it moves to the read buffer)."""
-    with catalog.lock:
-        part = catalog.get_partition(db, table, partition_key)
-        if part is None or part.persisting or part.compacting:
-            return None
-        live = part.live_chunks()
-        if chunk_ids is None:
-            chunks = [c for c in live if c.state in ("open", "closed")]
-        else:
-            chunks = [c for c in live if c.id in set(chunk_ids)]
-            if len(chunks) != len(chunk_ids) or any(c.state not in ("open", "closed") for c in chunks):
-                return None
-        if len(chunks) < (1 if to_read_buffer and chunk_ids is not None else 2):
-            return None
-        # contiguous: no other chunk of the partition sits between the first and last
-        positions = [live.index(c) for c in chunks]
-        if positions != list(range(positions[0], positions[0] + len(chunks))):
-            return None
-        part.hold_for(COMPACTING, chunks, "compacting")
+    claimed = claim_to_compact(catalog, db, table, partition_key, chunk_ids, to_read_buffer)
+    if claimed is None:
+        return None
+    part, chunks = claimed
     schema = db.schemas.get(table)
     keep_segments = all(c.segments for c in chunks)
     segments = [s for c in chunks for s in c.segments] if keep_segments else []
@@ -106,8 +93,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             st = row_stats(df)
             rows, lo, hi = st["n"], st["lo"], st["hi"]
     except BaseException:
-        with catalog.lock:
-            part.release_from(COMPACTING, chunks, "closed")
+        give_back(catalog, part, COMPACTING, chunks, "closed")
         raise
     if lo is None:  # every row was deleted: the chunk keeps its inputs' time bounds (persist then flushes
         # their windows, and the policy compares bounds as numbers)
@@ -127,25 +113,20 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
         view = register_local_chunk(spark, local, columns, cid)
     else:
         view = register_segments_chunk(spark, segments, columns, cid) if as_segments else register_df_chunk(spark, df, cid)
-    with catalog.lock:
-        offsets: dict = {}
-        for c in chunks:
-            for kp, (a_lo, a_hi) in c.offsets.items():
-                a, b = offsets.get(kp, (a_lo, a_hi))
-                offsets[kp] = (min(a, a_lo), max(b, a_hi))
-        new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rows,
-                    size_bytes=segment_bytes + (local.nbytes if local is not None else 0) + read_bytes,
-                    local_rows=local,
-                    min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
-                    created_at=max(c.created_at for c in chunks),
-                    deduplicated=segments_dedup if as_segments else True, segments=segments,
-                    segments_deduplicated=segments_dedup, segment_bytes=segment_bytes,
-                    time_spans=merged_spans(chunks, lo, hi) if rows else ())
-        catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], [new])
-        part.release_from(COMPACTING)
-        if keep_segments:
-            for c in chunks:
-                c.hand_over_segments()  # to the new chunk
+    offsets: dict = {}
+    for c in chunks:
+        for kp, (a_lo, a_hi) in c.offsets.items():
+            a, b = offsets.get(kp, (a_lo, a_hi))
+            offsets[kp] = (min(a, a_lo), max(b, a_hi))
+    new = Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed", rows=rows,
+                size_bytes=segment_bytes + (local.nbytes if local is not None else 0) + read_bytes,
+                local_rows=local,
+                min_time_ns=lo, max_time_ns=hi, columns=columns, view=view, offsets=offsets, df=df,
+                created_at=max(c.created_at for c in chunks),
+                deduplicated=segments_dedup if as_segments else True, segments=segments,
+                segments_deduplicated=segments_dedup, segment_bytes=segment_bytes,
+                time_spans=merged_spans(chunks, lo, hi) if rows else ())
+    swap_compacted(catalog, db, table, partition_key, part, chunks, [new], hand_over_segments=keep_segments)
     refresh_view(db, table)
     catalog.retire(chunks, now)
     log.info("compacted %d chunks of %s/%s/%s into chunk %d (%d rows, %s)", len(chunks), db.name, table,

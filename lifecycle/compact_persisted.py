@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from iox_spark.catalog.catalog import COMPACTING, Catalog, Database
 from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.partition_moves import claim_persisted_to_compact, give_back, swap_compacted
 from iox_spark.catalog.object_store import ObjectStore, parquet_key
 from iox_spark.catalog.preserved_catalog import RemoveParquet, SetTableSchema
 
@@ -77,22 +78,10 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
     partition busy, or a chunk named is gone). Raises what the commit raises
     (RevisionConflict: the caller must stop).
     """
-    with catalog.lock:
-        part = catalog.get_partition(db, table, partition_key)
-        if part is None or part.persisting or part.compacting:
-            return None
-        stored = [c for c in part.live_chunks() if c.state in _STORED and c.parquet_keys]
-        if chunk_ids is not None:
-            wanted = set(chunk_ids)
-            stored = [c for c in stored if c.id in wanted]
-            if len(stored) != len(wanted):
-                return None
-        if len(stored) < 2:
-            return None
-        in_memory = any(c.df is not None for c in stored)
-        # "unloaded" only stays "unloaded": a chunk read from Parquet since its persist is "persisted"
-        state = "persisted" if any(c.state == "persisted" for c in stored) else "unloaded"
-        part.hold_for(COMPACTING)
+    claimed = claim_persisted_to_compact(catalog, db, table, partition_key, chunk_ids, _STORED)
+    if claimed is None:
+        return None
+    part, stored, in_memory, state = claimed
     old_keys = tuple(k for c in stored for k in c.parquet_keys)
     key = parquet_key(db.name, table, partition_key, uuid.uuid4())
     merged = plan = None
@@ -116,30 +105,26 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
         revision = preserved.commit(actions, now)
         crash_point(CrashPoint.COMPACT_PERSISTED_AFTER_COMMIT)
     except BaseException:
-        with catalog.lock:
-            part.release_from(COMPACTING)
+        give_back(catalog, part, COMPACTING)
         in_flight.discard([key])
         if in_memory:
             release_df(merged)  # its checkpoint blocks, if it got that far
         raise
     in_flight.discard([key])
-    with catalog.lock:
-        new_chunks = []
-        for f in added:
-            cid = catalog.next_chunk_id()
-            if in_memory:
-                view, df = register_df_chunk(spark, merged, cid), merged
-            else:
-                view, df = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache,
-                                                  [f.size_bytes]), None
-            new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state=state,
-                                    rows=f.row_count, size_bytes=schema_bytes(f.row_count, schema),
-                                    min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns, columns=schema.to_json(),
-                                    view=view, offsets={}, df=df, parquet_keys=[f.key],
-                                    created_at=max(c.created_at for c in stored), deduplicated=True))
-        catalog.replace_chunks(db, table, partition_key, [c.id for c in stored], new_chunks)
-        part.replace_files(old_keys, added)
-        part.release_from(COMPACTING)
+    new_chunks = []
+    for f in added:
+        cid = catalog.next_chunk_id()
+        if in_memory:
+            view, df = register_df_chunk(spark, merged, cid), merged
+        else:
+            view, df = register_parquet_chunk(spark, store, [f.key], schema.to_json(), cid, cache,
+                                              [f.size_bytes]), None
+        new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state=state,
+                                rows=f.row_count, size_bytes=schema_bytes(f.row_count, schema),
+                                min_time_ns=f.min_time_ns, max_time_ns=f.max_time_ns, columns=schema.to_json(),
+                                view=view, offsets={}, df=df, parquet_keys=[f.key],
+                                created_at=max(c.created_at for c in stored), deduplicated=True))
+    swap_compacted(catalog, db, table, partition_key, part, stored, new_chunks, replaced_files=(old_keys, added))
     if in_memory and not added:
         release_df(merged)  # every row was deleted: the empty checkpoint backs no chunk
     refresh_view(db, table)

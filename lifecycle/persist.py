@@ -43,9 +43,9 @@ import uuid
 from dataclasses import dataclass
 
 from iox_spark.catalog.catalog import PERSISTING, Catalog, Database
-from iox_spark.catalog.checkpoint import PersistCheckpointBuilder, UnpersistedOffsets
 from iox_spark.catalog.chunk import Chunk
 from iox_spark.catalog.object_store import ObjectStore, parquet_key
+from iox_spark.catalog.partition_moves import claim_to_persist, give_back, persist_checkpoints, swap_persisted
 from iox_spark.catalog.preserved_catalog import (AddDeletePredicate, AddParquet, RecordPartitionCheckpoint,
                                        SetTableSchema)
 from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
@@ -545,6 +545,12 @@ class _Held(Exception):
         super().__init__(f"a failed micro-batch holds persists (up to offsets {failed_batch_hi})")
 
 
+def _persistable(part, flush_ts: int) -> list:
+    """The chunk ids a persist flushing to `flush_ts` takes from `part` (none while it is blocked)."""
+    sel = select_persistable_chunks(chunk_states(part), flush_ts)
+    return [] if sel.blocked else list(sel.chunk_ids)
+
+
 def persist_partition(spark, catalog: Catalog, db: Database, table: str, partition_key: str, store: ObjectStore,
                       preserved, in_flight: InFlightFiles, now: float, force: bool,
                       refresh_view, cache=None) -> PersistOutcome | None:
@@ -557,24 +563,14 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     copies of S3 files a chunk without an in-memory form reads (see chunk_data.register_parquet_chunk).
     Raises what the commit raises (e.g. RevisionConflict: the caller must stop).
     """
-    with catalog.lock:
-        part = catalog.get_partition(db, table, partition_key)
-        if part is None or part.windows is None or part.persisting or part.compacting:
-            return None
+    claimed = claim_to_persist(catalog, db, table, partition_key, now, force, _persistable)
+    if claimed is None:
         if db.failed_batch_hi:
             log.info("persist of %s/%s/%s held: a failed micro-batch (up to offsets %s) is not applied again yet",
                      db.name, table, partition_key, db.failed_batch_hi)
-            return None
-        handle = part.windows.flush_all_handle() if force else part.windows.flush_handle(now)
-        if handle is None:
-            return None
-        flush_ts = handle.timestamp_ns
-        sel = select_persistable_chunks(chunk_states(part), flush_ts)
-        if sel.blocked or not sel.chunk_ids:
-            part.windows.abort(handle)
-            return None
-        chunks = [part.chunk(cid) for cid in sel.chunk_ids]
-        part.hold_for(PERSISTING, chunks, "persisting")
+        return None
+    part, handle, chunks = claimed
+    flush_ts = handle.timestamp_ns
     keys_written: list = []
     t0 = time.perf_counter()
     w = None
@@ -594,36 +590,10 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
             w = _write_from_views(spark, store, keys[0], chunks, schema, deletes, flush_ts)
         t_write = time.perf_counter()
         # one committer: the driver builds and commits the transaction
-        with catalog.lock:
-            if db.failed_batch_hi:  # a micro-batch failed while this persist ran: see Database.failed_batch_hi
-                raise _Held(dict(db.failed_batch_hi))
-            applied = dict(db.applied_hi_inclusive)  # read before the windows: see module docstring
-            builder = PersistCheckpointBuilder(handle.checkpoint())
-            # every partition's unpersisted ranges NOW; for this one, what stays unpersisted after
-            # this flush, including rows that reached it while the persist ran (they must replay)
-            unpersisted_lo: dict = {}  # kp -> lowest offset whose rows stay unpersisted
-            for parts in db.partitions.values():
-                for other in parts.values():
-                    if other is part:
-                        ranges = part.windows.offset_ranges_after_flush()
-                    elif other.windows is not None:
-                        ranges = other.windows.offset_ranges()
-                    else:
-                        continue
-                    builder.register_other_partition(ranges)
-                    for kp, r in ranges.items():
-                        if r.min_unpersisted_offset is not None:
-                            unpersisted_lo[kp] = min(unpersisted_lo.get(kp, r.min_unpersisted_offset),
-                                                     r.min_unpersisted_offset)
-            builder.register_other_partition({kp: UnpersistedOffsets(None, hi) for kp, hi in applied.items()
-                                              if hi >= 0})
-            # transaction parts without a marker, commit decisions whose parts elsewhere have
-            # none yet, committed parts whose rows (at their marker's offset) may be unpersisted,
-            # and a micro-batch half applied must be read again by a replay (Catalog.replay_pins)
-            pins = catalog.replay_pins(db, unpersisted_lo)
-            builder.register_other_partition({kp: UnpersistedOffsets(off, max(off, applied.get(kp, off)))
-                                              for kp, off in pins.items()})
-            part_ckpt, db_ckpt = builder.build()
+        checkpoints = persist_checkpoints(catalog, db, part, handle)
+        if checkpoints is None:  # a micro-batch failed while this persist ran: see Database.failed_batch_hi
+            raise _Held(dict(db.failed_batch_hi))
+        applied, part_ckpt, db_ckpt, unpersisted_lo = checkpoints
         actions = [SetTableSchema(table, tuple(tuple(c) for c in schema.to_json()))]
         files = []
         for m in w.meta:
@@ -642,9 +612,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         t_commit = time.perf_counter()
         crash_point(CrashPoint.PERSIST_AFTER_COMMIT)
     except BaseException as e:
-        with catalog.lock:
-            part.windows.abort(handle)
-            part.release_from(PERSISTING, chunks, "closed")
+        give_back(catalog, part, PERSISTING, chunks, "closed", handle=handle)
         in_flight.discard(keys_written)
         if w is not None:
             w.release()
@@ -663,41 +631,38 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
         if rows and w.persisted_df is None else None
     t_view = time.perf_counter()
     # committed: now the flush handle, then the in-memory swap
-    with catalog.lock:
-        part.windows.flush(handle)
-        db.txns.forget_persisted_parts(unpersisted_lo, applied)
-        new_chunks = []
-        if rows:
-            view = register_df_chunk(spark, w.persisted_df, pid) if w.persisted_df is not None else parquet_view
-            new_chunks.append(Chunk(id=pid, table=table, partition_key=partition_key, order=0, state="persisted",
-                                    rows=rows, size_bytes=schema_bytes(rows, schema),
-                                    min_time_ns=min(f.min_time_ns for f in files),
-                                    max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
-                                    view=view, offsets={}, df=w.persisted_df, parquet_keys=[f.key for f in files],
-                                    created_at=now, deduplicated=True))
-        elif not w.reused:
-            release_df(w.persisted_df)  # every row was deleted: the empty checkpoint backs no chunk
-        if w.remainder_stats and w.remainder_stats["n"]:
-            st = w.remainder_stats
-            cid = catalog.next_chunk_id()
-            new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
-                                    rows=st["n"], size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"],
-                                    max_time_ns=st["hi"], columns=schema.to_json(),
-                                    view=register_df_chunk(spark, w.remainder_df, cid), offsets={}, df=w.remainder_df,
-                                    created_at=now, deduplicated=True,
-                                    time_spans=merged_spans(chunks, st["lo"], st["hi"])))
-        if w.remainder_segment is not None:
-            cid = catalog.next_chunk_id()
-            new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
-                                    rows=w.remainder_rows, size_bytes=w.remainder_bytes, min_time_ns=w.remainder_min_t,
-                                    max_time_ns=w.remainder_max_t, columns=schema.to_json(),
-                                    view=register_segments_chunk(spark, [w.remainder_segment], schema.to_json(), cid),
-                                    offsets={}, created_at=max(c.created_at for c in chunks), deduplicated=True,
-                                    segments=[w.remainder_segment], segments_deduplicated=True,
-                                    segment_bytes=w.remainder_bytes,
-                                    time_spans=merged_spans(chunks, w.remainder_min_t, w.remainder_max_t)))
-        catalog.replace_chunks(db, table, partition_key, [c.id for c in chunks], new_chunks)
-        part.record_persist(files, actions[-2])
+    new_chunks = []
+    if rows:
+        view = register_df_chunk(spark, w.persisted_df, pid) if w.persisted_df is not None else parquet_view
+        new_chunks.append(Chunk(id=pid, table=table, partition_key=partition_key, order=0, state="persisted",
+                                rows=rows, size_bytes=schema_bytes(rows, schema),
+                                min_time_ns=min(f.min_time_ns for f in files),
+                                max_time_ns=max(f.max_time_ns for f in files), columns=schema.to_json(),
+                                view=view, offsets={}, df=w.persisted_df, parquet_keys=[f.key for f in files],
+                                created_at=now, deduplicated=True))
+    elif not w.reused:
+        release_df(w.persisted_df)  # every row was deleted: the empty checkpoint backs no chunk
+    if w.remainder_stats and w.remainder_stats["n"]:
+        st = w.remainder_stats
+        cid = catalog.next_chunk_id()
+        new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
+                                rows=st["n"], size_bytes=schema_bytes(st["n"], schema), min_time_ns=st["lo"],
+                                max_time_ns=st["hi"], columns=schema.to_json(),
+                                view=register_df_chunk(spark, w.remainder_df, cid), offsets={}, df=w.remainder_df,
+                                created_at=now, deduplicated=True,
+                                time_spans=merged_spans(chunks, st["lo"], st["hi"])))
+    if w.remainder_segment is not None:
+        cid = catalog.next_chunk_id()
+        new_chunks.append(Chunk(id=cid, table=table, partition_key=partition_key, order=0, state="closed",
+                                rows=w.remainder_rows, size_bytes=w.remainder_bytes, min_time_ns=w.remainder_min_t,
+                                max_time_ns=w.remainder_max_t, columns=schema.to_json(),
+                                view=register_segments_chunk(spark, [w.remainder_segment], schema.to_json(), cid),
+                                offsets={}, created_at=max(c.created_at for c in chunks), deduplicated=True,
+                                segments=[w.remainder_segment], segments_deduplicated=True,
+                                segment_bytes=w.remainder_bytes,
+                                time_spans=merged_spans(chunks, w.remainder_min_t, w.remainder_max_t)))
+    swap_persisted(catalog, db, table, partition_key, part, handle, chunks, new_chunks, files, actions[-2],
+                   unpersisted_lo, applied)
     t_swapped = time.perf_counter()
     refresh_view(db, table)
     t_refreshed = time.perf_counter()

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 
 from iox_spark.catalog.catalog import Catalog, Database
+from iox_spark.catalog.partition_moves import claim_to_unload, mark_unloaded
 
 from iox_spark.chunk_store.chunk_data import register_parquet_chunk
 
@@ -20,15 +21,12 @@ log = logging.getLogger(__name__)
 
 def unload_chunk(spark, catalog: Catalog, db: Database, table: str, partition_key: str, chunk_id: int, store,
                  cache=None) -> bool:
-    with catalog.lock:
-        part = catalog.get_partition(db, table, partition_key)
-        chunk = part.chunk(chunk_id) if part else None
-        if chunk is None or chunk.state != "persisted" or not chunk.parquet_keys:
-            return False
-        df = chunk.df
+    claimed = claim_to_unload(catalog, db, table, partition_key, chunk_id)
+    if claimed is None:
+        return False
+    chunk, df = claimed
     register_parquet_chunk(spark, store, chunk.parquet_keys, chunk.columns, chunk.id, cache)
-    with catalog.lock:
-        chunk.unload()
+    mark_unloaded(catalog, chunk)
     # the in-memory blocks go after the grace period: a query planned before may still read them
     catalog.retire([dataclasses.replace(chunk, view=None, df=df, merge_views=set())])
     log.info("unloaded chunk %d of %s/%s/%s", chunk_id, db.name, table, partition_key)

@@ -65,6 +65,8 @@ from iox_spark.catalog.catalog import PERSISTING, Catalog
 from iox_spark.catalog.cleanup import delete_unreferenced, find_unreferenced
 from iox_spark.catalog.errors import PartitionsNotOwned, RevisionConflict
 from iox_spark.catalog.object_store import table_of_parquet_key
+from iox_spark.catalog.partition_moves import (checkpoint_without, claim_to_prune, drop_pruned, give_back, partitions_of,
+                                               visit_owned_partitions)
 from iox_spark.catalog.preserved_catalog import RecordPruned, transaction_key
 from iox_spark.catalog.sharding import partition_for
 
@@ -294,23 +296,17 @@ class LifecycleWorker:
 
     # -- one round ----------------------------------------------------------------------
     def snapshot(self, db, now: float) -> DatabaseState:
-        parts = []
-        with self.catalog.lock:
-            for table, by_key in db.partitions.items():
-                if not db.owns_table(table):
-                    continue  # another pool member's table: its owner persists and compacts it
-                for key, part in by_key.items():
-                    w = part.windows
-                    if w is not None:
-                        w.rotate(now)
-                    parts.append(PartitionState(
-                        table=table, partition_key=key, chunks=tuple(chunk_states(part)),
-                        persistable_row_count=w.persistable_row_count(now) if w else 0,
-                        unpersisted_row_count=w.unpersisted_row_count() if w else 0,
-                        time_of_first_unpersisted_write=w.time_of_first_unpersisted_write() if w else None,
-                        flush_timestamp_ns=w.peek_flush_timestamp_ns(now) if w else None,
-                        persisting=part.persisting, compacting=part.compacting,
-                        time_of_last_query=db.queried_at.get(table)))
+        def state(table: str, key: str, part) -> PartitionState:
+            w = part.windows
+            return PartitionState(
+                table=table, partition_key=key, chunks=tuple(chunk_states(part)),
+                persistable_row_count=w.persistable_row_count(now) if w else 0,
+                unpersisted_row_count=w.unpersisted_row_count() if w else 0,
+                time_of_first_unpersisted_write=w.time_of_first_unpersisted_write() if w else None,
+                flush_timestamp_ns=w.peek_flush_timestamp_ns(now) if w else None,
+                persisting=part.persisting, compacting=part.compacting,
+                time_of_last_query=db.queried_at.get(table))
+        parts = visit_owned_partitions(self.catalog, db, now, state)
         return DatabaseState(buffer_size_bytes=self.catalog.memory_bytes(), partitions=tuple(parts),
                              replaying=self.is_replaying(db), backpressure_engaged=self.backpressure_engaged,
                              memory_pressure=bool(self.memory_pressure()), frozen=bool(self.frozen()))
@@ -622,12 +618,9 @@ class LifecycleWorker:
 
     # -- retention ------------------------------------------------------------------------
     def retention_state(self, db) -> RetentionState:
-        with self.catalog.lock:
-            parts = tuple(PartitionRef(t, k, busy=p.persisting or p.compacting)
-                          for t, by_key in sorted(db.partitions.items()) if db.owns_table(t)
-                          for k, p in sorted(by_key.items()))
-            return RetentionState(period_s=db.retention_period_s, prune_delay_s=self.prune_delay_s,
-                                  pruner_hi_ns=db.pruner_hi_ns, partitions=parts)
+        parts = tuple(PartitionRef(t, k, busy=busy) for t, k, busy in partitions_of(self.catalog, db, owned_only=True))
+        return RetentionState(period_s=db.retention_period_s, prune_delay_s=self.prune_delay_s,
+                              pruner_hi_ns=db.pruner_hi_ns, partitions=parts)
 
     def retention_round(self, db, now: float) -> list:
         """Runs `decide_prune` for `db` and carries its actions out (see the module docstring);
@@ -674,36 +667,28 @@ class LifecycleWorker:
 
         with self._action_lock:  # no other commit of the lifecycle meanwhile
             pc = self.preserved_for(db.name, now)
-            with self.catalog.lock:
-                part = db.partitions.get(table, {}).get(partition_key)
-                if part is None:
-                    return False
-                if part.persisting or part.compacting:
-                    return False
-                unpersisted = part.windows is not None and not part.windows.is_empty()
-                if unpersisted and db.failed_batch_hi:
-                    return False
+            def plan(part, unpersisted: bool) -> tuple:
                 keys = sorted(k for k, f in pc.state.files.items()
                               if f.table == table and f.partition_key == partition_key)
                 actions: list = []
                 flushed = mailbox_actions(db, pc, [], actions)
                 actions += [RemoveParquet(key=k) for k in keys]
                 if unpersisted:
-                    actions.append(db.checkpoint_action(_checkpoint_without(self.catalog, db, part)))
-                part.hold_for(PERSISTING)  # no persist or compaction of it while it is committed
+                    actions.append(db.checkpoint_action(checkpoint_without(self.catalog, db, part)))
+                return keys, actions, flushed
+            claimed = claim_to_prune(self.catalog, db, table, partition_key, plan)
+            if claimed is None:
+                return False
+            part, (keys, actions, flushed), unpersisted = claimed
             # the commit (an object-store write, retried on S3) outside the catalog lock: micro-batches
             # and queries go on meanwhile; what they add after the checkpoint was built has later offsets
             try:
                 if actions:
                     pc.commit(actions, now)
             except BaseException:
-                with self.catalog.lock:
-                    part.release_from(PERSISTING)
+                give_back(self.catalog, part, PERSISTING)
                 raise
-            with self.catalog.lock:
-                db.deletes.mark_recorded(flushed)
-                chunks = list(part.chunks)
-                db.drop_partition(table, partition_key, part)
+            chunks = drop_pruned(self.catalog, db, table, partition_key, part, flushed)
             self.refresh_view(db, table)
             self.catalog.retire(chunks, now)
             self.catalog.query_pins.retire(keys)
@@ -740,22 +725,3 @@ class LifecycleWorker:
         elif os.path.exists(self.pause_file):
             os.unlink(self.pause_file)
             log.info("backpressure released")
-
-
-def _checkpoint_without(catalog, db, part) -> dict:
-    """The database checkpoint's sequencer numbers ({kp: (min unpersisted or None, max seen)})
-    once `part` is dropped: the lowest unpersisted offset of every other partition, and the offsets
-    replay must still read (`Catalog.replay_pins`), as a persist computes them (lifecycle/persist.py).
-    Under the catalog lock."""
-    applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
-    lo: dict = {}
-    for parts in db.partitions.values():
-        for other in parts.values():
-            if other is part or other.windows is None:
-                continue
-            for kp, r in other.windows.offset_ranges().items():
-                if r.min_unpersisted_offset is not None:
-                    lo[kp] = min(lo.get(kp, r.min_unpersisted_offset), r.min_unpersisted_offset)
-    for kp, off in catalog.replay_pins(db, dict(lo)).items():
-        lo[kp] = min(lo.get(kp, off), off)
-    return {kp: (lo.get(kp), max(hi, lo.get(kp, hi))) for kp, hi in applied.items()}

@@ -69,13 +69,7 @@ def _record_complete_checkpoint(catalog, lifecycle, db) -> None:
     """After a drained clean stop persisted everything: record that the topic holds nothing
     unpersisted, so the next start may accept the in-memory broker's empty topic (any other
     reset topic refuses to start: acknowledged writes past the checkpoint may be lost)."""
-    with catalog.lock:
-        unpersisted = [(t, k) for t, parts in db.partitions.items() for k, p in parts.items()
-                       if p.windows is not None and not p.windows.is_empty()]
-        applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
-        pins = catalog.replay_pins(db, {})  # undecided transaction parts, a batch half applied
-        if pins:
-            unpersisted.append(("offsets replay must read", sorted(pins.items())))
+    unpersisted, applied = catalog.unpersisted_at_stop(db)
     if unpersisted:
         log.error("clean stop: %s still holds unpersisted rows in %s; not recording a complete checkpoint",
                   db.name, unpersisted[:5])

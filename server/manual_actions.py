@@ -76,23 +76,17 @@ class ManualActions:
         for r in self._lifecycle.persist_now(db, table or None, partition_key or None, time.time()):
             resp.persisted.add(table=r.table, partition_key=r.partition_key, rows=r.rows_persisted,
                                files=list(r.files), revision=r.revision, flush_timestamp_ns=r.flush_timestamp_ns)
-        with self._catalog.lock:  # what this persist could not cover, and why
-            kps = {partition_for(table, db.kafka_partitions)} if table else set(range(db.kafka_partitions))
-            for kp, holds in db.hold_reasons().items():
-                if kp in kps:
-                    off, why = holds[0]
-                    resp.skipped.add(kafka_partition=kp, reason=f"{why}: its writes from offset {off} on are not "
-                                                                f"applied here, they wait in Kafka")
-            for t, parts in sorted(db.partitions.items()):
-                for k, p in sorted(parts.items()):
-                    if (table and t != table) or (partition_key and k != partition_key) or p.windows is None \
-                            or p.windows.is_empty():
-                        continue
-                    why = ("a persist or compaction of it was running" if p.persisting or p.compacting else
-                           "a micro-batch that failed is not applied again yet" if db.failed_batch_hi else None)
-                    if why is not None:
-                        resp.skipped.add(table=t, partition_key=k, reason=why,
-                                         kafka_partition=partition_for(t, db.kafka_partitions))
+        # what this persist could not cover, and why
+        kps = {partition_for(table, db.kafka_partitions)} if table else set(range(db.kafka_partitions))
+        for kp, holds in db.hold_reasons().items():
+            if kp in kps:
+                off, why = holds[0]
+                resp.skipped.add(kafka_partition=kp, reason=f"{why}: its writes from offset {off} on are not "
+                                                            f"applied here, they wait in Kafka")
+        for t, k, why in db.unpersisted_partitions(table, partition_key):
+            if why is not None:
+                resp.skipped.add(table=t, partition_key=k, reason=why,
+                                 kafka_partition=partition_for(t, db.kafka_partitions))
         return resp
 
     def compact(self, database: str, table: str, partition_key: str, persisted: bool = False,

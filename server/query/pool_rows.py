@@ -82,19 +82,17 @@ def owner_rows(spark, catalog, db, table: str, catalog_revision, scan=None, read
     None: all): only the rows and fields the query reads; `reader_lo_ns`: no row older (retention);
     `max_bytes` (0: none): QueryResultTooLarge when the rows hold more. A scan's condition runs
     only once the SQL sandbox passed it (QueryRefused)."""
-    from iox_spark.chunk_store.chunk_data import merged_df, table_deletes
+    from iox_spark.chunk_store.chunk_data import merged_df
     from iox_spark.chunk_store.chunk_views import query_session
     from iox_spark.chunk_store.views import quote
 
     from iox_spark.server.errors import QueryResultTooLarge
     from iox_spark.server.query.sql_sandbox import check_query
 
-    with catalog.lock:
-        if not db.owns_table(table):
-            return None
-        schema = db.schemas.get(table)
-        chunks = [c for c in catalog.table_chunks(db, table) if c.state not in _IN_MEMORY and c.view is not None]
-        deletes = table_deletes(db, table)
+    read = catalog.owned_table_read(db, table, _IN_MEMORY)
+    if read is None:
+        return None
+    schema, chunks, deletes = read
     out = OwnerRows(table, schema.to_json() if schema is not None else [], None, deletes)
     if chunks and schema is not None:
         if scan is not None and scan.where_sql:

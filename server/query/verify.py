@@ -365,13 +365,7 @@ def verify_partition(*, database: str, kp: int, tables: list, catalog, query, bo
     what the catalog applied. Driver side."""
     db = catalog.database(database)
     rep = PartitionReport(partition=kp, verified_by=member, tables=sorted(tables))
-    with catalog.lock:
-        schemas = {t: db.schemas.get(t) for t in tables}
-        origin = db.seq_origin
-        accepted = {off for p, off in db.accepted_offsets() if p == kp}
-        files_min_seq = {t: [f.min_seq for parts in [db.partitions.get(t, {})] for part in parts.values()
-                             for f in part.files] for t in tables}
-        retention_s = db.retention_period_s
+    schemas, origin, accepted, files_min_seq, retention_s = db.verify_inputs(tables, kp)
     lo_before = reader_lo_ns(retention_s, time.time())
     got: dict = {}
     visible = None
@@ -381,10 +375,9 @@ def verify_partition(*, database: str, kp: int, tables: list, catalog, query, bo
         visible = v if visible is None else min(visible, v)
         got[t] = _answer_rows(batches, schemas[t])
     lo_after = reader_lo_ns(retention_s, time.time())
-    with catalog.lock:
-        if visible is None:
-            visible = db.applied_hi_inclusive.get(kp, -1)
-        known_after = set(db.known_tables())
+    if visible is None:
+        visible = db.applied_offsets().get(kp, -1)
+    known_after = set(db.known_tables())
     start, end = bounds()
     rep.from_offset, rep.to_exclusive = start, end
     rep.visible_hi_inclusive = -1 if visible is None else visible

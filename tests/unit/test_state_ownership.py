@@ -120,7 +120,7 @@ def test_no_module_outside_the_catalog_writes_a_field_of_the_catalogs_objects():
 #: is none: each such block becomes a Database or Catalog operation that takes the lock itself (as
 #: `applied_offsets`, `applied_and_held`, `held_offsets` and the writers do). Lower it as blocks go;
 #: a new block fails this test.
-LOCK_BLOCKS_AT_MOST = 27
+LOCK_BLOCKS_AT_MOST = 5
 
 
 def lock_blocks(source: str) -> list[int]:

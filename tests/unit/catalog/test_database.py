@@ -283,3 +283,37 @@ def test_reads_return_copies_taken_at_one_instant():
     open_ranges, replaced, truncated = db.loss_state()
     assert open_ranges == [lost] and not replaced and truncated == {0: 5}
     assert db.lost_write_entries() == (lost.entry(),)
+
+
+def test_what_a_persist_request_and_a_clean_stop_see_as_unpersisted():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    assert db.unpersisted_partitions() == [] and cat.unpersisted_at_stop(db) == ([], {})
+    cat.add_chunk(db, _chunk(1, "cpu", "2026-12-01", {0: (0, 2)}), now=10.0)
+    cat.add_chunk(db, _chunk(2, "cpu", "2026-12-02", {0: (3, 4)}), now=10.0)
+    cat.advance_applied(db, {0: 4})
+    cat.get_partition(db, "cpu", "2026-12-02").hold_for("compacting")
+    assert db.unpersisted_partitions() == [("cpu", "2026-12-01", None),
+                                           ("cpu", "2026-12-02", "a persist or compaction of it was running")]
+    assert db.unpersisted_partitions("cpu", "2026-12-01") == [("cpu", "2026-12-01", None)]
+    assert db.unpersisted_partitions("mem") == []
+    db.failed_batch_hi = {0: 4}
+    assert db.unpersisted_partitions(partition_key="2026-12-01") == [
+        ("cpu", "2026-12-01", "a micro-batch that failed is not applied again yet")]
+    unpersisted, applied = cat.unpersisted_at_stop(db)
+    assert sorted(unpersisted) == [("cpu", "2026-12-01"), ("cpu", "2026-12-02")] and applied == {0: 4}
+
+
+def test_a_table_read_and_a_check_read_their_inputs_at_one_instant():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    cat.add_chunk(db, _chunk(1, "cpu", "2026-12-01", {0: (0, 2)}), now=10.0)
+    schema, chunks, deletes = cat.owned_table_read(db, "cpu", ())
+    assert chunks == [] and deletes == []  # a chunk without a view is not read
+    cat.table_chunks(db, "cpu")[0].view = "v1"
+    assert [c.id for c in cat.owned_table_read(db, "cpu", ())[1]] == [1]
+    assert cat.owned_table_read(db, "cpu", ("open",))[1] == []
+    schemas, origin, accepted, files_min_seq, retention = db.verify_inputs(["cpu", "mem"], 0)
+    assert set(schemas) == {"cpu", "mem"} and schemas["mem"] is None
+    assert accepted == set() and files_min_seq == {"cpu": [], "mem": []}
+    assert (origin, retention) == (db.seq_origin, db.retention_period_s)
