@@ -491,6 +491,11 @@ class Database:
                 {off for p, off in self.accepted_offsets() if p == kp}, files_min_seq, self.retention_period_s)
 
     @_locked
+    def table_deletes(self, table: str) -> list:
+        """The deletes that apply to ``table``: its own, and database-wide ones via its Kafka partition."""
+        return self.deletes.for_table(table, partition_for(table, self.kafka_partitions))
+
+    @_locked
     def chunks_in_memory(self) -> tuple[int, int]:
         """(how many chunks, their bytes) this database holds in memory."""
         chunks = [c for parts in self.partitions.values() for p in parts.values() for c in p.chunks if c.in_memory]
@@ -1078,8 +1083,7 @@ class Catalog:
             if not db.owns_table(table):
                 return None
             chunks = [c for c in self.table_chunks(db, table) if c.state not in skip_states and c.view is not None]
-            return (db.schemas.get(table), chunks,
-                    db.deletes.for_table(table, partition_for(table, db.kafka_partitions)))
+            return db.schemas.get(table), chunks, db.table_deletes(table)
 
     def unpersisted_at_stop(self, db: Database) -> tuple[list, dict]:
         """(what still holds unpersisted rows: table partitions, and the offsets replay must still

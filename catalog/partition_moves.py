@@ -60,7 +60,8 @@ def claim_to_compact(catalog: Catalog, db: Database, table: str, key: str, chunk
         if chunk_ids is None:
             chunks = [c for c in live if c.state in _UNPERSISTED]
         else:
-            chunks = [c for c in live if c.id in set(chunk_ids)]
+            wanted = set(chunk_ids)
+            chunks = [c for c in live if c.id in wanted]
             if len(chunks) != len(chunk_ids) or any(c.state not in _UNPERSISTED for c in chunks):
                 return None
         if len(chunks) < (1 if to_read_buffer and chunk_ids is not None else 2):

@@ -23,7 +23,7 @@ from iox_spark.chunk_store.views import ChunkSource, chunk_view_name, quote, spa
 __all__ = ["arrow_plan", "arrow_deletes_meeting", "indexed_segments_df", "merge_segment_rows", "time_part_mask",
            "time_range_mask",
            "arrow_merged_df", "arrow_merge_parts", "arrow_merge_relations", "ARROW_MERGE_MIN_ROWS",
-           "table_deletes", "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
+           "release_chunk_data", "release_df", "chunk_source_sql", "chunk_source",
            "merged_df", "register_df_chunk", "register_parquet_chunk", "estimate_bytes", "row_stats", "schema_bytes",
            "time_disjoint", "merged_spans", "PARQUET_SOURCE_NAME"]
 
@@ -281,13 +281,6 @@ def arrow_merge_relations(spark, schema: TableSchema, chunks: list, deletes: lis
                            lo, hi, True, merged_spans(cs, lo, hi))
 
     return relation
-
-
-def table_deletes(db, table: str) -> list:
-    """The deletes that apply to `table` (its own, and database-wide ones via its Kafka partition)."""
-    from iox_spark.catalog.sharding import partition_for
-
-    return db.deletes.for_table(table, partition_for(table, db.kafka_partitions))
 
 
 def register_df_chunk(spark, df, chunk_id: int) -> str:

@@ -42,7 +42,7 @@ from iox_spark.catalog.crash_points import CrashPoint, crash_point
 from iox_spark.chunk_store.chunk_checkpoint import checkpoint
 from iox_spark.chunk_store.cluster import task_slots
 from iox_spark.chunk_store.chunk_data import (arrow_merge_parts, arrow_merged_df, arrow_plan, merged_df, merged_spans, register_df_chunk,
-                         row_stats, schema_bytes, table_deletes, time_disjoint)
+                         row_stats, schema_bytes, time_disjoint)
 from iox_spark.chunk_store.ipc_segments import register_segments_chunk
 from iox_spark.chunk_store.local_rows import joined_local_rows, local_df, merged_local_rows, register_local_chunk
 
@@ -70,7 +70,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
     try:
         # a merge of local chunks is small: computed on the driver, its read form a local relation
         if not as_segments:
-            local_read = merged_local_rows(chunks, schema, table_deletes(db, table))
+            local_read = merged_local_rows(chunks, schema, db.table_deletes(table))
         if as_segments:
             rows = sum(c.rows for c in chunks)
             lo, hi = min(c.min_time_ns for c in chunks), max(c.max_time_ns for c in chunks)
@@ -81,7 +81,7 @@ def compact_chunks(spark, catalog: Catalog, db: Database, table: str, partition_
             mm = pc.min_max(merged.column(TIME_NS_COLUMN))
             lo, hi = mm["min"].as_py(), mm["max"].as_py()
         else:
-            deletes = table_deletes(db, table)
+            deletes = db.table_deletes(table)
             plan = arrow_plan(chunks, schema, deletes)
             # the parts of an Arrow merge are computed side by side: the move is over sooner, and
             # queries meanwhile merge the write-buffer form themselves (seconds each for 10M rows;

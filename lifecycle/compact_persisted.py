@@ -43,7 +43,7 @@ from iox_spark.catalog.crash_points import CrashPoint, crash_point
 
 from iox_spark.chunk_store.chunk_checkpoint import checkpoint
 from iox_spark.chunk_store.chunk_data import (arrow_deletes_meeting, merged_df, register_df_chunk, register_parquet_chunk, release_df,
-                         schema_bytes, table_deletes, time_disjoint)
+                         schema_bytes, time_disjoint)
 from iox_spark.lifecycle.persist import FILE_META_SCHEMA, InFlightFiles, add_parquet_action, layout_columns, write_one_file
 
 __all__ = ["ARROW_COMPACTION_MAX_ROWS", "PersistedCompaction", "compact_persisted_chunks", "arrow_compaction_fn",
@@ -87,7 +87,7 @@ def compact_persisted_chunks(spark, catalog: Catalog, db: Database, table: str, 
     merged = plan = None
     try:
         schema = db.schemas.get(table)
-        deletes = table_deletes(db, table)
+        deletes = db.table_deletes(table)
         plan = None if in_memory else stored_arrow_plan(stored, schema, deletes)
         in_flight.add([key])
         if plan is not None:

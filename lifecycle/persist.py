@@ -53,7 +53,7 @@ from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN
 from iox_spark.catalog.crash_points import CrashPoint, crash_point
 
 from iox_spark.chunk_store.chunk_data import (arrow_plan, indexed_segments_df, merged_df, merged_spans, register_df_chunk,
-                         register_parquet_chunk, release_df, row_stats, schema_bytes, table_deletes, time_range_mask)
+                         register_parquet_chunk, release_df, row_stats, schema_bytes, time_range_mask)
 from iox_spark.chunk_store.chunk_checkpoint import checkpoint
 from iox_spark.chunk_store.cluster import cores_per_executor, task_slots
 from iox_spark.chunk_store.ipc_segments import LAYOUT_CHUNK, register_segments_chunk
@@ -576,7 +576,7 @@ def persist_partition(spark, catalog: Catalog, db: Database, table: str, partiti
     w = None
     try:
         schema = db.schemas.get(table)
-        deletes = table_deletes(db, table)
+        deletes = db.table_deletes(table)
         plan = arrow_plan(chunks, schema, deletes)
         per_task = cores_per_executor(spark) if plan is not None else 1
         tasks = (persist_tasks(task_slots(spark), per_task, sum(c.rows for c in chunks), PERSIST_TASK_MIN_ROWS)

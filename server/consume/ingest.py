@@ -50,7 +50,7 @@ from iox_spark.catalog.seq_layout import SEQ_ROW_BITS, max_seq_offset, seq_base
 from iox_spark.catalog.delete_mailbox import Delete
 from iox_spark.catalog.transactions import (ABORT, DEFAULT_TXN_TIMEOUT_S, DECISION, MARKER, PART, TXN_KINDS, TxnRecord)
 from iox_spark.chunk_store.chunk_data import (arrow_merge_relations, chunk_source, estimate_bytes, register_df_chunk, release_df,
-                                  row_stats, table_deletes)
+                                  row_stats)
 from iox_spark.chunk_store.chunk_checkpoint import checkpoint
 from iox_spark.chunk_store.ipc_segments import LAYOUT_WIRE, SEGMENT_COLUMNS, SEGMENT_SCHEMA, register_segments_chunk, value_arrays
 from iox_spark.chunk_store.local_rows import (LOCAL_BUILD_MAX_BYTES, LOCAL_CHUNK_MAX_ROWS, LOCAL_PAYLOAD_MAX_BYTES, decode_local,
@@ -875,7 +875,7 @@ class Ingestor:
 
                 sql = empty_table_view_sql(schema)  # every chunk went (retention): an empty table
             else:
-                deletes = table_deletes(db, table)
+                deletes = db.table_deletes(table)
                 sql = table_view_sql(schema, sources, deletes=deletes,
                                      merged_relation=arrow_merge_relations(self.spark, schema, chunks, deletes)
                                      if arrow_merge else None)

@@ -170,7 +170,7 @@ class QueryEngine:
     def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
         """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of
         the tables another member owns (server/query/pool_rows.py `gather`)."""
-        from iox_spark.chunk_store.chunk_data import chunk_source, table_deletes
+        from iox_spark.chunk_store.chunk_data import chunk_source
 
         from iox_spark.server.runtime.spark import use_query_pool
         from iox_spark.catalog.sharding import partition_for
@@ -214,7 +214,7 @@ class QueryEngine:
                     r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
                     if all_local:
                         r.local = [c.local_rows for c in chunks]
-                    r.deletes = table_deletes(db, table)
+                    r.deletes = db.table_deletes(table)
                     r.schema = db.schemas.get(table)
                 reads[table] = r
         now = time.time()

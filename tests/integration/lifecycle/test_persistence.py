@@ -335,7 +335,7 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     """Two unique-keyed requests merged into one chunk keep their own time spans: a later chunk
     falling in the gap between them overlaps the merged chunk's [min, max] hull but not its spans,
     so compaction keeps the merge known-deduplicated and persist writes without deduplicating."""
-    from iox_spark.chunk_store.chunk_data import arrow_plan, table_deletes
+    from iox_spark.chunk_store.chunk_data import arrow_plan
 
     c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
     _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
@@ -347,7 +347,7 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     assert [(ch.rows, ch.min_time_ns - T0, ch.max_time_ns - T0, ch.segments_deduplicated) for ch in chunks] == \
         [(20, 0, 29, True), (10, 10, 19, True)]
     assert chunks[0].time_spans == ((T0, T0 + 9), (T0 + 20, T0 + 29))
-    assert arrow_plan(chunks, dbo.schemas.get("cpu"), table_deletes(dbo, "cpu")) == ([], False)
+    assert arrow_plan(chunks, dbo.schemas.get("cpu"), dbo.table_deletes("cpu")) == ([], False)
     expect = [{"host": f"h{h}", "n": 15, "s": float(sum(range(h, 30, 2)))} for h in (0, 1)]
     assert c.query(db, Q2).to_pylist() == expect
     assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
@@ -365,7 +365,7 @@ def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(ma
     Spark SQL's GROUP BY merge of the same chunks row for row: repeated keys across and within requests, fields missing in a request
     (the last non-null value wins), an unsigned field, a delete with a predicate (removes only the
     rows written before it), and the layout's columns and types."""
-    from iox_spark.chunk_store.chunk_data import arrow_merged_df, arrow_plan, merged_df, table_deletes
+    from iox_spark.chunk_store.chunk_data import arrow_merged_df, arrow_plan, merged_df
 
     c, db, srv = manual.client, f"a_{uuid.uuid4().hex[:8]}", manual.server
     # 20 points on 15 keys (host, time): i and i + 15 share one, the later wins
@@ -375,7 +375,7 @@ def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(ma
     _write(c, db, [f"cpu,host=h1,dc=x v=-{i}.5 {T0 + i}" for i in range(2, 4)])  # after the delete
     dbo = srv.catalog.database(db)
     chunks = srv.catalog.table_chunks(dbo, "cpu")
-    schema, deletes = dbo.schemas.get("cpu"), table_deletes(dbo, "cpu")
+    schema, deletes = dbo.schemas.get("cpu"), dbo.table_deletes("cpu")
     plan = arrow_plan(chunks, schema, deletes)
     assert plan is not None and plan[1] is True and len(plan[0]) == 1
     sql_df = merged_df(srv.spark, schema, chunks, deletes)
