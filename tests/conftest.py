@@ -23,6 +23,38 @@ from iox_spark.server.config import ServerConfig
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# The files that run longest, longest first: scripts/test.sh hands whole files to its worker
+# processes in collection order (--no-loadscope-reorder), so these start first and no long file
+# starts last, when the other worker has nothing left to run. A file not named keeps its place
+# after them: crash tests, then integration tests, then unit tests.
+_LONGEST_FILES_FIRST = (
+    "tests/crash/test_crash_recovery.py",
+    "tests/integration/lifecycle/test_persistence.py",
+    "tests/integration/runtime/test_spark_cluster.py",
+    "tests/crash/test_model.py",
+    "tests/integration/pool/test_pool.py",
+    "tests/crash/test_broker_lost_tail.py",
+    "tests/integration/api/test_fuzz_requests.py",
+    "tests/crash/test_shared_batches.py",
+)
+_DIRECTORIES_IN_ORDER = ("tests/crash/", "tests/integration/", "tests/unit/")
+
+
+def _file_rank(path: str) -> tuple[int, int]:
+    if path in _LONGEST_FILES_FIRST:
+        return (0, _LONGEST_FILES_FIRST.index(path))
+    for i, directory in enumerate(_DIRECTORIES_IN_ORDER):
+        if path.startswith(directory):
+            return (1 + i, 0)
+    return (1 + len(_DIRECTORIES_IN_ORDER), 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Orders the collected tests by file (see `_LONGEST_FILES_FIRST`); within a file, tests keep
+    their order. A stable sort: every worker process collects the same order."""
+    items.sort(key=lambda item: _file_rank(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Keeps each phase's report on the test item (`item.rep_setup`, `item.rep_call`), so a
