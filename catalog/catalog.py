@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.database_snapshot import DatabaseSnapshot, snapshot_of
 from iox_spark.catalog.delete_mailbox import DeleteMailbox
 from iox_spark.catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
 from iox_spark.catalog.query_pins import QueryPins
@@ -496,6 +497,12 @@ class Database:
         return self.deletes.for_table(table, partition_for(table, self.kafka_partitions))
 
     @_locked
+    def snapshot(self) -> DatabaseSnapshot:
+        """Everything `iox status` shows of this database, copied at one instant
+        (catalog/database_snapshot.py)."""
+        return snapshot_of(self)
+
+    @_locked
     def chunks_in_memory(self) -> tuple[int, int]:
         """(how many chunks, their bytes) this database holds in memory."""
         chunks = [c for parts in self.partitions.values() for p in parts.values() for c in p.chunks if c.in_memory]
@@ -523,6 +530,27 @@ class Database:
             self.applied_hi_inclusive[kp] = start - 1
         self.release(NOT_OWNED, starts)
         self.owned_partitions = frozenset((self.owned_partitions or frozenset()) | set(starts))
+
+    @_locked
+    def drop_stale_foreign_chunks(self, touched: Iterable[tuple[str, str]] | None, gone: Callable[[str], bool],
+                                  kept: Callable[[str], bool]) -> tuple[set, list, set]:
+        """A pool member took another member's commit: in the table partitions ``touched`` ((table,
+        partition key); None: every one) of tables it does not own, drops each chunk holding a
+        Parquet file whose key is ``gone``, and every file whose key is not ``kept``. Returns (the
+        keys of the files those partitions held, the chunks dropped, the tables changed)."""
+        parts = [p for by_key in self.partitions.values() for p in by_key.values()] if touched is None else [
+            p for t, k in touched if (p := self.partitions.get(t, {}).get(k)) is not None]
+        known, retired, changed = set(), [], set()
+        for part in parts:
+            if self.owns_table(part.table):
+                continue
+            known.update(f.key for f in part.files)
+            stale = [c for c in part.chunks if c.parquet_keys and any(gone(k) for k in c.parquet_keys)]
+            if stale:
+                part.drop_chunks(stale, lambda f: kept(f.key))
+                retired.extend(stale)
+                changed.add(part.table)
+        return known, retired, changed
 
     @_locked
     def drop_unpersisted_of(self, kps: Iterable[int], keep_states: tuple) -> tuple[list, set]:
@@ -586,6 +614,22 @@ class Database:
         below counts as applied (a new epoch's first offsets, which may be below the old ones)."""
         for kp, start in starts.items():
             self.applied_hi_inclusive[kp] = start - 1
+
+    @_locked
+    def new_epoch_readiness(self, first_offsets: Mapping[int, int], cut_short: bool) -> tuple[str | None, int, int, list]:
+        """Whether this database may continue in a new write-buffer epoch from ``first_offsets``
+        ({kp: the new epoch's first offset}; ``cut_short``: on a topic that lost its tail, whose
+        offsets below them must be applied first), read at one instant: (why not, or None; the
+        highest offset applied in any partition; the next epoch; every lost-write range)."""
+        busy = sorted((t, k) for t, parts in self.partitions.items() for k, p in parts.items()
+                      if p.windows is not None and (not p.windows.is_empty() or p.windows.has_flush_handle))
+        behind = {kp: (self.applied_hi_inclusive.get(kp, -1), off) for kp, off in first_offsets.items()
+                  if cut_short and self.applied_hi_inclusive.get(kp, -1) < off - 1 and
+                  (self.owned_partitions is None or kp in self.owned_partitions)}
+        why = (f"table partitions {busy} still hold unpersisted rows" if busy else
+               "a failed micro-batch is not applied again yet" if self.failed_batch_hi else
+               f"what Kafka still holds is not applied yet (partition: (applied, end) {behind})" if behind else None)
+        return why, max(self.applied_hi_inclusive.values(), default=-1), self.epoch + 1, list(self.lost_writes)
 
     @_locked
     def continue_in_epoch(self, epoch: int, seq_origin: int, topic_id: str | None, lost_writes: list,
@@ -1147,6 +1191,22 @@ class Catalog:
                     if part.windows is not None:
                         part.windows.forget_from(kp, from_offset)
             db.failed_batch_hi.pop(kp, None)
+
+    def query_cut(self, db: Database, at_cut: Callable[[dict], object], tables: Callable[[object], Iterable[str]],
+                  read: Callable[..., object]) -> tuple[dict, int | None, object, dict]:
+        """One query's read of ``db`` at one instant (the lock held throughout): its applied offsets;
+        ``at_cut(applied)``, what the caller reads of its own at that instant (the write buffer's tail,
+        server/query/tail.py); for each table of ``tables(at_cut's result)``, ``read(table, chunks,
+        deletes, schema, at_cut's result)`` of the table's live chunks (`table_chunks`), the deletes
+        that apply to it (`Database.table_deletes`) and its schema. Returns (applied offsets, the
+        retention period, at_cut's result, {table: what read returned}). The query engine calls it
+        (driver); the callbacks run under the lock, so they must not block (no Spark job, no I/O)."""
+        with self._lock:
+            applied = dict(db.applied_hi_inclusive)
+            extra = at_cut(applied)
+            reads = {t: read(t, self.table_chunks(db, t), db.table_deletes(t), db.schemas.get(t), extra)
+                     for t in tables(extra)}
+            return applied, db.retention_period_s, extra, reads
 
     def table_chunks(self, db: Database, table: str) -> list[Chunk]:
         with self._lock:

@@ -9,7 +9,7 @@ pool's Kafka cluster and object store), `config.py`,
 router, deletes), `query/` (SQL, the write buffer's tail), `api/` (gRPC, HTTP,
 the client), the admin operations the app composes (`retention_admin.py`, `freeze_admin.py`, `pool_admin.py`,
 `verify_admin.py`),
-`app.py` (the composition root) and `cli/` (the `iox` command).
+`startup.py` (the steps of the start), `app.py` (the composition root) and `cli/` (the `iox` command).
 tests/unit/test_import_layers.py checks it.
 
 May import: `catalog`, `chunk_store`, `lifecycle`, the generated stubs `iox`, third-party libraries.

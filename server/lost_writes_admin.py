@@ -363,21 +363,10 @@ class LostWritesControl:
 
         def switch():  # while no micro-batch runs
             with lc.paused():
-                with self._catalog.lock:
-                    busy = sorted((t, k) for t, parts in db.partitions.items() for k, p in parts.items()
-                                  if p.windows is not None and (not p.windows.is_empty() or p.windows.has_flush_handle))
-                    if busy or db.failed_batch_hi:
-                        raise NotReadyToAccept(db.name, f"table partitions {busy} still hold unpersisted rows"
-                                               if busy else "a failed micro-batch is not applied again yet")
-                    behind = {kp: (db.applied_hi_inclusive.get(kp, -1), off) for kp, off in first.items()
-                              if cut_short and db.applied_hi_inclusive.get(kp, -1) < off - 1 and
-                              (db.owned_partitions is None or kp in db.owned_partitions)}
-                    if behind:
-                        raise NotReadyToAccept(db.name, "what Kafka still holds is not applied yet "
-                                                        f"(partition: (applied, end) {behind})")
-                    applied_hi = max(db.applied_hi_inclusive.values(), default=-1)
-                    epoch = db.epoch + 1
-                    lost = [r.as_accepted(now) for r in db.lost_writes]
+                why, applied_hi, epoch, ranges = db.new_epoch_readiness(first, cut_short)
+                if why is not None:
+                    raise NotReadyToAccept(db.name, why)
+                lost = [r.as_accepted(now) for r in ranges]
                 pc = lc.preserved_for(db.name, now)
                 # above every seq of the old epoch: the catalog's, and every offset applied in memory
                 origin = max(next_seq_origin(pc.state, db.seq_origin), seq_base(db.seq_origin, applied_hi + 1))

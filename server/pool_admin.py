@@ -37,7 +37,7 @@ from iox_spark.iox import management_pb2
 from iox_spark.server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
 from iox_spark.server.errors import InvalidArgument, StreamRestartTimedOut
 
-__all__ = ["PoolControl", "check_reachable"]
+__all__ = ["PoolControl", "check_reachable", "claims_of", "column_agreement"]
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,56 @@ def check_reachable(member: str, address: str, host: str, others: list) -> None:
                         "cannot reach it", r["member"], r["host"], r["address"], host)
 
 
-class PoolControl:
-    """The pool membership of `server` (an IoxServer) under the name `member`."""
+def claims_of(pool: "PoolControl | None", role: str):
+    """The ClaimPartitions call (`iox claim`, the assigner) of a server in `role` whose pool membership
+    is `pool` (None: not a member): `claim(database, partitions)`, refused by a querier and outside a pool."""
+    from iox_spark.server.errors import NotAPoolMember, RoleRefuses
 
-    def __init__(self, server, member: str):
-        self.server = server
+    def claim(database: str, partitions) -> management_pb2.ClaimPartitionsResponse:
+        if role == "querier":
+            raise RoleRefuses("querier", "claim partitions", "list only ingester and all members in the assigner's "
+                                                             "--ingesters")
+        if pool is None:
+            raise NotAPoolMember(f"claiming partitions of {database!r}")
+        return pool.claim(database, list(partitions))
+
+    return claim
+
+
+def column_agreement(store, member: str):
+    """The router's `agree_columns` of pool member `member` (request threads):
+    `agree(database, columns)`, the pool's columns of `columns` (catalog/pool_schema.py);
+    ColumnAgreementUnavailable when the store cannot be asked."""
+    from iox_spark.catalog.pool_schema import reserve_columns
+    from iox_spark.server.errors import ColumnAgreementUnavailable
+
+    def agree(database: str, columns: dict) -> dict:
+        try:
+            return reserve_columns(store, database, columns, member)
+        except Exception as e:  # noqa: BLE001  (the object store's errors, an unreadable reservation)
+            raise ColumnAgreementUnavailable(database, f"{type(e).__name__}: {e}") from e
+
+    return agree
+
+
+class PoolControl:
+    """This server's membership of an ingester pool under the name `member`. Collaborators: the
+    `catalog`; the `write_buffer` (WriteBuffer: topics, Kafka's ends, acknowledged offsets); the
+    `lifecycle` (LifecycleWorker: the pool catalogs, claims, pauses); the `consumer`
+    (WriteBufferConsumer: restarts the stream while no micro-batch runs); the `ingestor` (Ingestor:
+    table views, replay row filters, waits for applied offsets); the `replay` (ReplayWatch); `spark`,
+    the object `store` and the `parquet_cache` (registering the others' files); the `query_engine`
+    (what a query reads) and `visibility` (what this member shows); the topics' `partitions`; the
+    `auth_token` this member asks the others with."""
+
+    def __init__(self, member: str, *, catalog, write_buffer, lifecycle, consumer, ingestor, replay, spark, store,
+                 parquet_cache, query_engine, visibility, partitions: int, auth_token: str | None):
         self.member = member
+        self._catalog, self._write_buffer, self._lifecycle = catalog, write_buffer, lifecycle
+        self._consumer, self._ingestor, self._replay = consumer, ingestor, replay
+        self._spark, self._store, self._parquet_cache = spark, store, parquet_cache
+        self._query_engine, self._visibility = query_engine, visibility
+        self._partitions, self._auth_token = partitions, auth_token
         #: one claim or loss at a time
         self._lock = threading.Lock()
         #: one `take_state` at a time (the catalog probe, a claim and queries call it): a file is
@@ -106,20 +150,19 @@ class PoolControl:
         the epochs claimed and where each partition resumes."""
         from iox_spark.server.write.router import validate_database_name
 
-        srv = self.server
         validate_database_name(database)
-        n = srv.config.partitions
+        n = self._partitions
         kps = sorted(set(int(p) for p in partitions))
         if not kps or any(not 0 <= p < n for p in kps):
             raise InvalidArgument(f"partitions must name Kafka partitions 0..{n - 1}, got {list(partitions)}")
         now = time.time()
         with self._lock:
-            topic = srv.write_buffer.ensure_topic(database)
-            db = srv.catalog.ensure_database(database, topic, n)
+            topic = self._write_buffer.ensure_topic(database)
+            db = self._catalog.ensure_database(database, topic, n)
             if db.topic_id is None:
-                db.adopt_topic_id(srv.write_buffer.topic_id(topic))
-            pc = srv.lifecycle.preserved_for(database, now)
-            bounds = srv.write_buffer.partition_bounds(topic, n)
+                db.adopt_topic_id(self._write_buffer.topic_id(topic))
+            pc = self._lifecycle.preserved_for(database, now)
+            bounds = self._write_buffer.partition_bounds(topic, n)
             out = management_pb2.ClaimPartitionsResponse(database=database)
 
             # the topic incarnation the pool's offsets are of, recorded with the first claim: a topic
@@ -139,15 +182,14 @@ class PoolControl:
 
             # no persist or compaction runs meanwhile: one of a partition claimed again would commit
             # from windows and chunks `_adopt` drops
-            with srv.lifecycle.paused():
-                srv.consumer.restart(between)
+            with self._lifecycle.paused():
+                self._consumer.restart(between)
         log.info("pool member %s claimed %s partitions %s", self.member, database, kps)
         return out
 
     def _adopt(self, db, state, kps: set, bounds: dict, fresh: bool, now: float) -> None:
         """Takes over `kps` of `db` from the claimed catalog `state`. Runs while no micro-batch runs."""
-        srv = self.server
-        catalog = srv.catalog
+        catalog = self._catalog
         n = db.kafka_partitions
         dbck = state.database_checkpoint
         if fresh and dbck is not None:  # a database this server held nothing of: its catalog's epoch and seqs
@@ -169,32 +211,31 @@ class PoolControl:
                 table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
                 offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()
                          if kp in kps}))
-            srv.ingestor.row_filters.setdefault((db.name, table), {})[day_number(pkey)] = (
+            self._ingestor.row_filters.setdefault((db.name, table), {})[day_number(pkey)] = (
                 ck.flush_timestamp_ns, {kp: v for kp, v in ck.sequencer_numbers.items() if kp in kps})
         if dbck is not None and dbck.epoch == db.epoch:
             planner.register_database_checkpoint(DatabaseCheckpoint(
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items() if kp in kps}))
         plan = planner.build()
         planned = set(plan.kafka_partitions())
-        with catalog.lock:
-            starts, until = {}, {}
-            for kp in sorted(kps):
-                lo, end = bounds.get(kp, (0, 0))
-                start = plan.start_offset(kp) if kp in planned else None
-                starts[kp] = start = lo if start is None else max(start, lo)
-                if end - 1 >= start:
-                    until[kp] = end - 1
-            srv.replay.extend(topic_for(db.name), until)  # before anything of them is applied here
-            db.adopt_claim(starts)
+        starts, until = {}, {}
+        for kp in sorted(kps):
+            lo, end = bounds.get(kp, (0, 0))
+            start = plan.start_offset(kp) if kp in planned else None
+            starts[kp] = start = lo if start is None else max(start, lo)
+            if end - 1 >= start:
+                until[kp] = end - 1
+        # the replay's targets first: nothing of the partitions is applied here before they are adopted
+        self._replay.extend(topic_for(db.name), until)
+        db.adopt_claim(starts)
         for table in mine:
-            srv.ingestor.refresh_table_view(db, table)
+            self._ingestor.refresh_table_view(db, table)
 
     # -- losing ------------------------------------------------------------------------------
     def lose(self, database: str, partitions) -> None:
         """Another member claimed `partitions` of `database`: hold them and drop their tables'
         unpersisted rows here (see the module docstring). Idempotent."""
-        srv = self.server
-        db = srv.catalog.peek_database(database)
+        db = self._catalog.peek_database(database)
         if db is None:
             return
         kps = set(partitions)
@@ -204,12 +245,12 @@ class PoolControl:
                     return
                 self.losses += 1  # `lose` holds self._lock meanwhile
                 self._drop_unpersisted(db, kps)
-                srv.replay.drop(db.topic, kps)
+                self._replay.drop(db.topic, kps)
 
             while True:  # no caller retries a loss: a batch that outlives the stream's stop is waited out
                 try:
-                    with srv.lifecycle.paused():
-                        srv.consumer.restart(between)
+                    with self._lifecycle.paused():
+                        self._consumer.restart(between)
                     return
                 except StreamRestartTimedOut as e:
                     log.warning("database %s: giving up Kafka partitions %s waits for a micro-batch: %s",
@@ -220,14 +261,14 @@ class PoolControl:
         replays them from Kafka); their persisted chunks stay. Ownership changes here (a claim, a
         loss): the next state is taken against everything registered, not as a difference (this
         member's own files of a table it lost are another owner's to remove now)."""
-        catalog = self.server.catalog
+        catalog = self._catalog
         with self._state_lock:
             self._taken.pop(db.name, None)
         dropped, tables = db.drop_unpersisted_of(kps, _PERSISTED_STATES)
         if dropped:
             catalog.retire(dropped, time.time())
         for table in tables:
-            self.server.ingestor.refresh_table_view(db, table)
+            self._ingestor.refresh_table_view(db, table)
 
     # -- the other members' files ----------------------------------------------------------
     def take_state(self, database: str, state) -> None:
@@ -246,11 +287,10 @@ class PoolControl:
 
     def _take_state(self, database: str, state) -> bool:
         """Registers what `state` added since the state taken last, and drops what it removed; the
-        first state of a database is compared with everything registered. Under the catalog lock
-        only the table partitions the difference touches are visited (a pool catalog of 10,000
+        first state of a database is compared with everything registered. Only the table partitions
+        the difference touches are visited (a pool catalog of 10,000
         files is not walked at every refresh)."""
-        srv = self.server
-        db = srv.catalog.peek_database(database)
+        db = self._catalog.peek_database(database)
         if db is None:
             return False
         now = time.time()
@@ -264,25 +304,12 @@ class PoolControl:
             removed = {k: prev_files[k] for k in prev_files.keys() - state.files.keys()}
             added = {k: state.files[k] for k in state.files.keys() - prev_files.keys()}
             touched = {(f.table, f.partition_key) for f in (*removed.values(), *added.values())}
-        changed, retired = set(), []
-        with srv.catalog.lock:
-            parts = [p for by_key in db.partitions.values() for p in by_key.values()] if touched is None else [
-                p for t, k in touched if (p := db.partitions.get(t, {}).get(k)) is not None]
-            known = set()
-            for part in parts:
-                if db.owns_table(part.table):
-                    continue
-                known.update(f.key for f in part.files)
-                stale = [c for c in part.chunks if c.parquet_keys and any(
-                    k not in state.files if removed is None else k in removed for k in c.parquet_keys)]
-                if stale:
-                    part.drop_chunks(stale, lambda f: f.key in state.files)
-                    retired.extend(stale)
-                    changed.add(part.table)
+        gone = (lambda k: k not in state.files) if removed is None else removed.__contains__
+        known, retired, changed = db.drop_stale_foreign_chunks(touched, gone, state.files.__contains__)
         new = [f for k, f in sorted(added.items(), key=lambda kv: (kv[1].table, kv[1].partition_key, kv[1].min_seq))
                if k not in known and not db.owns_table(f.table)]
         for f in new:
-            register_persisted_file(srv.spark, srv.catalog, srv.store, db, f, now, srv.parquet_cache)
+            register_persisted_file(self._spark, self._catalog, self._store, db, f, now, self._parquet_cache)
             changed.add(f.table)
         prev_deletes = set() if prev is None else prev[1]
         for dp in state.delete_predicates:
@@ -293,9 +320,9 @@ class PoolControl:
             if prev_schemas.get(table) != cols and not db.owns_table(table):
                 db.schemas.merge(table, [Column(*c) for c in cols])
         if retired:
-            srv.catalog.retire(retired, now)
+            self._catalog.retire(retired, now)
         for table in changed:
-            srv.ingestor.refresh_table_view(db, table)
+            self._ingestor.refresh_table_view(db, table)
         self._taken[database] = (state.files, frozenset(state.delete_predicates), dict(state.table_schemas))
         return True
 
@@ -320,9 +347,8 @@ class PoolControl:
 
         from iox_spark.server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
 
-        srv = self.server
         try:
-            db = srv.catalog.database(database)
+            db = self._catalog.database(database)
         except DatabaseNotFoundError:
             raise DatabaseNotFound(database) from None
         n = db.kafka_partitions
@@ -335,7 +361,7 @@ class PoolControl:
         target = {kp: max(off, barrier.get(kp, -1)) for kp, off in wait_applied.items()}
         target.update({kp: off for kp, off in barrier.items() if kp not in target})
         if target:
-            srv.ingestor.wait_applied(database, target, timeout_s)
+            self._ingestor.wait_applied(database, target, timeout_s)
         applied_now = db.applied_offsets()
         applied = {kp: applied_now.get(kp, -1) for kp in owned}
         if any(applied.get(kp, -1) < off for kp, off in wait_applied.items()):
@@ -343,14 +369,14 @@ class PoolControl:
         behind = {kp: (applied.get(kp, -1), off) for kp, off in barrier.items() if applied.get(kp, -1) < off}
         if behind:
             raise OwnerNotCaughtUp(database, self.member, behind, time.monotonic() - t0)
-        pc = srv.lifecycle.preserved.get(database)
+        pc = self._lifecycle.preserved.get(database)
         revision = (lambda: pc.revision) if pc is not None else (lambda: -1)
         if not tables:
             yield query_pb2.UnpersistedRowsResponse(catalog_revision=revision(), applied_hi_inclusive=applied)
             return
         lo = reader_lo_ns(db.retention_period_s, time.time())
         for table in tables:
-            r = owner_rows(srv.spark, srv.catalog, db, table, revision, (scans or {}).get(table), lo, max_bytes)
+            r = owner_rows(self._spark, self._catalog, db, table, revision, (scans or {}).get(table), lo, max_bytes)
             if r is None:  # lost since the check above: its rows are its new owner's now
                 raise self._not_owner(database, {partition_for(table, n)})
             columns, deletes = json.dumps(r.columns), deletes_to_json(r.deletes)
@@ -365,9 +391,8 @@ class PoolControl:
         its replay (after a restart or a claim), each only as far as the partition is not held here
         (a poisoned message, a freeze): a held partition answers what it applied, as a query of a
         server outside a pool does."""
-        srv = self.server
-        acked = srv.write_buffer.acked_of(db.topic)
-        until = srv.replay.targets(db.topic)
+        acked = self._write_buffer.acked_of(db.topic)
+        until = self._replay.targets(db.topic)
         held = db.held_offsets()
         wanted = {kp: max(written_before.get(kp, -1), acked.get(kp, -1), until.get(kp, -1)) for kp in partitions}
         return {kp: off for kp, off in below_holds(wanted, held).items() if off >= 0}
@@ -376,7 +401,7 @@ class PoolControl:
         """NotPartitionOwner naming who owns `partitions` now, as far as this member's catalog knows."""
         from iox_spark.server.errors import NotPartitionOwner
 
-        pc = self.server.lifecycle.preserved.get(database) if self.server.lifecycle is not None else None
+        pc = self._lifecycle.preserved.get(database) if self._lifecycle is not None else None
         owners = {kp: (o.owner, o.epoch) for kp, o in (pc.state.owners.items() if pc is not None else ())
                   if kp in partitions}
         return NotPartitionOwner(database, self.member, partitions, owners)
@@ -394,17 +419,16 @@ class PoolControl:
         from iox_spark.server.errors import OwnershipMoving
         from iox_spark.server.query.pool_rows import OwnerMoved
 
-        srv = self.server
-        db = srv.catalog.peek_database(database)
-        if db is None or db.owned_partitions is None or srv.lifecycle is None:
+        db = self._catalog.peek_database(database)
+        if db is None or db.owned_partitions is None or self._lifecycle is None:
             return None
         deadline = time.monotonic() + timeout_s
-        read, scans = srv.query_engine.reads(db, sql)
+        read, scans = self._query_engine.reads(db, sql)
         written_before = self.written_before(db, {partition_for(t, db.kafka_partitions) for t in read})
-        pc = srv.lifecycle.preserved.get(database)
+        pc = self._lifecycle.preserved.get(database)
         fresh = pc is None
         if fresh:  # a database this member never persisted nor claimed (a querier's): read its catalog
-            pc = srv.lifecycle.preserved_for(database, time.time())
+            pc = self._lifecycle.preserved_for(database, time.time())
             pc.refresh()
             self.take_state(database, pc.state)
         moved = None
@@ -429,17 +453,16 @@ class PoolControl:
         answering NOT_FOUND. Kafka that cannot be asked leaves it unknown. Request threads."""
         from iox_spark.server.write.router import validate_database_name
 
-        srv = self.server
         try:
             validate_database_name(database)
             topic = topic_for(database)
-            if topic not in srv.write_buffer.list_database_topics():
+            if topic not in self._write_buffer.list_database_topics():
                 return
-            topic_id = srv.write_buffer.topic_id(topic)
+            topic_id = self._write_buffer.topic_id(topic)
         except Exception as e:  # noqa: BLE001  (an invalid name, Kafka away: NOT_FOUND as before)
             log.debug("pool member %s: database %r not learnt from Kafka (%s)", self.member, database, e)
             return
-        db = srv.catalog.ensure_database(database, topic, srv.config.partitions)
+        db = self._catalog.ensure_database(database, topic, self._partitions)
         db.adopt_topic_id(topic_id)
 
     def written_before(self, db, partitions: set) -> dict:
@@ -447,12 +470,11 @@ class PoolControl:
         and Kafka's end (another member's acknowledged writes; a Kafka that cannot be asked within
         _ENDS_TIMEOUT_S leaves this member's own, for _ENDS_RETRY_AFTER_S). Kafka's end is its
         watermark: exact on Kafka; Tansu on object storage, loaded, may show a write to readers late."""
-        srv = self.server
-        out = {kp: off for kp, off in srv.write_buffer.acked_of(db.topic).items() if kp in partitions}
+        out = {kp: off for kp, off in self._write_buffer.acked_of(db.topic).items() if kp in partitions}
         failed = self._ends_failed_at
         if partitions and (failed is None or time.monotonic() - failed > _ENDS_RETRY_AFTER_S):
             try:
-                ends = srv.write_buffer.high_watermarks([db.topic], db.kafka_partitions,
+                ends = self._write_buffer.high_watermarks([db.topic], db.kafka_partitions,
                                                         timeout_s=_ENDS_TIMEOUT_S).get(db.topic, {})
                 self._ends_failed_at = None
             except Exception as e:  # noqa: BLE001  (Kafka away: what this member knows it wrote)
@@ -472,20 +494,19 @@ class PoolControl:
         OwnerNotCaughtUp past `deadline`."""
         from iox_spark.server.errors import OwnerNotCaughtUp
 
-        srv = self.server
         t0 = time.monotonic()
         while True:
             owned = set(db.owned_partitions or ())  # a frozenset, replaced whole: no lock
             held = db.held_offsets()
             target = below_holds({kp: off for kp, off in written_before.items() if kp in owned}, held)
-            vis = srv.visibility.visible(db)
+            vis = self._visibility.visible(db)
             behind = {kp: (vis.get(kp, -1), off) for kp, off in target.items() if vis.get(kp, -1) < off}
             if not behind:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OwnerNotCaughtUp(db.name, self.member, behind, time.monotonic() - t0)
-            srv.ingestor.wait_applied(db.name, {kp: off for kp, (_v, off) in behind.items()}, min(left, 0.05))
+            self._ingestor.wait_applied(db.name, {kp: off for kp, (_v, off) in behind.items()}, min(left, 0.05))
 
     def _gather_once(self, db, pc, fresh: bool, read: list, wait_applied: dict, written_before: dict,
                      timeout_s: float, scans: dict | None = None):
@@ -498,7 +519,7 @@ class PoolControl:
         from iox_spark.server.errors import PoolMemberUnavailable, QueryResultTooLarge, WriteTokenNotVisible
         from iox_spark.server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
 
-        srv, database, n = self.server, db.name, db.kafka_partitions
+        database, n = db.name, db.kafka_partitions
         owned = db.owned()  # in a pool: those claimed
         needed = {partition_for(t, n) for t in read} | set(wait_applied)
         if not fresh and any(kp not in owned and kp not in pc.state.owners for kp in needed):
@@ -515,7 +536,7 @@ class PoolControl:
         wait = {kp: off for kp, off in wait_applied.items() if kp in owners}
         if not tables and not wait:
             return None
-        max_bytes = srv.query_engine.max_bytes
+        max_bytes = self._query_engine.max_bytes
 
         def fetch(member, name, ts, w, left_s):
             from iox_spark.iox import query_pb2
@@ -557,9 +578,9 @@ class PoolControl:
         from iox_spark.catalog.ownership import member_address_key, member_address_record, read_member_records
 
         host = socket.gethostname()
-        others = [r for r in read_member_records(self.server.store) if r["member"] != self.member]
+        others = [r for r in read_member_records(self._store) if r["member"] != self.member]
         check_reachable(self.member, address, host, others)
-        self.server.store.put(member_address_key(self.member), member_address_record(self.member, address,
+        self._store.put(member_address_key(self.member), member_address_record(self.member, address,
                                                                                      time.time(), host))
         self.address = address
 
@@ -575,7 +596,7 @@ class PoolControl:
         if addr is not None:
             return addr
         try:
-            addr = read_member_address(self.server.store, member)
+            addr = read_member_address(self._store, member)
         except ValueError as e:
             raise PoolMemberUnavailable(database, member, str(e)) from None
         if addr is None:
@@ -594,7 +615,7 @@ class PoolControl:
         with self._lock_clients:
             c = self._clients.get(addr)
             if c is None:
-                c = self._clients[addr] = IoxClient(addr, token=self.server.config.auth_token)
+                c = self._clients[addr] = IoxClient(addr, token=self._auth_token)
             return c
 
     def close(self) -> None:
@@ -605,7 +626,7 @@ class PoolControl:
 
     def status(self, db) -> list:
         """[(kp, owner, epoch)] of `db`'s pool catalog as this server last read it (empty outside one)."""
-        pc = self.server.lifecycle.preserved.get(db.name) if self.server.lifecycle else None
+        pc = self._lifecycle.preserved.get(db.name) if self._lifecycle else None
         if pc is None:
             return []
         return [(kp, o.owner, o.epoch) for kp, o in sorted(pc.state.owners.items())]

@@ -7,7 +7,7 @@ then, at once, queries hide rows older than the new reader_lo and writes of olde
 refused (both compute reader_lo from the clock); the lifecycle worker's retention round prunes
 after --prune-delay-s (lifecycle/prune_policy.py).
 
-Who calls it: `RetentionControl.set` through `IoxServer.set_retention` (gRPC SetRetention, the
+Who calls it: `RetentionControl.set` through `ApiParts.set_retention` (gRPC SetRetention, the
 HTTP buckets API, in their worker threads), the status document and the /metrics scrape. Driver
 side only.
 """
@@ -77,7 +77,8 @@ class RetentionControl:
 
 
 def fill_retention_status(d, db, now_s: float) -> None:
-    """Fills the retention fields of a management_pb2.DatabaseStatus `d` from `db` (catalog lock held)."""
+    """Fills the retention fields of a management_pb2.DatabaseStatus `d` from `db` (a Database or its
+    DatabaseSnapshot)."""
     d.retention_period_s = db.retention_period_s or 0
     lo = reader_lo_ns(db.retention_period_s, now_s)
     if lo is not None:

@@ -40,7 +40,11 @@ class VerifyControl:
 
     def verify(self, database: str, table: str = "", max_differences: int = DEFAULT_MAX_DIFFERENCES,
                here_only: bool = False) -> VerifyReport:
-        """Checks `database` (only `table` when given); see the module docstring."""
+        """Checks `database` (only `table` when given; `max_differences` 0: DEFAULT_MAX_DIFFERENCES); see
+        the module docstring."""
+        max_differences = max_differences or DEFAULT_MAX_DIFFERENCES
+        if self.pool is not None and self.catalog.peek_database(database) is None:
+            self.pool.learn_database(database)  # written through another member only
         db = self.catalog.peek_database(database)
         if db is None:
             raise DatabaseNotFound(database)

@@ -4,7 +4,7 @@ Flight SQL (GetFlightInfo, GetSchema, DoGet of its tickets, DoAction, DoPut, Lis
 commands are server/api/flight_sql.py's).
 
 Invariant: a ticket's query runs exactly as a Query RPC of the same SQL does (the same read
-barrier, sandbox, retention, limits: `IoxServer.query`) and its rows are streamed as Arrow IPC
+barrier, sandbox, retention, limits: `QueryService.query`) and its rows are streamed as Arrow IPC
 messages, one FlightData each (the schema first, then each record batch as Spark makes it, cut
 at QUERY_BATCH_ROWS rows). A ticket is JSON `{"database": D, "sql_query": Q, "query_type": "sql"}`
 as InfluxDB 3 reads it, with `"params": {name: value}` bound to the query's `$name` placeholders as
@@ -26,6 +26,7 @@ import grpc
 import pyarrow as pa
 
 from iox_spark.iox import flight_pb2, flight_pb2_grpc
+from iox_spark.server.api.api_parts import Queries
 from iox_spark.server.api.flight_sql import ACTIONS, FlightSql, flight_info, header_database, unpack
 from iox_spark.server.errors import InvalidArgument, NotServed
 
@@ -117,16 +118,16 @@ def _ipc_table(messages) -> pa.Table:
 
 
 class FlightService(flight_pb2_grpc.FlightServiceServicer):
-    """The Flight service of an IoxServer (`server.query`): InfluxDB 3's tickets, and Flight SQL
-    (server/api/flight_sql.py)."""
+    """The Flight service over `queries` (server/api/api_parts.py `Queries`): InfluxDB 3's tickets,
+    and Flight SQL (server/api/flight_sql.py)."""
 
-    def __init__(self, server, batch_rows: int, abort, scope=lambda: None):
+    def __init__(self, queries: Queries, batch_rows: int, abort, scope=lambda: None):
         """`scope`: the token scope of the RPC being served (server/api/auth.py `current_scope`)."""
-        self.server = server
+        self.queries = queries
         self.batch_rows = batch_rows
         self._abort = abort  # server/api/grpc_services.py's: a ServerError's status
         self._scope = scope
-        self.sql = FlightSql(server)
+        self.sql = FlightSql(queries)
 
     def _stream(self, res, context):
         """FlightData of a QueryResult or a pa.Table: the schema, then its batches (each cut at
@@ -161,7 +162,7 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
             if q.language == _INFLUXQL:
                 res = self._influxql(q, context)
             else:
-                res = self.server.query(q.database, q.sql, "", False, deadline_s=context.time_remaining())
+                res = self.queries.query(q.database, q.sql, "", False, deadline_s=context.time_remaining())
         except Exception as e:  # noqa: BLE001 - each cause has its status (_abort)
             self._abort(context, e)
         yield from self._stream(res, context)
@@ -172,7 +173,7 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
         from iox_spark.server.query.influxql import InfluxQLSyntaxError
 
         try:
-            results = run(AnswerContext(self.server, self._scope(), context.time_remaining()), q.database, q.sql,
+            results = run(AnswerContext(self.queries, self._scope(), context.time_remaining()), q.database, q.sql,
                           q.params)
         except InfluxQLSyntaxError as e:
             raise InvalidArgument(str(e)) from None

@@ -3,7 +3,7 @@ metadata commands Flight SQL clients call on connect (ADBC's Flight SQL driver, 
 FlightSQL data source).
 
 Invariants:
-- A query runs exactly as a Query RPC of the same SQL does (`IoxServer.query`: the read barrier,
+- A query runs exactly as a Query RPC of the same SQL does (`QueryService.query`: the read barrier,
   the SQL sandbox, retention, limits), in the database that InfluxDB 3 clients name: the
   `database` header (or `bucket-name`, `bucket`, `iox-namespace-name`). GetFlightInfo plans the
   query for its schema and answers one endpoint on this server; DoGet of its ticket plans it again
@@ -35,6 +35,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 
 from iox_spark.iox import flight_pb2, flight_sql_pb2 as sql_pb2
+from iox_spark.server.api.api_parts import Queries
 from iox_spark.server.errors import InvalidArgument, NotServed
 
 __all__ = ["FlightSql", "flight_info", "unpack", "pack", "header_database", "request_database", "DATABASE_HEADERS",
@@ -249,11 +250,11 @@ def _matches(regex, value: str) -> bool:
 
 
 class FlightSql:
-    """The Flight SQL commands of an IoxServer (`server.query`). Each answer is an Arrow schema and
-    its record batches; server/api/flight.py turns them into FlightInfo and FlightData."""
+    """The Flight SQL commands over `queries` (server/api/api_parts.py `Queries`). Each answer is an
+    Arrow schema and its record batches; server/api/flight.py turns them into FlightInfo and FlightData."""
 
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, queries: Queries):
+        self.queries = queries
 
     # -- GetFlightInfo / GetSchema --------------------------------------------------------------
     def plan(self, command, database: str, deadline_s: float | None) -> tuple[pa.Schema, bytes]:
@@ -363,7 +364,7 @@ class FlightSql:
         from iox_spark.server.query.params import bind_parameters
 
         bind_parameters(sql)  # unbound placeholders: InvalidArgument before Spark sees them
-        return self.server.query(database, sql, "", False, deadline_s=deadline_s)
+        return self.queries.query(database, sql, "", False, deadline_s=deadline_s)
 
     def _query_schema(self, database: str, sql: str, deadline_s: float | None) -> pa.Schema:
         res = self._run(database, sql, deadline_s)

@@ -37,6 +37,7 @@ from iox_spark.server.errors import (ColumnAgreementUnavailable, NothingToAccept
                            OwnershipMoving,
                            PoisonedMessageNotFound, StreamRestartTimedOut)
 from iox_spark.server.errors import NotServed, QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
+from iox_spark.server.api.api_parts import ApiParts
 from iox_spark.server.api.auth import PermissionDenied, current_scope
 from iox_spark.server.write.router import ArrowTableWrite
 from iox_spark.server.query.pool_rows import NOT_OWNER_METADATA, scans_of
@@ -121,57 +122,57 @@ def _abort(context, err: Exception):
 
 
 class _WriteService(write_pb2_grpc.WriteServiceServicer):
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, parts: ApiParts):
+        self.parts = parts
 
     def Write(self, request, context):
         try:
-            res = self.server.router.write_line_protocol(request.database, request.line_protocol,
+            res = self.parts.router.write_line_protocol(request.database, request.line_protocol,
                                                          request.precision or "ns")
         except ServerError as e:
             _abort(context, e)
         except Exception as e:
             _abort(context, e)
-        return _write_response(self.server, request.database, res)
+        return _write_response(self.parts, request.database, res)
 
     def WriteArrow(self, request, context):
         try:
             tables = [ArrowTableWrite(t.table, t.arrow_ipc, [(c.name, _ROLE_NAMES.get(c.role, str(c.role)))
                                                              for c in t.columns])
                       for t in request.tables]
-            res = self.server.router.write_arrow(request.database, tables)
+            res = self.parts.router.write_arrow(request.database, tables)
         except Exception as e:
             _abort(context, e)
-        return _write_response(self.server, request.database, res)
+        return _write_response(self.parts, request.database, res)
 
 
-def _write_response(server, database: str, res) -> write_pb2.WriteResponse:
+def _write_response(parts: ApiParts, database: str, res) -> write_pb2.WriteResponse:
     """The answer to an acknowledged write: its token, structured and printable
     (server/write_buffer/write_token.py)."""
-    t = token_for(server.catalog, database, res.token)
+    t = token_for(parts.catalog, database, res.token)
     return write_pb2.WriteResponse(token=write_pb2.WriteToken(offsets=res.token, epoch=t.epoch if t else 0,
                                                               topic_id=(t.topic_id or "") if t else ""),
                                    points=res.points, topic=res.topic, token_text=format_token(t) if t else "")
 
 
 class _QueryService(query_pb2_grpc.QueryServiceServicer):
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, parts: ApiParts):
+        self.parts = parts
 
     def UnpersistedRows(self, request, context):
         try:
-            for msg in self.server.unpersisted_rows(request.database, list(request.tables),
-                                                    dict(request.wait_applied), context.time_remaining(),
-                                                    dict(request.written_before), scans_of(request.reads),
-                                                    request.max_bytes):
+            for msg in self.parts.queries.unpersisted_rows(request.database, list(request.tables),
+                                                           dict(request.wait_applied), context.time_remaining(),
+                                                           dict(request.written_before), scans_of(request.reads),
+                                                           request.max_bytes):
                 yield msg
         except Exception as e:
             _abort(context, e)
 
     def Query(self, request, context):
         try:
-            res = self.server.query(request.database, request.sql, request.after, request.allow_partial,
-                                    deadline_s=context.time_remaining())
+            res = self.parts.queries.query(request.database, request.sql, request.after, request.allow_partial,
+                                           deadline_s=context.time_remaining())
         except Exception as e:
             _abort(context, e)
         try:
@@ -202,31 +203,31 @@ class _QueryService(query_pb2_grpc.QueryServiceServicer):
 
 
 class _DeleteService(delete_pb2_grpc.DeleteServiceServicer):
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, parts: ApiParts):
+        self.parts = parts
 
     def Delete(self, request, context):
         from iox_spark.server.write.deletes import submit_delete
 
         try:
-            token = submit_delete(self.server.catalog, self.server.write_buffer, request.database, request.table,
+            token = submit_delete(self.parts.catalog, self.parts.write_buffer, request.database, request.table,
                                   request.start, request.stop, request.predicate)
         except Exception as e:
             _abort(context, e)
-        t = token_for(self.server.catalog, request.database, token)
+        t = token_for(self.parts.catalog, request.database, token)
         return delete_pb2.DeleteResponse(offsets=token, token_text=format_token(t) if t else "")
 
 
 class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, parts: ApiParts):
+        self.parts = parts
 
     def GetStatus(self, request, context):
         scope = current_scope()
         try:
             if request.pool_members and scope is not None:  # the pool's members: server-wide
                 scope.check("query", None)
-            resp = self.server.status(request.database, request.pool_members)
+            resp = self.parts.status(request.database, request.pool_members)
         except Exception as e:
             _abort(context, e)
         if scope is not None and not request.database:  # a listing: the token's databases only
@@ -237,59 +238,59 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
 
     def Persist(self, request, context):
         try:
-            return self.server.persist_now(request.database, request.table, request.partition_key,
-                                           deadline_s=context.time_remaining())
+            return self.parts.persist(request.database, request.table, request.partition_key,
+                                      deadline_s=context.time_remaining())
         except Exception as e:
             _abort(context, e)
 
     def Compact(self, request, context):
         try:
-            return self.server.compact_now(request.database, request.table, request.partition_key,
-                                           request.persisted, deadline_s=context.time_remaining())
+            return self.parts.compact(request.database, request.table, request.partition_key,
+                                      request.persisted, deadline_s=context.time_remaining())
         except Exception as e:
             _abort(context, e)
 
     def RetryPoisoned(self, request, context):
         try:
-            return self.server.retry_poisoned(request.database, _optional(request, "partition"),
-                                              _optional(request, "offset"))
+            return self.parts.retry_poisoned(request.database, _optional(request, "partition"),
+                                             _optional(request, "offset"))
         except Exception as e:
             _abort(context, e)
 
     def AcceptPoisoned(self, request, context):
         try:
-            return self.server.accept_poisoned(request.database, _optional(request, "partition"),
-                                               _optional(request, "offset"))
+            return self.parts.accept_poisoned(request.database, _optional(request, "partition"),
+                                              _optional(request, "offset"))
         except Exception as e:
             _abort(context, e)
 
     def AcceptLostWrites(self, request, context):
         try:
-            return self.server.accept_lost_writes(request.database)
+            return self.parts.accept_lost_writes(request.database)
         except Exception as e:
             _abort(context, e)
 
     def SetRetention(self, request, context):
         try:
-            return self.server.set_retention(request.database, request.period_s)
+            return self.parts.set_retention(request.database, request.period_s)
         except Exception as e:
             _abort(context, e)
 
     def Freeze(self, request, context):
         try:
-            return self.server.freeze.freeze(request.reason)
+            return self.parts.freeze(request.reason)
         except Exception as e:
             _abort(context, e)
 
     def Unfreeze(self, request, context):
         try:
-            return self.server.freeze.unfreeze()
+            return self.parts.unfreeze()
         except Exception as e:
             _abort(context, e)
 
     def ClaimPartitions(self, request, context):
         try:
-            return self.server.claim_partitions(request.database, list(request.partitions))
+            return self.parts.claim_partitions(request.database, list(request.partitions))
         except Exception as e:
             _abort(context, e)
 
@@ -297,15 +298,15 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
         from iox_spark.server.query.verify import report_to_proto
 
         try:
-            return report_to_proto(self.server.verify(request.database, request.table, request.max_differences,
-                                                      request.here_only))
+            return report_to_proto(self.parts.verify(request.database, request.table, request.max_differences,
+                                                     request.here_only))
         except Exception as e:
             _abort(context, e)
 
     def ListDatabases(self, request, context):
         scope = current_scope()  # a listing: the token's databases only
-        return management_pb2.ListDatabasesResponse(names=[d.name for d in self.server.catalog.databases()
-                                                           if scope is None or scope.allows("query", d.name)])
+        return management_pb2.ListDatabasesResponse(names=[d.name for d in self.parts.catalog.databases()
+                                                          if scope is None or scope.allows("query", d.name)])
 
 
 def _optional(request, name: str):
@@ -313,7 +314,7 @@ def _optional(request, name: str):
     return getattr(request, name) if request.HasField(name) else None
 
 
-def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authenticator=None,
+def build_grpc_server(parts: ApiParts, bind: str, port: int, max_workers: int = 16, authenticator=None,
                       max_request_bytes: int = 10 << 20, max_concurrent_rpcs: int | None = None):
     """Creates (does not start) the gRPC server with our services, health and reflection.
     A request message over `max_request_bytes` + REQUEST_FRAMING_BYTES and an RPC beyond
@@ -329,15 +330,15 @@ def build_grpc_server(server, bind: str, port: int, max_workers: int = 16, authe
         interceptors.append(AuthInterceptor(authenticator))
     g = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"), options=opts,
                     interceptors=interceptors, maximum_concurrent_rpcs=max_concurrent_rpcs)
-    write_pb2_grpc.add_WriteServiceServicer_to_server(_WriteService(server), g)
-    query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(server), g)
-    management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(server), g)
-    delete_pb2_grpc.add_DeleteServiceServicer_to_server(_DeleteService(server), g)
+    write_pb2_grpc.add_WriteServiceServicer_to_server(_WriteService(parts), g)
+    query_pb2_grpc.add_QueryServiceServicer_to_server(_QueryService(parts), g)
+    management_pb2_grpc.add_ManagementServiceServicer_to_server(_ManagementService(parts), g)
+    delete_pb2_grpc.add_DeleteServiceServicer_to_server(_DeleteService(parts), g)
     from iox_spark.iox import flight_pb2_grpc
 
     from iox_spark.server.api.flight import FlightService
 
-    flight_pb2_grpc.add_FlightServiceServicer_to_server(FlightService(server, QUERY_BATCH_ROWS, _abort, current_scope), g)
+    flight_pb2_grpc.add_FlightServiceServicer_to_server(FlightService(parts.queries, QUERY_BATCH_ROWS, _abort, current_scope), g)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, g)
     names = SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

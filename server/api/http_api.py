@@ -436,12 +436,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized("query", req.database):
             return
-        run = getattr(self.server, "query", None)
-        if run is None:
+        queries = getattr(self.server, "queries", None)
+        if queries is None:
             self._send(404, {"code": "not found", "message": "no query API on this server"})
             return
         try:
-            res = run(req.database, req.sql, req.after, req.allow_partial, deadline_s=req.timeout_s)
+            res = queries.query(req.database, req.sql, req.after, req.allow_partial, deadline_s=req.timeout_s)
             batches = res.batches()
             first = next(batches, None)
         except Exception as e:
@@ -510,12 +510,12 @@ class _Handler(BaseHTTPRequestHandler):
             except Unauthenticated as e:
                 self._send(401, {"error": str(e)}, [("WWW-Authenticate", 'Token realm="iox"')])
                 return
-        server = getattr(self.server, "iox", None)
-        if server is None:
+        queries = getattr(self.server, "queries", None)
+        if queries is None:
             self._send(404, {"error": "no query API on this server"})
             return
         try:
-            results = run(AnswerContext(server, scope, DEFAULT_TIMEOUT_S), database, text, params)
+            results = run(AnswerContext(queries, scope, DEFAULT_TIMEOUT_S), database, text, params)
         except InfluxQLSyntaxError as e:
             self._send(400, {"error": str(e)})
             return
@@ -865,10 +865,9 @@ class HttpWriteServer:
         self._httpd = _Server((self.host, self.port), _Handler, self.router, self.workers)
         self._httpd.authenticator = self.authenticator
         self._httpd.buckets = getattr(self, "buckets", None)
-        #: IoxServer.query (server/api/http_query.py), or None: no query endpoint
-        self._httpd.query = getattr(self, "query", None)
-        #: the IoxServer (InfluxQL: server/api/influxql_answer.py), or None: no InfluxQL endpoint
-        self._httpd.iox = getattr(self, "iox", None)
+        #: the query path (server/api/api_parts.py `Queries`): SQL (server/api/http_query.py) and InfluxQL
+        #: (server/api/influxql_answer.py); None: no query endpoint
+        self._httpd.queries = getattr(self, "queries", None)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="http-write-api", daemon=True)

@@ -13,7 +13,7 @@ first batch maps to a status; an error after the first rows were sent (the resul
 so a client never takes a cut-off answer for a whole one.
 
 Invariant: an HTTP query goes through the same read barrier as gRPC Query (server/query/read_barrier.py,
-`IoxServer.query`) and says what it reflects the same way, in response headers:
+`QueryService.query`, server/query_service.py) and says what it reflects the same way, in response headers:
 `X-Iox-Applied-Hi-Inclusive` and `X-Iox-Visible-Hi-Inclusive` (JSON objects {kafka partition: offset}),
 `X-Iox-Partial` (true / false), `X-Iox-Topic`, `X-Iox-Topic-Id`, `X-Iox-Epoch`. Request headers:
 `X-Iox-After: TOKEN` (a write token, e.g. a write's `X-Iox-Write-Token`: the query runs once that write is

@@ -1,7 +1,7 @@
 """InfluxQL answers in each protocol's shape: InfluxDB 1.x's JSON of `/query` (whole or chunked),
 and InfluxDB 3's table (`/api/v3/query_influxql`, Flight tickets of query_type `influxql`).
 
-Invariant: every statement runs through `IoxServer.query` (server/query/influxql.py): the token's
+Invariant: every statement runs through `QueryService.query` (server/query_service.py; server/query/influxql.py): the token's
 scope is checked on each database a statement reads (an `ON db` clause too), and SHOW DATABASES
 lists only the databases the token may query.
 
@@ -17,6 +17,7 @@ import time
 
 import pyarrow as pa
 
+from iox_spark.server.api.api_parts import Queries
 from iox_spark.server.query.influxql import Series, StatementResult, execute
 
 __all__ = ["AnswerContext", "run", "v1_document", "v1_chunks", "v3_table", "EPOCHS", "MEASUREMENT_COLUMN"]
@@ -29,11 +30,11 @@ MEASUREMENT_COLUMN = "iox::measurement"
 
 
 class AnswerContext:
-    """What InfluxQL needs of the server: `server` (IoxServer: query, table_columns,
-    database_names), the token's `scope` (None: no tokens) and the request's `deadline_s`."""
+    """What InfluxQL needs of the server: its `queries` (server/api/api_parts.py `Queries`: query,
+    table_columns, database_names), the token's `scope` (None: no tokens) and the request's `deadline_s`."""
 
-    def __init__(self, server, scope=None, deadline_s: float | None = None):
-        self.server, self.scope, self.deadline_s = server, scope, deadline_s
+    def __init__(self, queries: Queries, scope=None, deadline_s: float | None = None):
+        self.queries, self.scope, self.deadline_s = queries, scope, deadline_s
 
     def _check(self, database: str) -> None:
         if self.scope is not None:
@@ -41,14 +42,14 @@ class AnswerContext:
 
     def run_sql(self, database: str, sql: str) -> pa.Table:
         self._check(database)
-        return self.server.query(database, sql, "", False, deadline_s=self.deadline_s).table
+        return self.queries.query(database, sql, "", False, deadline_s=self.deadline_s).table
 
     def tables(self, database: str) -> dict:
         self._check(database)
-        return self.server.table_columns(database)
+        return self.queries.table_columns(database)
 
     def databases(self) -> list:
-        return [d for d in self.server.database_names() if self.scope is None or self.scope.allows("query", d)]
+        return [d for d in self.queries.database_names() if self.scope is None or self.scope.allows("query", d)]
 
 
 def run(ctx: AnswerContext, database: str, text: str, params: dict | None = None) -> list[StatementResult]:

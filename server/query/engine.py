@@ -6,7 +6,7 @@ session of its own, so concurrent queries on different databases never see
 each other's table names. A table the write buffer's tail holds writes or
 deletes for (server/query/tail.py) is read as its chunks plus those
 writes, deduplicated and with every delete applied exactly as the consumer will
-apply them, from one cut taken under the catalog lock: the result reflects
+apply them, from one cut of the catalog (`Catalog.query_cut`): the result reflects
 `visible_hi_inclusive` (>= `applied_hi_inclusive`) of every Kafka partition.
 A table of at most SMALL_TABLE_ROWS rows whose chunks are all local
 (chunk_store/local_rows.py) is merged with its tail rows (if any) in Arrow on the
@@ -185,38 +185,43 @@ class QueryEngine:
         session = query_session(self.spark)
         checked = _checked(session, database, sql)
         known = set(db.table_names()) | set(db.schemas.tables())
-        reads: dict = {}  # table -> _TableRead, all read in one cut
-        with self.catalog.lock:
-            applied = dict(db.applied_hi_inclusive)
-            # retention: no row older than reader_lo, from the clock at the cut (catalog/retention.py)
-            lo = reader_lo_ns(db.retention_period_s, time.time())
-            cut = self.tail.cut(db, applied) if self.tail is not None else None
-            visible = cut.visible_hi_inclusive if cut is not None else dict(applied)
-            if remote is not None:  # the owners' partitions reflect what their owners applied
-                visible = dict(visible)
-                for kp, off in remote[1].items():
-                    visible[kp] = max(visible.get(kp, -1), off)
-            known |= set(remote[0]) if remote is not None else set()
-            candidates = sorted(known | set(cut.writes if cut is not None else ()))
+
+        def at_cut(applied):  # the tail's writes and deletes past `applied`, at the cut
+            return self.tail.cut(db, applied) if self.tail is not None else None
+
+        def tables_to_read(cut):
+            candidates = sorted(known | set(remote[0] if remote is not None else ()) |
+                                set(cut.writes if cut is not None else ()))
             named = sorted(set(tables_named(sql, candidates)) | (checked.tables & set(candidates)))
             # a statement that lists tables sees them all; any other reads only the tables it names
-            for table in (candidates if _lists_tables(sql) or not named else named):
-                chunks = self.catalog.table_chunks(db, table)
-                r = _TableRead(rows=sum(c.rows for c in chunks))
-                if cut is not None:
-                    kp = partition_for(table, db.kafka_partitions)
-                    r.tail_writes = cut.writes.get(table, [])
-                    r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
-                if remote is not None and table in remote[0]:
-                    r.remote = remote[0][table]
-                all_local = all(c.local_rows is not None and c.view is not None for c in chunks)
-                if r.from_tail or (chunks and all_local):
-                    r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
-                    if all_local:
-                        r.local = [c.local_rows for c in chunks]
-                    r.deletes = db.table_deletes(table)
-                    r.schema = db.schemas.get(table)
-                reads[table] = r
+            return candidates if _lists_tables(sql) or not named else named
+
+        def read(table, chunks, deletes, schema, cut):
+            r = _TableRead(rows=sum(c.rows for c in chunks))
+            if cut is not None:
+                kp = partition_for(table, db.kafka_partitions)
+                r.tail_writes = cut.writes.get(table, [])
+                r.tail_deletes = [d for d in cut.deletes if d.applies_to(table, kp)]
+            if remote is not None and table in remote[0]:
+                r.remote = remote[0][table]
+            all_local = all(c.local_rows is not None and c.view is not None for c in chunks)
+            if r.from_tail or (chunks and all_local):
+                r.chunks = [chunk_source(c) for c in chunks if c.view is not None]
+                if all_local:
+                    r.local = [c.local_rows for c in chunks]
+                r.deletes = deletes
+                r.schema = schema
+            return r
+
+        # every table read in one cut (catalog/catalog.py `query_cut`)
+        applied, retention_period_s, cut, reads = self.catalog.query_cut(db, at_cut, tables_to_read, read)
+        # retention: no row older than reader_lo, from the clock at the cut (catalog/retention.py)
+        lo = reader_lo_ns(retention_period_s, time.time())
+        visible = cut.visible_hi_inclusive if cut is not None else dict(applied)
+        if remote is not None:  # the owners' partitions reflect what their owners applied
+            visible = dict(visible)
+            for kp, off in remote[1].items():
+                visible[kp] = max(visible.get(kp, -1), off)
         now = time.time()
         db.note_queried(tables_named(sql, db.table_names()), now)
         t_cut = time.perf_counter()

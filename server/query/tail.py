@@ -369,9 +369,9 @@ class WriteBufferTail:
             self._thread.join(10)
 
     def cut(self, db, applied_hi_inclusive: dict, tables=None) -> TailCut:
-        """The writes of `tables` (None: of every table) and every delete held past `applied_hi_inclusive` (read by the
-        caller under the catalog lock, with the chunks it reads), per Kafka partition up to its
-        visible offset. Called by the query engine, under the catalog lock."""
+        """The writes of `tables` (None: of every table) and every delete held past `applied_hi_inclusive` (read at
+        the same instant as the chunks the query reads), per Kafka partition up to its visible
+        offset. Called by the query engine inside `Catalog.query_cut` (the catalog's lock held)."""
         tables = None if tables is None else set(tables)
         visible, writes, deletes = {}, {}, []
         with self._lock:

@@ -10,8 +10,7 @@ Invariants: the file is replaced atomically (a reader sees the old holds or the 
 a part); a file that is missing or cannot be read means no holds (the consumer drops held
 messages anyway); a micro-batch's range never ends past a held message (`held_end`).
 
-Who calls it: `Ingestor` writes it (`holds_of`, `write_holds`, driver, under Catalog.lock for
-`holds_of`); the source reads it (`read_holds`, `held_end`), in Spark's Python processes.
+Who calls it: `Ingestor` writes it (`holds_of`, `write_holds`, driver); the source reads it (`read_holds`, `held_end`), in Spark's Python processes.
 Pure except the file; nothing here is pickled.
 """
 from __future__ import annotations

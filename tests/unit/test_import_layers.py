@@ -47,11 +47,12 @@ LAYERS = [
     "iox_spark.server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
     "iox_spark.server.poison_admin",  # retrying and accepting poisoned messages
     "iox_spark.server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
-    "iox_spark.server.verify_admin",
+    "iox_spark.server.verify_admin",  # `iox verify`: which partitions a server checks, the pool's owners the rest
     "iox_spark.server.query_service",  # a user's SQL: the read barrier, the pool's rows, the engine
     "iox_spark.server.manual_actions",  # `iox persist` / `iox compact` on what was written before them
-    "iox_spark.server.status_document",
-    "iox_spark.server.clean_stop",    # the in-memory broker's clean stop: drain, persist, a complete checkpoint  # what `iox status` answers  # `iox verify`: which partitions a server checks, the pool's owners the rest
+    "iox_spark.server.status_document",  # what `iox status` answers
+    "iox_spark.server.clean_stop",    # the in-memory broker's clean stop: drain, persist, a complete checkpoint
+    "iox_spark.server.startup",       # the steps of the server's start
     "iox_spark.server.app",           # the composition root
     "iox_spark.server.cli",           # the command line
 ]

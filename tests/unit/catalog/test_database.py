@@ -317,3 +317,110 @@ def test_a_table_read_and_a_check_read_their_inputs_at_one_instant():
     assert set(schemas) == {"cpu", "mem"} and schemas["mem"] is None
     assert accepted == set() and files_min_seq == {"cpu": [], "mem": []}
     assert (origin, retention) == (db.seq_origin, db.retention_period_s)
+
+
+def test_a_snapshot_copies_what_status_shows_at_one_instant():
+    from iox_spark.catalog.schema import Column
+
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    db.schemas.check_and_reserve({"cpu": [Column("host", "tag", "string"), Column("v", "field", "float")]})
+    cat.add_chunk(db, _chunk(1, "cpu", "2026-12-01", {0: (0, 2)}), now=10.0)
+    cat.add_chunk(db, _chunk(2, "cpu", "2026-12-02", {0: (3, 4)}), now=10.0)
+    held = _poisoned(1, 7)
+    db.add_poisoned(held)
+    lost = LostWriteRange(0, 5, 9, 10.0, "tail lost", epoch=0)
+    db.record_lost_writes([lost])
+    snap = db.snapshot()
+    assert (snap.name, snap.topic, snap.kafka_partitions, snap.epoch) == ("d", "iox.d", 2, 0)
+    assert [t.name for t in snap.tables] == ["cpu"]
+    assert [c.name for c in snap.tables[0].columns] == ["host", "v"]
+    assert [(p.key, [c.id for c in p.chunks], p.unpersisted_rows) for p in snap.tables[0].partitions] == [
+        ("2026-12-01", [1], 3), ("2026-12-02", [2], 3)]
+    assert snap.lost_writes == (lost,) and [(r.offset, r.state) for r in snap.poisoned] == [(7, HELD)]
+    # later changes leave the snapshot as it was
+    cat.add_chunk(db, _chunk(3, "mem", "2026-12-02", {1: (0, 0)}), now=11.0)
+    held.retry()
+    cat.table_chunks(db, "cpu")[0].state = "closed"
+    assert [t.name for t in snap.tables] == ["cpu"] and snap.poisoned[0].state == HELD
+    assert snap.tables[0].partitions[0].chunks[0].state == "open"
+    assert [t.name for t in db.snapshot().tables] == ["cpu", "mem"]
+
+
+def test_a_new_epoch_waits_for_unpersisted_rows_a_failed_batch_and_what_kafka_still_holds():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    cat.advance_applied(db, {0: 4})
+    lost = LostWriteRange(1, 0, 3, 10.0, "tail lost", epoch=0)
+    db.record_lost_writes([lost])
+    assert db.new_epoch_readiness({0: 5, 1: 0}, cut_short=True) == (None, 4, 1, [lost])
+    assert db.new_epoch_readiness({0: 0, 1: 0}, cut_short=False)[0] is None
+    why = db.new_epoch_readiness({0: 9, 1: 0}, cut_short=True)[0]
+    assert why == "what Kafka still holds is not applied yet (partition: (applied, end) {0: (4, 9)})"
+    db.own_only([1])  # a pool member waits only for the partitions it owns
+    assert db.new_epoch_readiness({0: 9, 1: 0}, cut_short=True)[0] is None
+    db.failed_batch_hi = {0: 4}
+    assert db.new_epoch_readiness({0: 0, 1: 0}, cut_short=False)[0] == "a failed micro-batch is not applied again yet"
+    cat.add_chunk(db, _chunk(1, "cpu", "2026-12-01", {0: (0, 2)}), now=10.0)
+    assert db.new_epoch_readiness({0: 0, 1: 0}, cut_short=False)[0] == \
+        "table partitions [('cpu', '2026-12-01')] still hold unpersisted rows"
+
+
+def test_a_query_cut_reads_its_tables_and_the_callers_state_under_the_lock():
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    cat.add_chunk(db, _chunk(1, "cpu", "2026-12-01", {0: (0, 2)}), now=10.0)
+    cat.add_chunk(db, _chunk(2, "mem", "2026-12-01", {1: (0, 1)}), now=10.0)
+    cat.advance_applied(db, {0: 2, 1: 1})
+    db.retention_period_s = 3600
+    seen = []
+
+    def locked_elsewhere() -> bool:  # whether another thread finds the catalog's lock taken
+        out = []
+
+        def try_lock():
+            out.append(cat.lock.acquire(blocking=False))
+            if out[0]:
+                cat.lock.release()
+
+        t = threading.Thread(target=try_lock)
+        t.start()
+        t.join(10)
+        return not out[0]
+
+    def at_cut(applied):
+        seen.append(("cut", dict(applied), locked_elsewhere()))
+        return {"writes": ["disk"]}
+
+    def tables(extra):
+        return ["cpu"] + extra["writes"]
+
+    def read(table, chunks, deletes, schema, extra):
+        seen.append((table, [c.id for c in chunks], locked_elsewhere()))
+        return len(chunks)
+
+    applied, retention, extra, reads = cat.query_cut(db, at_cut, tables, read)
+    assert applied == {0: 2, 1: 1} and retention == 3600 and extra == {"writes": ["disk"]}
+    assert reads == {"cpu": 1, "disk": 0}
+    assert seen == [("cut", {0: 2, 1: 1}, True), ("cpu", [1], True), ("disk", [], True)]
+    assert not locked_elsewhere()
+
+
+def test_a_pool_members_refresh_drops_the_chunks_of_files_another_member_removed():
+    from types import SimpleNamespace
+
+    cat = Catalog()
+    db = cat.ensure_database("d", "iox.d", 2)
+    mine, theirs = (next(t for t in ("cpu", "mem", "disk", "net", "io") if partition_for(t, 2) == kp) for kp in (0, 1))
+    db.own_only([0])
+    for cid, table, key in ((1, mine, "m1"), (2, theirs, "t1"), (3, theirs, "t2")):
+        c = _chunk(cid, table, "2026-12-01", {}, state="unloaded")
+        c.parquet_keys = [key]
+        cat.add_file(db, SimpleNamespace(key=key, table=table, partition_key="2026-12-01"), c)
+    kept = {"t2"}
+    known, dropped, changed = db.drop_stale_foreign_chunks(None, lambda k: k not in kept, kept.__contains__)
+    assert known == {"t1", "t2"} and [c.id for c in dropped] == [2] and changed == {theirs}
+    assert [c.id for c in cat.table_chunks(db, theirs)] == [3] and [c.id for c in cat.table_chunks(db, mine)] == [1]
+    assert [f.key for f in db.partitions[theirs]["2026-12-01"].files] == ["t2"]
+    # only the partitions touched are visited
+    assert db.drop_stale_foreign_chunks({(mine, "2026-12-01")}, lambda k: True, lambda k: False) == (set(), [], set())

@@ -20,6 +20,13 @@ T0 = next(f"t{i}" for i in range(100) if partition_for(f"t{i}", 2) == 0)
 T1 = next(f"t{i}" for i in range(100) if partition_for(f"t{i}", 2) == 1)
 
 
+def _pool(member: str, **parts) -> PoolControl:
+    """A PoolControl of `member` whose collaborators are `parts` (None when not given)."""
+    names = ("catalog", "write_buffer", "lifecycle", "consumer", "ingestor", "replay", "spark", "store",
+             "parquet_cache", "query_engine", "visibility")
+    return PoolControl(member, **{**dict.fromkeys(names), "partitions": 2, "auth_token": None, **parts})
+
+
 def _member(owned, applied, acked=None, replay_until=None, owners=None):
     cat = Catalog()
     db = cat.ensure_database("d", "iox.d", 2)
@@ -31,11 +38,10 @@ def _member(owned, applied, acked=None, replay_until=None, owners=None):
         waits.append(dict(target))
 
     pc = SimpleNamespace(state=SimpleNamespace(owners=owners or {}), revision=7)
-    srv = SimpleNamespace(catalog=cat, spark=None, write_buffer=SimpleNamespace(acked_of=lambda topic: dict(acked or {})),
-                          replay=ReplayWatch(cat, {"iox.d": dict(replay_until or {})}, {}),
-                          ingestor=SimpleNamespace(wait_applied=wait_applied),
-                          lifecycle=SimpleNamespace(preserved={"d": pc}))
-    return PoolControl(srv, "a"), db, waits
+    pool = _pool("a", catalog=cat, write_buffer=SimpleNamespace(acked_of=lambda topic: dict(acked or {})),
+                 replay=ReplayWatch(cat, {"iox.d": dict(replay_until or {})}, {}),
+                 ingestor=SimpleNamespace(wait_applied=wait_applied), lifecycle=SimpleNamespace(preserved={"d": pc}))
+    return pool, db, waits
 
 
 def test_a_member_that_does_not_own_a_partition_asked_says_who_does():
@@ -77,11 +83,10 @@ def test_a_held_partition_answers_what_it_applied():
 
 def _asker(owned, applied, ends, acked=None):
     pool, db, waits = _member(owned, applied, acked=acked)
-    srv = pool.server
-    srv.query_engine = SimpleNamespace(reads=lambda db, sql: ([T0, T1], {}), max_bytes=0)
-    srv.write_buffer.high_watermarks = lambda topics, n, timeout_s: {"iox.d": dict(ends)}
-    srv.visibility = SimpleNamespace(visible=lambda db: dict(db.applied_hi_inclusive))
-    pc = srv.lifecycle.preserved["d"]
+    pool._query_engine = SimpleNamespace(reads=lambda db, sql: ([T0, T1], {}), max_bytes=0)
+    pool._write_buffer.high_watermarks = lambda topics, n, timeout_s: {"iox.d": dict(ends)}
+    pool._visibility = SimpleNamespace(visible=lambda db: dict(db.applied_hi_inclusive))
+    pc = pool._lifecycle.preserved["d"]
     pc.refreshed = 0
     pc.refresh = lambda: setattr(pc, "refreshed", pc.refreshed + 1)
     pool.take_state = lambda database, state: None
@@ -135,7 +140,7 @@ def test_a_kafka_that_cannot_be_asked_leaves_this_members_acks_and_is_not_asked_
         calls.append(timeout_s)
         raise RuntimeError("broker away")
 
-    pool.server.write_buffer.high_watermarks = down
+    pool._write_buffer.high_watermarks = down
     assert pool.written_before(db, {0, 1}) == {1: 7} and pool.written_before(db, {0, 1}) == {1: 7}
     assert calls == [2.0]  # asked once, with a short bound
 
@@ -180,10 +185,8 @@ def test_a_database_known_only_from_its_kafka_topic_is_learnt_holding_everything
     cat = Catalog()
     cat.pool_member = True
     topics = {"iox.other": 2}
-    srv = SimpleNamespace(catalog=cat, config=SimpleNamespace(partitions=2),
-                          write_buffer=SimpleNamespace(list_database_topics=lambda: dict(topics),
-                                                       topic_id=lambda topic: "tid-1"))
-    pool = PoolControl(srv, "b")
+    pool = _pool("b", catalog=cat, write_buffer=SimpleNamespace(list_database_topics=lambda: dict(topics),
+                                                                topic_id=lambda topic: "tid-1"))
     pool.learn_database("nowhere")  # no topic: still unknown (NOT_FOUND)
     pool.learn_database("bad name!")  # not a database name: nothing asked
     assert cat.peek_database("nowhere") is None and cat.peek_database("bad name!") is None
@@ -198,9 +201,7 @@ def test_kafka_away_leaves_the_database_unknown():
         raise RuntimeError("no broker")
 
     cat = Catalog()
-    srv = SimpleNamespace(catalog=cat, config=SimpleNamespace(partitions=2),
-                          write_buffer=SimpleNamespace(list_database_topics=away))
-    PoolControl(srv, "b").learn_database("other")
+    _pool("b", catalog=cat, write_buffer=SimpleNamespace(list_database_topics=away)).learn_database("other")
     assert cat.peek_database("other") is None
 
 
@@ -235,9 +236,9 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
     def check(steps):
         ids = itertools.count(1)
         pool, db, _ = _member({0}, {})
-        cat = pool.server.catalog
-        pool.server.ingestor = SimpleNamespace(refresh_table_view=lambda db, table: None)
-        pool.server.store = pool.server.parquet_cache = None
+        cat = pool._catalog
+        pool._ingestor = SimpleNamespace(refresh_table_view=lambda db, table: None)
+        pool._store = pool._parquet_cache = None
 
         def register(spark, catalog, store, db_, f, now, cache):
             part = catalog.partition(db_, f.table, f.partition_key)

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from iox_spark.server.config import ServerConfig
 from iox_spark.server.errors import RoleRefuses
 
 
-def _server(role: str):
-    from iox_spark.server.app import IoxServer
-
-    return IoxServer(ServerConfig(pool_member="m", role=role))
-
-
 def test_a_querier_claims_no_partition():
+    from iox_spark.server.pool_admin import claims_of
+
+    # before the pool is asked anything (none is given)
     with pytest.raises(RoleRefuses, match="role is querier: it does not claim partitions") as info:
-        _server("querier").claim_partitions("db", [0])
+        claims_of(None, "querier")("db", [0])
     assert (info.value.role, info.value.what) == ("querier", "claim partitions")
+
+
+def test_a_server_outside_a_pool_claims_no_partition():
+    from iox_spark.server.errors import NotAPoolMember
+    from iox_spark.server.pool_admin import claims_of
+
+    with pytest.raises(NotAPoolMember):
+        claims_of(None, "all")("db", [0])
 
 
 def test_an_ingester_answers_no_user_query():

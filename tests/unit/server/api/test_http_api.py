@@ -10,6 +10,7 @@ import json
 import random
 import socket
 import zlib
+from types import SimpleNamespace
 
 import pytest
 
@@ -414,7 +415,7 @@ def test_a_query_answers_json_rows_and_says_what_it_reflects_in_headers():
         return _Result([{"v": 1.5, "n": float("nan"), "s": "x"}])
 
     srv = HttpWriteServer(FakeRouter(), "127.0.0.1", free_port())
-    srv.query = query
+    srv.queries = SimpleNamespace(query=query)
     srv.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
@@ -447,7 +448,7 @@ def test_query_sql_binds_params_by_get_and_by_a_json_post_as_influxdb3_takes_the
         return _Result([{"v": 1}])
 
     srv = HttpWriteServer(FakeRouter(), "127.0.0.1", free_port())
-    srv.query = query
+    srv.queries = SimpleNamespace(query=query)
     srv.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
@@ -498,7 +499,7 @@ def test_a_query_streams_json_jsonl_csv_or_parquet_batch_by_batch_and_an_error_a
         return r
 
     srv = HttpWriteServer(FakeRouter(), "127.0.0.1", free_port())
-    srv.query = query
+    srv.queries = SimpleNamespace(query=query)
     srv.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
