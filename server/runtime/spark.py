@@ -45,8 +45,19 @@ _POOLS_XML = """<?xml version="1.0"?>
 
 
 #: where Spark Connect reads its token when `spark.connect.authenticate.token` is not set: the
-#: token reaches the JVM in its environment, never on its command line (`ps`) or in its Spark conf
+#: token reaches a JVM this process launches in its environment, never on its command line (`ps`)
 SPARK_CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+#: Spark Connect's own setting, read before the environment: used only when the JVM already runs
+#: (its environment was fixed at its launch), set through py4j, so on no command line either
+_SPARK_CONNECT_TOKEN_CONF = "spark.connect.authenticate.token"
+
+
+def _jvm_running() -> bool:
+    """Whether this process already launched Spark's JVM (PySpark's gateway), which a new
+    application then reuses with the environment it was launched with."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
 
 
 def usable_cpus() -> int:
@@ -124,7 +135,13 @@ def build_spark(master: str, driver_memory: str, scratch_dir: str, spark_connect
              .config("spark.connect.grpc.binding.port", str(spark_connect_port))
              .config("spark.connect.grpc.binding.address", spark_connect_host))
         if spark_connect_token:
-            os.environ[SPARK_CONNECT_TOKEN_ENV] = spark_connect_token
+            if _jvm_running():
+                # a JVM this process launched earlier (an earlier server's, stopped) read its
+                # environment then: the token goes in the new application's conf, over py4j, which
+                # Spark Connect reads before the environment; still on no command line
+                b = b.config(_SPARK_CONNECT_TOKEN_CONF, spark_connect_token)
+            else:
+                os.environ[SPARK_CONNECT_TOKEN_ENV] = spark_connect_token
     for k, v in (extra_conf or {}).items():
         if k == "spark.driver.extraJavaOptions":  # added to ours, not instead of them
             v = f"{java_opts} {v}"
@@ -161,7 +178,7 @@ def _launch_jvm_in_own_session(builder) -> None:
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
-    if SparkContext._gateway is not None or os.name != "posix":
+    if _jvm_running() or os.name != "posix":
         return
     conf = SparkConf()
     for k, v in builder._options.items():
