@@ -230,10 +230,12 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
             resp = self.parts.status(request.database, request.pool_members)
         except Exception as e:
             _abort(context, e)
-        if scope is not None and not request.database:  # a listing: the token's databases only
+        if scope is not None:  # the token's databases only: the listing, and the freeze's offsets
             kept = [d for d in resp.databases if scope.allows("query", d.name)]
             del resp.databases[:]
             resp.databases.extend(kept)
+            for name in [n for n in resp.freeze.offsets if not scope.allows("query", n)]:
+                del resp.freeze.offsets[name]
         return resp
 
     def Persist(self, request, context):

@@ -68,7 +68,7 @@ from iox_spark.catalog.partition_keys import NS_PER_DAY, day_numbers
 from iox_spark.catalog.sharding import database_of_topic, partition_for
 
 __all__ = ["Ingestor", "decode_delete", "disjoint_unique", "check_seqs_fit", "payload_decode_fn", "executor_lost",
-           "local_payloads", "table_messages_condition"]
+           "worker_crashed", "local_payloads", "table_messages_condition"]
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +278,8 @@ class Ingestor:
             if executor_lost(e):  # the batch's own blocks went with an executor: no message is at fault
                 self._back_off(batch_id, e)
                 raise
+            if worker_crashed(e):  # a Python worker died: the isolation blames only a message that crashes one twice
+                self._back_off(batch_id, e)
             log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
                       type(e).__name__, e, exc_info=True)
             try:
@@ -456,18 +458,24 @@ class Ingestor:
 
         def attempt(msgs: list):
             nonlocal applied_any
-            if self.quiescing.is_set():
-                raise first
-            try:
-                self._apply(raw.filter(_ranges_condition(msgs, F)), msgs, accepted, batch_id, t0, F)
-            except Exception as e:
-                if executor_lost(e):  # the infrastructure, not these messages: the isolation stops here
-                    raise
-                log.info("micro-batch %s: %d message(s) of %s fail together (%s: %s)", batch_id, len(msgs),
-                         sorted({(m["topic"], m["kp"]) for m in msgs}), type(e).__name__, e)
-                return e
-            applied_any = True
-            return None
+            for again in (False, True):
+                if self.quiescing.is_set():
+                    raise first
+                try:
+                    self._apply(raw.filter(_ranges_condition(msgs, F)), msgs, accepted, batch_id, t0, F)
+                except Exception as e:
+                    if executor_lost(e):  # the infrastructure, not these messages: the isolation stops here
+                        raise
+                    if worker_crashed(e) and not again:  # a worker died: these messages fail only if they
+                        log.warning("micro-batch %s: a Python worker died applying %d message(s) (%s); trying "
+                                    "them again", batch_id, len(msgs), _first_line(e))  # crash one again
+                        self.quiescing.wait(INFRASTRUCTURE_BACKOFF_S)
+                        continue
+                    log.info("micro-batch %s: %d message(s) of %s fail together (%s: %s)", batch_id, len(msgs),
+                             sorted({(m["topic"], m["kp"]) for m in msgs}), type(e).__name__, e)
+                    return e
+                applied_any = True
+                return None
 
         found = isolate([groups[k] for k in sorted(groups)], attempt, first)
         keys = [(m["topic"], m["kp"], m["offset"]) for m, _e in found]
@@ -1056,6 +1064,8 @@ class _ChunkBuild:
 
 #: what Spark says when a job needed blocks of a lost executor, or lost the executor running it
 _EXECUTOR_LOST_MARKERS = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure")
+#: what Spark says when a task's Python worker died (killed, out of memory, or crashed by its input)
+_WORKER_CRASHED_MARKERS = ("Python worker exited unexpectedly",)
 
 
 #: the first wait before a micro-batch that failed for its infrastructure is retried; it doubles with
@@ -1073,10 +1083,22 @@ def infrastructure_backoff_s(failures_in_a_row: int) -> float:
 def executor_lost(e: BaseException) -> bool:
     """Whether `e` (or an exception it was raised from) says an executor was lost: a failure of the
     batch's infrastructure, retried whole, never blamed on a message (server/write_buffer/poison.py). Pure."""
+    return _says(e, _EXECUTOR_LOST_MARKERS)
+
+
+def worker_crashed(e: BaseException) -> bool:
+    """Whether `e` (or an exception it was raised from) says a Python worker died. The batch is
+    retried after a wait, and a message is blamed (set aside) only when, applied on its own, it
+    fails so twice in a row: a worker killed from outside is not the message's fault, a message
+    that crashes every worker it reaches is. Pure."""
+    return _says(e, _WORKER_CRASHED_MARKERS)
+
+
+def _says(e: BaseException, markers: tuple) -> bool:
     seen: set = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if any(marker in str(e) for marker in _EXECUTOR_LOST_MARKERS):
+        if any(marker in str(e) for marker in markers):
             return True
         e = e.__cause__ or e.__context__
     return False

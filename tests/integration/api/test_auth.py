@@ -262,6 +262,14 @@ def test_an_admin_token_of_one_database_never_acts_beyond_it(srv):
         names = a.mgmt_stub.ListDatabases(management_pb2.ListDatabasesRequest(), timeout=30).names
         assert list(names) == ["org_bucket"]
         assert _code(lambda: a.status("org_other"))[0] == grpc.StatusCode.PERMISSION_DENIED
+        with IoxClient(srv.addr, token=MAIN) as m:  # frozen: the status names each database's offsets
+            m.freeze("auth test")
+            try:
+                assert {"org_other", "org_bucket"} <= set(m.status()["freeze"]["offsets"])
+                for status in (a.status(), a.status("org_bucket")):  # the token's databases only
+                    assert status["freeze"]["frozen"] and set(status["freeze"]["offsets"]) == {"org_bucket"}
+            finally:
+                m.unfreeze()
         assert _code(lambda: a.set_retention("org_other", 3600))[0] == grpc.StatusCode.PERMISSION_DENIED
         assert a.set_retention("org_bucket", 0)["database"] == "org_bucket"
     auth = {"Authorization": f"Token {ADMIN_B}", "Content-Type": "application/json"}
