@@ -81,8 +81,7 @@ class ManualActions:
         for kp, holds in db.hold_reasons().items():
             if kp in kps:
                 off, why = holds[0]
-                resp.skipped.add(kafka_partition=kp, reason=f"{why}: its writes from offset {off} on are not "
-                                                            f"applied here, they wait in Kafka")
+                resp.skipped.add(kafka_partition=kp, reason=_held_reason(why, off))
         for t, k, why in db.unpersisted_partitions(table, partition_key):
             if why is not None:
                 resp.skipped.add(table=t, partition_key=k, reason=why,
@@ -104,3 +103,10 @@ class ManualActions:
         if c is None:
             return management_pb2.CompactResponse(compacted=False)
         return management_pb2.CompactResponse(compacted=True, chunk_id=c.id, rows=c.rows)
+
+
+def _held_reason(why: str, offset: int) -> str:
+    """Why a persist did not cover a held Kafka partition (`Database.hold_reasons`' `why`)."""
+    if why == "not owned":
+        return f"{why}: another member of the pool applies and persists its writes"
+    return f"{why}: its writes from offset {offset} on are not applied here, they wait in Kafka"

@@ -600,7 +600,11 @@ def main(argv=None) -> int:
     if a.cmd == "broker":
         from iox_spark.server.runtime.broker import run_foreground
 
-        return run_foreground(a.port, a.storage, a.data_dir)
+        try:
+            return run_foreground(a.port, a.storage, a.data_dir)
+        except ServerError as e:  # its port taken, its executable missing
+            sys.stderr.write(f"error: {e}\n")
+            return 1
     if a.cmd == "assigner":
         return _run_assigner(a)
     if a.cmd == "demo":

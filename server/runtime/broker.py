@@ -55,6 +55,7 @@ import threading
 import time
 from dataclasses import dataclass
 from iox_spark.server.errors import ServerError
+from iox_spark.server.runtime.ports import check_ports_free
 
 __all__ = ["BrokerHandle", "start_or_reuse", "start_broker", "run_foreground", "broker_binary", "free_port",
            "process_start",
@@ -265,14 +266,15 @@ def process_start(pid: int) -> int | None:
 
 def _is_ours(pid: int | None, start: int | None, binary=None) -> bool:
     """Whether `pid` is still the process this server (or an earlier run on its data directory)
-    started: the same start time, or, for a record written without one, a command line that runs
-    the executable `binary()` names. Checked before any signal is sent to a recorded pid."""
+    started: the recorded start time (when the record has one) and a command line that runs the
+    executable `binary()` names (when given), both. Checked before any signal is sent to a
+    recorded pid: a pid the kernel gave again (after a reboot) fails one or the other."""
     if pid is None or not process_alive(pid):
         return False
-    if start is not None:
-        return process_start(pid) == start
-    if binary is None:
+    if start is not None and process_start(pid) != start:
         return False
+    if binary is None:
+        return start is not None
     try:
         binary = binary()
     except Exception:  # noqa: BLE001 - its executable is not installed: the process cannot be it
@@ -389,8 +391,8 @@ def _spawn(cmd: list, port: int, what: str, log_path: str | None, env: dict | No
     if out is not subprocess.DEVNULL:
         out.close()
     deadline = time.monotonic() + timeout_s
-    while not _reachable(port, 0.2):
-        if proc.poll() is not None:
+    while not _reachable(port, 0.2) or proc.poll() is not None:
+        if proc.poll() is not None:  # also once the port answers: then another process took it
             raise _ProcessExited(f"{what} exited with code {proc.returncode} (log: {log_path})")
         if time.monotonic() > deadline:
             proc.kill()
@@ -609,12 +611,16 @@ def _start_store_on_free_ports(store_dir: str, store_port: int, log_path: str | 
 
 
 def start_broker(port: int = 0, storage: str = STORAGE_MEMORY, log_path: str | None = None,
-                 store_dir: str | None = None, store_port: int = 0) -> BrokerHandle:
+                 store_dir: str | None = None, store_port: int = 0, port_option: str = "--broker-port") -> BrokerHandle:
     """Starts Tansu in its own session and waits until it accepts connections.
 
     `storage`: STORAGE_MEMORY, STORAGE_DURABLE (then `store_dir` is required: its SeaweedFS store is
     started first, its S3 endpoint on `store_port` or a free port) or an s3:// URL (the caller's AWS
-    variables). The store logs to `broker-store.log` beside `log_path`."""
+    variables). The store logs to `broker-store.log` beside `log_path`. A `port` another process
+    listens on raises PortTaken naming `port_option` before anything starts (Tansu would fail to
+    bind it, and the port would answer as if it had started)."""
+    if port:
+        check_ports_free("127.0.0.1", [(port, port_option)])
     port = port or free_port()
     env = dict(os.environ)
     store = None
@@ -699,7 +705,8 @@ def run_foreground(port: int, storage: str, data_dir: str) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    h = start_broker(port, storage, store_dir=os.path.join(os.path.abspath(data_dir), "broker-store"))
+    h = start_broker(port, storage, store_dir=os.path.join(os.path.abspath(data_dir), "broker-store"),
+                     port_option="--port")
     where = f" (store: {h.store_dir})" if h.store_dir else ""
     print(f"broker listening on 127.0.0.1:{h.port} (storage {storage}{where})", flush=True)
     if h.in_memory:

@@ -163,16 +163,16 @@ def test_status_shows_replay_progress_after_a_restart(iox_server, session_tmp, m
 
 
 def test_serve_on_a_taken_port_exits_at_once_naming_the_port_and_its_option(tmp_path):
-    """Another process holds the gRPC, HTTP, Spark Connect or InfluxDB 3 port: one line, exit 1, before Spark
-    or a broker starts (a second server on one host used to die in a traceback around Spark
-    Connect's BindException)."""
+    """Another process holds the gRPC, HTTP, Spark Connect, InfluxDB 3 or embedded broker's port: one
+    line, exit 1, before Spark starts (and, but for the broker's own port, before the broker does); a
+    second server on one host used to die in a traceback around Spark Connect's BindException."""
     import socket
     import time
 
     from iox_spark.server.runtime.broker import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOX_")}
-    options = ("--grpc-port", "--http-port", "--spark-connect-port", "--influxdb3-port")
+    options = ("--grpc-port", "--http-port", "--spark-connect-port", "--influxdb3-port", "--broker-port")
     for option in options:
         ports = {o: free_port() for o in options}
         with socket.socket() as holder:

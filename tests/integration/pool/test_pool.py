@@ -123,8 +123,9 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         assert set(cb.applied(other).values()) == {-1} and set(ca.applied(other).values()) == {-1}
         assert _rows(cb, other, TABLES[2]) == [] and _rows(ca, other, TABLES[2]) == []
 
-        ca.persist(db)
-        cb.persist(db)
+        for client, others in ((ca, (2, 3)), (cb, (0, 1))):  # each persists its own, says it skipped the others'
+            assert [(s["kafka_partition"], s["reason"]) for s in client.persist(db)["skipped"]] == [
+                (kp, "not owned: another member of the pool applies and persists its writes") for kp in others]
         # each reads what the other persisted (an owner's answer names the catalog revision it
         # goes with, and the asking member reads the catalog that far first)
         for client in (ca, cb):

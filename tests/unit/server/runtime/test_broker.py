@@ -97,6 +97,8 @@ def test_a_recorded_pid_that_names_another_process_now_is_never_signalled(tmp_pa
         assert start is not None and broker._is_ours(other.pid, start)
         assert not broker._is_ours(other.pid, start + 1)  # same pid, another process
         assert not broker._is_ours(other.pid, None, broker.broker_binary)  # an old record: not Tansu's command
+        assert not broker._is_ours(other.pid, start, broker.broker_binary)  # its start, but not Tansu's command
+        assert broker._is_ours(other.pid, start, lambda: sys.executable)  # both
         h = broker.BrokerHandle(pid=other.pid, port=1, storage=broker._storage_url("memory"), owned=True,
                                 pid_start=start + 1, store_pid=other.pid, store_port=2, store_dir="/x",
                                 store_pid_start=start + 7)
