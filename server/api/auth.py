@@ -42,7 +42,7 @@ import grpc
 
 from iox_spark.server.errors import ServerError
 
-__all__ = ["PERMISSIONS", "ALL_DATABASES", "RPC_PERMISSIONS", "TokenScope", "TokenTable", "Authenticator",
+__all__ = ["WRITE", "QUERY", "DELETE", "ADMIN", "PERMISSIONS", "ALL_DATABASES", "RPC_PERMISSIONS", "TokenScope", "TokenTable", "Authenticator",
            "Unauthenticated", "PermissionDenied", "InvalidTokensFile", "load_tokens_file", "parse_tokens",
            "token_from_authorization", "AuthInterceptor", "required_permission", "SERVER_WIDE", "LISTINGS",
            "is_open", "current_scope", "request_database"]

@@ -116,13 +116,14 @@ class BucketsApi:
                 if period else [], "createdAt": created, "updatedAt": created, "labels": [],
                 "links": {"self": f"{BUCKETS_PATH}/{bid}", "org": f"{ORGS_PATH}/{self._org(org)}"}}
 
-    def handle(self, method: str, route: str, query: str, body: bytes, may=None) -> tuple[int, dict]:
+    def handle(self, method: str, route: str, query: str, body: bytes, may=None, may_all: bool = True) -> tuple[int, dict]:
         """(HTTP status, JSON body) of one request. `may(database)`: whether the request's token may
         administer that database (None: every one): a bucket it may not is not listed, and reading,
-        creating or changing it is 403."""
+        creating or changing it is 403. `may_all`: whether it may administer every database; if
+        not, the orgs listed are those with a bucket it may administer, and those the request names."""
         try:
             return self._handle(method, route, parse_qs(query, keep_blank_values=True), body,
-                                may if may is not None else (lambda _database: True))
+                                may if may is not None else (lambda _database: True), may_all or may is None)
         except _HttpError as e:
             return e.status, {"code": e.code, "message": e.message}
 
@@ -131,16 +132,19 @@ class BucketsApi:
         if not may(database):
             raise _HttpError(403, "forbidden", f"the token may not administer database {database!r}")
 
-    def _handle(self, method: str, route: str, qs: dict, body: bytes, may) -> tuple[int, dict]:
+    def _handle(self, method: str, route: str, qs: dict, body: bytes, may, may_all: bool) -> tuple[int, dict]:
         arg = lambda k: (qs.get(k) or [""])[0]  # noqa: E731
         if route == ORGS_PATH:
             if method != "GET":
                 raise _HttpError(405, "method not allowed", f"use GET {ORGS_PATH}")
             if arg("org"):
                 self._org(arg("org"))
+            named = bool(arg("org") or arg("orgID"))
+            visible = {org for org, _bucket, database in self._buckets() if may(database)}
             with self._lock:
                 orgs = [{"id": i, "name": n} for i, n in sorted(self._orgs.items(), key=lambda kv: kv[1])
-                        if (not arg("org") or n == arg("org")) and (not arg("orgID") or i == arg("orgID"))]
+                        if (not arg("org") or n == arg("org")) and (not arg("orgID") or i == arg("orgID"))
+                        and (may_all or named or n in visible)]
             return 200, {"links": {"self": ORGS_PATH}, "orgs": orgs}
         bucket_id = route[len(BUCKETS_PATH) + 1:] if route != BUCKETS_PATH else ""
         if method == "GET":

@@ -67,8 +67,8 @@ from iox_spark.server.errors import (BadLines, DatabaseFenced, DatabaseNotFound,
 from iox_spark.server.write.line_protocol import ALL_PRECISIONS
 from iox_spark.server.write.router import MAX_REPORTED_BAD_LINES
 from iox_spark.server.metrics import CONTENT_TYPE_LATEST
-from iox_spark.server.api.auth import PermissionDenied, Unauthenticated, token_from_authorization
-from iox_spark.server.api.buckets import handles as handles_buckets
+from iox_spark.server.api.auth import ALL_DATABASES, PermissionDenied, Unauthenticated, token_from_authorization
+from iox_spark.server.api.http_routes import SERVER_WIDE, find_route, methods_of
 from iox_spark.server.errors import LinesRejected, OlderThanRetention, QueryTimedOut
 from iox_spark.server.write_buffer.write_token import format_token, token_for
 from iox_spark.server.errors import (NotAQuery, QueryRefused, ReplayNotCaughtUp, WriteTokenNotVisible,
@@ -392,37 +392,54 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(204)
 
+    # every request goes through server/api/http_routes.py's table, which says who may call it
     def do_GET(self):
-        route = self._route()
-        if route == "/health":
-            self._send(200, {"name": "iox", "message": "ready for queries and writes", "status": "pass",
-                             "checks": [], "version": SERVER_VERSION, "commit": ""})
-        elif route == "/ready":
-            self._send(200, {"status": "ready"})
-        elif route == "/ping":
-            self._ping()
-        elif handles_buckets(route):
-            self._buckets("GET")
-        elif route == QUERY_PATH:
-            self._query()
-        elif route in (V1_QUERY_PATH, V3_INFLUXQL_PATH):
-            self._influxql()
-        elif route == METRICS_PATH:
-            if self._authorized("admin", None):
-                self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
-        elif route == WRITE_PATH:
-            self._send(405, {"code": "method not allowed", "message": f"use POST {WRITE_PATH}"},
-                       [("Allow", "POST")])
-        elif route in (V1_WRITE_PATH, V3_WRITE_PATH):
-            self._send(405, {"error": f"use POST {route}"}, [("Allow", "POST")])
-        else:
-            self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"})
+        self._dispatch()
 
     def do_HEAD(self):
-        if self._route() == "/ping":
-            self._ping()
-        else:
-            self._send(404)
+        self._dispatch()
+
+    def do_POST(self):
+        self._dispatch()
+
+    def do_PATCH(self):
+        self._dispatch()
+
+    def do_PUT(self):
+        self._dispatch()
+
+    def do_DELETE(self):
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Answers the request through its route (`find_route`): a server-wide one is authorized
+        here, a database one by its handler; a path it does not know is 404, a method the path
+        does not take 405 with Allow (a body is drained first, so the connection stays usable)."""
+        route = self._route()
+        found = find_route(self.command, route)
+        if found is None:
+            allowed = methods_of(route)
+            drained = self.command in ("GET", "HEAD") or self._drain_any()
+            if not allowed:
+                self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"}, close=not drained)
+                return
+            message = f"use {' or '.join(allowed)} {route}"
+            body = {"error": message} if self._plain_errors() else {"code": "method not allowed", "message": message}
+            self._send(405, body, [("Allow", ", ".join(allowed))], close=not drained)
+            return
+        if found.access == SERVER_WIDE and not self._authorized(found.permission, None):
+            return
+        getattr(self, found.handler)()
+
+    def _health(self) -> None:
+        self._send(200, {"name": "iox", "message": "ready for queries and writes", "status": "pass",
+                         "checks": [], "version": SERVER_VERSION, "commit": ""})
+
+    def _ready(self) -> None:
+        self._send(200, {"status": "ready"})
+
+    def _metrics(self) -> None:
+        self._send(200, self.router.metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
     def _query(self, body: bytes | None = None) -> None:
         """`GET /api/v3/query_sql`, or POST with the JSON `body` (server/api/http_query.py); needs the
@@ -563,16 +580,22 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.wfile.write(b"0\r\n\r\n")
 
-    def do_PATCH(self):
-        if handles_buckets(self._route()):
-            self._buckets("PATCH")
-        else:
-            self._send(405, {"code": "method not allowed", "message": f"PATCH {self._route()} is not supported"},
-                       close=not self._drain_any())
+    def _get_buckets(self) -> None:
+        self._buckets("GET")
+
+    def _patch_buckets(self) -> None:
+        self._buckets("PATCH")
+
+    def _post_buckets(self) -> None:
+        try:
+            self._buckets("POST")
+        except _BodyTooLarge as e:
+            self._send_error(RequestTooLarge(e.size, MAX_BUCKETS_BODY_BYTES), close=not e.drained)
 
     def _buckets(self, method: str) -> None:
         """The InfluxDB v2 buckets and orgs API (server/api/buckets.py): any valid token; a bucket
-        (its database) is listed, read, created or changed only with the `admin` permission on it."""
+        (its database) is listed, read, created or changed only with the `admin` permission on it,
+        an org listed only with a bucket the token may administer (or named by the request)."""
         body = self._read_body(MAX_BUCKETS_BODY_BYTES) if method != "GET" else b""
         if not self._authorized(None, None):
             return
@@ -584,42 +607,29 @@ class _Handler(BaseHTTPRequestHandler):
         scope = auth.table.authenticate(self._presented_token()) if auth is not None and auth.enabled else None
         may = (lambda database: scope is None or scope.allows("admin", database))  # noqa: E731
         try:
-            status, out = api.handle(method, self._route(), urlsplit(self.path).query, body, may)
+            status, out = api.handle(method, self._route(), urlsplit(self.path).query, body, may,
+                                     may_all=may(ALL_DATABASES))
         except Exception as e:
             self._send_error(e)
             return
         self._send(status, out)
 
-    def do_POST(self):
-        route = self._route()
-        if handles_buckets(route):
-            try:
-                self._buckets("POST")
-            except _BodyTooLarge as e:
-                self._send_error(RequestTooLarge(e.size, MAX_BUCKETS_BODY_BYTES), close=not e.drained)
+    def _post_query(self) -> None:
+        """A POST to a query path: its body (a JSON document, or InfluxQL's form) read first."""
+        try:
+            body = self._read_body(MAX_QUERY_BODY_BYTES)
+        except _BodyTooLarge as e:
+            self._send_error(RequestTooLarge(e.size, MAX_QUERY_BODY_BYTES), close=not e.drained)
             return
-        if route in (QUERY_PATH, V1_QUERY_PATH, V3_INFLUXQL_PATH):
-            try:
-                body = self._read_body(MAX_QUERY_BODY_BYTES)
-            except _BodyTooLarge as e:
-                self._send_error(RequestTooLarge(e.size, MAX_QUERY_BODY_BYTES), close=not e.drained)
-                return
-            except InvalidArgument as e:
-                self._send_error(e, close=True)
-                return
-            if route == QUERY_PATH:
-                self._query(body)
-            else:
-                self._influxql(body)
+        except InvalidArgument as e:
+            self._send_error(e, close=True)
             return
-        if route not in (WRITE_PATH, V1_WRITE_PATH, V3_WRITE_PATH):
-            drained = self._drain_any()
-            if route in ("/health", "/ping", "/ready", METRICS_PATH):
-                self._send(405, {"code": "method not allowed", "message": f"use GET {route}"},
-                           [("Allow", "GET")], close=not drained)
-            else:
-                self._send(404, {"code": "not found", "message": f"no such endpoint: {route}"}, close=not drained)
-            return
+        if self._route() == QUERY_PATH:
+            self._query(body)
+        else:
+            self._influxql(body)
+
+    def _post_write(self) -> None:
         try:
             self._write()
         except _BodyTooLarge as e:
