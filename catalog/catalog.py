@@ -85,7 +85,7 @@ class TablePartition:
         return sorted(self.chunks, key=lambda c: c.order)
 
     # The operations below are the only writers of a partition's fields outside catalog/ (the
-    # lifecycle's actions, the pool, recovery); the caller holds Catalog.lock.
+    # lifecycle's actions, the pool, recovery); the caller holds Catalog._lock.
     def hold_for(self, action: str, chunks: Iterable[Chunk] = (), chunk_state: str | None = None) -> None:
         """A lifecycle action (PERSISTING or COMPACTING) holds this partition from now on: no other
         persist or compaction of it starts; `chunks` take `chunk_state` (None: they keep theirs)."""
@@ -216,7 +216,7 @@ class PoisonedMessage:
     fails again, ``attempts`` counting); ACCEPTED: skipped on the operator's word at
     ``accepted_at_s`` (never applied, also not by a replay: recorded in the preserved catalog);
     its partition continues after it. ``epoch``: the write-buffer epoch of ``offset``.
-    Mutated under Catalog.lock only."""
+    Mutated under Catalog._lock only."""
 
     partition: int
     offset: int
@@ -283,7 +283,7 @@ class Database:
     #: {kp: Kafka's end offset when found} of partitions whose broker lost its tail (came back with
     #: fewer offsets than this server knew were written): offsets are given out again, so writes are
     #: refused until what was applied is persisted and the database continues in a new write-buffer
-    #: epoch from Kafka's end (server/app.py); None while Kafka keeps every offset. Under Catalog.lock.
+    #: epoch from Kafka's end (server/lost_writes_admin.py); None while Kafka keeps every offset. Under Catalog._lock.
     tail_truncated: dict | None = None
     #: messages the consumer skipped as unreadable (server/write_buffer/wire_format.py header_problem), since this
     #: server started: {kp: (count, last offset, last reason)}
@@ -291,7 +291,7 @@ class Database:
     #: Kafka's id of the topic incarnation this server reads (None until known); recorded in
     #: database checkpoints so a topic deleted and created again is detected at start
     topic_id: str | None = None
-    #: multi-message requests: pending parts, decisions, pins (catalog/transactions.py; under Catalog.lock)
+    #: multi-message requests: pending parts, decisions, pins (catalog/transactions.py; under Catalog._lock)
     txns: TxnLog = field(default_factory=TxnLog)
     #: table -> wall time (s) of the last query that may have read it (set by the query engine;
     #: the lifecycle moves a queried table's write-buffer chunks to the read buffer sooner)
@@ -300,10 +300,10 @@ class Database:
     #: persistence windows, until `applied_hi_inclusive` reaches it (their retry is applied): the
     #: windows cover rows no chunk holds meanwhile, so no persist may flush them (a persist would
     #: checkpoint those offsets as persisted, and the retried rows, which the windows do not record
-    #: again, could be lost in a crash). Under Catalog.lock; see Catalog.withdraw_chunks.
+    #: again, could be lost in a crash). Under Catalog._lock; see Catalog.withdraw_chunks.
     failed_batch_hi: dict = field(default_factory=dict)
     #: messages set aside because applying them failed (PoisonedMessage: held, retrying or
-    #: accepted; see server/write_buffer/poison.py). Under Catalog.lock.
+    #: accepted; see server/write_buffer/poison.py). Under Catalog._lock.
     poisoned: list = field(default_factory=list)
     #: retention period in seconds (catalog/retention.py), None = keep everything; recorded in the
     #: preserved catalog (RecordRetention), loaded by recovery
@@ -315,10 +315,10 @@ class Database:
     #: every row older than it was pruned (RecordPruned); None before the first prune
     pruner_hi_ns: int | None = None
     #: in an ingester pool (catalog/ownership.py): the Kafka partitions this server owns (claimed
-    #: and not lost since); None outside a pool (it owns them all). Under Catalog.lock.
+    #: and not lost since); None outside a pool (it owns them all). Under Catalog._lock.
     owned_partitions: frozenset | None = None
     #: {reason: {kp: first offset not applied}}: the holds (`hold`, `release`), apart from the
-    #: poisoned messages' (`poisoned`). Under Catalog.lock.
+    #: poisoned messages' (`poisoned`). Under Catalog._lock.
     _holds: dict = field(default_factory=dict, init=False, repr=False)
     #: the lock of the catalog that holds this database (Catalog.ensure_database sets it)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
@@ -904,8 +904,12 @@ class Database:
 class Catalog:
     """Thread-safe registry of databases and their chunks."""
 
-    def __init__(self, late_arrive_window_s: float = DEFAULT_LATE_ARRIVE_WINDOW_S):
-        self.late_arrive_window_s = late_arrive_window_s
+    def __init__(self, late_arrive_window_s: float = DEFAULT_LATE_ARRIVE_WINDOW_S, pool_member: bool = False):
+        """`late_arrive_window_s`: the lifecycle's (`LifecycleRules`), for the persistence windows;
+        `pool_member`: a member of an ingester pool, whose databases' partitions are applied only
+        once claimed (`Database.owned_partitions`)."""
+        self._late_arrive_window_s = late_arrive_window_s
+        self._pool_member = pool_member
         self._lock = threading.RLock()
         self._dbs: dict[str, Database] = {}
         self._orders = itertools.count(1)
@@ -914,11 +918,17 @@ class Catalog:
         self.query_pins = QueryPins()
         #: frozen mode (server/write_buffer/freeze.py): every database holds every partition (`freeze`)
         self.frozen = False
-        #: a member of an ingester pool: a database's partitions are applied only once claimed
-        #: (`Database.owned_partitions`); set before any database exists
-        self.pool_member = False
         #: database name -> {kp: lowest offset} of the micro-batch being applied (`begin_applying`)
         self._applying: dict[str, dict[int, int]] = {}
+
+    @property
+    def late_arrive_window_s(self) -> float:
+        return self._late_arrive_window_s
+
+    @property
+    def pool_member(self) -> bool:
+        """A member of an ingester pool: a database's partitions are applied only once claimed."""
+        return self._pool_member
 
     def freeze(self, last_applied: dict | None = None) -> dict:
         """Frozen mode: holds every Kafka partition of every database after its last applied offset
@@ -943,10 +953,6 @@ class Catalog:
             self.frozen = False
             for db in self._dbs.values():
                 db.release(FROZEN)
-
-    @property
-    def lock(self) -> threading.RLock:
-        return self._lock
 
     def next_chunk_id(self) -> int:
         """Unique in the process (chunk views live in the Spark application, which may host several catalogs)."""

@@ -32,7 +32,7 @@ _UNPERSISTED = ("open", "closed")
 def claim_to_unload(catalog: Catalog, db: Database, table: str, key: str, chunk_id: int) -> tuple | None:
     """(chunk, its in-memory form) when chunk `chunk_id` is persisted and has files to read instead,
     else None."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         part = catalog.get_partition(db, table, key)
         chunk = part.chunk(chunk_id) if part else None
         if chunk is None or chunk.state != "persisted" or not chunk.parquet_keys:
@@ -42,7 +42,7 @@ def claim_to_unload(catalog: Catalog, db: Database, table: str, key: str, chunk_
 
 def mark_unloaded(catalog: Catalog, chunk: Chunk) -> None:
     """The chunk reads its Parquet files from now on (its view was re-pointed first)."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         chunk.unload()
 
 
@@ -52,7 +52,7 @@ def claim_to_compact(catalog: Catalog, db: Database, table: str, key: str, chunk
     closed chunk), or None: the partition is busy or missing, a chunk named is gone or persisted,
     there are too few chunks (one is enough only `to_read_buffer`, when named), or they are not
     contiguous (another chunk of the partition sits between the first and the last)."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         part = catalog.get_partition(db, table, key)
         if part is None or part.persisting or part.compacting:
             return None
@@ -78,7 +78,7 @@ def claim_persisted_to_compact(catalog: Catalog, db: Database, table: str, key: 
     """(partition, stored chunks, whether one has an in-memory form, the state the merged chunk
     takes) held for a compaction of persisted files, or None: the partition is busy or missing, a
     chunk named is gone, or fewer than two chunks in `stored_states` have files."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         part = catalog.get_partition(db, table, key)
         if part is None or part.persisting or part.compacting:
             return None
@@ -103,7 +103,7 @@ def claim_to_persist(catalog: Catalog, db: Database, table: str, key: str, now: 
     or has no windows, a failed micro-batch holds the database's persists (`failed_batch_hi`),
     nothing is due (`force`: flush everything), or `select(partition, flush_timestamp_ns)` chose
     no chunk (the handle is then given back)."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         part = catalog.get_partition(db, table, key)
         if part is None or part.windows is None or part.persisting or part.compacting or db.failed_batch_hi:
             return None
@@ -123,7 +123,7 @@ def give_back(catalog: Catalog, part: TablePartition, action: str, chunks: Itera
               chunk_state: str | None = None, handle=None) -> None:
     """A move that failed or was abandoned releases its claim: its flush `handle` (a persist's) is
     aborted and its `chunks` return to `chunk_state`."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         if handle is not None:
             part.windows.abort(handle)
         part.release_from(action, chunks, chunk_state)
@@ -134,7 +134,7 @@ def swap_compacted(catalog: Catalog, db: Database, table: str, key: str, part: T
     """A compaction's result replaces its inputs and the partition is free again. `hand_over_segments`:
     the inputs' segments now belong to the new chunk; `replaced_files` (old keys, added files): a
     compaction of persisted files, recorded in the partition's files."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         catalog.replace_chunks(db, table, key, [c.id for c in old], new)
         if replaced_files is not None:
             part.replace_files(*replaced_files)
@@ -152,7 +152,7 @@ def persist_checkpoints(catalog: Catalog, db: Database, part: TablePartition, ha
     The applied offsets are read before the windows; every partition's unpersisted ranges are
     taken now, and for `part` what stays unpersisted after this flush (rows that reached it while
     the persist ran must replay)."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         if db.failed_batch_hi:
             return None
         applied = dict(db.applied_hi_inclusive)
@@ -187,7 +187,7 @@ def swap_persisted(catalog: Catalog, db: Database, table: str, key: str, part: T
     """A committed persist: its flush handle is applied to the windows, the transaction parts it
     persisted are forgotten, its chunks replace the persisted ones, and the partition records its
     files and checkpoint (which frees it)."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         part.windows.flush(handle)
         db.txns.forget_persisted_parts(unpersisted_lo, applied)
         catalog.replace_chunks(db, table, key, [c.id for c in old], new)
@@ -200,7 +200,7 @@ def claim_to_prune(catalog: Catalog, db: Database, table: str, key: str,
     with the partition held from persists and compactions while retention drops it, or None: it is
     missing or busy, or it holds unpersisted rows while a failed micro-batch holds persists. `plan`
     builds the drop's transaction at the same instant."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         part = db.partitions.get(table, {}).get(key)
         if part is None or part.persisting or part.compacting:
             return None
@@ -216,7 +216,7 @@ def drop_pruned(catalog: Catalog, db: Database, table: str, key: str, part: Tabl
                 recorded_deletes: list) -> list:
     """A committed prune: the deletes its transaction recorded leave the mailbox and the partition
     leaves the database; returns its chunks (to retire)."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         db.deletes.mark_recorded(recorded_deletes)
         chunks = list(part.chunks)
         db.drop_partition(table, key, part)
@@ -227,7 +227,7 @@ def checkpoint_without(catalog: Catalog, db: Database, part: TablePartition) -> 
     """The database checkpoint's sequencer numbers ({kp: (min unpersisted or None, max seen)}) once
     `part` is dropped: the lowest unpersisted offset of every other partition, and the offsets
     replay must still read (`Catalog.replay_pins`), as a persist computes them."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         applied = {kp: hi for kp, hi in db.applied_hi_inclusive.items() if hi >= 0}
         lo: dict = {}
         for parts in db.partitions.values():
@@ -247,7 +247,7 @@ def visit_owned_partitions(catalog: Catalog, db: Database, now: float | None,
     """[visit(table, key, partition)] for every partition of a table this server owns, all at one
     instant. `now` given: each partition's persistence windows rotate to it first."""
     out = []
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         for table, by_key in db.partitions.items():
             if not db.owns_table(table):
                 continue  # another pool member's table: its owner persists and compacts it
@@ -261,6 +261,6 @@ def visit_owned_partitions(catalog: Catalog, db: Database, now: float | None,
 def partitions_of(catalog: Catalog, db: Database, owned_only: bool = False) -> list:
     """[(table, key, busy)] of the database's partitions (`owned_only`: of the tables this server
     owns), sorted; busy: a persist or compaction holds it."""
-    with catalog.lock:
+    with catalog._lock:  # noqa: SLF001 - the catalog package's own lock
         return [(t, k, p.persisting or p.compacting) for t, by_key in sorted(db.partitions.items())
                 if not owned_only or db.owns_table(t) for k, p in sorted(by_key.items())]

@@ -82,7 +82,8 @@ class IoxServer:
 
     def __init__(self, config: ServerConfig):
         self.config = config
-        self.catalog = Catalog()
+        self.catalog = Catalog(config.lifecycle_rules().late_arrive_window_s,
+                               pool_member=config.pool_member is not None)
         self.broker = None
         #: deletes persisted messages from the durable embedded broker's store; None without one
         self.broker_truncation = None
@@ -155,7 +156,6 @@ class IoxServer:
         #: the token Spark Connect requires (never none: server/runtime/spark_connect.py); None when it is off
         self.spark, self.spark_connect_token = open_spark(cfg, data_dir, scratch, self._owns_spark)
         self.rules = cfg.lifecycle_rules()
-        self.catalog.late_arrive_window_s = self.rules.late_arrive_window_s
         self.parquet_cache = parquet_cache_for(cfg, self.spark, self.store, self.catalog, data_dir)
         rec, self._lost_at_start = recover_databases(cfg, self.spark, self.catalog, self.store, self.write_buffer,
                                                      self.rules, self.parquet_cache, self.ack_log.at_start)

@@ -1,7 +1,7 @@
 """Server configuration: one frozen dataclass, every default a named constant.
 
 Invariant: a `ServerConfig` is complete and immutable once built; the CLI and
-the `IOX_*` environment variables are the only ways to set it (see cli.py).
+the `IOX_*` environment variables are the only ways to set it (server/cli/main.py).
 """
 from __future__ import annotations
 

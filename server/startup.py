@@ -113,8 +113,8 @@ def recover_databases(cfg: ServerConfig, spark, catalog: Catalog, store, write_b
             raise PartitionCountMismatch(topic, cfg.partitions, n)
     databases = sorted(set(list_catalog_databases(store)) | {database_of_topic(t) for t in topics})
     t_recover = time.time()
-    # an ingester pool member applies only the Kafka partitions claimed for it (server/pool_admin.py)
-    catalog.pool_member = cfg.pool_member is not None
+    # an ingester pool member's catalog (`Catalog.pool_member`) applies only the Kafka partitions
+    # claimed for it (server/pool_admin.py)
     rec = recover(spark, catalog, store, cfg.partitions, t_recover, rules.catalog_transactions_until_checkpoint,
                   databases, write_buffer, cfg.skip_lost_writes, parquet_cache, pool_member=cfg.pool_member,
                   acked=acked, tail_loss_grace_s=cfg.tail_loss_grace_s)

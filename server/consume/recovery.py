@@ -231,7 +231,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
     LostWrites naming the acknowledged offsets it lost; with nothing lost, or the loss accepted
     (--skip-lost-writes), the database continues in a new write-buffer epoch from Kafka's end:
     at once when Kafka holds nothing unpersisted of it, else `Database.tail_truncated` is set and
-    the server switches once the replay is applied and persisted (server/app.py). An end short only
+    the server switches once the replay is applied and persisted (server/lost_writes_admin.py). An end short only
     of acknowledged offsets is read again until it stops moving (at most `tail_loss_grace_s`)."""
     out = RecoveryResult()
     cfg = PreservedCatalogConfig(transactions_until_checkpoint=transactions_until_checkpoint)
@@ -356,7 +356,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             if all(starts.get(kp, bounds.get(kp, (0, 0))[0]) >= end for kp, end in ends.items()):
                 first_offsets = ends  # Kafka holds nothing unpersisted: the new epoch starts now
             else:
-                db.record_tail_truncated(truncated)  # after the replay (server/app.py)
+                db.record_tail_truncated(truncated)  # after the replay (server/lost_writes_admin.py)
                 log.error("database %s: the broker lost the tail of its write buffer (Kafka partition ends %s); "
                           "writes are refused until the replay of what Kafka still holds is persisted, then the "
                           "database continues in a new write-buffer epoch", name, truncated)

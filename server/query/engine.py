@@ -71,7 +71,7 @@ class QueryResult:
         #: per Kafka partition, the offset the result reflects (applied, plus the tail's writes)
         self.visible_hi_inclusive = visible_hi_inclusive if visible_hi_inclusive is not None \
             else dict(applied_hi_inclusive)
-        #: set by the server (server/app.py `query`): the answer ran during a replay (allow_partial) and may
+        #: set by the query service (server/query_service.py `query`): the answer ran during a replay (allow_partial) and may
         #: lack acknowledged writes; the write buffer the watermarks are offsets of
         self.partial = False
         self.topic = ""

@@ -168,7 +168,7 @@ class WriteBuffer:
         self.on_topic = None
         #: called with (topic, [(kafka partition, offset, headers, value)]) of every message Kafka
         #: acknowledged, in the producing thread (the server marks the topic for the streaming
-        #: source, end_polls.py, and the write buffer's tail holds them, write_buffer_tail.py)
+        #: source, end_polls.py, and the write buffer's tail holds them, server/query/tail.py)
         self.on_acked = None
         self._producer = Producer(producer_conf(bootstrap, produce_timeout_ms))
         #: producers replaced after a fatal error: requests that took one before it was replaced

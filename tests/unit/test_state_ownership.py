@@ -1,8 +1,10 @@
 """The catalog owns its state: no module outside catalog/ assigns a field of a `Database`, a
 `TablePartition` or a `Chunk`, deletes one or mutates one in place (a dict's or list's own
 methods); it calls their operations (`hold`, `adopt_claim`, `record_lost_writes`, `hold_for`,
-`record_persist`, `unload`, ...) instead, and never takes the catalog's lock: a read or change at
-one instant is an operation that takes the lock itself.
+`record_persist`, `unload`, ...) instead, and never takes the catalog's lock (private, `_lock`;
+tests outside the catalog's own take it neither): a read or change at one instant is an operation
+that takes the lock itself. A Catalog's own attributes (`pool_member`, `late_arrive_window_s`, ...)
+are set by its constructor and operations only.
 
 Walks every module of the project's packages outside catalog/ (AST) and finds, for each name
 of a field, an assignment to `X.<field>` (also `X.<field>[k] = ...`, `+=`, `del`) or a call
@@ -17,13 +19,15 @@ import ast
 import dataclasses
 import os
 
-from iox_spark.catalog.catalog import Database, TablePartition
+from iox_spark.catalog.catalog import Catalog, Database, TablePartition
 from iox_spark.catalog.chunk import Chunk
 from tests.project_code import PACKAGES, ROOT, module_paths
 
 FIELDS = {f.name for f in dataclasses.fields(Database)}
 PARTITION_FIELDS = {f.name for f in dataclasses.fields(TablePartition)}
 CHUNK_FIELDS = {f.name for f in dataclasses.fields(Chunk)}
+#: what a Catalog holds (its attributes and properties), spelled `catalog`, `_catalog` or `cat`
+CATALOG_FIELDS = set(vars(Catalog())) | {n for n, v in vars(Catalog).items() if isinstance(v, property)}
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add",
              "discard", "sort", "reverse"}
 _OWN_OPERATIONS = {"deletes", "txns", "schemas", "windows"}
@@ -50,8 +54,13 @@ def _is_chunk(node: ast.AST) -> bool:
     return name in ("chunk", "c") or name.endswith("_chunk")
 
 
+def _is_catalog(node: ast.AST) -> bool:
+    return _name(node) in ("catalog", "_catalog", "cat")
+
+
 #: (fields, whether a node is such an object) of each kind of catalog object
-_KINDS = ((FIELDS, _is_database), (PARTITION_FIELDS, _is_partition), (CHUNK_FIELDS, _is_chunk))
+_KINDS = ((FIELDS, _is_database), (PARTITION_FIELDS, _is_partition), (CHUNK_FIELDS, _is_chunk),
+          (CATALOG_FIELDS, _is_catalog))
 
 
 def _field_of(node: ast.AST) -> str | None:
@@ -118,33 +127,35 @@ def test_no_module_outside_the_catalog_writes_a_field_of_the_catalogs_objects():
 
 
 def lock_blocks(source: str) -> list[int]:
-    """Lines of every `with X.lock:` in `source` where X is a catalog (spelled `catalog`, `_catalog`
-    or ending in `.catalog`)."""
+    """Lines of every use of a catalog's lock in `source`: `X.lock` or `X._lock` (a `with`, an
+    `acquire`, ...) where X is a catalog (spelled `catalog`, `_catalog`, `cat` or ending in
+    `.catalog`)."""
     out = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.With, ast.AsyncWith)):
-            for item in node.items:
-                e = item.context_expr
-                if isinstance(e, ast.Attribute) and e.attr == "lock":
-                    owner = e.value
-                    name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(
-                        owner, ast.Attribute) else ""
-                    if name in ("catalog", "_catalog"):
-                        out.append(node.lineno)
-    return out
+        if isinstance(node, ast.Attribute) and node.attr in ("lock", "_lock") and _is_catalog(node.value):
+            out.append(node.lineno)
+    return sorted(out)
 
 
 def test_the_walk_finds_each_spelling_of_the_catalogs_lock():
     src = ("with catalog.lock:\n  pass\nwith self.catalog.lock:\n  pass\nwith self._catalog.lock:\n  pass\n"
-           "with srv.catalog.lock, x:\n  pass\nwith self._lock:\n  pass\nwith other.lock:\n  pass\n")
-    assert lock_blocks(src) == [1, 3, 5, 7]
+           "with srv.catalog._lock, x:\n  pass\nwith self._lock:\n  pass\nwith other.lock:\n  pass\n"
+           "cat.lock.acquire()\n")
+    assert lock_blocks(src) == [1, 3, 5, 7, 13]
+
+
+def test_the_catalogs_lock_is_private():
+    assert not hasattr(Catalog(), "lock")
 
 
 def test_no_module_outside_the_catalog_takes_the_catalogs_lock():
     """Each read or change at one instant is a Database or Catalog operation that takes the lock
     itself (`applied_and_held`, `snapshot`, `query_cut`, `drop_stale_foreign_chunks`, ...)."""
     found = []
-    for path in _modules():
+    tests = [os.path.join(d, n) for d, _dirs, names in os.walk(os.path.join(ROOT, "tests"))
+             if not os.path.relpath(d, ROOT).startswith(os.path.join("tests", "unit", "catalog"))
+             for n in names if n.endswith(".py") and n != "test_state_ownership.py"]
+    for path in _modules() + tests:
         with open(path, encoding="utf-8") as f:
             found += [f"{os.path.relpath(path, ROOT)}:{line}" for line in lock_blocks(f.read())]
     assert found == [], ("the catalog's lock is taken outside catalog/: read or change the catalog through "

@@ -15,8 +15,7 @@ from tests.timestamps import T0
 
 def _chunks(srv, db, table):
     dbo = srv.catalog.database(db)
-    with srv.catalog.lock:
-        return list(srv.catalog.table_chunks(dbo, table))
+    return srv.catalog.table_chunks(dbo, table)  # a copy, taken under the catalog's lock
 
 
 def _view_rows(srv, chunk):

@@ -183,8 +183,7 @@ def test_a_remote_client_neither_sees_nor_changes_the_chunk_views_queries_read(i
     client.wait_applied(db, tok, timeout_s=90)
     client.persist(db)  # persisted chunks: queries read the chunk views, not the local rows
     dbo = iox_server.catalog.database(db)
-    with iox_server.catalog.lock:
-        names = sorted(c.view for c in iox_server.catalog.table_chunks(dbo, "cpu") if c.view is not None)
+    names = sorted(c.view for c in iox_server.catalog.table_chunks(dbo, "cpu") if c.view is not None)
     assert names
     q = "SELECT host, sum(v) AS s FROM cpu GROUP BY host ORDER BY host"
     expect = [{"host": "h0", "s": 20.0}, {"host": "h1", "s": 25.0}]

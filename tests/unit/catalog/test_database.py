@@ -43,8 +43,7 @@ def test_holds_of_each_reason_merge_to_the_lowest_offset_and_release_apart():
 
 
 def test_a_pool_member_applies_only_what_it_claimed_and_holds_what_it_lost_after_its_applied_offset():
-    cat = Catalog()
-    cat.pool_member = True
+    cat = Catalog(pool_member=True)
     db = cat.ensure_database("d", "iox.d", 3)
     assert db.owned_partitions == frozenset() and db.held_offsets() == {0: 0, 1: 0, 2: 0}
     db.own_only({1})  # at start, what the catalog says it owns
@@ -245,7 +244,7 @@ def test_retention_and_tables_and_the_transaction_log():
 def test_an_operation_waits_for_the_catalog_lock_another_thread_holds():
     cat = Catalog()
     db = cat.ensure_database("d", "iox.d", 1)
-    with cat.lock:
+    with cat._lock:  # the catalog's own test: its lock, held as its operations hold it
         db.hold(FENCED, {0: 1})  # reentrant: the holder may call them
         t = threading.Thread(target=db.hold, args=(FROZEN, {0: 2}))
         t.start()
@@ -379,9 +378,9 @@ def test_a_query_cut_reads_its_tables_and_the_callers_state_under_the_lock():
         out = []
 
         def try_lock():
-            out.append(cat.lock.acquire(blocking=False))
+            out.append(cat._lock.acquire(blocking=False))
             if out[0]:
-                cat.lock.release()
+                cat._lock.release()
 
         t = threading.Thread(target=try_lock)
         t.start()

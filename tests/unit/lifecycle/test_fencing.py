@@ -38,18 +38,31 @@ def store(tmp_path) -> LocalObjectStore:
     return LocalObjectStore(str(tmp_path / "objects"))
 
 
-@pytest.fixture
-def worker(store, tmp_path):
+def _worker(store, tmp_path, pool_member: bool):
     """A worker holding the preserved catalogs of DB and OTHER (what recovery hands it); rounds an hour
     apart, so only what a test calls (or the fence probe) runs."""
     preserved = {name: PreservedCatalog.create_or_load(store, name, NOW_S)[0] for name in (DB, OTHER)}
-    catalog = Catalog()
+    catalog = Catalog(pool_member=pool_member)
     for name in (DB, OTHER):
         catalog.ensure_database(name, topic_for(name), 1)
     calls = []
     w = LifecycleWorker(None, catalog, LifecycleRules(worker_backoff_ms=3_600_000), store, preserved,
                         refresh_view=None, pause_file=str(tmp_path / "pause"), on_fenced=calls.append)
     w.fenced_calls = calls
+    return w
+
+
+@pytest.fixture
+def worker(store, tmp_path):
+    w = _worker(store, tmp_path, pool_member=False)
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def pool_worker(store, tmp_path):
+    """The same worker in a member of an ingester pool."""
+    w = _worker(store, tmp_path, pool_member=True)
     yield w
     w.stop()
 
@@ -80,25 +93,23 @@ def test_the_probe_fences_the_database_another_writer_committed_to(store, worker
     assert worker.preserved[OTHER].revision == 1 and worker.probe_fencing() == {}
 
 
-def test_a_pool_member_reads_another_members_first_claim_and_is_not_fenced(store, worker) -> None:
+def test_a_pool_member_reads_another_members_first_claim_and_is_not_fenced(store, pool_worker) -> None:
     """A database no member claimed yet is a single committer's catalog; in a pool another
     member's first claim makes it a pool catalog: the probe reads it, never fences it."""
-    worker.catalog.pool_member = True
     states = []
-    worker.on_catalog_refreshed = lambda name, state: states.append((name, state.revision, dict(state.owners)))
+    pool_worker.on_catalog_refreshed = lambda name, state: states.append((name, state.revision, dict(state.owners)))
     other, _ = PreservedCatalog.create_or_load(store, DB, NOW_S)
     assert other.claim([0], 1, "other", NOW_S) == {0: 1}
-    assert worker.probe_fencing() == {} and worker.fenced == {} and worker.fenced_calls == []
-    pc = worker.preserved[DB]
+    assert pool_worker.probe_fencing() == {} and pool_worker.fenced == {} and pool_worker.fenced_calls == []
+    pc = pool_worker.preserved[DB]
     assert pc.state.pooled and pc.revision == 1 and pc.state.owners[0].owner == "other"
     assert (DB, 1) in [(n, r) for n, r, _o in states]
 
 
-def test_a_pool_member_is_fenced_by_another_single_committer(store, worker) -> None:
-    worker.catalog.pool_member = True
+def test_a_pool_member_is_fenced_by_another_single_committer(store, pool_worker) -> None:
     assert _new_owner_commits(store, DB, _file(store, DB, "theirs")) == 1
-    assert worker.probe_fencing() == {DB: 1}
-    assert worker.fenced == {DB: 1} and len(worker.fenced_calls) == 1 and worker.preserved[DB].revision == 0
+    assert pool_worker.probe_fencing() == {DB: 1}
+    assert pool_worker.fenced == {DB: 1} and len(pool_worker.fenced_calls) == 1 and pool_worker.preserved[DB].revision == 0
 
 
 def test_the_probe_thread_notices_within_seconds_without_a_round(store, worker) -> None:

@@ -59,8 +59,7 @@ def store(tmp_path) -> _HookedStore:
 def worker(store, tmp_path):
     """A pool member's worker holding DB's preserved catalog; rounds an hour apart, so only what a
     test calls runs."""
-    catalog = Catalog()
-    catalog.pool_member = True
+    catalog = Catalog(pool_member=True)
     catalog.ensure_database(DB, topic_for(DB), PARTITIONS)
     preserved = {DB: PreservedCatalog.create_or_load(store, DB, NOW_S)[0]}
     w = LifecycleWorker(None, catalog, LifecycleRules(worker_backoff_ms=3_600_000), store, preserved,

@@ -182,8 +182,7 @@ def test_published_records_carry_the_host_and_are_listed(tmp_path):
 # -- a database only another member took writes for ------------------------------------------------
 
 def test_a_database_known_only_from_its_kafka_topic_is_learnt_holding_everything():
-    cat = Catalog()
-    cat.pool_member = True
+    cat = Catalog(pool_member=True)
     topics = {"iox.other": 2}
     pool = _pool("b", catalog=cat, write_buffer=SimpleNamespace(list_database_topics=lambda: dict(topics),
                                                                 topic_id=lambda topic: "tid-1"))
