@@ -46,7 +46,10 @@ are deleted from the store only once no query that was running when they left th
 still runs (catalog/query_pins.py). `pruner_hi_ns` is recorded (RecordPruned) after the
 prunes of a round, never past a partition that failed or was busy.
 
-Memory pressure (`memory_pressure`, a callable the server sets from its RSS sampler): while
+The server's side of all this is the worker's `hooks` (lifecycle/hooks.py: `on_fenced`,
+`on_partitions_lost`, `on_catalog_refreshed`, `memory_pressure`, ...), given at construction.
+
+Memory pressure (the `memory_pressure` hook, from the server's RSS sampler): while
 true, the policy unloads every persisted chunk and force-persists first
 (lifecycle/policy.py `DatabaseState.memory_pressure`).
 
@@ -81,6 +84,7 @@ from iox_spark.lifecycle.policy import (Backpressure, CompactChunks, CompactPers
 from iox_spark.lifecycle.prune_policy import (DEFAULT_PRUNE_DELAY_S, AdvancePrunerHi, PartitionRef, PrunePartition, RetentionState, SetReaderLo,
                                     day_bounds_ns, decide_prune)
 from iox_spark.chunk_store.parquet_cache import CachedCopy
+from iox_spark.lifecycle.hooks import LifecycleHooks
 from iox_spark.lifecycle.rules import LifecycleRules
 from iox_spark.lifecycle.unload import unload_chunk
 
@@ -108,25 +112,23 @@ _COMMITTING_ACTIONS = (PersistChunks, CompactPersistedChunks)
 
 
 class LifecycleWorker:
-    def __init__(self, spark, catalog: Catalog, rules: LifecycleRules, store, preserved: dict, refresh_view,
-                 pause_file: str, is_replaying=lambda db: False, on_fenced=None, on_persisted=None,
-                 cache=None):
+    def __init__(self, spark, catalog: Catalog, rules: LifecycleRules, store, preserved: dict, pause_file: str,
+                 hooks: LifecycleHooks = LifecycleHooks(), cache=None, prune_delay_s: float = DEFAULT_PRUNE_DELAY_S,
+                 metrics=None):
+        """`hooks`: what it asks of the server and tells it (lifecycle/hooks.py); `cache`: local copies
+        of S3 Parquet files read by unloaded chunks; `prune_delay_s`: the retention task's delay
+        behind reader_lo (see prune_policy); `metrics`: the server's operation metrics
+        (server/operation_metrics.py), where persists, compactions and prunes are counted, or None."""
         self.spark = spark
         self.catalog = catalog
         self.rules = rules
         self.store = store
         #: database name -> PreservedCatalog (the one committer of that database)
         self.preserved = preserved
-        self.refresh_view = refresh_view
         self.pause_file = pause_file
-        #: is_replaying(db): whether `db`'s replay at start has not caught up yet (its persists and
-        #: compactions wait; other databases' do not)
-        self.is_replaying = is_replaying
-        self.on_fenced = on_fenced
+        self.hooks = hooks
         #: local copies of S3 Parquet files read by unloaded chunks
         self.parquet_cache = cache
-        #: called with (db, RecordDatabaseCheckpoint) after every committed persist
-        self.on_persisted = on_persisted
         self.backpressure_engagements = 0
         self.in_flight = InFlightFiles()
         self.backpressure_engaged = False
@@ -149,18 +151,8 @@ class LifecycleWorker:
         self._last_cache_sweep = 0.0
         self.last_error: str | None = None
         #: the retention task's delay behind reader_lo (see prune_policy)
-        self.prune_delay_s = DEFAULT_PRUNE_DELAY_S
-        #: returns True while the server's memory is near its limit (server/runtime/memory_guard.py)
-        self.memory_pressure = lambda: False
-        #: returns True while the server is frozen (server/write_buffer/freeze.py): everything held is persisted
-        self.frozen = lambda: False
-        #: server metrics (server/metrics.py), or None: persists, compactions and prunes are counted there
-        self.metrics = None
-        #: in an ingester pool: called with (database, Kafka partitions) this server lost to another
-        #: member's claim (found by a refused commit or by the fence probe's refresh), and with
-        #: (database, CatalogState) after the fence probe read the other members' transactions
-        self.on_partitions_lost = None
-        self.on_catalog_refreshed = None
+        self.prune_delay_s = prune_delay_s
+        self.metrics = metrics
 
     # -- thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -218,9 +210,9 @@ class LifecycleWorker:
         log.critical("database %s: another writer committed revision %d of its preserved catalog (%s): this "
                      "server no longer commits to it, cleans it up or accepts writes and deletes for it; its "
                      "other databases are served on", e.db, e.revision, e)
-        if self.on_fenced is not None:
+        if self.hooks.on_fenced is not None:
             try:
-                self.on_fenced(e)
+                self.hooks.on_fenced(e)
             except Exception:
                 log.exception("database %s: the fencing callback failed", e.db)
 
@@ -272,18 +264,18 @@ class LifecycleWorker:
             return
         if lost:
             self._lost(name, tuple(sorted(lost)))
-        if self.on_catalog_refreshed is not None:
+        if self.hooks.on_catalog_refreshed is not None:
             try:
-                self.on_catalog_refreshed(name, pc.state)
+                self.hooks.on_catalog_refreshed(name, pc.state)
             except Exception:
                 log.exception("database %s: taking the pool catalog's new state failed", name)
 
     def _lost(self, name: str, partitions: tuple) -> None:
         log.warning("database %s: Kafka partitions %s are owned by another pool member now: no longer applied "
                     "or persisted here", name, list(partitions))
-        if self.on_partitions_lost is not None and partitions:
+        if self.hooks.on_partitions_lost is not None and partitions:
             try:
-                self.on_partitions_lost(name, partitions)
+                self.hooks.on_partitions_lost(name, partitions)
             except Exception:
                 log.exception("database %s: giving up Kafka partitions %s failed", name, list(partitions))
 
@@ -308,8 +300,8 @@ class LifecycleWorker:
                 time_of_last_query=db.queried_at.get(table))
         parts = visit_owned_partitions(self.catalog, db, now, state)
         return DatabaseState(buffer_size_bytes=self.catalog.memory_bytes(), partitions=tuple(parts),
-                             replaying=self.is_replaying(db), backpressure_engaged=self.backpressure_engaged,
-                             memory_pressure=bool(self.memory_pressure()), frozen=bool(self.frozen()))
+                             replaying=self.hooks.is_replaying(db), backpressure_engaged=self.backpressure_engaged,
+                             memory_pressure=bool(self.hooks.memory_pressure()), frozen=bool(self.hooks.frozen()))
 
     def run_once(self, now: float) -> list:
         done = []
@@ -383,7 +375,7 @@ class LifecycleWorker:
             if isinstance(action, CompactChunks):
                 t0 = time.perf_counter()
                 c = compact_chunks(self.spark, self.catalog, db, action.table, action.partition_key,
-                                   tuple(action.chunk_ids), now, self.refresh_view,
+                                   tuple(action.chunk_ids), now, self.hooks.refresh_view,
                                    to_read_buffer=action.to_read_buffer)
                 if c is not None and self.metrics is not None:
                     self.metrics.compacted(db.name, "memory", c.rows, time.perf_counter() - t0)
@@ -405,11 +397,11 @@ class LifecycleWorker:
         preserved = self.preserved_for(db.name, now)  # raises RevisionConflict when fenced
         t0 = time.perf_counter()
         r = persist_partition(self.spark, self.catalog, db, table, partition_key, self.store, preserved,
-                              self.in_flight, now, force, self.refresh_view, self.parquet_cache)
+                              self.in_flight, now, force, self.hooks.refresh_view, self.parquet_cache)
         if r is not None and self.metrics is not None:
             self.metrics.persisted(db.name, r.rows_persisted, time.perf_counter() - t0)
-        if r is not None and self.on_persisted is not None:
-            self.on_persisted(db, r.database_checkpoint)
+        if r is not None and self.hooks.on_persisted is not None:
+            self.hooks.on_persisted(db, r.database_checkpoint)
         return r
 
     def persist_now(self, db, table: str | None, partition_key: str | None, now: float) -> list:
@@ -436,14 +428,14 @@ class LifecycleWorker:
 
     def compact_now(self, db, table: str, partition_key: str, now: float):
         with self._action_lock:
-            return compact_chunks(self.spark, self.catalog, db, table, partition_key, None, now, self.refresh_view)
+            return compact_chunks(self.spark, self.catalog, db, table, partition_key, None, now, self.hooks.refresh_view)
 
     def compact_persisted(self, db, table: str, partition_key: str, chunk_ids: tuple | None, now: float):
         """Merges the partition's Parquet files into one (see lifecycle/compact_persisted.py)."""
         preserved = self.preserved_for(db.name, now)
         t0 = time.perf_counter()
         r = compact_persisted_chunks(self.spark, self.catalog, db, table, partition_key, chunk_ids, self.store,
-                                     preserved, self.in_flight, now, self.refresh_view, self.parquet_cache)
+                                     preserved, self.in_flight, now, self.hooks.refresh_view, self.parquet_cache)
         if r is not None and self.metrics is not None:
             self.metrics.compacted(db.name, "persisted", r.rows, time.perf_counter() - t0)
         return r
@@ -689,7 +681,7 @@ class LifecycleWorker:
                 give_back(self.catalog, part, PERSISTING)
                 raise
             chunks = drop_pruned(self.catalog, db, table, partition_key, part, flushed)
-            self.refresh_view(db, table)
+            self.hooks.refresh_view(db, table)
             self.catalog.retire(chunks, now)
             self.catalog.query_pins.retire(keys)
         log.info("retention: pruned %s/%s/%s (%d chunk(s), %d file(s)%s)", db.name, table, partition_key,

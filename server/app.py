@@ -166,6 +166,7 @@ class IoxServer:
         self.freeze.hold_recorded()
         from iox_spark.server.consume.replay_schemas import load_replay_schemas
         from iox_spark.catalog.sharding import database_of_topic
+        from iox_spark.lifecycle.hooks import LifecycleHooks
         from iox_spark.lifecycle.worker import LifecycleWorker
 
         replay_until = {t: p for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items() if p}
@@ -218,15 +219,21 @@ class IoxServer:
         if self.tail is not None:
             self.tail.start()
         self.broker_truncation = broker_truncation_for(cfg, lambda: self.broker, self.router.metrics)
+        pooled = cfg.pool_member is not None
+        # the fence control and the pool are built on the lifecycle: its hooks reach them once they exist
+        hooks = LifecycleHooks(
+            refresh_view=self.ingestor.refresh_table_view,
+            is_replaying=self.replay.replaying,
+            on_fenced=lambda conflict: self.fence.on_fenced(conflict),
+            on_persisted=resumption_committer(self.write_buffer, lambda: self.broker_truncation),
+            memory_pressure=self.memory_guard.pressure,
+            frozen=lambda: self.freeze.frozen,
+            on_partitions_lost=(lambda name, partitions: self.pool.lose(name, partitions)) if pooled else None,
+            on_catalog_refreshed=(lambda name, state: self.pool.take_state(name, state)) if pooled else None)
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
-                                         self.ingestor.refresh_table_view, self.pause_file,
-                                         is_replaying=self.replay.replaying,
-                                         on_persisted=resumption_committer(self.write_buffer, lambda: self.broker_truncation), cache=self.parquet_cache)
+                                         self.pause_file, hooks, cache=self.parquet_cache,
+                                         prune_delay_s=cfg.prune_delay_s, metrics=self.router.metrics.operation)
         self.fence = FenceControl(self.catalog, self.lifecycle, self.ingestor)
-        self.lifecycle.on_fenced = self.fence.on_fenced
-        self.lifecycle.prune_delay_s = cfg.prune_delay_s
-        self.lifecycle.memory_pressure = self.memory_guard.pressure
-        self.lifecycle.frozen = lambda: self.freeze.frozen
         self.pool = None if cfg.pool_member is None else PoolControl(
             cfg.pool_member, catalog=self.catalog, write_buffer=self.write_buffer, lifecycle=self.lifecycle,
             consumer=self.consumer, ingestor=self.ingestor, replay=self.replay, spark=self.spark, store=self.store,
@@ -234,10 +241,6 @@ class IoxServer:
             partitions=cfg.partitions, auth_token=cfg.auth_token)
         self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                       self.read_barrier, self.write_buffer, self.pool)
-        if self.pool is not None:
-            self.lifecycle.on_partitions_lost = self.pool.lose
-            self.lifecycle.on_catalog_refreshed = self.pool.take_state
-        self.lifecycle.metrics = self.router.metrics.operation
         self.lifecycle.start()
         self.freeze.start(self.consumer)
         if self.freeze.frozen:

@@ -3,6 +3,7 @@ finds a revision another writer committed without this worker committing anythin
 database is never committed to or cleaned up again while other databases go on."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from iox_spark.catalog.catalog import Catalog
 from iox_spark.catalog.errors import RevisionConflict
 from iox_spark.catalog.object_store import LocalObjectStore, parquet_key
 from iox_spark.catalog.preserved_catalog import AddParquet, PreservedCatalog
+from iox_spark.lifecycle.hooks import LifecycleHooks
 from iox_spark.lifecycle.rules import LifecycleRules
 from iox_spark.lifecycle.worker import LifecycleWorker
 from iox_spark.catalog.sharding import topic_for
@@ -47,7 +49,7 @@ def _worker(store, tmp_path, pool_member: bool):
         catalog.ensure_database(name, topic_for(name), 1)
     calls = []
     w = LifecycleWorker(None, catalog, LifecycleRules(worker_backoff_ms=3_600_000), store, preserved,
-                        refresh_view=None, pause_file=str(tmp_path / "pause"), on_fenced=calls.append)
+                        str(tmp_path / "pause"), LifecycleHooks(on_fenced=calls.append))
     w.fenced_calls = calls
     return w
 
@@ -97,7 +99,8 @@ def test_a_pool_member_reads_another_members_first_claim_and_is_not_fenced(store
     """A database no member claimed yet is a single committer's catalog; in a pool another
     member's first claim makes it a pool catalog: the probe reads it, never fences it."""
     states = []
-    pool_worker.on_catalog_refreshed = lambda name, state: states.append((name, state.revision, dict(state.owners)))
+    pool_worker.hooks = dataclasses.replace(
+        pool_worker.hooks, on_catalog_refreshed=lambda name, state: states.append((name, state.revision, dict(state.owners))))
     other, _ = PreservedCatalog.create_or_load(store, DB, NOW_S)
     assert other.claim([0], 1, "other", NOW_S) == {0: 1}
     assert pool_worker.probe_fencing() == {} and pool_worker.fenced == {} and pool_worker.fenced_calls == []

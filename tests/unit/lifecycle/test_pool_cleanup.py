@@ -63,7 +63,7 @@ def worker(store, tmp_path):
     catalog.ensure_database(DB, topic_for(DB), PARTITIONS)
     preserved = {DB: PreservedCatalog.create_or_load(store, DB, NOW_S)[0]}
     w = LifecycleWorker(None, catalog, LifecycleRules(worker_backoff_ms=3_600_000), store, preserved,
-                        refresh_view=None, pause_file=str(tmp_path / "pause"))
+                        str(tmp_path / "pause"))
     yield w
     w.stop()
 

@@ -10,6 +10,7 @@ from iox_spark.catalog.catalog import Catalog
 from iox_spark.catalog.object_store import LocalObjectStore
 from iox_spark.catalog.preserved_catalog import PreservedCatalog
 from iox_spark.catalog.sharding import topic_for
+from iox_spark.lifecycle.hooks import LifecycleHooks
 from iox_spark.lifecycle.rules import LifecycleRules
 from iox_spark.lifecycle.worker import LifecycleWorker
 
@@ -25,7 +26,7 @@ def worker(tmp_path):
     for name in DBS:
         catalog.ensure_database(name, topic_for(name), 1)
     w = LifecycleWorker(None, catalog, LifecycleRules(worker_backoff_ms=3_600_000), store, preserved,
-                        refresh_view=None, pause_file=str(tmp_path / "pause"))
+                        str(tmp_path / "pause"))
     yield w
     w.stop()
 
@@ -69,7 +70,7 @@ def test_a_prune_commits_outside_the_catalog_lock(worker, monkeypatch):
 
     db = worker.catalog.database("db_a")
     worker.catalog.partition(db, "cpu", "2020-01-01")
-    worker.refresh_view = lambda db, table: None
+    worker.hooks = LifecycleHooks(refresh_view=lambda db, table: None)
     from iox_spark.catalog.preserved_catalog import AddParquet
 
     key = "db_a/data/cpu/2020-01-01/f.parquet"  # a file of the partition: the prune removes it
