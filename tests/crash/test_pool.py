@@ -23,6 +23,7 @@ from tests.conftest import make_config, start_server
 from tests.crash.harness import ServerProcess
 from tests.waiting import wait_for
 from tests.timestamps import T0, US
+from tests.rows import table_values_and_times
 
 PARTITIONS = 4
 TABLES = {kp: next(f"w{i}" for i in range(1000) if partition_for(f"w{i}", PARTITIONS) == kp) for kp in range(PARTITIONS)}
@@ -45,16 +46,6 @@ class _Writes:
         for t in TABLES.values():
             self.rows[t].append((float(i), T0 + i * US))
         return token
-
-
-def _rows(client, db: str, table: str) -> list:
-    try:
-        t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time")
-    except grpc.RpcError as e:
-        assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) or \
-            "is not a table of the database" in e.details(), e
-        return []
-    return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
 
 
 def _source_rows(spark, store: str, db: str, table: str, **options) -> list:
@@ -149,7 +140,7 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(own_broker, session_tmp
         w.write_all(cb)
         for client in (ca, cb):
             for t in TABLES.values():
-                assert _rows(client, db, t) == w.rows[t], t
+                assert table_values_and_times(client, db, t) == w.rows[t], t
         assert c_owned  # c owned something when it was killed
 
         # a plain Spark session reads the same rows, the owner's unpersisted ones included
@@ -161,7 +152,7 @@ def test_three_ingesters_an_assigner_a_freeze_and_a_kill(own_broker, session_tmp
         cb.persist(db)
         for client in (ca, cb):
             for t in TABLES.values():
-                assert _rows(client, db, t) == w.rows[t]
+                assert table_values_and_times(client, db, t) == w.rows[t]
 
         # and from the files alone once everything is persisted
         for t in TABLES.values():

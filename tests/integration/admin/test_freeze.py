@@ -8,19 +8,18 @@ import dataclasses
 import os
 import uuid
 
-import pyarrow as pa
 
 from tests.conftest import make_config, start_server
 from tests.waiting import wait_for
 from tests.timestamps import T0, US
+from tests.rows import values_and_times
 
 #: Spark keeps microseconds: points a microsecond apart
 
 
 def _rows(client, db: str) -> list:
     t = client.query(db, "SELECT host, v, time FROM cpu ORDER BY time")
-    return list(zip(t.column("host").to_pylist(), t.column("v").to_pylist(),
-                    t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
+    return [(host, v, time) for host, (v, time) in zip(t.column("host").to_pylist(), values_and_times(t))]
 
 
 def _status(client, db: str) -> dict:

@@ -25,16 +25,13 @@ from grpc_status import rpc_status
 from iox_spark.iox import write_pb2
 from iox_spark.catalog.sharding import partition_for, topic_for
 from tests.timestamps import T0
+from tests.rows import query_rows
 
 I64_MIN, I64_MAX, U64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 UTC = dt.timezone.utc
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-def _rows(client, db, sql):
-    return client.query(db, sql).to_pylist()
-
 
 def _rpc_error(fn, *args, **kw) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as ei:
@@ -121,7 +118,7 @@ def test_type_conflict_across_requests_is_rejected_whole(client, db, iox_server)
     assert _tables(client, db) == {m}
     assert _schema(client, db, m) == {"t": ("tag", "string"), "v": ("field", "integer"),
                                       "s": ("field", "string"), "time": ("time", "time")}
-    assert _rows(client, db, f"SELECT t, v, s, time_ns FROM {m} ORDER BY time_ns") == [
+    assert query_rows(client, db, f"SELECT t, v, s, time_ns FROM {m} ORDER BY time_ns") == [
         {"t": "a", "v": 1, "s": "x", "time_ns": T0}, {"t": "a", "v": 2, "s": None, "time_ns": T0 + 4}]
 
 
@@ -140,7 +137,7 @@ def test_a_table_takes_at_most_max_columns_per_table(client, db, iox_server):
     tok = client.write(db, f"wide,t=b f0=7i {T0 + 2}\n")
     client.wait_applied(db, tok, timeout_s=60)
     assert _tables(client, db) == {"wide"}
-    assert _rows(client, db, "SELECT t, f0, f197 FROM wide ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT t, f0, f197 FROM wide ORDER BY time_ns") == [
         {"t": "a", "f0": 0, "f197": 197}, {"t": "b", "f0": 7, "f197": None}]
 
 
@@ -167,9 +164,9 @@ def test_two_tables_keep_their_own_types(client, db, iox_server):
         client.wait_applied(db, t, timeout_s=60)
     assert _schema(client, db, a)["v"] == ("field", "integer")
     assert _schema(client, db, b)["v"] == ("field", "float")
-    assert _rows(client, db, f"SELECT v, time_ns FROM {a} ORDER BY time_ns") == [
+    assert query_rows(client, db, f"SELECT v, time_ns FROM {a} ORDER BY time_ns") == [
         {"v": 1, "time_ns": T0}, {"v": 2, "time_ns": T0 + 1}]
-    assert _rows(client, db, f"SELECT v, time_ns FROM {b} ORDER BY time_ns") == [
+    assert query_rows(client, db, f"SELECT v, time_ns FROM {b} ORDER BY time_ns") == [
         {"v": 1.5, "time_ns": T0}, {"v": 2.5, "time_ns": T0 + 1}]
 
 
@@ -178,7 +175,7 @@ def test_new_tags_and_fields_appear_earlier_rows_null(client, db):
     client.wait_applied(db, t1, timeout_s=60)
     t2 = client.write(db, f"m,host=a,dc=x v=2,extra=3i,s=\"z\" {T0 + 1}\n")
     client.wait_applied(db, t2, timeout_s=60)
-    assert _rows(client, db, "SELECT host, dc, v, extra, s, time_ns FROM m ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT host, dc, v, extra, s, time_ns FROM m ORDER BY time_ns") == [
         {"host": "a", "dc": None, "v": 1.0, "extra": None, "s": None, "time_ns": T0},
         {"host": "a", "dc": "x", "v": 2.0, "extra": 3, "s": "z", "time_ns": T0 + 1},
     ]
@@ -209,7 +206,7 @@ def test_request_over_the_size_limit_is_resource_exhausted(client, db, iox_serve
     ok = line * (limit // len(line))
     assert len(ok) <= limit
     client.wait_applied(db, client.write(db, ok), timeout_s=120)
-    assert _rows(client, db, "SELECT count(*) AS n FROM big") == [{"n": 1}]  # one point, merged
+    assert query_rows(client, db, "SELECT count(*) AS n FROM big") == [{"n": 1}]  # one point, merged
 
 
 def test_invalid_database_names(client, iox_server):
@@ -274,7 +271,7 @@ def test_write_arrow_round_trip_exact_values(client, db, iox_server):
     assert _schema(client, db, "readings") == {
         "host": ("tag", "string"), "f": ("field", "float"), "i": ("field", "integer"), "u": ("field", "uinteger"),
         "s": ("field", "string"), "b": ("field", "boolean"), "time": ("time", "time"), "region": ("tag", "string")}
-    rows = _rows(client, db, "SELECT host, region, f, i, u, s, b, time, time_ns FROM readings ORDER BY time_ns")
+    rows = query_rows(client, db, "SELECT host, region, f, i, u, s, b, time, time_ns FROM readings ORDER BY time_ns")
     utc = lambda ns: dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=ns // 1000)  # noqa: E731
     assert rows == [
         {"host": "c", "region": None, "f": 5e-324, "i": 0, "u": Decimal(1), "s": None, "b": True,
@@ -288,7 +285,7 @@ def test_write_arrow_round_trip_exact_values(client, db, iox_server):
         {"host": None, "region": "west", "f": float("inf"), "i": None, "u": None, "s": "", "b": None,
          "time": utc(T0 + 999_999_999), "time_ns": T0 + 999_999_999},
     ]
-    assert _rows(client, db, "SELECT unit, note, v, time_ns FROM events ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT unit, note, v, time_ns FROM events ORDER BY time_ns") == [
         {"unit": u, "note": f"{u} note", "v": ns, "time_ns": ns}
         for u, ns in (("s", T0), ("ns", T0 + 3), ("us", T0 + 2_000), ("ms", T0 + 1_000_000))]
     # the schema is shared with line protocol: a conflicting type is rejected either way
@@ -384,7 +381,7 @@ def test_http_write_204_then_query(client, iox_server):
     status, _, _ = _http_write(port, org, bucket, f"h,host=c u=18446744073709551615u {T0 + 5}\n")
     assert status == 204
     client.wait_applied(db, _lp_token(iox_server.config.partitions, [["h"], ["h"]]), timeout_s=60)
-    assert _rows(client, db, "SELECT host, v, n, s, ok, u, time_ns FROM h ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT host, v, n, s, ok, u, time_ns FROM h ORDER BY time_ns") == [
         {"host": "a", "v": 1.5, "n": 2, "s": "x y", "ok": True, "u": None, "time_ns": T0},
         {"host": "c", "v": None, "n": None, "s": None, "ok": None, "u": Decimal(U64_MAX), "time_ns": T0 + 5},
         {"host": "b", "v": -1.0, "n": None, "s": None, "ok": None, "u": None, "time_ns": T0 + 1_000_000},
@@ -431,7 +428,7 @@ def test_http_gzip(client, iox_server):
     st, _, raw = _http_write(port, org, bucket, f"g v=1 {T0}".encode(), headers={"Content-Encoding": "br"})
     assert st == 400 and "Content-Encoding" in json.loads(raw)["message"]
     client.wait_applied(f"{org}_{bucket}", _lp_token(iox_server.config.partitions, [["g"], ["g"]]), timeout_s=60)
-    assert _rows(client, f"{org}_{bucket}", "SELECT k, v FROM g ORDER BY k") == [
+    assert query_rows(client, f"{org}_{bucket}", "SELECT k, v FROM g ORDER BY k") == [
         {"k": "a", "v": 1.0}, {"k": "b", "v": 2.0}, {"k": "c", "v": 3.0}]
 
 
@@ -502,12 +499,12 @@ def test_influxdb_client_sync_and_batching(client, iox_server):
         bw.close()  # flushes every batch
         assert errors == [] and len(done) >= 3
     client.wait_applied(db, _lp_token(parts, [["cpu"]] * 3 + [["batch"]] * len(done)), timeout_s=60)
-    assert _rows(client, db, "SELECT host, usage, n, ok, msg, time_ns FROM cpu ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT host, usage, n, ok, msg, time_ns FROM cpu ORDER BY time_ns") == [
         {"host": "a", "usage": 0.1, "n": 7, "ok": True, "msg": 'say "hi", ok', "time_ns": T0 + 1},
         {"host": "c", "usage": 1e-9, "n": None, "ok": None, "msg": None, "time_ns": T0 + 3},
         {"host": "b", "usage": 2.5, "n": -3, "ok": None, "msg": None, "time_ns": T0 + 2_000_000},
     ]
-    assert _rows(client, db, "SELECT k, i, x, time_ns FROM batch ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT k, i, x, time_ns FROM batch ORDER BY time_ns") == [
         {"k": str(i % 3), "i": i, "x": i / 8, "time_ns": T0 + i} for i in range(100)]
 
 
@@ -559,7 +556,7 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
     with InfluxDBClient("127.0.0.1", port, database=db, gzip=True) as gz:
         assert gz.write_points([cpu("z", T0 + 9, usage=5.0)])
     client.wait_applied(db, _lp_token(parts, [["cpu"]] * 7), timeout_s=60)
-    assert _rows(client, db, "SELECT host, usage, n, ok, msg, free, time_ns FROM cpu ORDER BY time_ns") == [
+    assert query_rows(client, db, "SELECT host, usage, n, ok, msg, free, time_ns FROM cpu ORDER BY time_ns") == [
         {"host": "h", "usage": 2.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": hour * h_ns},
         {"host": "m", "usage": 1.0, "n": None, "ok": None, "msg": None, "free": None,
          "time_ns": hour * h_ns + min_ns},
@@ -570,7 +567,7 @@ def test_influxdb_1x_client_writes_then_the_query_path_reads_them(client, iox_se
         {"host": "u", "usage": 4.0, "n": None, "ok": None, "msg": None, "free": None, "time_ns": T0 + 8_000},
     ]
     client.wait_applied(f"{db}_weekly", _lp_token(parts, [["mem"]]), timeout_s=60)
-    assert _rows(client, f"{db}_weekly", "SELECT free, time_ns FROM mem") == [{"free": 1, "time_ns": T0}]
+    assert query_rows(client, f"{db}_weekly", "SELECT free, time_ns FROM mem") == [{"free": 1, "time_ns": T0}]
     assert _tables(client, db) == {"cpu"}
 
 
@@ -595,7 +592,7 @@ def test_http_1x_write_ping_and_limits(client, iox_server):
     st, _, raw = _http(port, "POST", f"/write?db={db}", line * (limit // len(line) + 1))
     assert st == 413 and str(limit) in json.loads(raw)["error"]
     client.wait_applied(f"{db}_week", _lp_token(parts, [["disk"]]), timeout_s=60)
-    assert _rows(client, f"{db}_week", "SELECT host, free, used, time_ns FROM disk ORDER BY host") == [
+    assert query_rows(client, f"{db}_week", "SELECT host, free, used, time_ns FROM disk ORDER BY host") == [
         {"host": "a", "free": Decimal(10), "used": 3, "time_ns": T0},
         {"host": "b", "free": Decimal(20), "used": 4, "time_ns": T0 + 1_000_000_000}]
     assert _topic_absent(iox_server, db)  # only <db>_<rp> was written

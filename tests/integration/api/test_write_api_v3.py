@@ -11,6 +11,7 @@ import json
 import pytest
 from influxdb_client_3 import InfluxDBClient3
 from influxdb_client_3.exceptions import InfluxDBError
+from tests.rows import query_rows
 
 T0 = 1_700_000_000  # seconds
 
@@ -34,10 +35,6 @@ def _post(iox_server, path: str, body: bytes) -> tuple[int, dict | None, dict]:
         conn.close()
 
 
-def _rows(client, db: str, sql: str, token: str = "") -> list:
-    return client.query(db, sql, after=token).to_pylist()
-
-
 def _rows_once(client, db: str, sql: str, n: int) -> list:
     """The rows of `sql` once it answers `n` rows (a write without a token shows when the server
     read it: waited for, then the answer is checked whole)."""
@@ -47,7 +44,7 @@ def _rows_once(client, db: str, sql: str, n: int) -> list:
 
     def enough() -> bool:
         try:
-            got[:] = _rows(client, db, sql)
+            got[:] = query_rows(client, db, sql)
         except Exception:  # noqa: BLE001 - the table is not known before its first write shows
             return False
         return len(got) >= n
@@ -100,7 +97,7 @@ def test_without_accept_partial_nothing_is_written(iox_server, v3, client, db):
     assert e.value.response.status == 400 and "parsing failed for write_lp endpoint" in e.value.message
     status, _b, headers = _post(iox_server, f"/api/v3/write_lp?db={db}", f"m v=9 {T0 + 9}000000000".encode())
     assert status == 204  # written after the refused ones, to the same table: shown after them
-    assert _rows(client, db, "SELECT v FROM m ORDER BY v", headers["X-Iox-Write-Token"]) == [{"v": 1.0}, {"v": 9.0}]
+    assert query_rows(client, db, "SELECT v FROM m ORDER BY v", headers["X-Iox-Write-Token"]) == [{"v": 1.0}, {"v": 9.0}]
 
 
 def test_precision_auto_reads_each_timestamps_unit(iox_server, client, db):
@@ -108,12 +105,12 @@ def test_precision_auto_reads_each_timestamps_unit(iox_server, client, db):
                       f"p,u=ns v=4 {T0}123456789"]).encode()
     status, _b, headers = _post(iox_server, f"/api/v3/write_lp?db={db}", body)  # precision: auto by default
     assert status == 204 and headers.get("X-Iox-Write-Token")
-    rows = _rows(client, db, "SELECT u, time_ns FROM p ORDER BY u", headers["X-Iox-Write-Token"])
+    rows = query_rows(client, db, "SELECT u, time_ns FROM p ORDER BY u", headers["X-Iox-Write-Token"])
     assert {r["u"]: r["time_ns"] for r in rows} == {"s": T0 * 10**9, "ms": T0 * 10**9 + 123_000_000,
                                                     "us": T0 * 10**9 + 123_456_000, "ns": T0 * 10**9 + 123_456_789}
     status, _b, headers = _post(iox_server, f"/api/v3/write_lp?db={db}&precision=second", f"q v=1 {T0}".encode())
     assert status == 204
-    assert _rows(client, db, "SELECT time_ns FROM q", headers["X-Iox-Write-Token"]) == [{"time_ns": T0 * 10**9}]
+    assert query_rows(client, db, "SELECT time_ns FROM q", headers["X-Iox-Write-Token"]) == [{"time_ns": T0 * 10**9}]
     status, body, _h = _post(iox_server, f"/api/v3/write_lp?db={db}&precision=fortnight", b"q v=1 1")
     assert status == 400 and "precision must be one of auto" in body["error"]
     status, body, _h = _post(iox_server, "/api/v3/write_lp", b"q v=1 1")

@@ -11,10 +11,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2
 from grpc_status import rpc_status
 from tests.timestamps import T0
-
-
-def _rows(client, db, sql):
-    return client.query(db, sql).to_pylist()
+from tests.rows import query_rows
 
 
 def test_round_trip_several_tables_and_types(client, db):
@@ -28,19 +25,19 @@ def test_round_trip_several_tables_and_types(client, db):
     assert token and all(isinstance(v, int) and v >= 0 for v in token.values())
     client.wait_applied(db, token, timeout_s=60)
 
-    assert _rows(client, db, "SELECT host, region, usage, count, ok, time_ns FROM cpu ORDER BY host") == [
+    assert query_rows(client, db, "SELECT host, region, usage, count, ok, time_ns FROM cpu ORDER BY host") == [
         {"host": "a", "region": "west", "usage": 1.5, "count": 3, "ok": True, "time_ns": T0},
         {"host": "b", "region": "east", "usage": -2.25, "count": -7, "ok": False, "time_ns": T0 + 1},
     ]
-    assert _rows(client, db, "SELECT dev, free, label, time_ns FROM disk") == [
+    assert query_rows(client, db, "SELECT dev, free, label, time_ns FROM disk") == [
         {"dev": "sda", "free": Decimal("18446744073709551615"), "label": "root fs", "time_ns": T0 + 2},
     ]
-    r = _rows(client, db, "SELECT iface, rx, err, time, time_ns FROM net")
+    r = query_rows(client, db, "SELECT iface, rx, err, time, time_ns FROM net")
     assert r == [{"iface": "eth0", "rx": Decimal(10), "err": 0,
                   "time": dt.datetime(2023, 11, 15, 22, 13, 20, tzinfo=dt.timezone.utc),
                   "time_ns": T0 + 86_400_000_000_000}]
     # the TIMESTAMP column and exact nanoseconds side by side
-    r = _rows(client, db, "SELECT time, time_ns FROM cpu WHERE host = 'b'")
+    r = query_rows(client, db, "SELECT time, time_ns FROM cpu WHERE host = 'b'")
     assert r == [{"time": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.timezone.utc), "time_ns": T0 + 1}]
 
     st = client.status(db)["databases"][0]
@@ -60,12 +57,12 @@ def test_repeated_points_deduplicate_last_non_null_wins(client, db):
     t3 = client.write(db, f"m,s=x c=\"late\" {T0}\nm,s=x a=3 {T0}\n")  # same request: later line wins
     for t in (t1, t2, t3):
         client.wait_applied(db, t, timeout_s=60)
-    assert _rows(client, db, "SELECT s, a, b, c, time_ns FROM m ORDER BY s, time_ns") == [
+    assert query_rows(client, db, "SELECT s, a, b, c, time_ns FROM m ORDER BY s, time_ns") == [
         {"s": "x", "a": 3.0, "b": 10.0, "c": "late", "time_ns": T0},
         {"s": "x", "a": None, "b": 30.0, "c": None, "time_ns": T0 + 1},
         {"s": "y", "a": 5.0, "b": None, "c": None, "time_ns": T0},
     ]
-    assert _rows(client, db, "SELECT count(*) AS n FROM m") == [{"n": 3}]
+    assert query_rows(client, db, "SELECT count(*) AS n FROM m") == [{"n": 3}]
 
 
 def test_one_bad_line_rejects_the_whole_request(client, db):
@@ -85,7 +82,7 @@ def test_one_bad_line_rejects_the_whole_request(client, db):
     nxt = client.write(db, f"ok,t=4 v=4 {T0}\n")
     assert nxt == {p: off + 1 for p, off in good.items()}
     client.wait_applied(db, nxt, timeout_s=60)
-    assert _rows(client, db, "SELECT t, v FROM ok ORDER BY t") == [{"t": "1", "v": 1.0}, {"t": "4", "v": 4.0}]
+    assert query_rows(client, db, "SELECT t, v FROM ok ORDER BY t") == [{"t": "1", "v": 1.0}, {"t": "4", "v": 4.0}]
 
 
 def test_a_write_becomes_queryable_without_waiting_on_its_token(client, db):
@@ -96,7 +93,7 @@ def test_a_write_becomes_queryable_without_waiting_on_its_token(client, db):
         start = time.monotonic()
         token = client.write(db, f"vis,i={i} v={i} {T0 + i}\n")
         while True:
-            rows = _rows(client, db, f"SELECT v FROM vis WHERE i = '{i}'")
+            rows = query_rows(client, db, f"SELECT v FROM vis WHERE i = '{i}'")
             if rows:
                 break
             assert time.monotonic() - start < 60.0, f"write {token} not visible within 60 s"

@@ -23,6 +23,7 @@ from tests.conftest import make_config
 from tests.waiting import wait_for
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.timestamps import T0
+from tests.rows import write_applied
 
 Q = "SELECT host, count(*) AS n, sum(v) AS s, max(w) AS w FROM cpu GROUP BY host ORDER BY host"
 Q2 = "SELECT host, count(*) AS n, sum(v) AS s FROM cpu GROUP BY host ORDER BY host"
@@ -110,12 +111,6 @@ def auto(iox_server, session_tmp, backend, aws_env):
     r.broker.stop()
 
 
-def _write(c, db, lines):
-    tok = c.write(db, "\n".join(lines) + "\n")
-    c.wait_applied(db, tok, timeout_s=90)
-    return tok
-
-
 def _partitions(c, db, table="cpu"):
     st = c.status(db)["databases"][0]
     return {p["key"]: p for t in st["tables"] if t["name"] == table for p in t["partitions"]}
@@ -123,8 +118,8 @@ def _partitions(c, db, table="cpu"):
 
 def test_persist_keeps_answers_and_records_files(manual):
     c, db = manual.client, f"p_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
-    _write(c, db, [f"cpu,host=h0 v=1000 {T0}"])  # overwrites one point's v: dedup across chunks
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    write_applied(c, db, [f"cpu,host=h0 v=1000 {T0}"])  # overwrites one point's v: dedup across chunks
     before = c.query(db, Q).to_pylist()
     assert before == [{"host": "h0", "n": 10, "s": 1000.0 + sum(range(3, 30, 3)), "w": 27},
                       {"host": "h1", "n": 10, "s": float(sum(range(1, 30, 3))), "w": 28},
@@ -156,7 +151,7 @@ def test_persist_and_compact_cover_every_write_acknowledged_before_them(manual):
     import grpc
 
     c, db = manual.client, f"pw_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=h0 v=0 {T0}"])
+    write_applied(c, db, [f"cpu,host=h0 v=0 {T0}"])
     pause = manual.server.pause_file
     open(pause, "w").close()
     # a trigger that asked for the end before the file existed may still take the next write: let it end
@@ -181,7 +176,7 @@ def test_persist_and_compact_cover_every_write_acknowledged_before_them(manual):
     part = _partitions(c, db)["2023-11-14"]
     assert sum(int(f["rows"]) for f in part["files"]) == 31 and int(part["unpersisted_rows"]) == 0
     # compact likewise acts on what was written before it: the two new writes' chunks are compacted
-    _write(c, db, [f"cpu,host=h0 v=100 {T0 + 40}"])
+    write_applied(c, db, [f"cpu,host=h0 v=100 {T0 + 40}"])
     c.write(db, f"cpu,host=h1 v=101 {T0 + 41}")
     r = c.compact(db, "cpu", "2023-11-14")
     assert r["compacted"] is True and int(r["rows"]) == 2
@@ -204,8 +199,8 @@ def test_a_large_persist_writes_files_split_by_time_that_queries_and_a_restart_r
 
     monkeypatch.setattr(persist, "PARALLEL_WRITE_MIN_ROWS", 10)
     c, db = manual.client, f"pp_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(40)])
-    _write(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 40, 4)])  # rewrites 10 points' v
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(40)])
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 40, 4)])  # rewrites 10 points' v
     before = c.query(db, Q).to_pylist()
     vs = {i: float(1000 + i if i % 4 == 0 else i) for i in range(40)}
     assert before == [{"host": f"h{h}", "n": len(range(h, 40, 3)), "s": sum(vs[i] for i in range(h, 40, 3)),
@@ -237,8 +232,8 @@ def test_a_persist_run_as_one_task_per_executor_writes_disjoint_time_ranges_exac
     monkeypatch.setattr(persist, "task_slots", lambda spark: 3 * persist.cores_per_executor(spark))
     monkeypatch.setattr(persist, "PERSIST_TASK_MIN_ROWS", 10)
     c, db = manual.client, f"pt_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(60)])
-    _write(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 60, 5)])  # rewrites 12 points' v
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(60)])
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={1000 + i} {T0 + i}" for i in range(0, 60, 5)])  # rewrites 12 points' v
     c.wait_applied(db, c.delete(db, T0 + 20, T0 + 30, table="cpu"), timeout_s=60)  # 20..29 (10 points, 2 rewritten)
     kept = [i for i in range(60) if not 20 <= i < 30]
     vs = {i: float(1000 + i if i % 5 == 0 else i) for i in kept}
@@ -263,9 +258,9 @@ def test_a_persist_run_as_one_task_per_executor_writes_disjoint_time_ranges_exac
 
 def test_persist_splits_at_the_flush_timestamp_and_late_rows_stay(manual):
     c, db = manual.client, f"s_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(5)])
+    write_applied(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(5)])
     c.persist(db)
-    _write(c, db, [f"cpu,host=a v={10 + i} {T0 + 2 + i}" for i in range(5)])  # overlaps persisted times
+    write_applied(c, db, [f"cpu,host=a v={10 + i} {T0 + 2 + i}" for i in range(5)])  # overlaps persisted times
     expect = [{"host": "a", "n": 7, "s": float(0 + 1 + sum(range(10, 15)))}]
     assert c.query(db, Q2).to_pylist() == expect
     c.persist(db)
@@ -291,8 +286,8 @@ def test_chunks_move_from_the_write_buffer_form_to_the_read_buffer_with_the_same
     monkeypatch.setattr(ingest, "LOCAL_BUILD_MAX_BYTES", -1)
     c, db, srv = manual.client, f"m_{uuid.uuid4().hex[:8]}", manual.server
     for k in range(3):
-        _write(c, db, [f"cpu,host=h{i % 3} v={k * 10 + i},w={k}i {T0 + k * 10 + i}" for i in range(10)])
-    _write(c, db, [f"cpu,host=h0 v=500 {T0}", f"cpu,host=h0 w=7i {T0}"])  # overwrites: not deduplicated
+        write_applied(c, db, [f"cpu,host=h{i % 3} v={k * 10 + i},w={k}i {T0 + k * 10 + i}" for i in range(10)])
+    write_applied(c, db, [f"cpu,host=h0 v=500 {T0}", f"cpu,host=h0 w=7i {T0}"])  # overwrites: not deduplicated
     points = {(f"h{i % 3}", T0 + k * 10 + i): [float(k * 10 + i), k] for k in range(3) for i in range(10)}
     points[("h0", T0)] = [500.0, 7]
     expect = [{"host": h, "n": sum(1 for (hh, _t) in points if hh == h),
@@ -338,10 +333,10 @@ def test_requests_apart_in_time_need_no_dedup_though_their_chunks_hulls_overlap(
     from iox_spark.chunk_store.chunk_data import arrow_plan
 
     c, db, srv = manual.client, f"s_{uuid.uuid4().hex[:8]}", manual.server
-    _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
-    _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(20, 30)])
+    write_applied(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10)])
+    write_applied(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(20, 30)])
     assert c.compact(db, "cpu", "2023-11-14")["compacted"] is True
-    _write(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10, 20)])  # the gap
+    write_applied(c, db, [f"cpu,host=h{i % 2} v={i} {T0 + i}" for i in range(10, 20)])  # the gap
     dbo = srv.catalog.database(db)
     chunks = srv.catalog.table_chunks(dbo, "cpu")
     assert [(ch.rows, ch.min_time_ns - T0, ch.max_time_ns - T0, ch.segments_deduplicated) for ch in chunks] == \
@@ -369,10 +364,10 @@ def test_the_arrow_merge_of_write_buffer_chunks_has_the_rows_of_the_sql_merge(ma
 
     c, db, srv = manual.client, f"a_{uuid.uuid4().hex[:8]}", manual.server
     # 20 points on 15 keys (host, time): i and i + 15 share one, the later wins
-    _write(c, db, [f"cpu,host=h{i % 3} v={i},u={i}u {T0 + i % 5}" for i in range(20)])
-    _write(c, db, [f"cpu,host=h{i % 3} w=true {T0 + i}" for i in range(3, 8)])  # another field, 2 keys shared
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},u={i}u {T0 + i % 5}" for i in range(20)])
+    write_applied(c, db, [f"cpu,host=h{i % 3} w=true {T0 + i}" for i in range(3, 8)])  # another field, 2 keys shared
     c.wait_applied(db, c.delete(db, T0, T0 + 4, "host='h1'", "cpu"), timeout_s=90)  # h1 at T0..T0+3
-    _write(c, db, [f"cpu,host=h1,dc=x v=-{i}.5 {T0 + i}" for i in range(2, 4)])  # after the delete
+    write_applied(c, db, [f"cpu,host=h1,dc=x v=-{i}.5 {T0 + i}" for i in range(2, 4)])  # after the delete
     dbo = srv.catalog.database(db)
     chunks = srv.catalog.table_chunks(dbo, "cpu")
     schema, deletes = dbo.schemas.get("cpu"), dbo.table_deletes("cpu")
@@ -409,8 +404,8 @@ def test_queries_read_overlapping_write_buffer_chunks_through_an_arrow_merge_vie
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
     c, db, srv = manual.client, f"v_{uuid.uuid4().hex[:8]}", manual.server
-    _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i % 10}" for i in range(40)])  # 40 points, 20 keys
-    _write(c, db, [f"cpu,host=h{i % 4} v={100 + i} {T0 + i % 10}" for i in range(0, 40, 2)])  # rewrites 20
+    write_applied(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i % 10}" for i in range(40)])  # 40 points, 20 keys
+    write_applied(c, db, [f"cpu,host=h{i % 4} v={100 + i} {T0 + i % 10}" for i in range(0, 40, 2)])  # rewrites 20
     c.wait_applied(db, c.delete(db, T0, T0 + 2, "host='h1'", "cpu"), timeout_s=90)  # h1 at T0, T0+1
     dbo = srv.catalog.database(db)
     chunks = srv.catalog.table_chunks(dbo, "cpu")
@@ -448,8 +443,8 @@ def test_a_table_view_refreshed_while_a_compaction_takes_over_its_chunks_segment
 
     monkeypatch.setattr(chunk_data, "ARROW_MERGE_MIN_ROWS", 10)
     c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
-    _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i % 10}" for i in range(40)])
-    _write(c, db, [f"cpu,host=h{i % 4} v={100 + i} {T0 + i % 10}" for i in range(0, 40, 2)])
+    write_applied(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i % 10}" for i in range(40)])
+    write_applied(c, db, [f"cpu,host=h{i % 4} v={100 + i} {T0 + i % 10}" for i in range(0, 40, 2)])
     dbo = srv.catalog.database(db)
     chunks = srv.catalog.table_chunks(dbo, "cpu")
     assert len(chunks) >= 2 and all(ch.segments for ch in chunks)
@@ -498,17 +493,17 @@ def test_a_micro_batch_whose_view_refresh_fails_is_applied_once(manual, monkeypa
     then, so nothing is set aside and the stream needs no restart; the persistence windows keep the
     offsets its first attempt recorded). Either way every point is there exactly once."""
     c, db, srv = manual.client, f"f_{uuid.uuid4().hex[:8]}", manual.server
-    _write(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
+    write_applied(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
     restarts = srv.consumer.restarts
     failed = _fail_view_refreshes(monkeypatch, srv, db, failures)
-    _write(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
+    write_applied(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
     assert failed == [True, False][:failures]
     assert srv.consumer.restarts == restarts
     assert srv.catalog.database(db).poisoned == []
     assert c.query(db, Q).to_pylist() == [{"host": f"h{i}", "n": 2, "s": float(10 + 2 * i), "w": 2}
                                           for i in range(4)]
     assert sum(ch.rows for ch in srv.catalog.table_chunks(srv.catalog.database(db), "cpu")) == 8
-    _write(c, db, [f"cpu,host=h{i} v=100,w=3i {T0 + 200 + i}" for i in range(4)])  # the stream goes on
+    write_applied(c, db, [f"cpu,host=h{i} v=100,w=3i {T0 + 200 + i}" for i in range(4)])  # the stream goes on
     assert [r["n"] for r in c.query(db, Q).to_pylist()] == [3] * 4
 
 
@@ -519,7 +514,7 @@ def test_no_persist_lands_between_a_failed_micro_batch_and_its_retry(manual, mon
     rows, and the retried rows would be recorded in no window (lost in a crash before the next
     persist): persists of the database are held until the retry is applied."""
     c, db, srv = manual.client, f"h_{uuid.uuid4().hex[:8]}", manual.server
-    _write(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
+    write_applied(c, db, [f"cpu,host=h{i} v={i},w=1i {T0 + i}" for i in range(4)])
     dbo = srv.catalog.database(db)
     real_withdraw, during = srv.ingestor._withdraw, []
     _fail_view_refreshes(monkeypatch, srv, db, 2)  # the refresh and its SQL-only retry: the batch fails
@@ -530,7 +525,7 @@ def test_no_persist_lands_between_a_failed_micro_batch_and_its_retry(manual, mon
             during.append((dict(dbo.failed_batch_hi), srv.lifecycle.persist_now(dbo, None, None, time.time())))
 
     monkeypatch.setattr(srv.ingestor, "_withdraw", withdraw_then_persist)
-    _write(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
+    write_applied(c, db, [f"cpu,host=h{i} v={10 + i},w=2i {T0 + 100 + i}" for i in range(4)])
     assert len(during) == 1
     held, persisted = during[0]
     assert held and max(held.values()) >= 0 and persisted == []
@@ -547,7 +542,7 @@ def test_no_persist_lands_between_a_failed_micro_batch_and_its_retry(manual, mon
 def test_compaction_keeps_answers(manual):
     c, db = manual.client, f"c_{uuid.uuid4().hex[:8]}"
     for k in range(3):
-        _write(c, db, [f"cpu,host=h{i} v={k * 10 + i},w={k}i {T0 + i}" for i in range(4)])
+        write_applied(c, db, [f"cpu,host=h{i} v={k * 10 + i},w={k}i {T0 + i}" for i in range(4)])
     before = c.query(db, Q).to_pylist()
     assert before == [{"host": f"h{i}", "n": 1, "s": float(20 + i), "w": 2} for i in range(4)]
     assert len(_partitions(c, db)["2023-11-14"]["chunks"]) == 3
@@ -570,7 +565,7 @@ def test_persisting_a_compacted_chunk(manual, form):
     c, db, srv = manual.client, f"r_{uuid.uuid4().hex[:8]}", manual.server
     n = 9_000
     for k in range(3):  # 27,000 rows: more than Spark's 10,000-row Arrow batches
-        _write(c, db, [f"cpu,host=h{i % 3} v={k * n + i},w={k}i {T0 + k * n + i}" for i in range(n)])
+        write_applied(c, db, [f"cpu,host=h{i % 3} v={k * n + i},w={k}i {T0 + k * n + i}" for i in range(n)])
     expect = [{"host": f"h{h}", "n": n, "s": float(sum(range(h, 3 * n, 3))), "w": 2} for h in range(3)]
     assert c.query(db, Q).to_pylist() == expect
     dbo = srv.catalog.database(db)
@@ -615,12 +610,12 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     caplog.set_level(logging.INFO, logger="iox_spark.lifecycle.compact_persisted")
 
     c, db = manual.client, f"k_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
     c.persist(db)
-    _write(c, db, [f"cpu,host=h0 v=1000 {T0}", f"cpu,host=h3 v=5 {T0 + 100}"])  # overwrite + a new series
+    write_applied(c, db, [f"cpu,host=h0 v=1000 {T0}", f"cpu,host=h3 v=5 {T0 + 100}"])  # overwrite + a new series
     c.persist(db)
     c.wait_applied(db, c.delete(db, T0 + 1, T0 + 2, "", "cpu"), timeout_s=90)  # removes h1 at T0+1
-    _write(c, db, [f"cpu,host=h2 w=99i {T0 + 2}"])  # overwrites w only: v of T0+2 stays 2
+    write_applied(c, db, [f"cpu,host=h2 w=99i {T0 + 2}"])  # overwrites w only: v of T0+2 stays 2
     c.persist(db)
     expect = [{"host": "h0", "n": 10, "s": 1000.0 + sum(range(3, 30, 3)), "w": 27},
               {"host": "h1", "n": 9, "s": float(sum(range(4, 30, 3))), "w": 28},
@@ -666,7 +661,7 @@ def test_the_policy_compacts_the_files_of_a_cold_partition(auto, caplog):
     caplog.set_level(logging.INFO, logger="iox_spark.lifecycle.worker")
     c, db = auto.client, f"f_{uuid.uuid4().hex[:8]}"
     for k in range(3):  # three forced persists: three files, then the partition goes cold (no write for 1 s)
-        _write(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
+        write_applied(c, db, [f"cpu,host=h{i % 2} v={k * 100 + i} {T0 + k * 100 + i}" for i in range(10)])
         c.persist(db)
     part = wait_for(lambda: len(_partitions(c, db)["2023-11-14"]["files"]) == 1 and _partitions(c, db)["2023-11-14"],
                     90, "the policy's compaction of the persisted files")
@@ -683,10 +678,10 @@ def test_the_policy_compacts_the_files_of_a_cold_partition(auto, caplog):
 
 def test_restart_recovers_parquet_and_replays_the_rest_exactly_once(manual, request):
     c, db = manual.client, f"r_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(10)])
+    write_applied(c, db, [f"cpu,host=a v={i} {T0 + i}" for i in range(10)])
     c.persist(db)
-    _write(c, db, [f"cpu,host=a v={100 + i} {T0 + 100 + i}" for i in range(5)])  # unpersisted
-    _write(c, db, [f"cpu,host=b v=1 {T0}"])
+    write_applied(c, db, [f"cpu,host=a v={100 + i} {T0 + 100 + i}" for i in range(5)])  # unpersisted
+    write_applied(c, db, [f"cpu,host=b v=1 {T0}"])
     before = c.query(db, Q2).to_pylist()
     assert before == [{"host": "a", "n": 15, "s": float(sum(range(10)) + sum(range(100, 105)))},
                       {"host": "b", "n": 1, "s": 1.0}]
@@ -713,7 +708,7 @@ def test_restart_recovers_parquet_and_replays_the_rest_exactly_once(manual, requ
 
 def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_server):
     c, db = auto.client, f"a_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i}" for i in range(200)])
+    write_applied(c, db, [f"cpu,host=h{i % 4} v={i} {T0 + i}" for i in range(200)])
     expect = c.query(db, Q2).to_pylist()
     # rows >= persist_row_threshold and older than the late-arrival window: persisted (from the
     # write-buffer form, so nothing of it stays in memory; a persisted chunk that kept its rows in
@@ -734,7 +729,7 @@ def test_automatic_persist_by_rows_and_unload_under_memory_pressure(auto, iox_se
 
 def test_automatic_persist_by_age(auto):
     c, db = auto.client, f"g_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=x v=1 {T0}"])  # 1 row: below the row threshold, so only age persists it
+    write_applied(c, db, [f"cpu,host=x v=1 {T0}"])  # 1 row: below the row threshold, so only age persists it
     part = wait_for(lambda: (_partitions(c, db).get("2023-11-14") or {}).get("files") and
                     _partitions(c, db)["2023-11-14"], 90, "persist by age")
     assert sum(int(f["rows"]) for f in part["files"]) == 1
@@ -761,9 +756,9 @@ def test_local_copies_of_s3_files_are_bounded_and_go_once_no_chunk_reads_them(ma
         for ch in [ch for ch in srv.catalog.table_chunks(dbo, "cpu") if ch.state == "persisted"]:
             assert unload_chunk(srv.spark, srv.catalog, dbo, "cpu", ch.partition_key, ch.id, srv.store, cache)
 
-    _write(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
     c.persist(db)
-    _write(c, db, [f"cpu,host=h3 v=5 {T0 + 100}"])
+    write_applied(c, db, [f"cpu,host=h3 v=5 {T0 + 100}"])
     c.persist(db)
     dbo = srv.catalog.database(db)
     expect = c.query(db, Q).to_pylist()
@@ -792,7 +787,7 @@ def test_local_copies_of_s3_files_are_bounded_and_go_once_no_chunk_reads_them(ma
 
 def test_cleanup_deletes_orphans_only(manual):
     c, db = manual.client, f"o_{uuid.uuid4().hex[:8]}"
-    _write(c, db, [f"cpu,host=a v=1 {T0}"])
+    write_applied(c, db, [f"cpu,host=a v=1 {T0}"])
     c.persist(db)
     store = manual.server.store
     orphan = f"{db}/data/cpu/2023-11-14/{uuid.uuid4()}.parquet"
@@ -814,9 +809,9 @@ def test_restart_twice_after_a_full_checkpoint_file(iox_server, session_tmp, bac
         # revision 1 records the database at its first write; three persists: revisions 2..4, a full
         # checkpoint at revision 2 and 4
         for k in range(3):
-            _write(r.client, db, [f"cpu,host=h{k} v={k} {T0 + k}"])
+            write_applied(r.client, db, [f"cpu,host=h{k} v={k} {T0 + k}"])
             r.client.persist(db)
-        _write(r.client, db, [f"cpu,host=late v=9 {T0 + 9}"])  # only in Kafka
+        write_applied(r.client, db, [f"cpu,host=late v=9 {T0 + 9}"])  # only in Kafka
         expect = [{"host": "h0", "n": 1, "s": 0.0}, {"host": "h1", "n": 1, "s": 1.0},
                   {"host": "h2", "n": 1, "s": 2.0}, {"host": "late", "n": 1, "s": 9.0}]
         assert r.client.query(db, Q2).to_pylist() == expect

@@ -29,24 +29,10 @@ from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 from tests.timestamps import T0, US
+from tests.rows import table_values_and_times
 
 PARTITIONS = 4
 TABLES = {kp: next(f"m{i}" for i in range(1000) if partition_for(f"m{i}", PARTITIONS) == kp) for kp in range(PARTITIONS)}
-
-
-def _rows(client, db: str, table: str) -> list:
-    try:
-        t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time")
-    except grpc.RpcError as e:  # a table nobody applied or persisted yet is unknown here
-        assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) or \
-            "is not a table of the database" in e.details(), e
-        return []
-    return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
-
-
-def _rows_after(client, db: str, table: str, token_text: str) -> list:
-    t = client.query(db, f"SELECT v, time FROM {table} ORDER BY time", after=token_text, timeout_s=60)
-    return list(zip(t.column("v").to_pylist(), t.column("time").cast(pa.timestamp("ns")).cast(pa.int64()).to_pylist()))
 
 
 def _write(client, db: str, written: dict, table: str, n: int) -> dict:
@@ -102,15 +88,15 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         # other way round
         for client in (ca, cb):
             for kp in range(PARTITIONS):
-                assert _rows(client, db, TABLES[kp]) == written[TABLES[kp]]
+                assert table_values_and_times(client, db, TABLES[kp]) == written[TABLES[kp]]
         # read-your-writes through a member that does not own the partition: its owner waits
         resp = ca.write_response(db, f"{TABLES[3]},host=h v=99 {T0 + 99 * US}")
         written[TABLES[3]].append((99.0, T0 + 99 * US))
-        assert _rows_after(ca, db, TABLES[3], resp.token_text) == written[TABLES[3]]
+        assert table_values_and_times(ca, db, TABLES[3], after=resp.token_text, timeout_s=60) == written[TABLES[3]]
         # a delete through a of rows b holds unpersisted: applied by b, seen through a
         deleted = written[TABLES[3]].pop(0)
         dtok = ca.delete_response(db, deleted[1], deleted[1] + 1, "", TABLES[3]).token_text
-        assert _rows_after(ca, db, TABLES[3], dtok) == written[TABLES[3]]
+        assert table_values_and_times(ca, db, TABLES[3], after=dtok, timeout_s=60) == written[TABLES[3]]
 
         # a database no member claimed yet: b reads its new topic and applies nothing of it (a new
         # topic is found when the source next lists the topics, in no order with the other topics'
@@ -121,7 +107,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         wait_for(lambda: _applied(cb, db, 2) >= later[2], 60, "b to apply a later write")
         wait_for(lambda: other in _names(cb), 60, "b to read the new database's topic")
         assert set(cb.applied(other).values()) == {-1} and set(ca.applied(other).values()) == {-1}
-        assert _rows(cb, other, TABLES[2]) == [] and _rows(ca, other, TABLES[2]) == []
+        assert table_values_and_times(cb, other, TABLES[2]) == [] and table_values_and_times(ca, other, TABLES[2]) == []
 
         for client, others in ((ca, (2, 3)), (cb, (0, 1))):  # each persists its own, says it skipped the others'
             assert [(s["kafka_partition"], s["reason"]) for s in client.persist(db)["skipped"]] == [
@@ -130,7 +116,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         # goes with, and the asking member reads the catalog that far first)
         for client in (ca, cb):
             for kp in range(PARTITIONS):
-                assert _rows(client, db, TABLES[kp]) == written[TABLES[kp]], kp
+                assert table_values_and_times(client, db, TABLES[kp]) == written[TABLES[kp]], kp
 
         # rows of partition 1 a applied but did not persist: the new owner replays them
         t1 = _write(ca, db, written, TABLES[1], 2)
@@ -154,7 +140,7 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         cb.persist(db)
         for client in (ca, cb):  # every acknowledged row, exactly once
             for kp in range(PARTITIONS):
-                assert _rows(client, db, TABLES[kp]) == written[TABLES[kp]], kp
+                assert table_values_and_times(client, db, TABLES[kp]) == written[TABLES[kp]], kp
         # the members' files and catalog are in S3
         bucket = s3_store["object_store"][len("s3://"):].split("/")[0]
         keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_store["s3_endpoint"], region_name="us-east-1")
@@ -233,7 +219,7 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp,
             wait_for(lambda: _applied(owner, db, kp) >= tokens[kp][kp], 60, f"partition {kp} applied by its owner")
         for client in (ca, cb):
             for kp in range(PARTITIONS):
-                assert _rows(client, db, TABLES[kp]) == written[TABLES[kp]], kp
+                assert table_values_and_times(client, db, TABLES[kp]) == written[TABLES[kp]], kp
         later = time.monotonic() + 2.0
         while time.monotonic() < later:  # balanced: past the interval, nothing moves
             assert assigner.run_once().moved == {}
@@ -501,7 +487,7 @@ def _queries_during_handoffs(db: str, ca, cb, before: list, handoffs: int = 3) -
     assert not failures, failures[:5]
     assert answers["complete"] >= 2 * handoffs, answers
     for client in (ca, cb):  # once it settled: every acknowledged row, exactly once
-        rows = _rows(client, db, table)
+        rows = table_values_and_times(client, db, table)
         assert len(rows) == len(set(rows)) and set(acked) <= set(rows) <= set(acked) | set(unknown)
 
 

@@ -24,13 +24,10 @@ from tests.integration.s3_fixture import (  # noqa: F401
     moto_s3,
 )
 from tests.timestamps import T0
+from tests.rows import write_applied
 
 #: every column, as `iox sql` answers them
 Q = "SELECT * FROM cpu"
-
-
-def _write(c, db, lines):
-    c.wait_applied(db, c.write(db, "\n".join(lines) + "\n"), timeout_s=90)
 
 
 def _normal(t: pa.Table) -> list:
@@ -61,7 +58,7 @@ def persisted(iox_server, spark):
     c = IoxClient(f"127.0.0.1:{iox_server.grpc_port}")
     c.wait_ready(60)
     db = f"sds_{uuid.uuid4().hex[:10]}"
-    _write(c, db, [f'cpu,host=h{i % 2} v={i}.5,n={i}i,u={i}u,s="s{i}",b={"true" if i % 3 else "false"} {T0 + i}'
+    write_applied(c, db, [f'cpu,host=h{i % 2} v={i}.5,n={i}i,u={i}u,s="s{i}",b={"true" if i % 3 else "false"} {T0 + i}'
                    for i in range(10)])
     c.persist(db)
     url = iox_server.config.object_store_url
@@ -70,7 +67,7 @@ def persisted(iox_server, spark):
     # delete h0's rows in [T0+2, T0+7), then write h0 again at two of those times (after the delete:
     # they stay) and change one field of an h1 point persisted before (a merge across files)
     c.wait_applied(db, c.delete(db, T0 + 2, T0 + 7, "host = 'h0'", "cpu"), timeout_s=90)
-    _write(c, db, [f"cpu,host=h0 v=100.25,n=100i {T0 + 4}", f"cpu,host=h0 v=200.25 {T0 + 6}",
+    write_applied(c, db, [f"cpu,host=h0 v=100.25,n=100i {T0 + 4}", f"cpu,host=h0 v=200.25 {T0 + 6}",
                    f"cpu,host=h1 v=300.5 {T0 + 3}"])
     c.persist(db)
     yield db, url, first, first_revision, c

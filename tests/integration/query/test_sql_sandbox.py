@@ -13,6 +13,7 @@ import pytest
 from iox_spark.server.api.client import IoxClient
 from iox_spark.chunk_store.views import table_view_name
 from tests.timestamps import T0
+from tests.rows import query_rows
 
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
@@ -41,10 +42,6 @@ def _refused(client, db, sql) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as ei:
         client.query(db, sql)
     return ei.value
-
-
-def _rows(client, db, sql) -> list:
-    return client.query(db, sql).to_pylist()
 
 
 # --- refusals ------------------------------------------------------------------------------------
@@ -130,14 +127,14 @@ def test_other_databases_views_are_permission_denied_and_stay(sandbox, iox_serve
                 f"ALTER VIEW global_temp.{view} AS SELECT 1 AS x"]:
         err = _refused(client, mine, sql)
         assert err.code() == INVALID_ARGUMENT and "is not a query" in err.details(), (sql, err.details())
-    assert _rows(client, other, "SELECT k, password FROM secret") == [{"k": "x", "password": "hunter2"}]
+    assert query_rows(client, other, "SELECT k, password FROM secret") == [{"k": "x", "password": "hunter2"}]
 
 
 def test_a_name_rendering_like_another_databases_view_is_read_exactly(sandbox):
     """Mine has a table named "global_temp, <other>__secret": as one name it is mine; as two
     (global_temp.<other>__secret) it is the other database's view, refused."""
     client, mine, other = sandbox
-    assert _rows(client, mine, f"SELECT v FROM `global_temp, {other}__secret`") == [{"v": 7.0}]
+    assert query_rows(client, mine, f"SELECT v FROM `global_temp, {other}__secret`") == [{"v": 7.0}]
     err = _refused(client, mine, f"SELECT * FROM `global_temp`.`{other}__secret`")
     assert err.code() == PERMISSION_DENIED and "hunter2" not in err.details(), err.details()
 
@@ -224,7 +221,7 @@ def test_a_refused_statement_changed_nothing(sandbox):
     for sql in ["DROP VIEW cpu", "CREATE OR REPLACE TEMP VIEW cpu AS SELECT 1 AS a", "SET spark.sql.runSQLOnFiles=true",
                 "CACHE TABLE cpu"]:
         _refused(client, mine, sql)
-    assert _rows(client, mine, "SELECT host, usage FROM cpu ORDER BY host, usage") == [
+    assert query_rows(client, mine, "SELECT host, usage FROM cpu ORDER BY host, usage") == [
         {"host": "a", "usage": 1.5}, {"host": "a", "usage": 2.5}, {"host": "b", "usage": 10.0}]
 
 
@@ -250,49 +247,49 @@ def test_the_query_session_reads_no_path_and_has_no_reflect(iox_server):
 
 def test_aggregates_joins_ctes_and_subqueries_answer_exactly(sandbox):
     client, mine, _ = sandbox
-    assert _rows(client, mine, "SELECT host, count(*) AS n, sum(usage) AS s, max(usage) AS m FROM cpu "
+    assert query_rows(client, mine, "SELECT host, count(*) AS n, sum(usage) AS s, max(usage) AS m FROM cpu "
                                "GROUP BY host ORDER BY host") == [
         {"host": "a", "n": 2, "s": 4.0, "m": 2.5}, {"host": "b", "n": 1, "s": 10.0, "m": 10.0}]
-    assert _rows(client, mine, "SELECT c.host, c.usage, m.free FROM cpu c JOIN mem m ON c.host = m.host "
+    assert query_rows(client, mine, "SELECT c.host, c.usage, m.free FROM cpu c JOIN mem m ON c.host = m.host "
                                "AND c.time_ns = m.time_ns ORDER BY c.host") == [
         {"host": "a", "usage": 1.5, "free": 100}, {"host": "b", "usage": 10.0, "free": 200}]
-    assert _rows(client, mine, "WITH hi AS (SELECT host, max(usage) AS m FROM cpu GROUP BY host), "
+    assert query_rows(client, mine, "WITH hi AS (SELECT host, max(usage) AS m FROM cpu GROUP BY host), "
                                "top AS (SELECT * FROM hi WHERE m > 5) SELECT host, m FROM top") == [
         {"host": "b", "m": 10.0}]
-    assert _rows(client, mine, "SELECT host, free FROM mem WHERE host IN (SELECT host FROM cpu WHERE usage > 5) "
+    assert query_rows(client, mine, "SELECT host, free FROM mem WHERE host IN (SELECT host FROM cpu WHERE usage > 5) "
                                "AND EXISTS (SELECT 1 FROM cpu) AND free > (SELECT min(free) FROM mem)") == [
         {"host": "b", "free": 200}]
-    assert _rows(client, mine, "SELECT (SELECT count(*) FROM cpu) AS n, (SELECT sum(free) FROM mem) AS f") == [
+    assert query_rows(client, mine, "SELECT (SELECT count(*) FROM cpu) AS n, (SELECT sum(free) FROM mem) AS f") == [
         {"n": 3, "f": 300}]
     # a CTE named like a table of the database reads the CTE
-    assert _rows(client, mine, "WITH mem AS (SELECT 1 AS one) SELECT one FROM mem") == [{"one": 1}]
+    assert query_rows(client, mine, "WITH mem AS (SELECT 1 AS one) SELECT one FROM mem") == [{"one": 1}]
 
 
 def test_window_functions_and_named_windows_answer_exactly(sandbox):
     client, mine, _ = sandbox
     expected = [{"host": "a", "usage": 1.5, "rn": 2}, {"host": "a", "usage": 2.5, "rn": 1},
                 {"host": "b", "usage": 10.0, "rn": 1}]
-    assert _rows(client, mine, "SELECT host, usage, row_number() OVER (PARTITION BY host ORDER BY time_ns DESC) "
+    assert query_rows(client, mine, "SELECT host, usage, row_number() OVER (PARTITION BY host ORDER BY time_ns DESC) "
                                "AS rn FROM cpu ORDER BY host, usage") == expected
-    assert _rows(client, mine, "SELECT host, usage, row_number() OVER w AS rn FROM cpu "
+    assert query_rows(client, mine, "SELECT host, usage, row_number() OVER w AS rn FROM cpu "
                                "WINDOW w AS (PARTITION BY host ORDER BY time_ns DESC) ORDER BY host, usage") == expected
-    assert _rows(client, mine, "SELECT host, sum(usage) OVER (PARTITION BY host) AS s FROM cpu QUALIFY "
+    assert query_rows(client, mine, "SELECT host, sum(usage) OVER (PARTITION BY host) AS s FROM cpu QUALIFY "
                                "row_number() OVER (PARTITION BY host ORDER BY time_ns) = 1 ORDER BY host") == [
         {"host": "a", "s": 4.0}, {"host": "b", "s": 10.0}]
 
 
 def test_table_valued_functions_values_and_lateral_views_answer_exactly(sandbox):
     client, mine, _ = sandbox
-    assert _rows(client, mine, "SELECT sum(id) AS s, count(*) AS n FROM range(10)") == [{"s": 45, "n": 10}]
-    assert _rows(client, mine, "SELECT * FROM range(1, 4) AS r(i) JOIN (SELECT count(*) AS n FROM cpu) "
+    assert query_rows(client, mine, "SELECT sum(id) AS s, count(*) AS n FROM range(10)") == [{"s": 45, "n": 10}]
+    assert query_rows(client, mine, "SELECT * FROM range(1, 4) AS r(i) JOIN (SELECT count(*) AS n FROM cpu) "
                                "ORDER BY i") == [{"i": 1, "n": 3}, {"i": 2, "n": 3}, {"i": 3, "n": 3}]
-    assert _rows(client, mine, "SELECT a, b FROM VALUES (1, 'x'), (2, NULL) AS t(a, b) ORDER BY a") == [
+    assert query_rows(client, mine, "SELECT a, b FROM VALUES (1, 'x'), (2, NULL) AS t(a, b) ORDER BY a") == [
         {"a": 1, "b": "x"}, {"a": 2, "b": None}]
-    assert _rows(client, mine, "SELECT host, x FROM mem LATERAL VIEW explode(array(1, 2)) t AS x "
+    assert query_rows(client, mine, "SELECT host, x FROM mem LATERAL VIEW explode(array(1, 2)) t AS x "
                                "WHERE host = 'a' ORDER BY x") == [{"host": "a", "x": 1}, {"host": "a", "x": 2}]
-    assert _rows(client, mine, "SELECT * FROM stack(2, 'p', 1, 'q', 2) AS s(k, v) ORDER BY k") == [
+    assert query_rows(client, mine, "SELECT * FROM stack(2, 'p', 1, 'q', 2) AS s(k, v) ORDER BY k") == [
         {"k": "p", "v": 1}, {"k": "q", "v": 2}]
-    assert _rows(client, mine, "SELECT system.builtin.abs(-3) AS a, builtin.lower('X') AS l") == [{"a": 3, "l": "x"}]
+    assert query_rows(client, mine, "SELECT system.builtin.abs(-3) AS a, builtin.lower('X') AS l") == [{"a": 3, "l": "x"}]
 
 
 def test_explain_describe_and_show_tables_run(sandbox):
@@ -309,7 +306,7 @@ def test_explain_describe_and_show_tables_run(sandbox):
 def test_a_table_read_with_options_is_still_the_table(sandbox):
     """Options given to a relation (WITH ('path' = ...)) do not turn a table view into a file read."""
     client, mine, _ = sandbox
-    assert _rows(client, mine, "SELECT host, free FROM mem WITH ('path' = '/etc/passwd') ORDER BY host") == [
+    assert query_rows(client, mine, "SELECT host, free FROM mem WITH ('path' = '/etc/passwd') ORDER BY host") == [
         {"host": "a", "free": 100}, {"host": "b", "free": 200}]
 
 
