@@ -53,7 +53,7 @@ from iox_spark.server.epoch_reset import EpochReset
 from iox_spark.server.fence_admin import FenceControl
 from iox_spark.server.freeze_admin import FreezeControl
 from iox_spark.server.poison_admin import PoisonControl
-from iox_spark.server.pool_admin import PoolControl, claims_of, column_agreement
+from iox_spark.server.pool.membership import PoolControl, claims_of, column_agreement
 from iox_spark.server.replay_watch import ReplayWatch
 from iox_spark.server.status_document import StatusDocument
 from iox_spark.server.query_service import QueryService
@@ -102,7 +102,7 @@ class IoxServer:
         self.started_at = None
         self.lifecycle = None
         self.tail = None
-        #: ingester pool membership (server/pool_admin.py); None when not a pool member
+        #: ingester pool membership (server/pool/membership.py); None when not a pool member
         self.pool = None
         #: each database's replay of its write buffer (server/replay_watch.py); built at start
         self.replay = None
@@ -146,7 +146,7 @@ class IoxServer:
 
         self.store = object_store_from_url(cfg.object_store_url, cfg.s3_endpoint)
         if cfg.pool_member is not None:  # the pool's Kafka cluster and object store, or no start (before Spark)
-            from iox_spark.server.pool_identity import establish_pool_identity
+            from iox_spark.server.pool.identity import establish_pool_identity
 
             establish_pool_identity(self.store, bootstrap, cfg.pool_member, cfg.object_store_url,
                                     cfg.replication_factor if cfg.kafka_bootstrap else 1, time.time())

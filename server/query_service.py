@@ -4,7 +4,7 @@ Invariant: an answer reflects every write its token names and, in an ingester po
 unpersisted rows of the tables it reads; an answer that may lack some is never returned as complete.
 A query first passes the read barrier (server/query/read_barrier.py: the replay caught up or
 `allow_partial`, the token visible), then, in a pool, gathers the other members' unpersisted rows
-(server/pool_admin.py), then runs (server/query/engine.py); a partition handed over while it ran
+(server/pool/membership.py), then runs (server/query/engine.py); a partition handed over while it ran
 answers OwnershipMoving (UNAVAILABLE: ask again), a token its cut does not cover
 WriteTokenNotVisible. An ingester answers no query.
 
@@ -93,7 +93,7 @@ class QueryService:
 
     def unpersisted_rows(self, database: str, tables: list, wait_applied: dict, deadline_s: float | None,
                          written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):
-        """The UnpersistedRows RPC (server/query/pool_rows.py): this pool member's answer."""
+        """The UnpersistedRows RPC (server/pool/rows.py): this pool member's answer."""
         if self._pool is None:
             raise NotAPoolMember(f"unpersisted rows of {database!r}")
         timeout_s = wait_budget_s(deadline_s, QUERY_WAIT_MAX_S)

@@ -3,7 +3,7 @@
 Invariant: a database counts as replaying until every Kafka partition of it applied what the
 write buffer held when the replay began (at start: server/consume/recovery.py `replay_until`,
 capped by a freeze record; after a pool claim: the claimed partitions' ends,
-server/pool_admin.py), a partition held at a poisoned message only up to the offset before
+server/pool/membership.py), a partition held at a poisoned message only up to the offset before
 it. While it replays, the lifecycle holds its persists and compactions, queries wait or answer
 partial (server/query/read_barrier.py), and status reports its progress.
 
@@ -105,7 +105,7 @@ class ReplayWatch:
 
     def extend(self, topic: str, targets: dict) -> None:
         """A pool claim: the claimed partitions replay up to `targets` ({kp: offset}) before they count
-        as caught up (server/pool_admin.py)."""
+        as caught up (server/pool/membership.py)."""
         if targets:
             with self._lock:
                 self._until.setdefault(topic, {}).update(targets)

@@ -114,7 +114,7 @@ def recover_databases(cfg: ServerConfig, spark, catalog: Catalog, store, write_b
     databases = sorted(set(list_catalog_databases(store)) | {database_of_topic(t) for t in topics})
     t_recover = time.time()
     # an ingester pool member's catalog (`Catalog.pool_member`) applies only the Kafka partitions
-    # claimed for it (server/pool_admin.py)
+    # claimed for it (server/pool/membership.py)
     rec = recover(spark, catalog, store, cfg.partitions, t_recover, rules.catalog_transactions_until_checkpoint,
                   databases, write_buffer, cfg.skip_lost_writes, parquet_cache, pool_member=cfg.pool_member,
                   acked=acked, tail_loss_grace_s=cfg.tail_loss_grace_s)

@@ -2,7 +2,7 @@
 
 For each pool size N (1, 2, 3) the scenario starts one broker of its own (`iox broker`, in
 memory), N `iox serve --pool-member` processes on it with one shared object-store directory, and
-an assigner (server/assigner.py, in this process) that spreads the database's 6 Kafka partitions
+an assigner (server/pool/assigner.py, in this process) that spreads the database's 6 Kafka partitions
 over them. Writers send the same fixed set of new points (`pool_points`, one table per Kafka
 partition, 5,000-point batches), unpaced, spread evenly over the N members (each member takes
 writes for every partition and routes them to Kafka; the partition's owner applies them). The
@@ -77,7 +77,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _one_size(ctx, n: int, batches: list, points: int, cores: list | None = None) -> dict:
     """`cores`: member k runs on core `cores[k]` only (None: members run on any core)."""
-    from iox_spark.server.assigner import Assigner
+    from iox_spark.server.pool.assigner import Assigner
 
     label = f"{n}" if cores is None else f"{n}_pinned"
     root = os.path.join(ctx.tmp, f"pool-{label}")

@@ -44,7 +44,7 @@ class ApiParts:
     `accept_poisoned(database, partition, offset)` (server/poison_admin.py),
     `accept_lost_writes(database)` (server/lost_writes_admin.py), `set_retention(database,
     period_s)` (server/retention_admin.py), `freeze(reason)` and `unfreeze()`
-    (server/freeze_admin.py), `claim_partitions(database, partitions)` (server/pool_admin.py) and
+    (server/freeze_admin.py), `claim_partitions(database, partitions)` (server/pool/membership.py) and
     `verify(database, table, max_differences, here_only)` (server/verify_admin.py)."""
 
     catalog: Catalog

@@ -40,7 +40,7 @@ from iox_spark.server.errors import NotServed, QueryTimedOut, ReplayNotCaughtUp,
 from iox_spark.server.api.api_parts import ApiParts
 from iox_spark.server.api.auth import PermissionDenied, current_scope
 from iox_spark.server.write.router import ArrowTableWrite
-from iox_spark.server.query.pool_rows import NOT_OWNER_METADATA, scans_of
+from iox_spark.server.pool.rows import NOT_OWNER_METADATA, scans_of
 from iox_spark.server.write_buffer.write_token import format_token, token_for
 
 __all__ = ["build_grpc_server", "SERVICE_NAMES"]
@@ -72,7 +72,7 @@ def _abort(context, err: Exception):
         err = DatabaseFenced(err.db, err.revision)
     if isinstance(err, PoisonedMessageNotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-    if isinstance(err, NotPartitionOwner):  # the asking pool member reads the owners again (pool_admin.py)
+    if isinstance(err, NotPartitionOwner):  # the asking pool member reads the owners again (server/pool/membership.py)
         context.set_trailing_metadata(((NOT_OWNER_METADATA, ",".join(map(str, err.partitions))),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
     if isinstance(err, (OwnerNotCaughtUp, ColumnAgreementUnavailable, OwnershipMoving, StreamRestartTimedOut)):

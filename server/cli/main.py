@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--interval-s", type=float, default=2.0, help="seconds between rounds")
     asg.add_argument("--unreachable-after-s", type=float, default=30.0,
                      help="an ingester that does not answer this long loses its partitions to the others")
-    from iox_spark.server.assigner_policy import DEFAULT_REBALANCE_INTERVAL_S
+    from iox_spark.server.pool.assigner_policy import DEFAULT_REBALANCE_INTERVAL_S
 
     asg.add_argument("--no-rebalance", dest="rebalance", action="store_false",
                      help="move partitions only to hand them off (frozen, removed or unreachable members), never "
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "assigners on it share a lease, one acts and the others stand by; without it, run "
                           "exactly one assigner")
     asg.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL of --object-store (MinIO, moto)")
-    from iox_spark.server.assigner_lease import DEFAULT_LEASE_S
+    from iox_spark.server.pool.assigner_lease import DEFAULT_LEASE_S
 
     asg.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S,
                      help="how long a renewal of the assigner lease holds it (renewed every round)")
@@ -745,8 +745,8 @@ def _assigner_status(addr: str, token: str | None) -> int:
 def _run_assigner(a) -> int:
     import signal
 
-    from iox_spark.server.assigner import Assigner, AssignerStateCorrupt, parse_pins
-    from iox_spark.server.assigner_status import AssignerStatusServer
+    from iox_spark.server.pool.assigner import Assigner, AssignerStateCorrupt, parse_pins
+    from iox_spark.server.pool.assigner_status import AssignerStatusServer
 
     pool = [x.strip() for x in a.ingesters.split(",") if x.strip()]
     try:
@@ -756,7 +756,7 @@ def _run_assigner(a) -> int:
             import socket
 
             from iox_spark.catalog.object_store import object_store_from_url
-            from iox_spark.server.assigner_lease import AssignerLease
+            from iox_spark.server.pool.assigner_lease import AssignerLease
 
             if not a.lease_s >= a.interval_s * 2:
                 raise ValueError(f"--lease-s {a.lease_s} must be at least twice --interval-s {a.interval_s}")
@@ -782,11 +782,11 @@ def _run_assigner(a) -> int:
             return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if lease is None:
-        logging.getLogger("iox_spark.server.assigner").warning("no --object-store: no lease, so run exactly one assigner")
+        logging.getLogger("iox_spark.server.pool.assigner").warning("no --object-store: no lease, so run exactly one assigner")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: assigner.stop())
     if status is not None:
-        logging.getLogger("iox_spark.server.assigner").info("status served on http://%s:%d/status", status_at[0], status.port)
+        logging.getLogger("iox_spark.server.pool.assigner").info("status served on http://%s:%d/status", status_at[0], status.port)
     try:
         assigner.run()
     finally:

@@ -169,7 +169,7 @@ class QueryEngine:
 
     def _run(self, database: str, sql: str, remote: tuple | None = None) -> QueryResult:
         """`remote`: in an ingester pool, ({table: OwnerRows}, {kp: applied offset at its owner}) of
-        the tables another member owns (server/query/pool_rows.py `gather`)."""
+        the tables another member owns (server/pool/rows.py `gather`)."""
         from iox_spark.chunk_store.chunk_data import chunk_source
 
         from iox_spark.server.runtime.spark import use_query_pool
@@ -304,7 +304,7 @@ class _TableRead:
     #: its chunks' rows when every one is local (chunk_store/local_rows.py), else None
     local: list | None = None
     #: in an ingester pool, for a table another member owns: its owner's unpersisted rows and
-    #: deletes (server/query/pool_rows.py OwnerRows), read next to the chunks like the tail's
+    #: deletes (server/pool/rows.py OwnerRows), read next to the chunks like the tail's
     remote: object = None
 
     @property

@@ -22,7 +22,7 @@ Timestamps are rendered as Spark renders them in the session time zone, UTC on e
 
 Pure: works on the parsed plan tree the SQL sandbox reads (server/query/sql_sandbox.py
 `plan_tree`); runs on the asking member's driver, before it gathers the owners' rows
-(server/pool_admin.py). The owner applies a scan with `owner_filter_sql`.
+(server/pool/membership.py). The owner applies a scan with `owner_filter_sql`.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ write-buffer epoch: `visible` is the applied watermark raised by the write buffe
 (server/query/tail.py; applied alone without a tail); persisted is the preserved catalog's database
 checkpoint of the current epoch (server/consume/watermarks.py). What the read barrier counts as
 visible adds, in an ingester pool, every partition another member owns: its owner waits for a
-token's offsets when asked for its rows (server/query/pool_rows.py).
+token's offsets when asked for its rows (server/pool/rows.py).
 
 Who calls it: the read barrier, the pool's answers, status and /metrics, from their threads
 (driver); it reads copies of the catalog's offsets and asks Kafka only for `watermarks`.

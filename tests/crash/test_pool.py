@@ -18,7 +18,7 @@ import pytest
 from iox_spark.catalog.errors import PartitionsNotOwned
 from iox_spark.catalog.preserved_catalog import RecordPartitionCheckpoint
 from iox_spark.catalog.sharding import partition_for
-from iox_spark.server.assigner import Assigner
+from iox_spark.server.pool.assigner import Assigner
 from tests.conftest import make_config, start_server
 from tests.crash.harness import ServerProcess
 from tests.waiting import wait_for

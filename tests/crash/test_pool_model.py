@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from iox_spark.catalog.crash_points import CrashPoint
-from iox_spark.server.assigner import Assigner
+from iox_spark.server.pool.assigner import Assigner
 from iox_spark.server.runtime.broker import free_port
 from tests.crash.harness import ServerProcess
 from tests.crash.model import (DRIVEN_POINTS, Request, answers, bursts, check_requests, deletes, describe,

@@ -28,17 +28,19 @@ LAYERS = [
     "iox_spark.server.metrics",
     "iox_spark.server.write_buffer",  # Kafka: producer, wire format, streaming source
     "iox_spark.server.runtime",       # processes: Spark, the embedded broker, JVM archive, priorities
-    "iox_spark.server.pool_identity",  # an ingester pool's Kafka cluster and object store, checked at a member's start
+    "iox_spark.server.pool",          # the ingester pool's package (its modules have layers of their own below)
+    "iox_spark.server.pool.identity",  # an ingester pool's Kafka cluster and object store, checked at a member's start
     "iox_spark.server.config",
     "iox_spark.server.deadlines",     # how long a wait for a request may last
     "iox_spark.server.consume",       # micro-batches into the catalog, recovery
     "iox_spark.server.write",         # line protocol, router, deletes
     "iox_spark.server.query",         # SQL over a database, the write buffer's tail
+    "iox_spark.server.pool.rows",     # an owner's unpersisted rows as another pool member asks for them
     "iox_spark.server.api",           # gRPC and HTTP surfaces, the client
-    "iox_spark.server.assigner_policy",  # the ingester pool's assignment decisions (pure)
-    "iox_spark.server.assigner_lease",  # one assigner at a time: its lease in the object store
-    "iox_spark.server.assigner",      # the assigner process (talks to the ingesters through the client)
-    "iox_spark.server.assigner_status",  # the assigner's status endpoint (HTTP)
+    "iox_spark.server.pool.assigner_policy",  # the ingester pool's assignment decisions (pure)
+    "iox_spark.server.pool.assigner_lease",  # one assigner at a time: its lease in the object store
+    "iox_spark.server.pool.assigner",  # the assigner process (talks to the ingesters through the client)
+    "iox_spark.server.pool.assigner_status",  # the assigner's status endpoint (HTTP)
     "iox_spark.server.replay_watch",  # how far each database's replay of its write buffer must reach
     "iox_spark.server.retention_admin",  # retention settings, their status and the scrape-time gauges
     "iox_spark.server.epoch_reset",  # what is forgotten of a database's old write-buffer epoch
@@ -46,7 +48,7 @@ LAYERS = [
     "iox_spark.server.freeze_admin",  # frozen mode of a running server
     "iox_spark.server.lost_writes_admin",  # losses of the write buffer found while running, and their acceptance
     "iox_spark.server.poison_admin",  # retrying and accepting poisoned messages
-    "iox_spark.server.pool_admin",    # ingester pool membership: claims, losses, the other members' files
+    "iox_spark.server.pool.membership",  # ingester pool membership: claims, losses, the other members' files
     "iox_spark.server.verify_admin",  # `iox verify`: which partitions a server checks, the pool's owners the rest
     "iox_spark.server.query_service",  # a user's SQL: the read barrier, the pool's rows, the engine
     "iox_spark.server.manual_actions",  # `iox persist` / `iox compact` on what was written before them

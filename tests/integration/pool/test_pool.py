@@ -167,7 +167,7 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp,
     """A member that joins a pool whose one member owns every partition gets half of them from the
     assigner, one at a time and no faster than the rebalancing interval; every acknowledged row is
     read exactly once through either member, before and after, and then nothing moves."""
-    from iox_spark.server.assigner import Assigner
+    from iox_spark.server.pool.assigner import Assigner
 
     own_broker = start_broker()  # a pool of its own: the module's broker belongs to another pool's object store
     db = f"pool_{uuid.uuid4().hex[:8]}"
@@ -371,7 +371,7 @@ def _two_assigners(db: str, ca, cb, addresses: list, s3_store: dict, root: str) 
 def _status_through_the_assigner(assigner, db: str, addresses: list, owned: dict) -> None:
     """`iox status --assigner`: the pool as the assigner's last round saw it, over its status
     endpoint (with its token): both members, what each owns, the two rebalancing moves."""
-    from iox_spark.server.assigner_status import AssignerStatusServer
+    from iox_spark.server.pool.assigner_status import AssignerStatusServer
 
     assigner.run_once()
     status = AssignerStatusServer(assigner, "127.0.0.1", 0, token="assigner-token").start()

@@ -1,4 +1,4 @@
-"""An ingester pool's identity against a real broker (server/pool_identity.py): a member started on
+"""An ingester pool's identity against a real broker (server/pool/identity.py): a member started on
 another Kafka cluster (its own embedded broker) or with another object store is refused at once."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from iox_spark.catalog.object_store import object_store_from_url
-from iox_spark.server.pool_identity import PoolIdentityMismatch, establish_pool_identity, read_anchor
+from iox_spark.server.pool.identity import PoolIdentityMismatch, establish_pool_identity, read_anchor
 from tests.crash.harness import ServerProcess, stop_embedded_broker
 
 

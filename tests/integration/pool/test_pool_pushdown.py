@@ -8,7 +8,7 @@ import pytest
 
 from iox_spark.catalog.schema import SEQ_COLUMN, TIME_NS_COLUMN, Column, TableSchema
 from iox_spark.chunk_store.views import ChunkSource, table_view_sql
-from iox_spark.server.query.pool_rows import scanned
+from iox_spark.server.pool.rows import scanned
 from iox_spark.server.query.pushdown import TableScan, owner_columns, scans
 from iox_spark.server.query.sql_sandbox import check_query
 from tests.timestamps import S, T0

@@ -8,7 +8,7 @@ from iox_spark.server.errors import RoleRefuses
 
 
 def test_a_querier_claims_no_partition():
-    from iox_spark.server.pool_admin import claims_of
+    from iox_spark.server.pool.membership import claims_of
 
     # before the pool is asked anything (none is given)
     with pytest.raises(RoleRefuses, match="role is querier: it does not claim partitions") as info:
@@ -18,7 +18,7 @@ def test_a_querier_claims_no_partition():
 
 def test_a_server_outside_a_pool_claims_no_partition():
     from iox_spark.server.errors import NotAPoolMember
-    from iox_spark.server.pool_admin import claims_of
+    from iox_spark.server.pool.membership import claims_of
 
     with pytest.raises(NotAPoolMember):
         claims_of(None, "all")("db", [0])

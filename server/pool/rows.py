@@ -1,7 +1,7 @@
 """Scatter-gather in an ingester pool: the owners' unpersisted rows, for a query through any member.
 
 Invariant: a query through a pool member reads a table it does not own as the files every member
-persisted (registered from the pool catalog, server/pool_admin.py) plus the rows the table's
+persisted (registered from the pool catalog, server/pool/membership.py) plus the rows the table's
 owner holds and has not persisted, with the owner's deletes applied to both. The owner reads its
 unpersisted chunks first and the catalog revision after (`owner_rows`): whatever a persist moved
 out of those chunks is committed by that revision, and the asking member reads the catalog up to

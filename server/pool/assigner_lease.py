@@ -11,7 +11,7 @@ newest one expired `TAKEOVER_GRACE_S` ago (or holds nothing). A holder whose own
 (a long pause) takes a new term like any standby, never renews the old one. Old terms are
 deleted by the holder that follows them.
 
-Where it runs: the assigner process (server/assigner.py), `hold` before each round and before
+Where it runs: the assigner process (server/pool/assigner.py), `hold` before each round and before
 each claim. Reads and writes the object store; the clock is passed in.
 """
 from __future__ import annotations

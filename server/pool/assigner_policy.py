@@ -25,7 +25,7 @@ Invariants (the IPNI assigner service, on our write buffer; pure: state in, deci
   move lowers the busiest load or the count spread, so with steady rates no unit moves back and
   forth.
 
-Who calls it: the assigner process (server/assigner.py), once per round. Plain values; no clock
+Who calls it: the assigner process (server/pool/assigner.py), once per round. Plain values; no clock
 (``now`` is passed), no I/O.
 """
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""One assigner at a time (server/assigner_lease.py) against a real local object store, the clock
+"""One assigner at a time (server/pool/assigner_lease.py) against a real local object store, the clock
 passed in; and an Assigner standing by, then taking over from what the ingesters own."""
 from __future__ import annotations
 
 import pytest
 
 from iox_spark.catalog.object_store import LocalObjectStore
-from iox_spark.server.assigner import Assigner
-from iox_spark.server.assigner_lease import LEASE_PREFIX, RENEW_MARGIN_S, TAKEOVER_GRACE_S, AssignerLease
-from iox_spark.server.assigner_policy import IngesterView
+from iox_spark.server.pool.assigner import Assigner
+from iox_spark.server.pool.assigner_lease import LEASE_PREFIX, RENEW_MARGIN_S, TAKEOVER_GRACE_S, AssignerLease
+from iox_spark.server.pool.assigner_policy import IngesterView
 
 T = 1_700_000_000.0
 L = 10.0

@@ -326,10 +326,10 @@ class PoolControl:
         self._taken[database] = (state.files, frozenset(state.delete_predicates), dict(state.table_schemas))
         return True
 
-    # -- scatter-gather (server/query/pool_rows.py) --------------------------------------------
+    # -- scatter-gather (server/pool/rows.py) --------------------------------------------
     def answer_rows(self, database: str, tables: list, wait_applied: dict, timeout_s: float,
                     written_before: dict | None = None, scans: dict | None = None, max_bytes: int = 0):
-        """This member's UnpersistedRows answer (server/query/pool_rows.py), per table its unpersisted
+        """This member's UnpersistedRows answer (server/pool/rows.py), per table its unpersisted
         rows, its deletes and the catalog revision they go with; one message without a table when
         none is asked. Only the rows and fields of `scans` ({table: TableScan}, a table without
         one: all), none older than the database's retention; QueryResultTooLarge past `max_bytes`
@@ -345,7 +345,7 @@ class PoolControl:
         from iox_spark.server.errors import DatabaseNotFound, OwnerNotCaughtUp, WriteTokenNotVisible
         from iox_spark.catalog.retention import reader_lo_ns
 
-        from iox_spark.server.query.pool_rows import deletes_to_json, owner_rows, rows_message_parts
+        from iox_spark.server.pool.rows import deletes_to_json, owner_rows, rows_message_parts
 
         try:
             db = self._catalog.database(database)
@@ -414,10 +414,10 @@ class PoolControl:
         there are none. Each owner answers once it applied what was written before the query. An
         owner that no longer owns a partition says so: the owners are read again from the pool
         catalog and asked again until `timeout_s` passed. Reads the catalog up to the revision the
-        owners' answers go with first (server/query/pool_rows.py). Raises PoolMemberUnavailable,
+        owners' answers go with first (server/pool/rows.py). Raises PoolMemberUnavailable,
         OwnerNotCaughtUp, OwnershipMoving."""
         from iox_spark.server.errors import OwnershipMoving
-        from iox_spark.server.query.pool_rows import OwnerMoved
+        from iox_spark.server.pool.rows import OwnerMoved
 
         db = self._catalog.peek_database(database)
         if db is None or db.owned_partitions is None or self._lifecycle is None:
@@ -517,7 +517,7 @@ class PoolControl:
         import grpc
 
         from iox_spark.server.errors import PoolMemberUnavailable, QueryResultTooLarge, WriteTokenNotVisible
-        from iox_spark.server.query.pool_rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
+        from iox_spark.server.pool.rows import NOT_OWNER_METADATA, OwnerMoved, gather, reads_of
 
         database, n = db.name, db.kafka_partitions
         owned = db.owned()  # in a pool: those claimed

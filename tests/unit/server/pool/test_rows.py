@@ -1,9 +1,9 @@
-"""server/query/pool_rows.py: an owner's answer is cut into messages by bytes, not rows, and reads back whole."""
+"""server/pool/rows.py: an owner's answer is cut into messages by bytes, not rows, and reads back whole."""
 from __future__ import annotations
 
 import pyarrow as pa
 
-from iox_spark.server.query.pool_rows import rows_message_parts
+from iox_spark.server.pool.rows import rows_message_parts
 
 
 def _read(parts: list) -> pa.Table:

@@ -1,4 +1,4 @@
-"""server/pool_admin.py's answer to another member (UnpersistedRows): it refuses partitions it does
+"""server/pool/membership.py's answer to another member (UnpersistedRows): it refuses partitions it does
 not own, and answers only once it applied what was written before the query, as far as a
 partition is not held. A real Catalog; the server's other parts are stand-ins that record calls (no
 Spark: the member holds no unpersisted chunk)."""
@@ -12,7 +12,7 @@ from iox_spark.catalog.catalog import FROZEN, NOT_OWNED, Catalog
 from iox_spark.catalog.ownership import PartitionOwner
 from iox_spark.catalog.sharding import partition_for
 from iox_spark.server.errors import NotPartitionOwner, OwnerNotCaughtUp, OwnershipMoving, WriteTokenNotVisible
-from iox_spark.server.pool_admin import PoolControl
+from iox_spark.server.pool.membership import PoolControl
 from iox_spark.server.replay_watch import ReplayWatch
 
 #: a table on Kafka partition 0 and one on 1 of a topic with 2 partitions
@@ -94,7 +94,7 @@ def _asker(owned, applied, ends, acked=None):
 
 
 def test_a_query_asks_again_after_not_the_owner_and_is_unavailable_past_its_deadline(monkeypatch):
-    from iox_spark.server.query.pool_rows import OwnerMoved
+    from iox_spark.server.pool.rows import OwnerMoved
 
     pool, _db, _waits, pc = _asker({0}, {0: 4}, ends={0: 5, 1: 9}, acked={1: 10})
     rounds = []
@@ -149,7 +149,7 @@ def test_a_kafka_that_cannot_be_asked_leaves_this_members_acks_and_is_not_asked_
 
 def test_a_loopback_address_is_refused_while_a_member_runs_on_another_host():
     from iox_spark.server.errors import PoolAddressUnreachable
-    from iox_spark.server.pool_admin import check_reachable
+    from iox_spark.server.pool.membership import check_reachable
 
     others = [{"member": "b", "address": "10.0.0.2:50051", "host": "node-b"}]
     with pytest.raises(PoolAddressUnreachable) as e:
@@ -218,7 +218,7 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
     from iox_spark.catalog.chunk import Chunk
     from iox_spark.catalog.object_store import parquet_key
     from iox_spark.catalog.preserved_catalog import AddParquet
-    from iox_spark.server import pool_admin
+    from iox_spark.server.pool import membership as pool_admin
 
     tables = [T0, T1]  # Kafka partitions 0 and 1
     keys = ["2024-01-01", "2024-01-02"]

@@ -1,4 +1,4 @@
-"""The pool's identity (server/pool_identity.py): the decision table, and `establish_pool_identity`
+"""The pool's identity (server/pool/identity.py): the decision table, and `establish_pool_identity`
 against a real local object store with Kafka's side as a list of anchor messages."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from iox_spark.catalog.errors import ObjectNotFound
 from iox_spark.catalog.object_store import LocalObjectStore
-from iox_spark.server.pool_identity import (IDENTITY_KEY, PoolIdentityMismatch, PoolIdentityUnavailable,
+from iox_spark.server.pool.identity import (IDENTITY_KEY, PoolIdentityMismatch, PoolIdentityUnavailable,
                                   establish_pool_identity, judge)
 
 

@@ -1,4 +1,4 @@
-"""server/assigner_status.py: a real assigner's status over real HTTP. Its members here do not
+"""server/pool/assigner_status.py: a real assigner's status over real HTTP. Its members here do not
 answer (nothing listens at their addresses): the status says so, with each member's error; the
 token guards every route but /health; /metrics counts what the rounds saw."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from iox_spark.server.assigner import Assigner
-from iox_spark.server.assigner_status import AssignerStatusServer
+from iox_spark.server.pool.assigner import Assigner
+from iox_spark.server.pool.assigner_status import AssignerStatusServer
 from iox_spark.server.runtime.broker import free_port
 
 

@@ -13,7 +13,7 @@ most partitions to one with two fewer (a member joined), else from the member ap
 messages per second to the one applying the fewest (rates measured from the applied offsets the
 members report, round after round).
 
-With `--object-store`, assigners of one pool share a lease (server/assigner_lease.py): one acts,
+With `--object-store`, assigners of one pool share a lease (server/pool/assigner_lease.py): one acts,
 the others stand by (they poll, decide nothing) and one of them takes over once the active
 one's lease lapses, starting from what the ingesters report owning.
 
@@ -41,7 +41,7 @@ import grpc
 from iox_spark.iox import management_pb2
 
 from iox_spark.server.api.client import IoxClient
-from iox_spark.server.assigner_policy import (DEFAULT_REBALANCE_INTERVAL_S, DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView,
+from iox_spark.server.pool.assigner_policy import (DEFAULT_REBALANCE_INTERVAL_S, DEFAULT_UNREACHABLE_AFTER_S, Decision, IngesterView,
                                     RebalanceRules, decide_assignments)
 from iox_spark.server.errors import ServerError
 
@@ -132,7 +132,7 @@ class Assigner:
                  interval_s: float = DEFAULT_INTERVAL_S,
                  unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_S, lease=None, rebalance: bool = True,
                  rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_S):
-        """`lease`: the pool's AssignerLease (server/assigner_lease.py), or None: this assigner acts
+        """`lease`: the pool's AssignerLease (server/pool/assigner_lease.py), or None: this assigner acts
         alone (only one may run). `rebalance`: spread the load between handoffs (module docstring),
         at most one move every `rebalance_interval_s`."""
         if not ingesters or len(set(ingesters)) != len(ingesters):
@@ -249,7 +249,7 @@ class Assigner:
 
     def status(self, now: float | None = None) -> dict:
         """The pool as this assigner saw it in its last round (`iox status --assigner`; the status
-        endpoint, server/assigner_status.py): {"role": "active" | "standby" | "alone", "rounds",
+        endpoint, server/pool/assigner_status.py): {"role": "active" | "standby" | "alone", "rounds",
         "rebalance", "members": [{"address", "member", "reachable", "last_seen_s_ago", "frozen",
         "databases": [{"name", "partitions": [{"partition", "epoch", "applied_hi_inclusive",
         "high_watermark", "lag_messages", "lag_bytes"}]}]} (a member that did not answer: its

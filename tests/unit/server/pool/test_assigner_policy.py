@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iox_spark.server.assigner_policy import Claim, IngesterView, RebalanceRules, decide_assignments
+from iox_spark.server.pool.assigner_policy import Claim, IngesterView, RebalanceRules, decide_assignments
 
 NOW = 1000.0
 
