@@ -85,20 +85,34 @@ def test_the_rss_bound_is_never_below_the_exact_figure() -> None:
         child.wait()
 
 
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(b'\\x01') * (64 << 20); "
+                          "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "ready"
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
 def test_process_tree_rss_counts_children() -> None:
+    """A process whose child holds 64 MiB (every page touched): its tree counts the child's pages,
+    the process alone does not. Measured on a tree of its own, not the test process's (whose other
+    children, a Spark JVM or a broker, grow and shrink meanwhile)."""
     import subprocess
     import sys
 
-    alone = process_tree_rss_bytes()
-    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(30)"])
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True)
     try:
-        from tests.waiting import wait_for
-
-        wait_for(lambda: process_tree_rss_bytes() > alone + (48 << 20), timeout_s=20, what="the child's RSS counted")
-        assert process_tree_rss_bytes(child.pid) >= 48 << 20
+        child_pid = int(parent.stdout.readline())
+        child = process_tree_rss_bytes(child_pid)
+        assert child >= 64 << 20
+        tree = process_tree_rss_bytes(parent.pid)
+        assert tree >= child + (1 << 20)  # the child, and the parent's own pages
+        assert process_tree_rss_bytes(parent.pid, exact=False) >= tree - (1 << 20)  # RSS sums bound it
     finally:
-        child.kill()
-        child.wait()
+        parent.kill()
+        parent.wait()
 
 
 _FORKED = """
