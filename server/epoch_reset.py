@@ -10,6 +10,17 @@ When it runs: `forget`, from `LostWritesControl` while no micro-batch runs. Driv
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from iox_spark.catalog.catalog import Database
+    from iox_spark.server.consume.ingest import Ingestor
+    from iox_spark.server.consume.watermarks import MessageSizes
+    from iox_spark.server.query.tail import WriteBufferTail
+    from iox_spark.server.replay_watch import ReplayWatch
+    from iox_spark.server.write_buffer.kafka_ends import KafkaEnds
+    from iox_spark.server.write_buffer.producer import WriteBuffer
+
 __all__ = ["EpochReset"]
 
 
@@ -18,7 +29,8 @@ class EpochReset:
     `message_sizes` (MessageSizes), the `write_buffer` (WriteBuffer) and the `tail` (WriteBufferTail,
     or None when off)."""
 
-    def __init__(self, ingestor, replay, kafka_ends, message_sizes, write_buffer, tail):
+    def __init__(self, ingestor: Ingestor, replay: ReplayWatch, kafka_ends: KafkaEnds, message_sizes: MessageSizes,
+                 write_buffer: WriteBuffer, tail: WriteBufferTail | None):
         self._ingestor = ingestor
         self._replay = replay
         self._kafka_ends = kafka_ends
@@ -26,7 +38,7 @@ class EpochReset:
         self._write_buffer = write_buffer
         self._tail = tail
 
-    def forget(self, db) -> None:
+    def forget(self, db: Database) -> None:
         """Forgets what is kept of `db`'s old epoch (see the module docstring)."""
         self._ingestor.forget_topic(db.topic)
         self._ingestor.poison_changed(db)

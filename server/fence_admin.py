@@ -16,9 +16,15 @@ lifecycle's thread, once per database. Driver only.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import FENCED, Catalog
 from iox_spark.server.errors import DatabaseFenced
+
+if TYPE_CHECKING:
+    from iox_spark.catalog.errors import RevisionConflict
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.consume.ingest import Ingestor
 
 __all__ = ["FenceControl"]
 
@@ -30,7 +36,7 @@ class FenceControl:
     record of which databases are fenced); the `ingestor` (Ingestor: `poison_changed`, so the
     streaming source's holds file follows a new hold)."""
 
-    def __init__(self, catalog: Catalog, lifecycle, ingestor):
+    def __init__(self, catalog: Catalog, lifecycle: LifecycleWorker, ingestor: Ingestor):
         self._catalog = catalog
         self._lifecycle = lifecycle
         self._ingestor = ingestor
@@ -42,7 +48,7 @@ class FenceControl:
         if revision is not None:
             raise DatabaseFenced(database, revision)
 
-    def on_fenced(self, err) -> None:
+    def on_fenced(self, err: RevisionConflict) -> None:
         """The lifecycle's `on_fenced`: `err` (a catalog RevisionConflict) names the database and the
         other server's revision. Holds every Kafka partition of the database past what is applied."""
         log.error("database %s: another server committed revision %d of its preserved catalog; its writes and "

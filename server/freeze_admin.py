@@ -17,12 +17,33 @@ import os
 import shutil
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.iox import management_pb2
 
 from iox_spark.server.runtime.memory_guard import process_tree_rss_bytes
 from iox_spark.server.write_buffer.freeze import (ADMIN_REASON, FREEZE_FILE_NAME, FreezeRecord, UsageWatch, read_record,
                                         remove_record, write_record)
+
+if TYPE_CHECKING:
+    from typing import Callable, Protocol
+
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.server.consume.consumer import WriteBufferConsumer
+
+    class _ResidentBytes(Protocol):
+        """`rss(exact=...)`: bytes of the process tree (`process_tree_rss_bytes`' contract)."""
+
+        def __call__(self, exact: bool = True) -> int: ...
+
+    class _DiskUsage(Protocol):
+        """What `shutil.disk_usage` answers, as far as `usage` reads it."""
+
+        @property
+        def used(self) -> int: ...
+
+        @property
+        def total(self) -> int: ...
 
 __all__ = ["FreezeControl", "host_memory_bytes"]
 
@@ -43,8 +64,8 @@ class FreezeControl:
     keeps the freeze record; `at_percent` of memory or disk freezes by itself (0: never);
     `rss(exact=...)` and `disk_usage()` measure them."""
 
-    def __init__(self, catalog, data_dir: str, at_percent: float, memory_limit_bytes: int,
-                 rss=None, disk_usage=None):
+    def __init__(self, catalog: Catalog, data_dir: str, at_percent: float, memory_limit_bytes: int,
+                 rss: _ResidentBytes | None = None, disk_usage: Callable[[], _DiskUsage] | None = None):
         self._catalog = catalog
         #: the write-buffer stream (WriteBufferConsumer), from `start` on
         self._consumer = None
@@ -82,7 +103,7 @@ class FreezeControl:
         if self.record is not None:
             self._catalog.freeze(self.record.offsets)
 
-    def start(self, consumer) -> None:
+    def start(self, consumer: WriteBufferConsumer) -> None:
         """Once the write-buffer stream runs (`consumer`, WriteBufferConsumer): freezes and unfreezes
         restart it while no micro-batch runs; the usage watch starts (with `at_percent`)."""
         self._consumer = consumer

@@ -20,12 +20,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import Catalog, Database, LostWriteRange
 from iox_spark.iox import management_pb2
 from iox_spark.server.errors import (DatabaseNotFound, NotReadyToAccept, NothingToAccept, TopicReplaced, WriteBufferTruncated,
                            WriteBufferUnavailable, WritesLost)
 from iox_spark.server.write_buffer.tail_loss import TailWatch
+
+if TYPE_CHECKING:
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.consume.consumer import WriteBufferConsumer
+    from iox_spark.server.metrics import ServerMetrics
+    from iox_spark.server.write_buffer.ack_log import AckLog
+    from iox_spark.server.write_buffer.producer import WriteBuffer
 
 __all__ = ["LostWritesControl", "TAIL_CHECK_INTERVAL_S", "lost_status"]
 
@@ -65,10 +73,11 @@ class LostWritesControl:
     `confirm` records each acknowledged request, so a later start knows what was acknowledged.
     """
 
-    def __init__(self, catalog: Catalog, write_buffer, lifecycle, consumer, metrics, partitions: int,
+    def __init__(self, catalog: Catalog, write_buffer: WriteBuffer, lifecycle: LifecycleWorker,
+                 consumer: WriteBufferConsumer, metrics: ServerMetrics, partitions: int,
                  tail_loss_grace_s: float, stopped: threading.Event, replaying: Callable[[Database], bool],
                  refuse_when_fenced: Callable[[str], None], forget_epoch: Callable[[Database], None],
-                 ack_log):
+                 ack_log: AckLog):
         self._catalog = catalog
         self._ack_log = ack_log
         self._write_buffer = write_buffer

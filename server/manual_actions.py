@@ -12,12 +12,20 @@ handler threads (driver); the persist and compaction run in that thread (lifecyc
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import DatabaseNotFoundError, below_holds
 from iox_spark.catalog.sharding import partition_for, topic_for
 from iox_spark.iox import management_pb2
 from iox_spark.server.deadlines import wait_budget_s
 from iox_spark.server.errors import CatchUpTimedOut, DatabaseNotFound, WriteBufferUnavailable
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.write_buffer.producer import WriteBuffer
 
 __all__ = ["ManualActions", "CATCH_UP_TIMEOUT_S"]
 
@@ -31,7 +39,9 @@ class ManualActions:
     database, target, timeout_s)`: the ingestor's wait; `lifecycle`: the lifecycle worker;
     `partitions`: Kafka partitions per database topic."""
 
-    def __init__(self, catalog, write_buffer, wait_applied, lifecycle, partitions: int):
+    def __init__(self, catalog: Catalog, write_buffer: WriteBuffer,
+                 wait_applied: Callable[[str, dict, float], dict | None], lifecycle: LifecycleWorker,
+                 partitions: int):
         self._catalog = catalog
         self._write_buffer = write_buffer
         self._wait_applied = wait_applied

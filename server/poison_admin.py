@@ -14,10 +14,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import Catalog
 from iox_spark.iox import management_pb2
 from iox_spark.server.errors import DatabaseNotFound, InvalidArgument, PoisonedMessageNotFound
+
+if TYPE_CHECKING:
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.consume.consumer import WriteBufferConsumer
+    from iox_spark.server.consume.ingest import Ingestor
 
 __all__ = ["PoisonControl", "poisoned_status"]
 
@@ -40,7 +46,8 @@ class PoisonControl:
     streaming source's holds file follows a change); `refuse_when_fenced(name)`: raises when
     another server owns the database (its record could not be committed)."""
 
-    def __init__(self, catalog: Catalog, consumer, lifecycle, ingestor, refuse_when_fenced: Callable[[str], None]):
+    def __init__(self, catalog: Catalog, consumer: WriteBufferConsumer, lifecycle: LifecycleWorker, ingestor: Ingestor,
+                 refuse_when_fenced: Callable[[str], None]):
         self._catalog = catalog
         self._consumer = consumer
         self._lifecycle = lifecycle

@@ -14,10 +14,17 @@ Who calls it: the gRPC Query service, Flight, Flight SQL and InfluxQL (server/ap
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.server.deadlines import wait_budget_s
 from iox_spark.server.errors import DatabaseNotFound, NotAPoolMember, OwnershipMoving, RoleRefuses, WriteTokenNotVisible
 from iox_spark.server.query.read_barrier import covered
+
+if TYPE_CHECKING:
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.server.pool.membership import PoolControl
+    from iox_spark.server.query.engine import QueryEngine
+    from iox_spark.server.query.read_barrier import ReadBarrier
 
 __all__ = ["QueryService", "QUERY_WAIT_MAX_S"]
 
@@ -30,7 +37,8 @@ class QueryService:
     """`role`: the server's role (an `ingester` answers no query); `catalog`: the in-memory catalog;
     `read_barrier`: ReadBarrier; `engine`: QueryEngine; `pool`: PoolControl, None outside a pool."""
 
-    def __init__(self, role: str, catalog, read_barrier, engine, pool):
+    def __init__(self, role: str, catalog: Catalog, read_barrier: ReadBarrier, engine: QueryEngine,
+                 pool: PoolControl | None):
         self._role = role
         self._catalog = catalog
         self._read_barrier = read_barrier

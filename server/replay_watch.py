@@ -16,10 +16,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import below_holds
 from iox_spark.server.consume.recovery import replay_progress
 from iox_spark.server.query.read_barrier import ReplayState
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from iox_spark.catalog.catalog import Catalog, Database
 
 __all__ = ["ReplayWatch", "REPLAY_LOG_INTERVAL_S"]
 
@@ -35,7 +41,8 @@ class ReplayWatch:
     `on_caught_up()`: called once, when the last database caught up (the ingestor's replay row
     filters go then)."""
 
-    def __init__(self, catalog, until: dict, replay_from: dict, on_caught_up=lambda: None):
+    def __init__(self, catalog: Catalog, until: dict, replay_from: dict,
+                 on_caught_up: Callable[[], None] = lambda: None):
         self._catalog = catalog
         self._lock = threading.Lock()
         self._until = {t: dict(p) for t, p in until.items() if p}
@@ -53,7 +60,7 @@ class ReplayWatch:
         with self._lock:
             return dict(self._until.get(topic, {}))
 
-    def replaying(self, db) -> bool:
+    def replaying(self, db: Database) -> bool:
         """True until every Kafka partition of `db` caught up with its target. The lifecycle holds
         `db`'s persists and compactions until then; a database that replays long (a poisoned
         message held, a large backlog) holds no other database's."""
@@ -82,7 +89,7 @@ class ReplayWatch:
         log.info("replay caught up")
         return False
 
-    def state(self, db) -> ReplayState:
+    def state(self, db: Database) -> ReplayState:
         """The replay of `db` (server/query/read_barrier.py): replaying until its Kafka partitions
         applied their targets (a partition held at a poisoned message: up to it). No side effect."""
         until = self.targets(db.topic)
@@ -95,7 +102,7 @@ class ReplayWatch:
         done, todo = self.progress(db)
         return ReplayState(True, until, done, todo)
 
-    def progress(self, db) -> tuple[int, int]:
+    def progress(self, db: Database) -> tuple[int, int]:
         """(offsets done, offsets to do) of the replay of `db` at start; (0, 0) when it replayed nothing."""
         with self._lock:
             plan = self._plan.get(db.topic)

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.retention import MAX_RETENTION_S, format_duration_s, reader_lo_ns
 from iox_spark.catalog.sharding import topic_for
 from iox_spark.iox import management_pb2
 from iox_spark.server.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.consume.ingest import Ingestor
 
 __all__ = ["RetentionControl", "fill_retention_status", "operation_gauges"]
 
@@ -32,7 +40,8 @@ class RetentionControl:
     `partitions`: Kafka partitions of a new database's topic; `refuse_when_fenced(name)`: raises
     DatabaseFenced when another server owns the database."""
 
-    def __init__(self, catalog, lifecycle, ingestor, partitions: int, refuse_when_fenced):
+    def __init__(self, catalog: Catalog, lifecycle: LifecycleWorker, ingestor: Ingestor, partitions: int,
+                 refuse_when_fenced: Callable[[str], None]):
         self._catalog = catalog
         self._lifecycle = lifecycle
         self._ingestor = ingestor

@@ -13,6 +13,7 @@ Who calls it: the management gRPC service (server/api/grpc_services.py) through 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import DatabaseNotFoundError
 from iox_spark.iox import management_pb2
@@ -20,6 +21,16 @@ from iox_spark.server.errors import DatabaseNotFound
 from iox_spark.server.lost_writes_admin import lost_status
 from iox_spark.server.poison_admin import poisoned_status
 from iox_spark.server.retention_admin import fill_retention_status
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from iox_spark.catalog.catalog import Catalog, Database
+    from iox_spark.catalog.object_store import ObjectStore
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.consume.watermarks import PartitionWatermarks
+    from iox_spark.server.freeze_admin import FreezeControl
+    from iox_spark.server.replay_watch import ReplayWatch
 
 __all__ = ["StatusDocument"]
 
@@ -30,7 +41,9 @@ class StatusDocument:
     PartitionWatermarks of a database (asks Kafka); `store`: the object store (the pool's member
     records); `pool_member`: this member's name, None outside a pool."""
 
-    def __init__(self, catalog, lifecycle, freeze, replay, watermarks, store, pool_member: str | None):
+    def __init__(self, catalog: Catalog, lifecycle: LifecycleWorker, freeze: FreezeControl, replay: ReplayWatch,
+                 watermarks: Callable[[Database], list[PartitionWatermarks]], store: ObjectStore,
+                 pool_member: str | None):
         self._catalog = catalog
         self._lifecycle = lifecycle
         self._freeze = freeze

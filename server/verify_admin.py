@@ -13,6 +13,8 @@ because the whole table is compared, and they run even on a member whose role is
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from iox_spark.catalog.catalog import DatabaseNotFoundError
 from iox_spark.catalog.sharding import partition_for, topic_for
 from iox_spark.chunk_store.views import quote
@@ -20,6 +22,17 @@ from iox_spark.server.errors import DatabaseNotFound, PoolMemberUnavailable
 from iox_spark.server.query.engine import QueryEngine
 from iox_spark.server.query.verify import (DEFAULT_MAX_DIFFERENCES, PartitionReport, VerifyReport, merge_reports,
                                  report_from_proto, verify_partition)
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from pyspark.sql import SparkSession
+
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.server.pool.membership import PoolControl
+    from iox_spark.server.query.read_barrier import ReadBarrier
+    from iox_spark.server.query.tail import WriteBufferTail
+    from iox_spark.server.write_buffer.producer import WriteBuffer
 
 __all__ = ["VerifyControl"]
 
@@ -30,7 +43,9 @@ _REPLAY_WAIT_S = 300.0
 class VerifyControl:
     """The Verify RPC of one server. `pool`: the server's PoolControl, or None outside a pool."""
 
-    def __init__(self, spark, catalog, tail, table_view_sql_of, read_barrier, write_buffer, pool=None):
+    def __init__(self, spark: SparkSession, catalog: Catalog, tail: WriteBufferTail | None,
+                 table_view_sql_of: Callable[[str, str], str | None], read_barrier: ReadBarrier,
+                 write_buffer: WriteBuffer, pool: PoolControl | None = None):
         self.catalog = catalog
         self.read_barrier = read_barrier
         self.write_buffer = write_buffer

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import below_holds
 from iox_spark.catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
@@ -36,6 +37,21 @@ from iox_spark.iox import management_pb2
 
 from iox_spark.server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
 from iox_spark.server.errors import InvalidArgument, StreamRestartTimedOut
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from iox_spark.catalog.catalog import Catalog, Database
+    from iox_spark.catalog.object_store import ObjectStore
+    from iox_spark.catalog.preserved_catalog import CatalogState
+    from iox_spark.chunk_store.parquet_cache import ParquetCache
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.consume.consumer import WriteBufferConsumer
+    from iox_spark.server.consume.ingest import Ingestor
+    from iox_spark.server.query.engine import QueryEngine
+    from iox_spark.server.query.visibility import Visibility
+    from iox_spark.server.replay_watch import ReplayWatch
+    from iox_spark.server.write_buffer.producer import WriteBuffer
 
 __all__ = ["PoolControl", "check_reachable", "claims_of", "column_agreement"]
 
@@ -115,8 +131,10 @@ class PoolControl:
     (what a query reads) and `visibility` (what this member shows); the topics' `partitions`; the
     `auth_token` this member asks the others with."""
 
-    def __init__(self, member: str, *, catalog, write_buffer, lifecycle, consumer, ingestor, replay, spark, store,
-                 parquet_cache, query_engine, visibility, partitions: int, auth_token: str | None):
+    def __init__(self, member: str, *, catalog: Catalog, write_buffer: WriteBuffer, lifecycle: LifecycleWorker,
+                 consumer: WriteBufferConsumer, ingestor: Ingestor, replay: ReplayWatch, spark: SparkSession,
+                 store: ObjectStore, parquet_cache: ParquetCache | None, query_engine: QueryEngine,
+                 visibility: Visibility, partitions: int, auth_token: str | None):
         self.member = member
         self._catalog, self._write_buffer, self._lifecycle = catalog, write_buffer, lifecycle
         self._consumer, self._ingestor, self._replay = consumer, ingestor, replay
@@ -271,7 +289,7 @@ class PoolControl:
             self._ingestor.refresh_table_view(db, table)
 
     # -- the other members' files ----------------------------------------------------------
-    def take_state(self, database: str, state) -> None:
+    def take_state(self, database: str, state: CatalogState) -> None:
         """Registers the files and delete predicates of `state` (a pool catalog's newest) of the
         tables this server does not own, and drops the chunks of their files `state` removed."""
         with self._state_lock:
@@ -465,7 +483,7 @@ class PoolControl:
         db = self._catalog.ensure_database(database, topic, self._partitions)
         db.adopt_topic_id(topic_id)
 
-    def written_before(self, db, partitions: set) -> dict:
+    def written_before(self, db: Database, partitions: set) -> dict:
         """{kp: offset} of `partitions` written before now: the highest this member got acknowledged
         and Kafka's end (another member's acknowledged writes; a Kafka that cannot be asked within
         _ENDS_TIMEOUT_S leaves this member's own, for _ENDS_RETRY_AFTER_S). Kafka's end is its
@@ -624,7 +642,7 @@ class PoolControl:
                 c.close()
             self._clients.clear()
 
-    def status(self, db) -> list:
+    def status(self, db: Database) -> list:
         """[(kp, owner, epoch)] of `db`'s pool catalog as this server last read it (empty outside one)."""
         pc = self._lifecycle.preserved.get(db.name) if self._lifecycle else None
         if pc is None:

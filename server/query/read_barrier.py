@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from iox_spark.server.errors import (DatabaseNotFound, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherDatabase,
                            WriteTokenOfOtherIncarnation)
 from iox_spark.server.write_buffer.write_token import InvalidWriteToken, WriteToken, parse_token
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from iox_spark.catalog.catalog import Catalog, Database
 
 __all__ = ["ReadBarrier", "Passage", "ReplayState", "covered", "WAIT_SLICE_S"]
 
@@ -64,13 +70,14 @@ class ReadBarrier:
     database applied `target` ({kp: offset}) or the timeout passed (the ingestor's); `visible(db)`:
     {kp: visible_hi_inclusive} now; `replay_state(db)`: its ReplayState now."""
 
-    def __init__(self, catalog, wait_applied, visible, replay_state):
+    def __init__(self, catalog: Catalog, wait_applied: Callable[[str, dict, float], dict | None],
+                 visible: Callable[[Database], dict], replay_state: Callable[[Database], ReplayState]):
         self.catalog = catalog
         self._wait_applied = wait_applied
         self._visible = visible
         self._replay_state = replay_state
 
-    def check_token(self, db, token: WriteToken) -> None:
+    def check_token(self, db: Database, token: WriteToken) -> None:
         """Raises when `token` is not of `db`'s topic, epoch and topic incarnation."""
         if token.topic != db.topic:
             raise WriteTokenOfOtherDatabase(db.name, db.topic, token.topic)

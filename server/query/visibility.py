@@ -12,7 +12,18 @@ Who calls it: the read barrier, the pool's answers, status and /metrics, from th
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from iox_spark.server.consume.watermarks import partition_watermarks, persisted_hi_inclusive
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from iox_spark.catalog.catalog import Catalog, Database
+    from iox_spark.catalog.preserved_catalog import RecordDatabaseCheckpoint
+    from iox_spark.server.consume.watermarks import MessageSizes
+    from iox_spark.server.query.tail import WriteBufferTail
+    from iox_spark.server.write_buffer.kafka_ends import KafkaEnds
 
 __all__ = ["Visibility", "OWNER_WAITS"]
 
@@ -26,20 +37,22 @@ class Visibility:
     `database_checkpoint(name)`: the preserved catalog's database checkpoint of a database, None
     before its first one."""
 
-    def __init__(self, catalog, tail, kafka_ends, message_sizes, database_checkpoint):
+    def __init__(self, catalog: Catalog, tail: WriteBufferTail | None, kafka_ends: KafkaEnds,
+                 message_sizes: MessageSizes,
+                 database_checkpoint: Callable[[str], RecordDatabaseCheckpoint | None]):
         self._catalog = catalog
         self._tail = tail
         self._kafka_ends = kafka_ends
         self._message_sizes = message_sizes
         self._database_checkpoint = database_checkpoint
 
-    def visible(self, db) -> dict:
+    def visible(self, db: Database) -> dict:
         """{kp: visible_hi_inclusive} of `db` now (applied, plus the write buffer's tail)."""
         if self._tail is not None:
             return self._tail.visible(db)
         return db.applied_offsets()
 
-    def for_barrier(self, db) -> dict:
+    def for_barrier(self, db: Database) -> dict:
         """What the read barrier counts as visible: `visible`, and in an ingester pool every partition
         another member owns."""
         vis = self.visible(db)
@@ -48,7 +61,7 @@ class Visibility:
             vis = {**vis, **{kp: OWNER_WAITS for kp in range(db.kafka_partitions) if kp not in owned}}
         return vis
 
-    def watermarks(self, db) -> list:
+    def watermarks(self, db: Database) -> list:
         """The PartitionWatermarks of `db` (server/consume/watermarks.py); Kafka's ends are read through
         `KafkaEnds` (unknown when Kafka cannot be asked)."""
         ends = self._kafka_ends.ends(db)

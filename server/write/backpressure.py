@@ -11,7 +11,15 @@ When it runs: `refusal` in request threads, first thing of every write (the rout
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from iox_spark.server.errors import ServerError, WriteBufferOverloaded
+
+if TYPE_CHECKING:
+    from iox_spark.catalog.catalog import Catalog
+    from iox_spark.lifecycle.rules import LifecycleRules
+    from iox_spark.lifecycle.worker import LifecycleWorker
+    from iox_spark.server.runtime.memory_guard import MemoryGuard
 
 __all__ = ["WriteBackpressure"]
 
@@ -21,7 +29,8 @@ class WriteBackpressure:
     `backpressure_engaged`), the `catalog` (its buffer's bytes) and the lifecycle `rules` (the hard
     limit, the back-off a refused writer is told)."""
 
-    def __init__(self, memory_guard, lifecycle, catalog, rules):
+    def __init__(self, memory_guard: MemoryGuard, lifecycle: LifecycleWorker, catalog: Catalog,
+                 rules: LifecycleRules):
         self._memory_guard = memory_guard
         self._lifecycle = lifecycle
         self._catalog = catalog
