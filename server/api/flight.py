@@ -167,9 +167,11 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
             self._abort(context, e)
         yield from self._stream(res, context)
 
-    def _influxql(self, q: TicketQuery, context) -> pa.Table:
-        """InfluxQL's answer as InfluxDB 3 gives it (server/api/influxql_answer.py `v3_table`)."""
-        from iox_spark.server.api.influxql_answer import AnswerContext, run, v3_table
+    def _influxql(self, q: TicketQuery, context):
+        """InfluxQL's answer as InfluxDB 3 gives it (server/api/influxql_answer.py `V3Answer`): the first
+        statement's table, streamed by `_stream` (which closes it). The statement runs up to its first
+        series here: its error until then is INVALID_ARGUMENT; a later one ends the stream."""
+        from iox_spark.server.api.influxql_answer import AnswerContext, V3Answer, run
         from iox_spark.server.query.influxql import InfluxQLSyntaxError
 
         try:
@@ -177,9 +179,15 @@ class FlightService(flight_pb2_grpc.FlightServiceServicer):
                           q.params)
         except InfluxQLSyntaxError as e:
             raise InvalidArgument(str(e)) from None
-        if results[0].error is not None:
-            raise InvalidArgument(results[0].error)
-        return v3_table(results[0])
+        try:
+            first = next(results)
+        except BaseException:
+            results.close()
+            raise
+        if first.error is not None:
+            results.close()
+            raise InvalidArgument(first.error)
+        return V3Answer(first)
 
     def _command(self, descriptor):
         if descriptor.type != flight_pb2.FlightDescriptor.CMD:

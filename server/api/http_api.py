@@ -475,8 +475,11 @@ class _Handler(BaseHTTPRequestHandler):
         parameters in a form body) answered in 1.x's JSON; InfluxDB 3's `/api/v3/query_influxql`
         (as query_sql: `db`, `q`, `format`; a JSON body by POST) answered as a table. Needs the `query`
         permission on `db` (and on each database a statement names); SHOW DATABASES lists the
-        token's databases (server/api/influxql_answer.py)."""
-        from iox_spark.server.api.influxql_answer import AnswerContext, EPOCHS, run, v1_chunks, v1_document, v3_table
+        token's databases (server/api/influxql_answer.py). The answer streams: the first statement
+        runs up to its first series before the status is sent (what fails until then maps to a
+        status, or to the statement's error in 1.x), the rest as the answer is written; an error
+        after that cuts the answer off (`_send_chunked`)."""
+        from iox_spark.server.api.influxql_answer import AnswerContext, EPOCHS, V3Answer, run, v1_chunks, v1_pieces
         from iox_spark.server.query.influxql import InfluxQLSyntaxError
 
         v1 = self._route() == V1_QUERY_PATH
@@ -539,21 +542,36 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 - a status the user can act on
             self._send_error(e)
             return
-        if v1:
-            chunked = (qs.get("chunked") or [""])[0].lower() == "true"
-            if chunked:
-                raw = (qs.get("chunk_size") or ["10000"])[0]
-                size = int(raw) if raw.isdigit() and int(raw) > 0 else 10000
-                self._send_chunked([], "application/json", v1_chunks(results, epoch, size))
-            else:
-                self._send(200, v1_document(results, epoch), content_type="application/json")
-            return
-        first = results[0]
-        if first.error is not None:
-            self._send(400, {"error": first.error})
-            return
-        table = v3_table(first)
-        self._send_chunked([], FORMATS[fmt], encoded_rows(fmt, table.schema, table.to_batches()))
+        try:
+            try:
+                first = next(results)
+            except Exception as e:  # noqa: BLE001 - a status the user can act on
+                self._send_error(e)
+                return
+            if v1:
+                chunked = (qs.get("chunked") or [""])[0].lower() == "true"
+                answer = itertools.chain([first], results)
+                if chunked:
+                    raw = (qs.get("chunk_size") or ["10000"])[0]
+                    size = int(raw) if raw.isdigit() and int(raw) > 0 else 10000
+                    pieces = v1_chunks(answer, epoch, size)
+                else:
+                    pieces = v1_pieces(answer, epoch)
+                try:
+                    self._send_chunked([], "application/json", pieces)
+                finally:
+                    pieces.close()
+                return
+            if first.error is not None:
+                self._send(400, {"error": first.error})
+                return
+            table = V3Answer(first)
+            try:
+                self._send_chunked([], FORMATS[fmt], encoded_rows(fmt, table.schema, table.batches()))
+            finally:
+                table.close()
+        finally:
+            results.close()
 
     def _send_chunked(self, headers: list, content_type: str, pieces) -> None:
         """A 200 answer whose body is `pieces` (bytes), sent as they come in HTTP/1.1 chunks. An error

@@ -10,6 +10,16 @@ Invariants:
   the time range, transformations (derivative, non_negative_derivative, difference,
   non_negative_difference, moving_average, cumulative_sum) over the aggregated or raw values,
   ORDER BY time DESC, OFFSET/LIMIT; then SOFFSET/SLIMIT over the series.
+- Series come in InfluxDB's order: by measurement name, then by their tags (the values in the
+  order of the tag names), the rows of a series by time. A SELECT's answer streams (`stream`):
+  each measurement's query is ordered by its series key (its group-by tags in tag-name order, then
+  the time), so a series is complete when the key changes, and is read batch by batch; at most one
+  series of a statement is held as Python objects (two or more only while measurements of one
+  name, a table and a subquery of it, are merged), plus the batch being read. The
+  measurements' queries are all planned (`run_sql`: the read barrier, the cut, Spark's analysis)
+  before a statement's first series is made, then read one after another; a statement's first
+  series is made before the statement is answered, so what fails until then is the statement's
+  `error`; what fails later ends the stream (the caller cuts its answer off).
 - Aggregates are InfluxDB's: mean, median, count, sum, min, max, first, last, spread, stddev
   (sample), percentile (nearest rank), mode-free. A lone selector (first, last, min, max) without
   GROUP BY time answers the time of its point; any other aggregate the start of its bucket or of
@@ -32,17 +42,23 @@ tickets of query_type influxql) on handler threads (driver).
 from __future__ import annotations
 
 import datetime
+import heapq
+import itertools
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from iox_spark.server.query.influxql_parse import (TIME, Binary, BoolLit, Call, DurationLit, Ident, InfluxQLSyntaxError,
                                          Now, NumberLit, RegexLit, Select, Show, StringLit, Wildcard, parse)
 from iox_spark.server.errors import ServerError
 from iox_spark.server.query.params import sql_literal
 
-__all__ = ["Series", "StatementResult", "InfluxQLError", "execute", "parse_time_ns", "FIELD_TYPES",
-           "InfluxQLSyntaxError", "parse"]
+__all__ = ["Series", "SeriesShape", "StatementResult", "InfluxQLError", "execute", "stream", "parse_time_ns",
+           "FIELD_TYPES", "InfluxQLSyntaxError", "parse"]
 
 #: InfluxDB 1.x's names of the field types (SHOW FIELD KEYS)
 FIELD_TYPES = {"float": "float", "integer": "integer", "uinteger": "unsigned", "string": "string",
@@ -67,11 +83,28 @@ class Series:
 
 
 @dataclass
+class SeriesShape:
+    """What the series of one measurement of a SELECT may hold, known before any of its rows is
+    read: `name`, its group-by `tags` (names), its `columns` (names, after `time`) and, per column,
+    `kinds`: the Python types its values may have (a frozenset of "bool", "int", "float", "str";
+    empty when it holds nulls only), from the query's Arrow types, fill() and the transformations."""
+
+    name: str
+    tags: list
+    columns: list
+    kinds: list
+
+
+@dataclass
 class StatementResult:
     statement_id: int
-    series: list = field(default_factory=list)
+    #: a list (`execute`, SHOW, a SELECT without series) or a SELECT's series streamed (`stream`): an
+    #: iterator read once, `close()` stops it
+    series: Iterable = field(default_factory=list)
     error: str | None = None
     tz: str | None = None  # a SELECT's tz(): how its times are written
+    #: a SELECT's SeriesShape per measurement, in the order of its series (None: SHOW, or an error)
+    shapes: list | None = None
 
 
 def parse_time_ns(text: str) -> int:
@@ -465,16 +498,104 @@ def _window_sql(call: Call, v: str, w: str) -> str:
     return f"CASE WHEN {d} >= 0 THEN {d} END" if n.startswith("non_negative") else d
 
 
-def _select(st: Select, database: str, run_sql, tables: dict, now_ns: int) -> list[Series]:
+def _select(st: Select, run_sql, tables: dict, now_ns: int) -> tuple[list, Iterator[Series]]:
+    """(SeriesShape per measurement, the statement's series as a generator). Every measurement is
+    planned and its query opened here (errors raise before any series); the generator reads the
+    queries one after another and closes them all when it ends or is closed."""
+    # measurements in name order; those of one name (a table and a subquery of it) in FROM's order
+    sources = sorted(_sources(st, tables, now_ns), key=lambda src: src[0])
+    plans = [(measurement, _plan(st, from_sql, columns, now_ns)) for measurement, from_sql, columns in sources]
+    opened: list = []
+    try:
+        for _measurement, p in plans:
+            opened.append(run_sql(_ordered_sql(p)))
+        shapes = [SeriesShape(m, list(p.group_tags), [c.name for c in p.cols], _kinds(st, p, r.schema))
+                  for (m, p), r in zip(plans, opened)]
+    except BaseException:
+        for r in opened:
+            _close(r)
+        raise
+    return shapes, _series_stream(st, plans, opened, now_ns)
+
+
+def _series_stream(st: Select, plans: list, opened: list, now_ns: int) -> Iterator[Series]:
+    """The series of `plans` (sorted by measurement name), each read from its opened query, after
+    SOFFSET and up to SLIMIT; measurements of one name merged in tag order (FROM's order on a tie)."""
+    readers: list = []
+
+    def in_order():
+        for _name, members in itertools.groupby(zip(plans, opened), key=lambda pr: pr[0][0]):
+            streams = [_select_one(st, m, p, r, now_ns) for (m, p), r in members]
+            readers.extend(streams)
+            if len(streams) == 1:
+                yield from streams[0]
+            else:
+                yield from heapq.merge(*streams, key=lambda s: sorted((s.tags or {}).items()))
+
+    try:
+        yield from itertools.islice(in_order(), st.soffset, st.soffset + st.slimit if st.slimit else None)
+    finally:
+        for g in readers:
+            g.close()
+        for r in opened:
+            _close(r)
+
+
+def _close(obj) -> None:
+    """Closes a query's result or a generator (nothing for a pa.Table)."""
+    close = getattr(obj, "close", None)
+    if close is not None:
+        close()
+
+
+def _table_of(got) -> pa.Table:
+    """The whole table of what `run_sql` answered (a pa.Table, or a QueryResult read through)."""
+    return got if isinstance(got, pa.Table) else got.table
+
+
+def _ordered_sql(p: _Plan) -> str:
+    """`p`'s query with its rows in series order: its group-by tags in tag-name order, then the time
+    (Spark orders strings by their UTF-8 bytes: Python's order of str)."""
+    keys = [f"__g{i}" for i in sorted(range(len(p.group_tags)), key=lambda i: p.group_tags[i])] + ["__t"]
+    names = ["__t"] + [f"__g{i}" for i in range(len(p.group_tags))] + [f"__c{i}" for i in range(len(p.cols))] + \
+        (["__n"] if p.aggregate else [])
+    return f"SELECT {', '.join(names)} FROM ({p.sql}) ORDER BY {', '.join(keys)}"
+
+
+def _type_kinds(t: pa.DataType) -> set:
+    """The Python types of a column's values (as `_value` of server/api/influxql_answer.py leaves
+    them): decimals become floats, anything that is not a JSON scalar text."""
+    if pa.types.is_null(t):
+        return set()
+    if pa.types.is_boolean(t):
+        return {"bool"}
+    if pa.types.is_integer(t):
+        return {"int"}
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return {"float"}
+    return {"str"}
+
+
+def _kinds(st: Select, p: _Plan, schema: pa.Schema) -> list:
+    """Per column of `p`, the kinds of its values (SeriesShape): its query's Arrow type, then what
+    fill() adds (a number: its own; linear: floats between numbers), then what a transformation
+    makes of them (a rate or an average: floats; a difference or a sum: the numbers' own)."""
     out = []
-    for measurement, from_sql, columns in _sources(st, tables, now_ns):
-        out += _select_one(st, measurement, from_sql, run_sql, columns, now_ns)
-    series = sorted(out, key=lambda s: (s.name, sorted((s.tags or {}).items())))
-    if st.soffset:
-        series = series[st.soffset:]
-    if st.slimit:
-        series = series[:st.slimit]
-    return series
+    for i, c in enumerate(p.cols):
+        k = schema.get_field_index(f"__c{i}")
+        kinds = _type_kinds(schema.field(k).type) if k >= 0 else set()
+        if p.aggregate and p.interval is not None:
+            if st.fill == "linear" and kinds & {"bool", "int", "float"}:
+                kinds.add("float")
+            elif not isinstance(st.fill, str):
+                kinds.add("float" if isinstance(st.fill, float) else "int")
+        if c.transform is not None:
+            if c.transform.name in ("derivative", "non_negative_derivative", "moving_average"):
+                kinds = {"float"} if kinds else set()
+            else:
+                kinds = {"int" if x == "bool" else x for x in kinds}
+        out.append(frozenset(kinds))
+    return out
 
 
 @dataclass
@@ -560,54 +681,114 @@ def _plan(st: Select, from_sql: str, columns: list, now_ns: int) -> _Plan:
     return _Plan(sql, cols, group_tags, aggregate, interval, offset, tz_offset, lo, hi, field_cols)
 
 
-def _select_one(st: Select, measurement: str, from_sql: str, run_sql, columns: list, now_ns: int) -> list[Series]:
-    p = _plan(st, from_sql, columns, now_ns)
-    sql, cols, group_tags, aggregate, interval = p.sql, p.cols, p.group_tags, p.aggregate, p.interval
-    offset, tz_offset, lo, hi, field_cols = p.offset, p.tz_offset, p.lo, p.hi, p.field_cols
-    table = run_sql(sql)
-    data = table.to_pydict()
-    n = table.num_rows
-    groups: dict = {}
-    for r in range(n):
-        if aggregate and data["__n"][r] == 0:
-            continue
-        key = tuple(data[f"__g{i}"][r] for i in range(len(group_tags)))
-        vals = [data[f"__c{i}"][r] for i in range(len(cols))]
-        if not aggregate and field_cols and all(vals[i] is None for i in field_cols):
-            continue  # a point without any of the selected fields
-        groups.setdefault(key, []).append((data["__t"][r], vals))
+def _select_one(st: Select, measurement: str, p: _Plan, result, now_ns: int) -> Iterator[Series]:
+    """The series of one measurement, in tag order, each made once its last row was read (the
+    query's rows come in series order, `_ordered_sql`); `result`: what `run_sql` answered."""
+    batches = iter(result.to_batches()) if isinstance(result, pa.Table) else result.batches()
+    order = sorted(range(len(p.group_tags)), key=lambda i: p.group_tags[i])
+    key = rank = None
+    points: list = []
+    try:
+        for b in batches:
+            values = _values_of(b, p)
+            for k, start, end in _runs(b, len(p.group_tags)):
+                if k != key:
+                    k_rank = tuple(k[i] for i in order)
+                    if rank is not None and k_rank <= rank:  # never a series split in two
+                        raise RuntimeError(f"the rows of {measurement!r} did not come in series order")
+                    if key is not None:
+                        done = _series_of(st, measurement, p, key, points, now_ns)
+                        points = []
+                        if done is not None:
+                            yield done
+                            done = None
+                    key, rank = k, k_rank
+                points += _points(values, start, end, p)
+            values = None
+        if key is not None:
+            done = _series_of(st, measurement, p, key, points, now_ns)
+            points = []
+            if done is not None:
+                yield done
+    finally:
+        _close(batches)
+
+
+def _runs(b: pa.RecordBatch, ngroups: int):
+    """(key, start, end) of each run of rows of `b` with one group-by key (its `__g` values)."""
+    n = b.num_rows
+    if n == 0:
+        return
+    if not ngroups:
+        yield (), 0, n
+        return
+    cols = [b.column(f"__g{i}") for i in range(ngroups)]
+    starts = [0]
+    if n > 1:
+        changed = None
+        for c in cols:
+            d = pc.not_equal(c.slice(1), c.slice(0, n - 1))
+            changed = d if changed is None else pc.or_(changed, d)
+        starts += [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
+    for start, end in zip(starts, starts[1:] + [n]):
+        yield tuple(c[start].as_py() for c in cols), start, end
+
+
+def _values_of(b: pa.RecordBatch, p: _Plan) -> tuple:
+    """(times, [values per column], row counts or None) of batch `b`, as Python lists."""
+    return (b.column("__t").to_pylist(), [b.column(f"__c{i}").to_pylist() for i in range(len(p.cols))],
+            b.column("__n").to_pylist() if p.aggregate else None)
+
+
+def _points(values: tuple, start: int, end: int, p: _Plan) -> list:
+    """[(time, [values])] of rows `start` to `end` of a batch (`_values_of`), of one series: an
+    aggregate's buckets without rows and raw points without any of the selected fields left out."""
+    ts, cs, ns = values
     out = []
-    for key in sorted(groups):
-        points = sorted(groups[key], key=lambda p: p[0])
-        if aggregate and interval is not None:
-            first = points[0][0]
-            start = first if lo is None else lo - (lo - (offset - tz_offset) % interval) % interval
-            # without a lower bound the buckets are those from the first with data to the last (or
-            # the upper bound); with one and no upper bound, up to now, as InfluxDB does
-            end = hi if hi is not None else (now_ns if lo is not None else points[-1][0])
-            if lo is None:
-                start = first
-            buckets = list(range(start, max(end, points[-1][0]) + 1, interval)) if st.fill != "none" else \
-                [t for t, _v in points]
-            if len(buckets) > 1_000_000:
-                raise InfluxQLError(f"GROUP BY time({interval}ns) over this time range makes {len(buckets)} buckets: "
-                                    f"give a narrower time range, a larger interval or fill(none)")
-            rows = _filled({t: v for t, v in points}, buckets, len(cols), st.fill)
-        else:
-            rows = [[t] + v for t, v in points]
-        if any(c.transform is not None for c in cols):
-            rows = _apply_transforms(rows, cols)
-        if st.order_desc:
-            rows.reverse()
-        if st.offset:
-            rows = rows[st.offset:]
-        if st.limit:
-            rows = rows[:st.limit]
-        if not rows:
+    for r in range(start, end):
+        if ns is not None and ns[r] == 0:
             continue
-        tags = dict(zip(group_tags, key)) if group_tags else None
-        out.append(Series(measurement, [TIME] + [c.name for c in cols], rows, tags))
+        vals = [c[r] for c in cs]
+        if ns is None and p.field_cols and all(vals[i] is None for i in p.field_cols):
+            continue  # a point without any of the selected fields
+        out.append((ts[r], vals))
     return out
+
+
+def _series_of(st: Select, measurement: str, p: _Plan, key: tuple, points: list, now_ns: int) -> Series | None:
+    """The series of one group-by key from its points (None when nothing of it is left)."""
+    if not points:
+        return None
+    cols, interval, offset, tz_offset, lo, hi = p.cols, p.interval, p.offset, p.tz_offset, p.lo, p.hi
+    points.sort(key=lambda pt: pt[0])  # in time order already (a stable sort: ties keep the query's order)
+    if p.aggregate and interval is not None:
+        first = points[0][0]
+        start = first if lo is None else lo - (lo - (offset - tz_offset) % interval) % interval
+        # without a lower bound the buckets are those from the first with data to the last (or
+        # the upper bound); with one and no upper bound, up to now, as InfluxDB does
+        end = hi if hi is not None else (now_ns if lo is not None else points[-1][0])
+        if lo is None:
+            start = first
+        buckets = list(range(start, max(end, points[-1][0]) + 1, interval)) if st.fill != "none" else \
+            [t for t, _v in points]
+        if len(buckets) > 1_000_000:
+            raise InfluxQLError(f"GROUP BY time({interval}ns) over this time range makes {len(buckets)} buckets: "
+                                f"give a narrower time range, a larger interval or fill(none)")
+        rows = _filled({t: v for t, v in points}, buckets, len(cols), st.fill)
+    else:
+        rows = [[t] + v for t, v in points]
+    if any(c.transform is not None for c in cols):
+        rows = _apply_transforms(rows, cols)
+    if st.order_desc:
+        rows.reverse()
+    if st.offset:
+        rows = rows[st.offset:]
+    if st.limit:
+        rows = rows[:st.limit]
+    if not rows:
+        return None
+    tags = dict(zip(p.group_tags, key)) if p.group_tags else None
+    return Series(measurement, [TIME] + [c.name for c in cols], rows, tags)
 
 
 def _apply_transforms(rows: list, cols: list) -> list:
@@ -670,8 +851,8 @@ def _show(st: Show, database: str, run_sql, tables: dict, databases) -> list[Ser
             tr = _Translator(schema, 0)
             where = f" AND ({tr.cond(st.condition)})" if st.condition is not None else ""
             for k in keys:
-                got = run_sql(f"SELECT DISTINCT {_q(k)} AS v FROM {_q(t)} WHERE {_q(k)} IS NOT NULL AND "
-                              f"{_q(k)} != ''{where}")
+                got = _table_of(run_sql(f"SELECT DISTINCT {_q(k)} AS v FROM {_q(t)} WHERE {_q(k)} IS NOT NULL AND "
+                                        f"{_q(k)} != ''{where}"))
                 rows += [[k, v] for v in sorted(got.column("v").to_pylist())]
             out.append(Series(t, ["key", "value"], rows))
         if st.offset or st.limit:
@@ -694,37 +875,124 @@ def _keys(st: Show, tags: list) -> list:
 
 def _any_row(table: str, cond, run_sql, columns: list) -> bool:
     schema = _Schema([c for c, role, _t in columns if role == "tag"], {c: t for c, role, t in columns if role == "field"})
-    return run_sql(f"SELECT 1 AS x FROM {_q(table)} WHERE {_Translator(schema, 0).cond(cond)} LIMIT 1").num_rows > 0
+    sql = f"SELECT 1 AS x FROM {_q(table)} WHERE {_Translator(schema, 0).cond(cond)} LIMIT 1"
+    return _table_of(run_sql(sql)).num_rows > 0
 
 
 def execute(text: str, database: str, run_sql, tables, databases, now_ns: int,
             params: dict | None = None) -> list[StatementResult]:
-    """The results of the statements of `text` (InfluxQLSyntaxError when any does not parse: nothing
-    runs). `run_sql(database, sql) -> pa.Table` runs a query through the query path; `tables(database)
-    -> {table: [(column, role, type)]}`; `databases() -> [names]` (those the caller may list). A
-    statement that fails has its `error` (InfluxQLError, or the query path's error: `str(e)`), the
-    others still run. A database is needed for every statement but SHOW DATABASES (InfluxQLError).
-    `params`: the values of `$name` placeholders (`parse`)."""
-    statements = parse(text, params)
+    """The results of the statements of `text`, each read whole (its `series` a list), as `stream`
+    answers them; an error while a statement's series are read is that statement's `error`."""
     out = []
-    for i, st in enumerate(statements):
-        res = StatementResult(i, tz=st.tz if isinstance(st, Select) else None)
+    for res in stream(text, database, run_sql, tables, databases, now_ns, params):
         try:
-            db = (st.on if isinstance(st, Show) and st.on else database)
-            if not db and not (isinstance(st, Show) and st.what == "databases"):
-                raise InfluxQLError("database name required")
-            known = tables(db) if db and not (isinstance(st, Show) and st.what in ("databases",)) else {}
-
-            def run(sql, _db=db):
-                return run_sql(_db, sql)
-
-            if isinstance(st, Select):
-                res.series = _select(st, db, run, known, now_ns)
-            else:
-                res.series = _show(st, db, run, known, databases)
-        except (InfluxQLError, ServerError) as e:  # the query path's errors too: this statement's only
-            res.error = str(e)
-        except (TypeError, ArithmeticError) as e:  # a function of values it cannot take (a rate of strings)
-            res.error = f"cannot compute this statement over the values it reads: {e}"
+            res.series = list(res.series)
+        except Exception as e:  # noqa: BLE001 - as `stream` takes a statement's errors, or raised
+            res.series, res.shapes = [], None
+            res.error = _statement_error(e)
         out.append(res)
     return out
+
+
+def stream(text: str, database: str, run_sql, tables, databases, now_ns: int,
+           params: dict | None = None) -> Iterator[StatementResult]:
+    """The results of the statements of `text`, one by one, each statement run when the next
+    result is asked for (the previous SELECT's series, read or not, are closed then; `close()`
+    closes the last). InfluxQLSyntaxError at once when any statement does not parse (nothing runs).
+
+    `run_sql(database, sql)` runs a query through the query path: a pa.Table, or a QueryResult
+    (`schema`, `batches()` read once, `table`, `close()`); `tables(database) -> {table: [(column,
+    role, type)]}`; `databases() -> [names]` (those the caller may list). A statement that fails
+    before its first series is made has its `error` (InfluxQLError, or the query path's error:
+    `str(e)`), the others still run; a SELECT's `series` then stream (the first made already), and
+    an error while they are read raises from them. A database is needed for every statement but
+    SHOW DATABASES (InfluxQLError). `params`: the values of `$name` placeholders (`parse`)."""
+    statements = parse(text, params)
+    return _Statements(statements, lambda i, st: _statement(i, st, database, run_sql, tables, databases, now_ns))
+
+
+def _statement_error(e: Exception) -> str:
+    """A statement's `error` of what failed while it ran; anything else is raised again."""
+    if isinstance(e, (InfluxQLError, ServerError)):  # the query path's errors too: this statement's only
+        return str(e)
+    if isinstance(e, (TypeError, ArithmeticError)):  # a function of values it cannot take (a rate of strings)
+        return f"cannot compute this statement over the values it reads: {e}"
+    raise e
+
+
+class _Streamed:
+    """A SELECT's series read once: the first (made before the statement was answered), then the
+    rest; `close()` stops its queries."""
+
+    def __init__(self, first: Series, rest: Iterator[Series]):
+        self._first, self._rest = first, rest
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Series:
+        if self._first is not None:
+            s, self._first = self._first, None
+            return s
+        return next(self._rest)
+
+    def close(self) -> None:
+        self._first = None
+        self._rest.close()
+
+
+class _Statements:
+    """The statements' results, one by one (`stream`): the series of the one answered last are
+    closed when the next one is asked for, or by `close()`; a SELECT's series dropped unread close
+    their queries as they are collected (their generators' `finally`)."""
+
+    def __init__(self, statements: list, run_one):
+        self._todo = iter(enumerate(statements))
+        self._run_one = run_one
+        self._series = None  # the generator of the SELECT answered last
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> StatementResult:
+        self._close_series()
+        i, st = next(self._todo)
+        res, self._series = self._run_one(i, st)
+        return res
+
+    def _close_series(self) -> None:
+        series, self._series = self._series, None
+        if series is not None:
+            series.close()
+
+    def close(self) -> None:
+        self._close_series()
+        self._todo = iter(())
+
+
+def _statement(i: int, st, database: str, run_sql, tables, databases, now_ns: int):
+    """(the StatementResult of statement `i`, the generator of its series or None): a SELECT up to
+    its first series; what fails until then is its `error`."""
+    res = StatementResult(i, tz=st.tz if isinstance(st, Select) else None)
+    series = None
+    try:
+        db = (st.on if isinstance(st, Show) and st.on else database)
+        if not db and not (isinstance(st, Show) and st.what == "databases"):
+            raise InfluxQLError("database name required")
+        known = tables(db) if db and not (isinstance(st, Show) and st.what in ("databases",)) else {}
+
+        def run(sql, _db=db):
+            return run_sql(_db, sql)
+
+        if isinstance(st, Select):
+            shapes, series = _select(st, run, known, now_ns)
+            first = next(series, None)
+            res.series, res.shapes = ([] if first is None else _Streamed(first, series)), shapes
+        else:
+            res.series = _show(st, db, run, known, databases)
+    except Exception as e:  # noqa: BLE001 - a statement's errors are its own; anything else raises
+        if series is not None:
+            series.close()
+            series = None
+        res.error = _statement_error(e)
+    return res, series

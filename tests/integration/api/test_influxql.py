@@ -2,7 +2,9 @@
 epoch, chunked), influxdb3-python over Flight (query_type influxql) and `/api/v3/query_influxql`:
 exact series for the queries Grafana's InfluxQL editor writes (GROUP BY time and tags, fill, time
 filters as `$timeFilter` expands them), selectors, transformations, SHOW statements, and errors in
-1.x's shape."""
+1.x's shape; whole answers byte for byte as they stream (series of several measurements in
+InfluxDB's order, fill, ORDER BY time DESC with LIMIT per series, SLIMIT/SOFFSET, chunks, InfluxDB
+3's table)."""
 from __future__ import annotations
 
 import http.client
@@ -254,3 +256,87 @@ def test_tz_aligns_days_and_writes_times_in_the_zone(v1):
     rs = v1.query("SELECT count(usage) FROM cpu WHERE time >= '2023-11-13T00:00:00Z' AND time < '2023-11-16T00:00:00Z' "
                   "GROUP BY time(1d) fill(none)")
     assert _series(rs)[0]["values"] == [["2023-11-14T00:00:00Z", 9]]
+
+
+def _get(port: int, path: str) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def test_whole_1x_answers_byte_for_byte_series_in_measurement_then_tag_order(iox_server, data):
+    port, t = iox_server.http.port, T0 // S
+    # FROM lists mem first: the series come by measurement name, then by tag value ('' first)
+    q = "SELECT count(usage), count(free) FROM mem, cpu GROUP BY host; SELECT usage FROM cpu WHERE host = 'none'"
+    status, headers, body = _get(port, f"/query?db={data}&epoch=s&q={quote(q)}")
+    assert (status, headers["transfer-encoding"], headers["content-type"]) == (200, "chunked", "application/json")
+    columns = ["time", "count", "count_1"]
+    assert body == json.dumps({"results": [{"statement_id": 0, "series": [
+        {"name": "cpu", "tags": {"host": ""}, "columns": columns, "values": [[0, 1, 0]]},
+        {"name": "cpu", "tags": {"host": "a"}, "columns": columns, "values": [[0, 6, 0]]},
+        {"name": "cpu", "tags": {"host": "b"}, "columns": columns, "values": [[0, 2, 0]]},
+        {"name": "mem", "tags": {"host": "a"}, "columns": columns, "values": [[0, 0, 1]]}]},
+        {"statement_id": 1}]}).encode()
+    # GROUP BY time with fill, then ORDER BY time DESC and LIMIT in each series
+    q = (f"SELECT max(usage) FROM cpu WHERE time >= {T0} AND time < {T0 + 40 * S} GROUP BY time(10s), host fill(0) "
+         f"ORDER BY time DESC LIMIT 3")
+    series = [{"name": "cpu", "tags": {"host": h}, "columns": ["time", "max"], "values": values} for h, values in (
+        ("", [[t + 30, 0], [t + 20, 0], [t + 10, 0]]), ("a", [[t + 30, 4.0], [t + 20, 3.0], [t + 10, 2.0]]),
+        ("b", [[t + 30, 40.0], [t + 20, 0], [t + 10, 0]]))]
+    body = _get(port, f"/query?db={data}&epoch=s&q={quote(q)}")[2]
+    assert body == json.dumps({"results": [{"statement_id": 0, "series": series}]}).encode()
+    # SOFFSET and SLIMIT over the series of every measurement
+    q = "SELECT count(usage), count(free) FROM cpu, mem GROUP BY host SLIMIT 2 SOFFSET 2"
+    body = _get(port, f"/query?db={data}&epoch=s&q={quote(q)}")[2]
+    assert body == json.dumps({"results": [{"statement_id": 0, "series": [
+        {"name": "cpu", "tags": {"host": "b"}, "columns": columns, "values": [[0, 2, 0]]},
+        {"name": "mem", "tags": {"host": "a"}, "columns": columns, "values": [[0, 0, 1]]}]}]}).encode()
+
+
+def test_chunked_1x_answer_line_by_line(iox_server, data):
+    t = T0 // S
+    q = "SELECT usage FROM cpu GROUP BY host"
+    status, _, body = _get(iox_server.http.port, f"/query?db={data}&epoch=s&chunked=true&chunk_size=2&q={quote(q)}")
+
+    def line(host, values, series_partial, partial):
+        part = {"name": "cpu", "tags": {"host": host}, "columns": ["time", "usage"], "values": values}
+        if series_partial:
+            part["partial"] = True
+        doc = {"statement_id": 0, "series": [part]}
+        if partial:
+            doc["partial"] = True
+        return json.dumps({"results": [doc]}).encode()
+
+    assert status == 200 and body.splitlines() == [
+        line("", [[t + 5, 7.0]], False, True),
+        line("a", [[t, 1.0], [t + 10, 2.0]], True, True), line("a", [[t + 20, 3.0], [t + 30, 4.0]], True, True),
+        line("a", [[t + 40, 5.0], [t + 50, 6.0]], False, True),
+        line("b", [[t, 10.0], [t + 30, 40.0]], False, False)]
+
+
+def test_influxdb3_tables_of_several_measurements_over_http_and_flight(iox_server, data):
+    q = "SELECT count(usage), count(free) FROM mem, cpu GROUP BY host"
+    status, headers, body = _get(iox_server.http.port, f"/api/v3/query_influxql?db={data}&format=csv&q={quote(q)}")
+    assert (status, headers["content-type"]) == (200, "text/csv; charset=utf-8")
+    assert body.decode().splitlines() == ["iox::measurement,time,host,count,count_1",
+                                          "cpu,1970-01-01 00:00:00+00:00,,1,0", "cpu,1970-01-01 00:00:00+00:00,a,6,0",
+                                          "cpu,1970-01-01 00:00:00+00:00,b,2,0", "mem,1970-01-01 00:00:00+00:00,a,0,1"]
+    c = InfluxDBClient3(host=f"http://127.0.0.1:{iox_server.http.port}", query_port_overwrite=iox_server.grpc_port,
+                        database=data, token="unused")
+    try:
+        t = c.query(q, language="influxql")
+        # a statement's error before its first series: the query fails, as before
+        with pytest.raises(Exception, match="undefined function nope"):
+            c.query("SELECT nope(usage) FROM cpu", language="influxql")
+    finally:
+        c.close()
+    assert [str(f.type) for f in t.schema] == ["string", "timestamp[ns, tz=UTC]", "string", "int64", "int64"]
+    assert t.drop_columns(["time"]).to_pylist() == [
+        {"iox::measurement": "cpu", "host": "", "count": 1, "count_1": 0},
+        {"iox::measurement": "cpu", "host": "a", "count": 6, "count_1": 0},
+        {"iox::measurement": "cpu", "host": "b", "count": 2, "count_1": 0},
+        {"iox::measurement": "mem", "host": "a", "count": 0, "count_1": 1}]
