@@ -3,7 +3,7 @@ the query path (the read barrier, the sandbox, retention and limits apply), and 
 shaped into InfluxDB 1.x's series.
 
 Invariants:
-- A SELECT reads only through `run_sql` (server/app.py `query`): the same rows a SQL query sees.
+- A SELECT reads only through `run_sql` (server/query_service.py `QueryService.query`): the same rows a SQL query sees.
   Per measurement, Spark filters (WHERE: time bounds on `time_ns`, tags as InfluxDB compares them,
   a missing tag being ''), groups (GROUP BY time(interval[, offset]) buckets of `time_ns`, tags) and
   aggregates; then, per series (one per group-by tag set, in tag order): fill() of the buckets of
