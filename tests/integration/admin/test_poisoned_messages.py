@@ -93,9 +93,8 @@ def test_a_message_that_fails_is_held_while_everything_else_goes_on_then_retried
         c.wait_applied(other, c.write(other, f"m v=12 {T0 + 2}\n"), timeout_s=90)
         assert _applied(c, db) == poison - 1 and len(_held(c, db)) == 1
         # `iox persist` persists what it can and says what it could not, and why
-        r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "iox"), "--addr",
-                            f"127.0.0.1:{srv.grpc_port}", "persist", "--db", db], capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "iox"), "persist", "--db", db, "--addr",
+                            f"127.0.0.1:{srv.grpc_port}"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert [(s["kafka_partition"], s["reason"]) for s in json.loads(r.stdout)["skipped"]] == [
             (KP, f"poisoned message: its writes from offset {poison} on are not applied here, they wait in Kafka")]

@@ -52,7 +52,7 @@ def test_writes_are_refused_at_the_memory_limit_until_back_under(client, db, iox
         assert dict(e.value.trailing_metadata()).get("retry-after-s") == "1.0"
         status, retry_after, body = _http_write(port, db, f"cpu v=2 {T0 + 2}\n")
         assert (status, retry_after) == (503, "1") and b"memory" in body
-        assert iox_server.lifecycle.memory_pressure()  # the lifecycle frees memory first meanwhile
+        assert iox_server.lifecycle.hooks.memory_pressure()  # the lifecycle frees memory first meanwhile
     finally:
         guard.limit_bytes = limit
     wait_for(lambda: guard.state == NORMAL, 10, "the guard back under")
