@@ -279,7 +279,7 @@ class Ingestor:
                 self._back_off(batch_id, e)
                 raise
             if worker_crashed(e):  # a Python worker died: the isolation blames only a message that crashes one twice
-                self._back_off(batch_id, e)
+                self._back_off(batch_id, e, "a Python worker died", "applying its messages again, in parts,")
             log.error("micro-batch %s failed (%s: %s); looking for the message(s) that fail it", batch_id,
                       type(e).__name__, e, exc_info=True)
             try:
@@ -311,14 +311,15 @@ class Ingestor:
                     batch_id, generation, self.stream_generation)
         return True
 
-    def _back_off(self, batch_id: int, e: BaseException) -> None:
+    def _back_off(self, batch_id: int, e: BaseException, cause: str = "an executor was lost",
+                  then: str = "retrying the batch") -> None:
         """A micro-batch failed for its infrastructure (an executor lost, and with it the batch's
-        blocks): waits `infrastructure_backoff_s` of the failures in a row before the stream
-        retries it whole. No message is blamed (server/write_buffer/poison.py)."""
+        blocks; a Python worker that died): waits `infrastructure_backoff_s` of the failures in a
+        row before the batch is tried again. No message is blamed for it (server/write_buffer/poison.py)."""
         self._infrastructure_failures += 1
         delay = infrastructure_backoff_s(self._infrastructure_failures)
-        log.error("micro-batch %s failed: an executor was lost (%s); retrying the batch in %.1f s (%d in a row)",
-                  batch_id, _first_line(e), delay, self._infrastructure_failures)
+        log.error("micro-batch %s failed: %s (%s); %s in %.1f s (%d in a row)", batch_id, cause, _first_line(e),
+                  then, delay, self._infrastructure_failures)
         self.quiescing.wait(delay)  # a stop does not wait it out
 
     def _apply(self, raw, meta: list, accepted: set, batch_id: int, t0: float, F) -> None:
