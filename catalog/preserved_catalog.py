@@ -1230,7 +1230,8 @@ class PreservedCatalog:
         """Apply the transactions after this instance's newest (another writer's, in a pool catalog)
         to a copy of the state and keep it; return the revision of the one whose uuid is
         ``pending_uuid`` (this instance's own commit, landed although its put raised), or None."""
-        state = self._state.copy()
+        state = self._state
+        copied = False  # the state is copied once there is a transaction to apply, not before
         found = None
         while True:
             revision = state.revision + 1
@@ -1239,6 +1240,8 @@ class PreservedCatalog:
                 data = self._store.get(key)
             except ObjectNotFound:
                 break
+            if not copied:
+                state, copied = state.copy(), True
             state = _read_and_apply_transaction(self._store, self._db, state, revision, key, data)
             if pending_uuid is not None and state.transaction_uuid == pending_uuid:
                 found = revision

@@ -329,9 +329,10 @@ class PoolControl:
         for f in new:
             register_persisted_file(self._spark, self._catalog, self._store, db, f, now, self._parquet_cache)
             changed.add(f.table)
-        prev_deletes = set() if prev is None else prev[1]
-        for dp in state.delete_predicates:
-            if dp.table is not None and dp not in prev_deletes and not db.owns_table(dp.table):
+        prev_deletes = frozenset() if prev is None else prev[1]
+        deletes = [(_delete_identity(dp), dp) for dp in state.delete_predicates]
+        for identity, dp in deletes:
+            if dp.table is not None and identity not in prev_deletes and not db.owns_table(dp.table):
                 add_recorded_delete(db, dp)
         prev_schemas = {} if prev is None else prev[2]
         for table, cols in state.table_schemas.items():
@@ -341,7 +342,8 @@ class PoolControl:
             self._catalog.retire(retired, now)
         for table in changed:
             self._ingestor.refresh_table_view(db, table)
-        self._taken[database] = (state.files, frozenset(state.delete_predicates), dict(state.table_schemas))
+        self._taken[database] = (state.files, frozenset(identity for identity, _dp in deletes),
+                                 dict(state.table_schemas))
         return True
 
     # -- scatter-gather (server/pool/rows.py) --------------------------------------------
@@ -648,3 +650,11 @@ class PoolControl:
         if pc is None:
             return []
         return [(kp, o.owner, o.epoch) for kp, o in sorted(pc.state.owners.items())]
+
+
+def _delete_identity(dp) -> tuple:
+    """What makes a preserved catalog's delete predicate the delete it is, for `take_state`: all
+    but the files it applies to (which change as files are compacted or removed, and are as long
+    as the table's file list), as the mailbox tells two deletes apart (server/consume/recovery.py
+    `add_recorded_delete`: an equal delete is applied once)."""
+    return dp.table, dp.start_ns, dp.stop_ns_exclusive, dp.predicate, dp.seq

@@ -299,3 +299,30 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
             pool_admin.register_persisted_file = original
 
     check()
+
+
+def test_taking_states_adds_each_other_owners_delete_once_whatever_files_it_applies_to(monkeypatch):
+    """A delete predicate of a table another member owns reaches this member's mailbox once: again
+    in a later state (also applying to other files, after a compaction) it is the same delete; a
+    new one is added; one of a table this member owns is its own (from its write buffer)."""
+    import iox_spark.server.pool.membership as membership
+    from iox_spark.catalog.preserved_catalog import AddDeletePredicate
+
+    pool, db, _ = _member({0}, {})
+    pool._ingestor = SimpleNamespace(refresh_table_view=lambda db, table: None)
+    added = []
+    monkeypatch.setattr(membership, "add_recorded_delete", lambda db_, dp: added.append((dp.table, dp.seq)))
+
+    def state(revision, deletes):
+        return SimpleNamespace(revision=revision, files={}, delete_predicates=deletes, table_schemas={})
+
+    d1 = AddDeletePredicate(T1, 0, 10, (("host", "=", "a"),), 5, ("k1", "k2"))
+    own = AddDeletePredicate(T0, 0, 10, (), 6, ("k3",))
+    pool.take_state("d", state(1, [d1, own]))
+    assert added == [(T1, 5)]
+    compacted = AddDeletePredicate(T1, 0, 10, (("host", "=", "a"),), 5, ("k9",))  # the same delete
+    d2 = AddDeletePredicate(T1, 0, 20, (), 7, ("k9",))
+    pool.take_state("d", state(2, [compacted, own, d2]))
+    assert added == [(T1, 5), (T1, 7)]
+    pool.take_state("d", state(3, [compacted, own, d2]))
+    assert added == [(T1, 5), (T1, 7)]
