@@ -897,8 +897,15 @@ class Database:
                                         sequencer_numbers=sequencer_numbers, epoch=self.epoch,
                                         topic_id=self.topic_id, complete=complete, seq_origin=self.seq_origin)
 
+    @_locked
     def table_names(self) -> list[str]:
+        """The tables this database holds partitions of, sorted."""
         return sorted(self.partitions)
+
+    @_locked
+    def holds_chunks(self) -> bool:
+        """Whether any partition of this database holds a chunk (in memory or persisted)."""
+        return any(p.chunks for parts in self.partitions.values() for p in parts.values())
 
 
 class Catalog:

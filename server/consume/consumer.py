@@ -115,7 +115,7 @@ class WriteBufferConsumer:
         """Per topic and Kafka partition, the first offset not yet applied."""
         out: dict = {}
         for db in self.catalog.databases():
-            out[db.topic] = {p: off + 1 for p, off in db.applied_hi_inclusive.items() if off >= 0}
+            out[db.topic] = {p: off + 1 for p, off in db.applied_offsets().items() if off >= 0}
         return out
 
     def _watch(self) -> None:

@@ -189,7 +189,7 @@ class PoolControl:
                                              topic_id=db.topic_id, seq_origin=db.seq_origin)
 
             def between():
-                fresh = not any(p.chunks for parts in db.partitions.values() for p in parts.values())
+                fresh = not db.holds_chunks()
                 epochs = pc.claim(kps, n, self.member, now, first_checkpoint=first)
                 state = pc.state
                 self._adopt(db, state, set(kps), bounds, fresh, now)
@@ -216,7 +216,7 @@ class PoolControl:
             db.schemas.merge(table, [Column(*c) for c in cols])
         self._drop_unpersisted(db, kps)
         self.take_state(db.name, state)
-        mine = [t for t in set(db.partitions) | {f.table for f in state.files.values()}
+        mine = [t for t in set(db.table_names()) | {f.table for f in state.files.values()}
                 if partition_for(t, n) in kps]
         planner = ReplayPlanner()
         for (table, pkey), ck in state.partition_checkpoints.items():
