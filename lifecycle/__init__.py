@@ -2,7 +2,7 @@
 
 The policies (`policy.py`, `rules.py`, and retention's `prune_policy.py`: state in, actions
 out) and the actions the worker executes (`compact.py`, `compact_persisted.py`, `persist.py`,
-`unload.py`, `worker.py`). How chunks are stored and read in Spark is `chunk_store`'s.
+`unload.py`, `worker.py`, which reaches the rest of the server only through `hooks.py`). How chunks are stored and read in Spark is `chunk_store`'s.
 
 May import: `catalog`, `chunk_store` and third-party libraries; never `server`.
 """
