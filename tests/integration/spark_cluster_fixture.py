@@ -127,7 +127,7 @@ def start_cluster(base_dir: str, cores: int = WORKER_CORES) -> SparkCluster:
             pytest.fail(f"the Spark standalone cluster exited while starting:\n{cluster.log_tail()}")
         try:
             state = cluster.state()
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or an empty answer while its web UI starts
             state = None
         if state is not None and not started_worker:
             work = os.path.join(base_dir, "work")
