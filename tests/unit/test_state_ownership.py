@@ -1,10 +1,11 @@
 """The catalog owns its state: no module outside catalog/ assigns a field of a `Database`, a
 `TablePartition` or a `Chunk`, deletes one or mutates one in place (a dict's or list's own
 methods); it calls their operations (`hold`, `adopt_claim`, `record_lost_writes`, `hold_for`,
-`record_persist`, `unload`, ...) instead, and never takes the catalog's lock (private, `_lock`;
-tests outside the catalog's own take it neither): a read or change at one instant is an operation
-that takes the lock itself. A Catalog's own attributes (`pool_member`, `late_arrive_window_s`, ...)
-are set by its constructor and operations only.
+`record_persist`, `unload`, ...) instead, and never takes the catalog's lock (private, `_lock`):
+a read or change at one instant is an operation that takes the lock itself. A Catalog's own
+attributes (`pool_member`, `late_arrive_window_s`, ...) are set by its constructor and operations
+only. Tests outside the catalog's own unit tests do neither: they set a catalog up through the
+same operations.
 
 Walks every module of the project's packages outside catalog/ (AST) and finds, for each name
 of a field, an assignment to `X.<field>` (also `X.<field>[k] = ...`, `+=`, `del`) or a call
@@ -100,6 +101,14 @@ def _modules():
     return [p for m, p in module_paths(tuple(pkg for pkg in PACKAGES if pkg != "iox_spark.catalog")).items()]
 
 
+def _tests():
+    """Paths of every test module outside the catalog's own unit tests (and this one): a test sets
+    the catalog up through its operations as the code does."""
+    return [os.path.join(d, n) for d, _dirs, names in os.walk(os.path.join(ROOT, "tests"))
+            if not os.path.relpath(d, ROOT).startswith(os.path.join("tests", "unit", "catalog"))
+            for n in names if n.endswith(".py") and n != "test_state_ownership.py"]
+
+
 def test_the_walk_finds_writes_of_partitions_and_chunks():
     src = ("part.persisting = True\nc.state = 'closed'\nchunks[0].df = None\nold_part.files.append(f)\n"
            "part.windows.flush(h)\nout.state = 1\nx = part.files\n")
@@ -118,7 +127,7 @@ def test_the_walk_finds_each_kind_of_write():
 
 def test_no_module_outside_the_catalog_writes_a_field_of_the_catalogs_objects():
     found = []
-    for path in _modules():
+    for path in _modules() + _tests():
         with open(path, encoding="utf-8") as f:
             src = f.read()
         for line, what in writes_outside_catalog(src):
@@ -152,10 +161,7 @@ def test_no_module_outside_the_catalog_takes_the_catalogs_lock():
     """Each read or change at one instant is a Database or Catalog operation that takes the lock
     itself (`applied_and_held`, `snapshot`, `query_cut`, `drop_stale_foreign_chunks`, ...)."""
     found = []
-    tests = [os.path.join(d, n) for d, _dirs, names in os.walk(os.path.join(ROOT, "tests"))
-             if not os.path.relpath(d, ROOT).startswith(os.path.join("tests", "unit", "catalog"))
-             for n in names if n.endswith(".py") and n != "test_state_ownership.py"]
-    for path in _modules() + tests:
+    for path in _modules() + _tests():
         with open(path, encoding="utf-8") as f:
             found += [f"{os.path.relpath(path, ROOT)}:{line}" for line in lock_blocks(f.read())]
     assert found == [], ("the catalog's lock is taken outside catalog/: read or change the catalog through "

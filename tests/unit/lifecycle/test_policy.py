@@ -481,9 +481,9 @@ class RecordingExecutor:
         if p is None:
             w = PersistenceWindows(table, key, late_arrive_window_s=self.rules.late_arrive_window_s, now=now)
             p = self.partitions[(table, key)] = SimPartition(table, key, w)
-        for c in p.chunks:
-            if c.state == "open":
-                c.state = "closed"
+        for sim in p.chunks:
+            if sim.state == "open":
+                sim.state = "closed"
         off = self._offsets[kp]
         self._offsets[kp] += 1
         cid = self._next_id()

@@ -30,8 +30,8 @@ def _pool(member: str, **parts) -> PoolControl:
 def _member(owned, applied, acked=None, replay_until=None, owners=None):
     cat = Catalog()
     db = cat.ensure_database("d", "iox.d", 2)
-    db.owned_partitions = frozenset(owned)
-    db.applied_hi_inclusive.update(applied)
+    db.own_only(owned)
+    db.start_applying_at({kp: hi + 1 for kp, hi in applied.items()})
     waits = []
 
     def wait_applied(database, target, timeout_s):  # nothing more gets applied here
@@ -240,11 +240,10 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
         pool._store = pool._parquet_cache = None
 
         def register(spark, catalog, store, db_, f, now, cache):
-            part = catalog.partition(db_, f.table, f.partition_key)
-            part.chunks.append(Chunk(id=catalog.next_chunk_id(), table=f.table, partition_key=f.partition_key,
-                                     order=catalog.next_order(), state="unloaded", rows=1, size_bytes=1,
-                                     min_time_ns=0, max_time_ns=0, columns=[], view=None, parquet_keys=[f.key]))
-            part.files.append(f)
+            catalog.add_file(db_, f, Chunk(id=catalog.next_chunk_id(), table=f.table, partition_key=f.partition_key,
+                                           order=catalog.next_order(), state="unloaded", rows=1, size_bytes=1,
+                                           min_time_ns=0, max_time_ns=0, columns=[], view=None,
+                                           parquet_keys=[f.key]))
 
         files: dict = {}
         revision = 0
@@ -274,17 +273,17 @@ def test_taking_states_as_differences_registers_exactly_the_other_owners_files()
                         del files[k]
                         if db.owns_table(table):  # this member's own compaction drops its chunk
                             for part in db.partitions.get(table, {}).values():
-                                part.chunks = [c for c in part.chunks if k not in c.parquet_keys]
-                                part.files = [f for f in part.files if f.key != k]
+                                part.drop_chunks([c for c in part.chunks if k in c.parquet_keys],
+                                                 lambda f, k=k: f.key != k)
                         revision += 1
                 elif s[0] == "move" and s[1] in db.owned_partitions:  # lost: held, then its rows dropped
-                    db.owned_partitions = frozenset(db.owned_partitions - {s[1]})
+                    db.lose_claim({s[1]})
                     pool._drop_unpersisted(db, {s[1]})
                 elif s[0] == "move":  # claimed (a commit): as `_adopt`, rows dropped, the claimed state taken
                     revision += 1
                     pool._drop_unpersisted(db, {s[1]})
                     pool.take_state("d", state_now())
-                    db.owned_partitions = frozenset(db.owned_partitions | {s[1]})
+                    db.adopt_claim({s[1]: db.applied_hi_inclusive.get(s[1], -1) + 1})
                 else:
                     pool.take_state("d", state_now())
                     for table in tables:

@@ -20,7 +20,8 @@ UNTIL = {0: 9, 1: 4}
 def setup():
     catalog = Catalog()
     db = catalog.ensure_database("d", "iox_d", 2)
-    db.epoch, db.topic_id = 2, "id-a"
+    db.set_epoch(2, 0)
+    db.adopt_topic_id("id-a")
     applied_cv = threading.Condition()
 
     def wait_applied(database, target, timeout_s):
@@ -30,7 +31,7 @@ def setup():
 
     def apply(offsets):
         with applied_cv:
-            db.applied_hi_inclusive.update(offsets)
+            catalog.advance_applied(db, offsets)
             applied_cv.notify_all()
 
     def replay_state(d):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from iox_spark.catalog.catalog import ACCEPTED, HELD, RETRYING, Database
+from iox_spark.catalog.catalog import ACCEPTED, HELD, Database
 from iox_spark.server.write_buffer.poison import first_failing, isolate, select, set_aside, settle_retried
 
 
@@ -122,21 +122,21 @@ def test_set_aside_select_and_settle():
     assert (r.state, r.attempts, r.detected_at_s) == (HELD, 1, 100.0)
     assert db.held_offsets() == {1: 7} and select(db) == [r] and select(db, 0) == [] and select(db, 1, 8) == []
     assert set_aside(db, 1, 7, "cpu", "write", "again", 101.0) is r and r.attempts == 1  # still held: same record
-    r.state = RETRYING
+    r.retry()
     assert db.held_offsets() == {}
     assert set_aside(db, 1, 7, "cpu", "write", "third" * 1000, 102.0) is r
     assert (r.state, r.attempts, r.last_failed_at_s, r.detected_at_s) == (HELD, 2, 102.0, 100.0)
     assert len(r.error) == 2000
-    r.state = RETRYING
-    db.applied_hi_inclusive = {0: -1, 1: 6}
+    r.retry()
+    db.start_applying_at({0: 0, 1: 7})  # applied: nothing of 0, up to 6 of 1
     assert settle_retried(db) == [] and db.poisoned == [r]
-    db.applied_hi_inclusive[1] = 7
+    db.start_applying_at({1: 8})  # applied up to 7 of 1
     assert settle_retried(db) == [r] and db.poisoned == []
     a = set_aside(db, 0, 3, "", "delete", "e", 103.0)
-    a.state, a.accepted_at_s = ACCEPTED, 104.0
+    a.accept(104.0)
     assert db.accepted_offsets() == {(0, 3)} and db.held_offsets() == {}
     assert set_aside(db, 0, 3, "", "delete", "e", 105.0) is not a  # an accepted record is never re-held
-    db.epoch = 1  # another write-buffer epoch: the old records no longer apply to its offsets
+    db.set_epoch(1, db.seq_origin)  # another write-buffer epoch: the old records no longer apply to its offsets
     assert db.accepted_offsets() == set() and db.held_offsets() == {} and select(db, states=(HELD, ACCEPTED)) == []
 
 
@@ -145,7 +145,7 @@ def test_accepted_and_lost_records_round_trip_through_their_catalog_entries():
 
     db = Database("d", "iox.d", 2)
     r = set_aside(db, 1, 7, "cpu", "write", "boom", 100.0)
-    r.state, r.accepted_at_s = ACCEPTED, 110.0
+    r.accept(110.0)
     back = PoisonedMessage.from_entry(r.entry())
     assert (back.partition, back.offset, back.table, back.error, back.state, back.accepted_at_s) == \
         (1, 7, "cpu", "boom", ACCEPTED, 110.0)
