@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ROOT", "PACKAGES", "module_paths"]
+__all__ = ["ROOT", "PACKAGES", "module_paths", "suite_paths"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,3 +34,9 @@ def module_paths(packages=tuple(PACKAGES)) -> dict[str, str]:
                     mod = pkg if rel == "__init__" else pkg + "." + rel.removesuffix(".__init__")
                     out[mod] = path
     return out
+
+
+def suite_paths() -> list[str]:
+    """Paths of every Python module under tests/ (the tests and their helpers)."""
+    return [os.path.join(dirpath, f) for dirpath, _dirs, files in os.walk(os.path.join(ROOT, "tests"))
+            for f in sorted(files) if f.endswith(".py")]

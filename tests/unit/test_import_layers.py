@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.project_code import ROOT, module_paths
+from tests.project_code import ROOT, module_paths, suite_paths
 
 
 #: lowest first; a module may import its own layer and the ones before it
@@ -171,17 +171,12 @@ def test_no_test_imports_a_private_name():
     """Tests use what a module offers (its public names, in `__all__`), and a helper two test modules
     share lives in a helper module of its own (such as tests/integration/foreign_messages.py),
     never as a private name of one test module imported by another."""
-    tests_root = os.path.join(ROOT, "tests")
     found = []
-    for dirpath, _dirs, files in os.walk(tests_root):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(dirpath, name)
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read(), path)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module:
-                    found += [(os.path.relpath(path, ROOT), node.lineno, f"{node.module}.{a.name}")
-                              for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    for path in suite_paths():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found += [(os.path.relpath(path, ROOT), node.lineno, f"{node.module}.{a.name}")
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []

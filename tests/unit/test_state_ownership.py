@@ -22,7 +22,7 @@ import os
 
 from iox_spark.catalog.catalog import Catalog, Database, TablePartition
 from iox_spark.catalog.chunk import Chunk
-from tests.project_code import PACKAGES, ROOT, module_paths
+from tests.project_code import PACKAGES, ROOT, module_paths, suite_paths
 
 FIELDS = {f.name for f in dataclasses.fields(Database)}
 PARTITION_FIELDS = {f.name for f in dataclasses.fields(TablePartition)}
@@ -104,9 +104,8 @@ def _modules():
 def _tests():
     """Paths of every test module outside the catalog's own unit tests (and this one): a test sets
     the catalog up through its operations as the code does."""
-    return [os.path.join(d, n) for d, _dirs, names in os.walk(os.path.join(ROOT, "tests"))
-            if not os.path.relpath(d, ROOT).startswith(os.path.join("tests", "unit", "catalog"))
-            for n in names if n.endswith(".py") and n != "test_state_ownership.py"]
+    own = os.path.join(ROOT, "tests", "unit", "catalog") + os.sep
+    return [p for p in suite_paths() if not p.startswith(own) and p != os.path.abspath(__file__)]
 
 
 def test_the_walk_finds_writes_of_partitions_and_chunks():
