@@ -91,8 +91,11 @@ def test_a_recorded_pid_that_names_another_process_now_is_never_signalled(tmp_pa
 
     from iox_spark.server.runtime import broker
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        # Until the child has exec'd, /proc/<pid>/cmdline names the parent (or nothing): wait for it.
+        assert other.stdout.readline() == "up\n"
         start = broker.process_start(other.pid)
         assert start is not None and broker._is_ours(other.pid, start)
         assert not broker._is_ours(other.pid, start + 1)  # same pid, another process
