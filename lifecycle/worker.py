@@ -461,6 +461,12 @@ class LifecycleWorker:
             self.preserved[db_name] = pc
         return pc
 
+    def database_checkpoint(self, db_name: str):
+        """The preserved catalog's database checkpoint of `db_name` (RecordDatabaseCheckpoint), None
+        before its first one. Any thread."""
+        pc = self.preserved.get(db_name)
+        return pc.state.database_checkpoint if pc is not None else None
+
     def record_database(self, db, now: float) -> bool:
         """Records `db` (its topic, Kafka topic id and epoch) in its preserved catalog if the catalog
         holds no database checkpoint yet; True when it committed one. Called by the server before

@@ -5,24 +5,15 @@ When it runs: `iox serve` builds one `IoxServer`, calls `start()` and blocks in
 (gRPC stops taking requests, the stream stops, producers close, the embedded
 broker this data directory owns is stopped).
 
-A fenced database (another server committed to its preserved catalog: docs/ARCHITECTURE.md
-invariant 8) stops that database only, not the server: server/fence_admin.py.
-
-A write-buffer message that fails to apply stops only its own Kafka partition
-of its database (server/write_buffer/poison.py): `iox poison retry` applies it again, `iox
-poison accept` skips it for good (recorded); both restart the stream from the
-applied offsets while no micro-batch runs (`WriteBufferConsumer.restart`). Lost
-writes found while running (the topic replaced, a broker that lost its tail:
-server/lost_writes_admin.py) are accepted with `iox accept-lost-writes`: once
-what was applied is persisted, the database continues in a new write-buffer
-epoch, as a start with --skip-lost-writes would; every loss stays recorded in
-the preserved catalog.
+No feature lives here; each has its room and states its own contract: a fenced database
+(server/fence_admin.py), poisoned messages (server/poison_admin.py), lost writes
+(server/lost_writes_admin.py), freeze, retention, the ingester pool (server/pool/), queries
+(server/query_service.py), the status document; the longer start steps are server/startup.py.
 """
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 
@@ -48,6 +39,7 @@ from iox_spark.server.write_buffer.kafka_ends import KafkaEnds
 from iox_spark.server.query.tail import WriteBufferTail
 from iox_spark.server.runtime.write_path_priority import raise_server_and_broker
 from iox_spark.server.runtime.ports import check_ports_free
+from iox_spark.server.runtime.stop_signals import StopSignals
 from iox_spark.server.retention_admin import RetentionControl, operation_gauges
 from iox_spark.server.epoch_reset import EpochReset
 from iox_spark.server.fence_admin import FenceControl
@@ -69,9 +61,7 @@ from iox_spark.server.startup import (ack_fanout, advertised, fresh_file, memory
 
 __all__ = ["IoxServer"]
 
-
 log = logging.getLogger(__name__)
-
 
 
 class IoxServer:
@@ -84,34 +74,16 @@ class IoxServer:
         self.config = config
         self.catalog = Catalog(config.lifecycle_rules().late_arrive_window_s,
                                pool_member=config.pool_member is not None)
-        self.broker = None
-        #: deletes persisted messages from the durable embedded broker's store; None without one
-        self.broker_truncation = None
-        self.spark = None
-        self.write_buffer = None
-        self.consumer = None
-        self.grpc = None
-        self.grpc_port = None
-        self._health = None
-        self.authenticator = None
+        #: the parts `start` builds, None until built (`stop` skips a part not built): the embedded
+        #: broker and the truncation of its durable store, the ingester pool membership
+        #: (server/pool/), each database's replay (server/replay_watch.py), Kafka's ends
+        #: (server/write_buffer/kafka_ends.py), lost writes and poisoned messages' controls
+        self.broker = self.broker_truncation = self.spark = self.write_buffer = self.consumer = None
+        self.grpc = self.grpc_port = self._health = self.authenticator = self.started_at = None
+        self.lifecycle = self.tail = self.pool = self.replay = self.kafka_ends = self.losses = self.poison = None
         self._stopped = threading.Event()
-        #: SIGTERM / SIGINT came (`install_signal_handlers`): `wait` stops the server, also one that
-        #: was still starting when the signal came
-        self._stop_requested = threading.Event()
         self._stop_lock = threading.Lock()
-        self.started_at = None
-        self.lifecycle = None
-        self.tail = None
-        #: ingester pool membership (server/pool/membership.py); None when not a pool member
-        self.pool = None
-        #: each database's replay of its write buffer (server/replay_watch.py); built at start
-        self.replay = None
-        #: Kafka's end offsets as status and /metrics report them (server/write_buffer/kafka_ends.py)
-        self.kafka_ends = None
-        #: lost writes found while running (server/lost_writes_admin.py), the operator's word on
-        #: poisoned messages (server/poison_admin.py); built once the lifecycle is
-        self.losses = None
-        self.poison = None
+        self._signals = StopSignals(self.reload_tokens)
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -170,7 +142,9 @@ class IoxServer:
         from iox_spark.lifecycle.worker import LifecycleWorker
 
         replay_until = {t: p for t, p in cap_replay_until(rec.replay_until, self.freeze.record).items() if p}
-        self.replay = ReplayWatch(self.catalog, replay_until, rec.replay_from, on_caught_up=self._replay_caught_up)
+        # once the replay caught up, no replayed row can be in a persisted file: the row filters go
+        self.replay = ReplayWatch(self.catalog, replay_until, rec.replay_from,
+                                  on_caught_up=lambda: self.ingestor.drop_row_filters())
         for topic, until in replay_until.items():  # types of Kafka-only tables, before any write
             load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
                                 rec.start_offsets.get(topic, {}), until)
@@ -188,29 +162,28 @@ class IoxServer:
         self.acked_marks = AckMarks(os.path.join(scratch, "acked"))
         self.query_engine = QueryEngine(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                         cfg.max_query_rows, cfg.max_query_bytes, cfg.query_timeout_s)
-        self.router = Router(self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes)
-        self.router.max_columns_per_table = cfg.max_columns_per_table
-        if cfg.pool_member is not None:  # column types are the pool's (catalog/pool_schema.py)
-            self.router.agree_columns = column_agreement(self.store, cfg.pool_member)
+        self.router = Router(  # in a pool, column types are the pool's (catalog/pool_schema.py)
+            self.catalog, self.write_buffer, cfg.partitions, cfg.max_request_bytes,
+            max_columns_per_table=cfg.max_columns_per_table,
+            agree_columns=None if cfg.pool_member is None else column_agreement(self.store, cfg.pool_member))
         for name, n in self._lost_at_start.items():
             self.router.metrics.lost_writes(name, n)
         self.ingestor.metrics = self.router.metrics
         self.message_sizes = MessageSizes()
         self.write_buffer.on_acked = ack_fanout(self.acked_marks, self.message_sizes, self.tail)
         self.visibility = Visibility(self.catalog, self.tail, self.kafka_ends, self.message_sizes,
-                                     self._database_checkpoint)
+                                     lambda name: None if self.lifecycle is None else self.lifecycle.database_checkpoint(name))
         self.read_barrier = ReadBarrier(self.catalog, self.ingestor.wait_applied, self.visibility.for_barrier,
                                         self.replay.state)
         self.router.metrics.watch_watermarks(self.visibility.all_watermarks)
         self.pause_file = fresh_file(os.path.join(data_dir, "backpressure"))
+        self.memory_guard = memory_guard_for(cfg, scratch, tree_bytes)
+        self.router.metrics.operation.watch(lambda: operation_gauges(self.catalog, self.memory_guard, self.replay))
         self.consumer = WriteBufferConsumer(
             self.spark, self.catalog, self.ingestor, bootstrap, os.path.join(scratch, "streams"),
             cfg.trigger_interval_ms, cfg.max_messages_per_partition_per_batch, self.pause_file,
-            self.acked_marks.directory, holds_file)
-        self.memory_guard = memory_guard_for(cfg, scratch, tree_bytes)
-        self.router.metrics.operation.watch(lambda: operation_gauges(self.catalog, self.memory_guard, self.replay))
-        self.consumer.throttle_file = self.memory_guard.throttle_file
-        self.consumer.freeze_file = self.freeze.path
+            self.acked_marks.directory, holds_file, throttle_file=self.memory_guard.throttle_file,
+            freeze_file=self.freeze.path)
         self.memory_guard.start()
         self.consumer.start(rec.start_offsets)
         if self.replay.planned:
@@ -289,27 +262,15 @@ class IoxServer:
         return self.authenticator.reload() if self.authenticator is not None else False
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM / SIGINT ask `wait` to stop the server; SIGHUP re-reads the tokens file. Main
-        thread only; `iox serve` installs them before `start`, so a signal that comes while the
-        server starts (its health already SERVING, or not yet) is a clean stop once it started,
-        never the signal's default death."""
-        def _on_signal(signum, _frame):
-            log.info("signal %s: shutting down", signum)
-            self._stop_requested.set()
-
-        def _on_hup(_signum, _frame):
-            threading.Thread(target=self.reload_tokens, name="reload-tokens").start()
-
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
-        signal.signal(signal.SIGHUP, _on_hup)
+        """SIGTERM / SIGINT ask `wait` to stop the server, SIGHUP re-reads the tokens file
+        (server/runtime/stop_signals.py). Main thread only, before `start`: a signal that comes
+        while the server starts is a clean stop once it started."""
+        self._signals.install()
 
     def wait(self) -> None:
-        """Blocks until SIGTERM/SIGINT (main thread only; see `install_signal_handlers`), then stops."""
-        self.install_signal_handlers()
-        while not self._stopped.is_set():
-            if self._stop_requested.wait(0.5):
-                self.stop()
+        """Blocks until SIGTERM/SIGINT (main thread only), then stops."""
+        self._signals.install()
+        self._signals.wait_for_stop(self._stopped, self.stop)
 
     def stop(self) -> None:
         """Stops every part in the reverse order of `start` (a part not started yet is skipped):
@@ -346,15 +307,3 @@ class IoxServer:
             part = getattr(self, attr, None)
             if part is not None:
                 getattr(part, method)()
-
-    # -- replay -------------------------------------------------------------------------
-    def _replay_caught_up(self) -> None:
-        """The last database's replay caught up (server/replay_watch.py): the ingestor's replay row
-        filters (what a persisted file already holds) are not needed any more."""
-        self.ingestor.row_filters = {}
-
-    def _database_checkpoint(self, name: str):
-        """The preserved catalog's database checkpoint of `name` (None before the lifecycle runs or
-        before its first one)."""
-        pc = self.lifecycle.preserved.get(name) if self.lifecycle is not None else None
-        return pc.state.database_checkpoint if pc is not None else None

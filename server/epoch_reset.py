@@ -42,8 +42,7 @@ class EpochReset:
         """Forgets what is kept of `db`'s old epoch (see the module docstring)."""
         self._ingestor.forget_topic(db.topic)
         self._ingestor.poison_changed(db)
-        for key in [k for k in self._ingestor.row_filters if k[0] == db.name]:
-            del self._ingestor.row_filters[key]
+        self._ingestor.drop_row_filters(db.name)
         self._replay.forget(db.topic)
         self._kafka_ends.forget(db.topic)
         self._message_sizes.forget_topic(db.topic)

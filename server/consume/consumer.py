@@ -49,7 +49,8 @@ class WriteBufferConsumer:
     def __init__(self, spark, catalog: Catalog, ingestor: Ingestor, bootstrap: str, scratch_dir: str,
                  trigger_interval_ms: int, max_messages_per_partition: int, pause_file: str,
                  acked_marks_dir: str = "", holds_file: str = "",
-                 restart_batch_wait_s: float = RESTART_BATCH_WAIT_S):
+                 restart_batch_wait_s: float = RESTART_BATCH_WAIT_S, *, throttle_file: str = "",
+                 freeze_file: str = ""):
         self.spark = spark
         self.restart_batch_wait_s = restart_batch_wait_s
         self.catalog = catalog
@@ -64,9 +65,9 @@ class WriteBufferConsumer:
         #: partitions held at a poisoned message (server/write_buffer/poison.py), for the streaming source
         self.holds_file = holds_file
         #: the memory guard's lower read limit under memory pressure (server/runtime/memory_guard.py); "" = none
-        self.throttle_file = ""
+        self.throttle_file = throttle_file
         #: while it exists the server is frozen (server/write_buffer/freeze.py); "" = never
-        self.freeze_file = ""
+        self.freeze_file = freeze_file
         #: one (re)start of the query at a time: the watchdog's and `restart`'s
         self._restart_lock = threading.Lock()
         self._query = None

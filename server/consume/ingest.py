@@ -191,7 +191,7 @@ class Ingestor:
                  txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S, holds_file: str = "", metrics=None):
         self.spark = spark
         #: (database, table) -> replay filter (see server/consume/recovery.py); empty once replay is done
-        self.row_filters = row_filters or {}
+        self._row_filters = row_filters or {}
         self.catalog = catalog
         self.kafka_partitions = kafka_partitions
         self.txn_timeout_s = txn_timeout_s
@@ -406,7 +406,7 @@ class Ingestor:
                           "views %.3f s", batch_id, len(meta), sum(m["nrows"] for m in meta), len(touched),
                           t_meta - t0, t_chunks - t_meta, t_views - t_chunks)
             crash_point(CrashPoint.CONSUME_BEFORE_APPLIED)
-            if self.row_filters:
+            if self._row_filters:
                 crash_point(CrashPoint.REPLAY_BATCH)
             for db, txns in staged_txns.values():
                 db.install_txns(txns)
@@ -523,6 +523,21 @@ class Ingestor:
                 except OSError:
                     log.exception("writing the holds file %s (the consumer still drops held messages)",
                                   self.holds_file)
+
+    def add_row_filter(self, database: str, table: str, day: int, flush_timestamp_ns: int, offsets: dict) -> None:
+        """Replayed rows of `table`'s `day` that a persisted file holds (its flush timestamp and
+        {kp: (lo, hi)}) are dropped, as recovery's filters are (server/consume/recovery.py). The
+        pool's claim of a partition calls it, before the stream reads the claimed partition."""
+        self._row_filters.setdefault((database, table), {})[day] = (flush_timestamp_ns, offsets)
+
+    def drop_row_filters(self, database: str | None = None) -> None:
+        """Drops the replay row filters of `database` (a new write-buffer epoch), or all of them
+        (`None`: the replay caught up and no replayed row can be in a file any more)."""
+        if database is None:
+            self._row_filters = {}
+            return
+        for key in [k for k in self._row_filters if k[0] == database]:
+            del self._row_filters[key]
 
     def forget_topic(self, topic: str) -> None:
         """The topic's write-buffer epoch ended (its lost writes were accepted): drops the
@@ -699,7 +714,7 @@ class Ingestor:
             lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
             offsets_by_kp[m["kp"]] = (min(lo, m["offset"]), max(hi, m["offset"]))
         chunk_cols = [[c.name, c.role, c.type] for c in schema.columns]
-        filters = self.row_filters.get((db.name, table))
+        filters = self._row_filters.get((db.name, table))
         keep = keep_mask_fn(filters) if filters else None
         nbytes = sum(m.get("nbytes") or 0 for m in msgs) + sum(len(p) for _kp, _off, p in stashed)
         local = local_payloads(msgs) if keep is None and not stashed and not remap else None

@@ -229,8 +229,8 @@ class PoolControl:
                 table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
                 offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()
                          if kp in kps}))
-            self._ingestor.row_filters.setdefault((db.name, table), {})[day_number(pkey)] = (
-                ck.flush_timestamp_ns, {kp: v for kp, v in ck.sequencer_numbers.items() if kp in kps})
+            self._ingestor.add_row_filter(db.name, table, day_number(pkey), ck.flush_timestamp_ns,
+                                          {kp: v for kp, v in ck.sequencer_numbers.items() if kp in kps})
         if dbck is not None and dbck.epoch == db.epoch:
             planner.register_database_checkpoint(DatabaseCheckpoint(
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items() if kp in kps}))

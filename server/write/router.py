@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -88,15 +89,16 @@ class ArrowTableWrite:
 
 class Router:
     def __init__(self, catalog: Catalog, write_buffer: WriteBuffer, kafka_partitions: int, max_request_bytes: int,
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, *, max_columns_per_table: int = 0,
+                 agree_columns: Callable[[str, dict], dict] | None = None):
         self.catalog = catalog
         #: where each request's stage seconds and acknowledged points are counted (GET /metrics)
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.write_buffer = write_buffer
         self.kafka_partitions = kafka_partitions
         self.max_request_bytes = max_request_bytes
-        #: most columns (time included) a table may have; 0 = no limit. Set by the server from its config.
-        self.max_columns_per_table = 0
+        #: most columns (time included) a table may have; 0 = no limit (`--max-columns-per-table`)
+        self.max_columns_per_table = max_columns_per_table
         #: returns a WriteBufferOverloaded to raise while backpressure is engaged, else None
         self.overload_check = lambda: None
         #: called with the database first in `_produce`; raises to refuse every write to it
@@ -104,7 +106,7 @@ class Router:
         self.database_check = lambda database: None
         #: in an ingester pool: (database, {table: [Column]} new here) -> {table: [Column]} the pool
         #: agreed on (catalog/pool_schema.py); None outside a pool (this process's registry decides)
-        self.agree_columns = None
+        self.agree_columns = agree_columns
         #: write_lp's no_sync: producer threads, made at the first such write; requests waiting for Kafka
         self._no_sync_pool = None
         self._no_sync_lock = threading.Lock()

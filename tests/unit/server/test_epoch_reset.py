@@ -19,14 +19,13 @@ class _Recorder:
 def test_every_part_forgets_the_old_epoch_of_that_database_only():
     log: list = []
     ingestor = _Recorder(log, "ingestor")
-    ingestor.row_filters = {("d", "cpu", "2026-12-01"): 1, ("other", "cpu", "2026-12-01"): 2}
     parts = [_Recorder(log, n) for n in ("replay", "ends", "sizes", "write_buffer", "tail")]
     db = SimpleNamespace(name="d", topic="iox.d")
     EpochReset(ingestor, *parts).forget(db)
     assert log == [("ingestor", "forget_topic", "iox.d"), ("ingestor", "poison_changed", db),
+                   ("ingestor", "drop_row_filters", "d"),
                    ("replay", "forget", "iox.d"), ("ends", "forget", "iox.d"), ("sizes", "forget_topic", "iox.d"),
                    ("write_buffer", "forget_acked", "iox.d"), ("tail", "forget_topic", "iox.d")]
-    assert ingestor.row_filters == {("other", "cpu", "2026-12-01"): 2}
     log.clear()
     EpochReset(ingestor, *parts[:4], None).forget(db)  # no tail: nothing asked of it
-    assert [who for who, *_ in log] == ["ingestor", "ingestor", "replay", "ends", "sizes", "write_buffer"]
+    assert [who for who, *_ in log] == ["ingestor", "ingestor", "ingestor", "replay", "ends", "sizes", "write_buffer"]
