@@ -524,6 +524,11 @@ class Ingestor:
                     log.exception("writing the holds file %s (the consumer still drops held messages)",
                                   self.holds_file)
 
+    def row_filter(self, database: str, table: str) -> dict | None:
+        """{day: (flush_timestamp_ns, {kp: (lo, hi)})}: the replayed rows of `table` that persisted
+        files hold, which a micro-batch drops; None when there are none."""
+        return self._row_filters.get((database, table))
+
     def add_row_filter(self, database: str, table: str, day: int, flush_timestamp_ns: int, offsets: dict) -> None:
         """Replayed rows of `table`'s `day` that a persisted file holds (its flush timestamp and
         {kp: (lo, hi)}) are dropped, as recovery's filters are (server/consume/recovery.py). The
@@ -714,7 +719,7 @@ class Ingestor:
             lo, hi = offsets_by_kp.get(m["kp"], (m["offset"], m["offset"]))
             offsets_by_kp[m["kp"]] = (min(lo, m["offset"]), max(hi, m["offset"]))
         chunk_cols = [[c.name, c.role, c.type] for c in schema.columns]
-        filters = self._row_filters.get((db.name, table))
+        filters = self.row_filter(db.name, table)
         keep = keep_mask_fn(filters) if filters else None
         nbytes = sum(m.get("nbytes") or 0 for m in msgs) + sum(len(p) for _kp, _off, p in stashed)
         local = local_payloads(msgs) if keep is None and not stashed and not remap else None

@@ -277,3 +277,18 @@ def test_a_stop_ends_a_batch_between_its_chunk_builds_with_nothing_added(monkeyp
     assert added == []
     assert 2 <= len(built) <= 2 + ingest._BUILD_THREADS
     assert sorted(released) == list(range(40))
+
+
+def test_a_new_epoch_drops_the_replay_row_filters_of_its_database_only_and_a_caught_up_replay_all():
+    from iox_spark.catalog.catalog import Catalog
+
+    ingestor = Ingestor(spark=None, catalog=Catalog(), kafka_partitions=2,
+                        row_filters={("d", "cpu"): {19675: (5, {0: (0, 9)})}})
+    ingestor.add_row_filter("d", "cpu", 19676, 7, {1: (3, 4)})
+    ingestor.add_row_filter("other", "cpu", 19675, 6, {0: (0, 2)})
+    assert ingestor.row_filter("d", "cpu") == {19675: (5, {0: (0, 9)}), 19676: (7, {1: (3, 4)})}
+    ingestor.drop_row_filters("d")
+    assert ingestor.row_filter("d", "cpu") is None
+    assert ingestor.row_filter("other", "cpu") == {19675: (6, {0: (0, 2)})}
+    ingestor.drop_row_filters()
+    assert ingestor.row_filter("other", "cpu") is None
