@@ -62,6 +62,8 @@ class CrashPoint(enum.StrEnum):
     TXN_AFTER_PARTS = "txn_after_parts"
     #: the commit decision is acknowledged; the markers are not produced
     TXN_AFTER_DECISION = "txn_after_decision"
+    #: an Iceberg publication wrote its copies; the Iceberg snapshot is not committed
+    ICEBERG_BEFORE_COMMIT = "iceberg_before_commit"
 
 
 class UnknownCrashPoint(CatalogError):

@@ -118,6 +118,7 @@ __all__ = [
     "apply_actions",
     "checkpoint_key",
     "read_state",
+    "read_next_state",
     "transaction_key",
 ]
 
@@ -1482,6 +1483,19 @@ def _read_checkpoint(store: ObjectStore, db: str, revision: int, key: str) -> Ca
     obj = _decode(_get(store, db, revision, key), key, _TYPE_CHECKPOINT, db, revision)
     return _state_from_json(obj.get("state"), db, revision, obj["uuid"], float(obj["timestamp_s"]), key,
                             obj["format_version"])
+
+
+def read_next_state(store: ObjectStore, db: str, state: CatalogState) -> CatalogState | None:
+    """The state one revision after ``state``: transaction ``state.revision + 1`` applied to a copy
+    of ``state`` (which is not changed); None when that transaction does not exist yet. For a reader
+    that follows the log revision by revision (lifecycle/iceberg_publication.py). Verifies the
+    transaction links to ``state`` and raises as loading does. Driver side; writes nothing.
+    """
+    revision = state.revision + 1
+    key = transaction_key(db, revision)
+    if not store.exists(key):
+        return None
+    return _read_and_apply_transaction(store, db, state.copy(), revision, key)
 
 
 def _read_and_apply_transaction(

@@ -11,6 +11,7 @@ __all__ = [
     "LifecycleError",
     "InvalidLifecycleRule",
     "InvalidLifecycleState",
+    "IcebergPublicationFailed",
 ]
 
 
@@ -39,3 +40,19 @@ class InvalidLifecycleState(LifecycleError):
         self.value = value
         self.reason = reason
         super().__init__(f"invalid lifecycle state {what}={value!r}: {reason}")
+
+
+# --- Iceberg publication (lifecycle/iceberg_publication.py)
+
+
+class IcebergPublicationFailed(LifecycleError):
+    """Publishing a revision of a database's catalog to Iceberg failed; nothing of it was committed
+    for ``table`` (None: before any table), and the next round tries again."""
+
+    def __init__(self, db: str, table: str | None, revision: int, reason: str) -> None:
+        self.db = db
+        self.table = table
+        self.revision = revision
+        self.reason = reason
+        where = f"{db}.{table}" if table is not None else db
+        super().__init__(f"publishing revision {revision} of {where} to Iceberg failed: {reason}")

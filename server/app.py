@@ -52,6 +52,7 @@ from iox_spark.server.query_service import QueryService
 from iox_spark.server.query.visibility import Visibility
 from iox_spark.server.clean_stop import drain_and_persist
 from iox_spark.server.manual_actions import ManualActions
+from iox_spark.lifecycle.iceberg_publication import publication_for
 from iox_spark.server.verify_admin import VerifyControl
 from iox_spark.server.write_buffer.freeze import cap_replay_until
 from iox_spark.server.startup import (ack_fanout, advertised, fresh_file, memory_guard_for, open_spark, open_write_buffer,
@@ -81,6 +82,7 @@ class IoxServer:
         self.broker = self.broker_truncation = self.spark = self.write_buffer = self.consumer = None
         self.grpc = self.grpc_port = self._health = self.authenticator = self.started_at = None
         self.lifecycle = self.tail = self.pool = self.replay = self.kafka_ends = self.losses = self.poison = None
+        self.iceberg = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._signals = StopSignals(self.reload_tokens)
@@ -215,6 +217,9 @@ class IoxServer:
         self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                       self.read_barrier, self.write_buffer, self.pool)
         self.lifecycle.start()
+        self.iceberg = publication_for(cfg.iceberg_catalog, data_dir, self.store, lambda: dict(self.lifecycle.preserved))
+        if self.iceberg is not None:
+            self.iceberg.start()
         self.freeze.start(self.consumer)
         if self.freeze.frozen:
             log.warning("frozen since %.0f (%s): no new write-buffer offsets are consumed until `iox unfreeze`",
@@ -288,7 +293,7 @@ class IoxServer:
             if self.broker is not None and self.broker.in_memory and \
                     self.lifecycle is not None and self.consumer is not None:
                 drain_and_persist(self.catalog, self.write_buffer, self.lifecycle, self.replay)
-            self._stop_parts(("lifecycle", "stop"), ("broker_truncation", "close"), ("memory_guard", "stop"),
+            self._stop_parts(("iceberg", "stop"), ("lifecycle", "stop"), ("broker_truncation", "close"), ("memory_guard", "stop"),
                              ("freeze", "stop"), ("pool", "close"), ("tail", "stop"), ("consumer", "stop"),
                              ("write_buffer", "close"), ("ack_log", "close"))
             if self.spark is not None and getattr(self, "_owns_spark", False):

@@ -45,12 +45,16 @@ __all__ = [
     "DEFAULT_MEMORY_LIMIT_BYTES",
     "DEFAULT_MEMORY_SOFT_FRACTION",
     "DEFAULT_MEMORY_SAMPLE_INTERVAL_MS",
+    "DEFAULT_ICEBERG_CATALOG",
     "InvalidConfig",
     "object_store_reachable",
     "parse_memory_bytes",
 ]
 
 DEFAULT_GRPC_PORT = 8082
+#: where persisted data is published as Apache Iceberg (lifecycle/iceberg_publication.py): a SQL
+#: catalog on SQLite in the data directory
+DEFAULT_ICEBERG_CATALOG = "sqlite"
 DEFAULT_DATA_DIR = "./data"
 #: Kafka partitions per database topic.
 DEFAULT_PARTITIONS = 4
@@ -258,6 +262,9 @@ class ServerConfig:
     tail_loss_grace_s: float = TAIL_LOSS_GRACE_S
     #: lifecycle rule overrides (LifecycleRules field -> value); absent = IOx defaults
     lifecycle: dict = field(default_factory=dict)
+    #: the Iceberg catalog every persist is published to: "sqlite" (<data_dir>/iceberg-catalog.db),
+    #: an http(s):// REST catalog, a SQLAlchemy URI, or "off" (lifecycle/iceberg_publication.py)
+    iceberg_catalog: str = DEFAULT_ICEBERG_CATALOG
 
     def __post_init__(self) -> None:
         from iox_spark.server.write_buffer.producer import TXN_SLACK_S, txn_commit_deadline_s
@@ -326,6 +333,11 @@ class ServerConfig:
                                 "must be a percentage in [0, 100] (0 = never freeze by usage)")
         if not (isinstance(self.prune_delay_s, (int, float)) and 0 <= self.prune_delay_s < float("inf")):
             raise InvalidConfig("prune_delay_s", self.prune_delay_s, "must be a number of seconds >= 0")
+        if not isinstance(self.iceberg_catalog, str) or \
+                not (self.iceberg_catalog in ("off", "sqlite") or "://" in self.iceberg_catalog):
+            raise InvalidConfig("iceberg_catalog", self.iceberg_catalog,
+                                "must be off, sqlite, an http(s):// REST catalog URI or a SQLAlchemy URI "
+                                "(sqlite:///path, postgresql://...)")
         if not object_store_reachable(self.spark_master, self.object_store_url, self.object_store_shared):
             raise InvalidConfig("object_store", self.object_store_url,
                                 f"a local directory is not reachable from the executors of Spark master "

@@ -28,7 +28,7 @@ from iox_spark.server.runtime.broker import DEFAULT_BROKER_STORAGE, MEMORY_BROKE
 from iox_spark.server.runtime.broker_truncation import DEFAULT_RETENTION_S as DEFAULT_BROKER_PERSISTED_RETENTION_S
 from iox_spark.server.config import (DEFAULT_GRPC_WORKERS, DEFAULT_HTTP_WORKERS, DEFAULT_MAX_CONCURRENT_RPCS,
                            DEFAULT_MAX_QUERY_BYTES, DEFAULT_MAX_QUERY_ROWS, DEFAULT_PARQUET_CACHE_MAX_BYTES, DEFAULT_QUERY_TIMEOUT_S, DEFAULT_MAX_COLUMNS_PER_TABLE, DEFAULT_DATA_DIR, DEFAULT_DRIVER_MEMORY, DEFAULT_GRPC_PORT, DEFAULT_MAX_REQUEST_BYTES,
-                     DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
+                     DEFAULT_PARTITIONS, DEFAULT_PRODUCE_TIMEOUT_MS, DEFAULT_ICEBERG_CATALOG, DEFAULT_TXN_TIMEOUT_S, DEFAULT_SPARK_CONNECT_PORT,
                      DEFAULT_SPARK_MASTER, DEFAULT_SPARK_NICE, DEFAULT_TAIL_MAX_BYTES, DEFAULT_TRIGGER_INTERVAL_MS,
                      DEFAULT_HTTP_PORT, DEFAULT_WRITE_PATH_RT_PRIORITY, DEFAULT_BIND_HOST, DEFAULT_PRUNE_DELAY_S,
                      DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_MEMORY_SOFT_FRACTION, DEFAULT_FREEZE_AT_PERCENT, DEFAULT_ROLE, TAIL_LOSS_GRACE_S, InvalidConfig, ServerConfig,
@@ -122,6 +122,10 @@ SERVE_OPTIONS = [
      "ingester pool: all (takes writes, owns what it claims, answers queries), ingester (answers no user "
      "query) or querier (claims nothing; answers queries with the owners' rows); ingester and querier need "
      "--pool-member"),
+    ("--iceberg-catalog", str, DEFAULT_ICEBERG_CATALOG,
+     "where every persist is published as Apache Iceberg tables (one namespace per database): sqlite (a SQL "
+     "catalog in <data-dir>/iceberg-catalog.db), an http(s):// REST catalog URI, a SQLAlchemy URI "
+     "(postgresql://...), or off"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
      "storage of the embedded broker: durable (the default: acknowledged writes on disk under "
@@ -406,7 +410,7 @@ def config_from_args(a) -> ServerConfig:
                         skip_lost_writes=a.skip_lost_writes,
                         bind_host=a.bind_host, auth_token=a.auth_token or None,
                         auth_tokens_file=a.auth_tokens_file or None, insecure=a.insecure,
-                        extra_spark_conf=_spark_conf(a.spark_conf),
+                        extra_spark_conf=_spark_conf(a.spark_conf), iceberg_catalog=a.iceberg_catalog,
                         lifecycle={fld: getattr(a, fld) for _f, _t, fld in LIFECYCLE_OPTIONS
                                    if getattr(a, fld) is not None})
 

@@ -172,7 +172,7 @@ def drive_to(point, client, database: str, requests: list, pts: list, tables: tu
     if req.state != "acked":
         return req
     table = pts[0][0]
-    if point in (P.PERSIST_AFTER_PARQUET, P.PERSIST_AFTER_COMMIT):
+    if point in (P.PERSIST_AFTER_PARQUET, P.PERSIST_AFTER_COMMIT, P.ICEBERG_BEFORE_COMMIT):
         client.persist(database, timeout_s=timeout_s)
     elif point is P.COMPACT_BEFORE_SWAP:
         client.compact(database, table, partition_key, timeout_s=timeout_s)

@@ -1,0 +1,400 @@
+"""Publication of the preserved catalog as Apache Iceberg tables, exactly once and in order.
+
+One Iceberg namespace per database and one Iceberg table per table, in an Iceberg catalog reached
+through pyiceberg (a SQL catalog, by default on SQLite in the data directory, or a REST catalog).
+The Iceberg table's data files are our persisted Parquet files, referenced where they are (no copy),
+except where a merge is needed (lifecycle/iceberg_plan.py: deletes, files whose time ranges meet).
+Its metadata and those copies live in the object store under ``<db>/iceberg/<table>/``.
+
+Invariant kept here: every revision of a database's preserved catalog that changes what a table's
+Iceberg table must reference becomes exactly one Iceberg snapshot of that table, in revision order,
+and its summary carries the revision (``iox.revision``), the transaction's uuid and the Kafka
+offsets of the table's partition checkpoints at it. Never twice: a snapshot is committed only for
+a revision above the table's ``iox.revision`` and only on top of the snapshot this publisher read
+(pyiceberg's optimistic commit refuses it when another writer committed in between). Never skipped:
+the publisher follows the log revision by revision (``read_next_state``) from the lowest
+``iox.revision`` of the database's Iceberg tables, so after a crash between our commit and
+Iceberg's (crash point ``iceberg_before_commit``) the next start publishes what is missing. A
+database whose catalog has no Iceberg table yet is published from its newest revision (one snapshot
+per table). A fenced catalog publishes nothing (its new owner does); in a pool a member publishes
+the tables of the Kafka partitions it owns.
+
+When it runs: :class:`IcebergPublication`'s thread, started by the server once the lifecycle runs,
+every ``PUBLISH_INTERVAL_S``; a failing database is logged and retried at the next round without
+stopping the others; it stops with the server (a publication not made is made at the next start).
+Driver only; nothing here is picklable or runs on an executor.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from iox_spark.catalog.crash_points import CrashPoint, crash_point
+from iox_spark.catalog.object_store import LocalObjectStore, ObjectStore, S3ObjectStore
+from iox_spark.catalog.preserved_catalog import CatalogState, read_next_state
+from iox_spark.lifecycle.errors import IcebergPublicationFailed
+from iox_spark.lifecycle.iceberg_plan import PublishedFile, iceberg_prefix, published_files
+
+__all__ = ["CATALOG_NAME", "ICEBERG_OFF", "ICEBERG_SQLITE", "PUBLISH_INTERVAL_S", "REVISION_PROPERTY", "catalog_properties",
+           "IcebergPublisher", "IcebergPublication", "owns_table", "publication_for"]
+
+log = logging.getLogger(__name__)
+
+#: ``--iceberg-catalog`` values: no publication, and the default SQL catalog on SQLite in the data directory
+ICEBERG_OFF = "off"
+ICEBERG_SQLITE = "sqlite"
+#: the default catalog's file in the data directory
+SQLITE_FILE = "iceberg-catalog.db"
+#: the Iceberg catalog's name: a SQL catalog keeps the tables of each name apart, so a reader loads
+#: it under this name (``pyiceberg.catalog.load_catalog("iox", type="sql", uri=...)``)
+CATALOG_NAME = "iox"
+#: how often the publication looks for new revisions, in seconds
+PUBLISH_INTERVAL_S = 0.5
+#: snapshot summary keys: the revision the snapshot publishes, its transaction, the Kafka offsets
+REVISION_PROPERTY = "iox.revision"
+TRANSACTION_PROPERTY = "iox.transaction"
+OFFSETS_PROPERTY = "iox.kafka-offsets"
+_NAME_MAPPING = "schema.name-mapping.default"
+
+
+def catalog_properties(spec: str, data_dir: str, store: ObjectStore) -> dict[str, str] | None:
+    """pyiceberg ``load_catalog`` properties for ``--iceberg-catalog`` ``spec``; None when ``off``.
+
+    ``sqlite`` (the default): a SQL catalog in ``<data_dir>/iceberg-catalog.db``; ``http(s)://...``:
+    a REST catalog; any other URI (``sqlite:///path``, ``postgresql://...``): a SQL catalog on that
+    SQLAlchemy URI. The object store's S3 endpoint and credentials are the catalog's file IO's.
+    """
+    if spec == ICEBERG_OFF:
+        return None
+    if spec == ICEBERG_SQLITE:
+        props = {"type": "sql", "uri": f"sqlite:///{os.path.join(os.path.abspath(data_dir), SQLITE_FILE)}"}
+    elif spec.startswith(("http://", "https://")):
+        props = {"type": "rest", "uri": spec}
+    elif "://" in spec:
+        props = {"type": "sql", "uri": spec}
+    else:
+        raise ValueError(f"--iceberg-catalog {spec!r}: expected off, sqlite, an http(s):// REST catalog URI "
+                         "or a SQLAlchemy URI (sqlite:///path, postgresql://...)")
+    props["warehouse"] = store.url
+    if isinstance(store, S3ObjectStore):
+        cfg = store.config
+        props["s3.region"] = cfg.region
+        if cfg.endpoint_url:
+            props["s3.endpoint"] = cfg.endpoint_url
+        if cfg.access_key_id is not None:
+            props["s3.access-key-id"] = cfg.access_key_id
+            props["s3.secret-access-key"] = cfg.secret_access_key
+    return props
+
+
+@dataclass
+class _Published:
+    """What this publisher knows of one Iceberg table: the table, its revision and its data files."""
+
+    table: Any
+    revision: int
+    #: file path → pyiceberg DataFile of the current snapshot
+    files: dict[str, Any] = field(default_factory=dict)
+
+
+class IcebergPublisher:
+    """Brings the Iceberg tables of databases up to their preserved catalogs (module docstring).
+
+    Called from one thread at a time (the publication's); holds the pyiceberg catalog, opened on
+    first use, and what it read of each table.
+    """
+
+    def __init__(self, properties: dict[str, str], store: ObjectStore) -> None:
+        self._properties = dict(properties)
+        self._store = store
+        self._catalog = None
+        self._tables: dict[tuple[str, str], _Published] = {}
+        #: database → the revision every table of it was brought up to
+        self._revision: dict[str, int] = {}
+        self._state: dict[str, CatalogState] = {}
+
+    def published_revision(self, db: str) -> int | None:
+        """The revision of ``db`` every table was brought up to, None before the first publication."""
+        return self._revision.get(db)
+
+    def publish(self, state: CatalogState, owns_table: Callable[[str], bool] = lambda _t: True) -> int:
+        """Publishes every revision of ``state.db`` from the last one published up to ``state`` (the
+        newest state of the database's catalog), one snapshot per table a revision changes; returns
+        the snapshots committed. ``owns_table``: whether this server publishes a table (a pool member
+        publishes its partitions' tables). Raises IcebergPublicationFailed (the cause chained); what
+        was committed before it stays, and the next call goes on from there."""
+        db = state.db
+        last = self._revision.get(db)
+        if last is None:
+            last = self._start(state)
+        if last >= state.revision:
+            return 0
+        prev = self._state.get(db)
+        committed = 0
+        for revision in range(last + 1, state.revision + 1):
+            if revision == state.revision:
+                current = state
+            elif prev is not None and prev.revision == revision - 1:
+                current = read_next_state(self._store, db, prev)
+            else:
+                from iox_spark.catalog.preserved_catalog import read_state
+
+                current = read_state(self._store, db, revision)
+            if current is None or current.revision != revision:
+                raise IcebergPublicationFailed(db, None, revision, "the catalog's transaction is not readable")
+            committed += self._publish_revision(current, owns_table)
+            self._revision[db] = revision
+            self._state[db] = prev = current
+        return committed
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _iceberg(self):
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+
+            self._catalog = load_catalog(CATALOG_NAME, **self._properties)
+        return self._catalog
+
+    def _start(self, state: CatalogState) -> int:
+        """Reads the database's Iceberg tables; the revision to publish after (module docstring)."""
+        cat = self._iceberg()
+        db = state.db
+        try:
+            identifiers = cat.list_tables(db)
+        except Exception as e:  # noqa: BLE001 - pyiceberg raises NoSuchNamespaceError for a new database
+            if type(e).__name__ != "NoSuchNamespaceError":
+                raise IcebergPublicationFailed(db, None, state.revision, "listing the namespace failed") from e
+            identifiers = []
+        revisions = []
+        for ident in identifiers:
+            table = ident[-1]
+            self._tables[(db, table)] = p = self._read(cat.load_table((db, table)))
+            revisions.append(p.revision)
+            if p.revision > state.revision:
+                log.warning("iceberg: %s.%s is published up to revision %d, above the catalog's %d; it is "
+                            "left as it is until the catalog passes it", db, table, p.revision, state.revision)
+        start = min(revisions) if revisions else state.revision - 1
+        return min(start, state.revision - 1) if revisions else start
+
+    def _read(self, tbl) -> _Published:
+        snap = tbl.current_snapshot()
+        files: dict[str, Any] = {}
+        revision = -1
+        if snap is not None:
+            revision = int(snap.summary.additional_properties.get(REVISION_PROPERTY, -1)) if snap.summary else -1
+            for manifest in snap.manifests(tbl.io):
+                for entry in manifest.fetch_manifest_entry(tbl.io, discard_deleted=True):
+                    files[entry.data_file.file_path] = entry.data_file
+        return _Published(tbl, revision, files)
+
+    def _path(self, key: str) -> str:
+        if isinstance(self._store, LocalObjectStore):
+            return "file://" + os.path.join(self._store.root_dir, key)
+        return f"{self._store.url}/{key}"
+
+    def _publish_revision(self, state: CatalogState, owns_table: Callable[[str], bool]) -> int:
+        db = state.db
+        tables = {f.table for f in state.files.values()} | {t for (d, t) in self._tables if d == db}
+        committed = 0
+        for table in sorted(tables):
+            if not owns_table(table):
+                continue
+            p = self._tables.get((db, table))
+            if p is not None and p.revision >= state.revision:
+                continue
+            wanted = published_files(state, table)
+            paths = {self._path(k): f for k, f in wanted.items()}
+            if set(paths) == set(p.files if p is not None else ()):
+                continue
+            try:
+                self._commit(state, table, p, paths)
+            except IcebergPublicationFailed:
+                raise
+            except Exception as e:
+                raise IcebergPublicationFailed(db, table, state.revision, f"{type(e).__name__}: {e}") from e
+            committed += 1
+        return committed
+
+    def _commit(self, state: CatalogState, table: str, p: _Published | None, wanted: dict[str, PublishedFile]) -> None:
+        import pyarrow.parquet as pq
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        db = state.db
+        current = p.files if p is not None else {}
+        added = [path for path in wanted if path not in current]
+        removed = [path for path in current if path not in wanted]
+        fs, _base = self._store.arrow_fs()
+        for path in added:
+            if wanted[path].is_copy:
+                _write_copy(self._store, state, table, wanted[path])
+        schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in added]
+        if p is None:
+            if not added:
+                return
+            cat = self._iceberg()
+            cat.create_namespace_if_not_exists(db)
+            location = f"{self._store.url}/{iceberg_prefix(db, table)}".rstrip("/")
+            if isinstance(self._store, LocalObjectStore):
+                location = "file://" + os.path.join(self._store.root_dir, iceberg_prefix(db, table)).rstrip("/")
+            try:
+                tbl = cat.create_table((db, table), schema=schemas[0], location=location,
+                                       properties={"format-version": "2"})
+            except Exception as e:  # noqa: BLE001 - a crash after creating it, before its first snapshot
+                if type(e).__name__ != "TableAlreadyExistsError":
+                    raise
+                tbl = cat.load_table((db, table))
+            p = self._tables[(db, table)] = self._read(tbl)
+            if p.revision >= state.revision or set(p.files) == set(wanted):
+                return
+        props = {REVISION_PROPERTY: str(state.revision), TRANSACTION_PROPERTY: state.transaction_uuid,
+                 OFFSETS_PROPERTY: json.dumps(_offsets(state, table), sort_keys=True)}
+        crash_point(CrashPoint.ICEBERG_BEFORE_COMMIT)
+        tbl = p.table
+        try:
+            with tbl.transaction() as tx:
+                for schema in schemas:
+                    with tx.update_schema() as update:
+                        update.union_by_name(schema)
+                tx.set_properties(**{_NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
+                with tx.update_snapshot(snapshot_properties=props).overwrite() as files:
+                    for path in removed:
+                        files.delete_data_file(current[path])
+                    for path in added:
+                        files.append_data_file(parquet_file_to_data_file(tbl.io, tx.table_metadata, path))
+        except CommitFailedException as e:
+            # another writer committed first: read the table again; the next round goes on from it
+            self._tables[(db, table)] = self._read(self._iceberg().load_table((db, table)))
+            raise IcebergPublicationFailed(db, table, state.revision, "another writer committed first") from e
+        self._tables[(db, table)] = self._read(tbl)
+
+
+def _offsets(state: CatalogState, table: str) -> dict[str, dict[str, list[int]]]:
+    """{partition key: {Kafka partition: [min unpersisted offset, max offset]}} of the table's checkpoints."""
+    return {pkey: {str(kp): list(r) for kp, r in sorted(ck.sequencer_numbers.items())}
+            for (t, pkey), ck in sorted(state.partition_checkpoints.items()) if t == table}
+
+
+def _write_copy(store: ObjectStore, state: CatalogState, table: str, pf: PublishedFile) -> None:
+    """Writes the copy ``pf`` (lifecycle/iceberg_plan.py): its sources' rows, each source's deletes
+    applied, deduplicated across sources, in the columns of its sources. Idempotent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iox_spark.chunk_store.arrow_merge import ArrowDelete, apply_deletes, deduplicate
+
+    columns = state.table_schemas.get(table, ())
+    col_types = {name: typ for name, role, typ in columns if role not in ("time",)}
+    fs, _base = store.arrow_fs()
+    deletes = dict(pf.deletes)
+    parts = []
+    for src in pf.sources:
+        t = pq.read_table(store.arrow_path(src.key), filesystem=fs)
+        if src.key in deletes:
+            t = apply_deletes(t, [ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq,
+                                              tuple((c, op, v, _kind(v)) for c, op, v in d.predicate))
+                                  for d in deletes[src.key]], col_types)
+        parts.append(t)
+    merged = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+    if len(parts) > 1:
+        names = set(merged.column_names)
+        tags = [n for n, role, _t in columns if role == "tag" and n in names]
+        fields = [n for n, role, _t in columns if role not in ("tag", "time") and n in names]
+        order = merged.column_names
+        merged = deduplicate(merged, tags, fields).select(order)
+    out_fs, path = store.arrow_prepare_write(pf.key)
+    pq.write_table(merged, path, filesystem=out_fs)
+    store.arrow_finish_write([pf.key])
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    return "string"
+
+
+class IcebergPublication:
+    """The thread that publishes every database's preserved catalog (module docstring).
+
+    ``catalogs``: () → {database name: PreservedCatalog} (the lifecycle's); ``owns_table``:
+    (PreservedCatalog, table) → whether this server publishes the table. ``start`` once, ``stop``
+    at the server's stop (idempotent).
+    """
+
+    def __init__(self, publisher: IcebergPublisher, catalogs: Callable[[], dict],
+                 owns_table: Callable[[Any, str], bool], interval_s: float = PUBLISH_INTERVAL_S) -> None:
+        self._publisher = publisher
+        self._catalogs = catalogs
+        self._owns_table = owns_table
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures: dict[str, str] = {}
+
+    @property
+    def publisher(self) -> IcebergPublisher:
+        return self._publisher
+
+    def failures(self) -> dict[str, str]:
+        """Database → why its last publication failed (empty when every one succeeded)."""
+        return dict(self._failures)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="iceberg-publication", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def run_once(self) -> int:
+        """One round over every database; returns the snapshots committed. Never raises for one database."""
+        committed = 0
+        for name, pc in sorted(self._catalogs().items()):
+            if self._stopped.is_set():
+                break
+            if pc.fenced:
+                continue
+            try:
+                committed += self._publisher.publish(pc.state, lambda table, pc=pc: self._owns_table(pc, table))
+                self._failures.pop(name, None)
+            except Exception as e:  # noqa: BLE001 - one database's failure never stops the others
+                if self._failures.get(name) != str(e):
+                    log.warning("iceberg: publishing database %s failed (retried every %.1fs): %s", name,
+                                self._interval_s, e, exc_info=not isinstance(e, IcebergPublicationFailed))
+                self._failures[name] = str(e)
+        return committed
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            self.run_once()
+
+
+def owns_table(pc, table: str) -> bool:
+    """Whether this server publishes ``table`` of the database whose PreservedCatalog is ``pc``: every
+    table of a database outside a pool; in a pool, the tables of the Kafka partitions it owns."""
+    state = pc.state
+    if not state.pooled:
+        return True
+    from iox_spark.catalog.sharding import partition_for
+
+    return partition_for(table, state.pool_kafka_partitions) in pc.owned_partitions
+
+
+def publication_for(spec: str, data_dir: str, store: ObjectStore,
+                    catalogs: Callable[[], dict]) -> IcebergPublication | None:
+    """The publication ``--iceberg-catalog spec`` asks for (not started), None when ``off``."""
+    props = catalog_properties(spec, data_dir, store)
+    if props is None:
+        return None
+    return IcebergPublication(IcebergPublisher(props, store), catalogs, owns_table)
