@@ -20,6 +20,10 @@ def _no(*_args) -> bool:
     return False
 
 
+def _none_published(_database: str) -> frozenset:
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class LifecycleHooks:
     #: (database, table): the table's view changed (chunks swapped in or out); None: no views
@@ -38,3 +42,6 @@ class LifecycleHooks:
     on_partitions_lost: Callable[[str, Iterable[int]], None] | None = None
     #: (database name, CatalogState) after the fence probe read the other members' commits
     on_catalog_refreshed: Callable[[str, object], None] | None = None
+    #: (database name) -> object keys a snapshot published to Iceberg still references (cleanup keeps
+    #: them); None while not known yet (cleanup then skips the database)
+    published_keys: Callable[[str], frozenset | None] = _none_published

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from iox_spark.catalog.object_store import encode_key_segment
 from iox_spark.catalog.preserved_catalog import AddDeletePredicate, AddParquet, CatalogState
 
-__all__ = ["PublishedFile", "published_files", "iceberg_prefix", "copies_prefix"]
+__all__ = ["PublishedFile", "published_files", "changed_tables", "iceberg_prefix", "copies_prefix"]
 
 
 def iceberg_prefix(db: str, table: str) -> str:
@@ -57,10 +57,26 @@ class PublishedFile:
         return len(self.sources) > 1 or bool(self.deletes)
 
 
-def published_files(state: CatalogState, table: str) -> dict[str, PublishedFile]:
+def changed_tables(before: CatalogState | None, after: CatalogState) -> set[str]:
+    """The tables whose published files may differ between ``before`` and ``after`` (a later state of
+    the same catalog): those of files added or removed and of delete predicates recorded or changed
+    (every table with files when ``before`` is None). A table outside it publishes the same files."""
+    if before is None:
+        return {f.table for f in after.files.values()}
+    out = {after.files[k].table for k in after.files.keys() - before.files.keys()}
+    out |= {before.files[k].table for k in before.files.keys() - after.files.keys()}
+    if before.delete_predicates != after.delete_predicates:
+        for d in set(before.delete_predicates) ^ set(after.delete_predicates):
+            out |= {s.files[k].table for s in (before, after) for k in d.applies_to if k in s.files}
+    return out
+
+
+def published_files(state: CatalogState, table: str, files: list[AddParquet] | None = None) -> dict[str, PublishedFile]:
     """Key → :class:`PublishedFile` of every data file the Iceberg table of ``table`` references at
-    ``state`` (empty when the table has no persisted file)."""
-    files = [f for f in state.files.values() if f.table == table]
+    ``state`` (empty when the table has no persisted file). ``files``: the table's files of
+    ``state`` when the caller has them (else found in ``state.files``)."""
+    if files is None:
+        files = [f for f in state.files.values() if f.table == table]
     deletes: dict[str, list[AddDeletePredicate]] = {}
     for d in state.delete_predicates:
         if d.table is not None and d.table != table:

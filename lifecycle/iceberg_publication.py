@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 from iox_spark.catalog.crash_points import CrashPoint, crash_point
 from iox_spark.catalog.object_store import LocalObjectStore, ObjectStore, S3ObjectStore
-from iox_spark.catalog.preserved_catalog import CatalogState, read_next_state
+from iox_spark.catalog.preserved_catalog import CatalogState, read_next_state, read_state
 from iox_spark.lifecycle.errors import IcebergPublicationFailed
-from iox_spark.lifecycle.iceberg_plan import PublishedFile, iceberg_prefix, published_files
+from iox_spark.lifecycle.iceberg_plan import PublishedFile, changed_tables, iceberg_prefix, published_files
 
 __all__ = ["CATALOG_NAME", "ICEBERG_OFF", "ICEBERG_SQLITE", "PUBLISH_INTERVAL_S", "REVISION_PROPERTY", "catalog_properties",
            "IcebergPublisher", "IcebergPublication", "owns_table", "publication_for"]
@@ -54,6 +54,13 @@ SQLITE_FILE = "iceberg-catalog.db"
 CATALOG_NAME = "iox"
 #: how often the publication looks for new revisions, in seconds
 PUBLISH_INTERVAL_S = 0.5
+#: how long a snapshot replaced by a newer one stays readable (time travel), in seconds: the cleanup
+#: of our files (lifecycle/worker.py, through its ``published_keys`` hook) and of the copies keeps
+#: every file a snapshot not yet expired references
+SNAPSHOT_RETENTION_S = 900.0
+#: how often a table's snapshots older than ``SNAPSHOT_RETENTION_S`` are expired and the copies no
+#: snapshot references any more are deleted, in seconds
+MAINTENANCE_INTERVAL_S = 60.0
 #: snapshot summary keys: the revision the snapshot publishes, its transaction, the Kafka offsets
 REVISION_PROPERTY = "iox.revision"
 TRANSACTION_PROPERTY = "iox.transaction"
@@ -99,6 +106,10 @@ class _Published:
     revision: int
     #: file path → pyiceberg DataFile of the current snapshot
     files: dict[str, Any] = field(default_factory=dict)
+    #: paths of the files any snapshot not expired references (the current one's included)
+    referenced: set[str] = field(default_factory=set)
+    #: `now` of the last maintenance (0: none yet)
+    maintained_s: float = 0.0
 
 
 class IcebergPublisher:
@@ -116,6 +127,15 @@ class IcebergPublisher:
         #: database → the revision every table of it was brought up to
         self._revision: dict[str, int] = {}
         self._state: dict[str, CatalogState] = {}
+        #: database → object keys a snapshot not expired references (read by the cleanup's thread)
+        self._published_keys: dict[str, frozenset] = {}
+        self._keys_lock = threading.Lock()
+
+    def published_keys(self, db: str) -> frozenset | None:
+        """Object keys of ``db``'s files a snapshot not expired references; None before this
+        publisher read the database's Iceberg tables. Any thread."""
+        with self._keys_lock:
+            return self._published_keys.get(db)
 
     def published_revision(self, db: str) -> int | None:
         """The revision of ``db`` every table was brought up to, None before the first publication."""
@@ -141,12 +161,14 @@ class IcebergPublisher:
             elif prev is not None and prev.revision == revision - 1:
                 current = read_next_state(self._store, db, prev)
             else:
-                from iox_spark.catalog.preserved_catalog import read_state
-
                 current = read_state(self._store, db, revision)
             if current is None or current.revision != revision:
                 raise IcebergPublicationFailed(db, None, revision, "the catalog's transaction is not readable")
-            committed += self._publish_revision(current, owns_table)
+            before = prev if prev is not None and prev.revision == revision - 1 else None
+            changed = changed_tables(before, current)
+            if before is None:  # every table this publisher knows, also one whose files all went
+                changed |= {t for (d, t) in self._tables if d == db}
+            committed += self._publish_revision(current, owns_table, changed)
             self._revision[db] = revision
             self._state[db] = prev = current
         return committed
@@ -178,36 +200,57 @@ class IcebergPublisher:
             if p.revision > state.revision:
                 log.warning("iceberg: %s.%s is published up to revision %d, above the catalog's %d; it is "
                             "left as it is until the catalog passes it", db, table, p.revision, state.revision)
-        start = min(revisions) if revisions else state.revision - 1
-        return min(start, state.revision - 1) if revisions else start
+        self._note_keys(db)
+        return min(min(revisions), state.revision - 1) if revisions else state.revision - 1
 
-    def _read(self, tbl) -> _Published:
+    def _note_keys(self, db: str) -> None:
+        keys = frozenset(self._key(path) for (d, _t), p in self._tables.items() if d == db for path in p.referenced)
+        with self._keys_lock:
+            self._published_keys[db] = frozenset(k for k in keys if k is not None)
+
+    def _key(self, path: str) -> str | None:
+        """The object key of a data file path of ours (None for a path outside the store)."""
+        prefix = self._path("")
+        return path[len(prefix):] if path.startswith(prefix) else None
+
+    def _read(self, tbl, *, all_snapshots: bool = True) -> _Published:
+        """What ``tbl`` references: the current snapshot's files and revision, and (``all_snapshots``)
+        the files of every snapshot it keeps."""
         snap = tbl.current_snapshot()
         files: dict[str, Any] = {}
         revision = -1
         if snap is not None:
             revision = int(snap.summary.additional_properties.get(REVISION_PROPERTY, -1)) if snap.summary else -1
-            for manifest in snap.manifests(tbl.io):
-                for entry in manifest.fetch_manifest_entry(tbl.io, discard_deleted=True):
-                    files[entry.data_file.file_path] = entry.data_file
-        return _Published(tbl, revision, files)
+            files = _data_files(tbl, snap)
+        referenced = set(files)
+        if all_snapshots:
+            for other in tbl.snapshots():
+                if snap is None or other.snapshot_id != snap.snapshot_id:
+                    referenced.update(_data_files(tbl, other))
+        return _Published(tbl, revision, files, referenced)
 
     def _path(self, key: str) -> str:
         if isinstance(self._store, LocalObjectStore):
             return "file://" + os.path.join(self._store.root_dir, key)
         return f"{self._store.url}/{key}"
 
-    def _publish_revision(self, state: CatalogState, owns_table: Callable[[str], bool]) -> int:
+    def _publish_revision(self, state: CatalogState, owns_table: Callable[[str], bool], changed: set[str]) -> int:
+        """Publishes ``state`` to the Iceberg tables of the tables in ``changed`` (changed_tables)."""
         db = state.db
-        tables = {f.table for f in state.files.values()} | {t for (d, t) in self._tables if d == db}
+        if not changed:
+            return 0
+        by_table: dict[str, list] = {}
+        for f in state.files.values():
+            if f.table in changed:
+                by_table.setdefault(f.table, []).append(f)
         committed = 0
-        for table in sorted(tables):
+        for table in sorted(changed):
             if not owns_table(table):
                 continue
             p = self._tables.get((db, table))
             if p is not None and p.revision >= state.revision:
                 continue
-            wanted = published_files(state, table)
+            wanted = published_files(state, table, by_table.get(table, []))
             paths = {self._path(k): f for k, f in wanted.items()}
             if set(paths) == set(p.files if p is not None else ()):
                 continue
@@ -270,8 +313,52 @@ class IcebergPublisher:
         except CommitFailedException as e:
             # another writer committed first: read the table again; the next round goes on from it
             self._tables[(db, table)] = self._read(self._iceberg().load_table((db, table)))
+            self._note_keys(db)
             raise IcebergPublicationFailed(db, table, state.revision, "another writer committed first") from e
-        self._tables[(db, table)] = self._read(tbl)
+        after = self._read(tbl, all_snapshots=False)
+        after.referenced |= p.referenced
+        after.maintained_s = p.maintained_s
+        self._tables[(db, table)] = after
+        self._note_keys(db)
+
+    def maintain(self, db: str, now_s: float) -> list[str]:
+        """For each Iceberg table of ``db`` not maintained in the last ``MAINTENANCE_INTERVAL_S``:
+        expires the snapshots older than ``SNAPSHOT_RETENTION_S`` (never the current one) and deletes
+        the copies no snapshot left references, written at least ``SNAPSHOT_RETENTION_S`` ago (one a
+        crash left before its commit is written again when needed). Returns the deleted keys.
+        ``now_s``: the caller's clock, seconds since the epoch."""
+        import datetime as _dt
+
+        from iox_spark.lifecycle.iceberg_plan import copies_prefix
+
+        deleted: list[str] = []
+        for (d, table), p in sorted(self._tables.items()):
+            if d != db or now_s - p.maintained_s < MAINTENANCE_INTERVAL_S:
+                continue
+            tbl = p.table
+            cutoff_ms = int((now_s - SNAPSHOT_RETENTION_S) * 1000)
+            current = tbl.current_snapshot()
+            old = [s.snapshot_id for s in tbl.snapshots()
+                   if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id)]
+            if old:
+                tbl.maintenance.expire_snapshots().older_than(
+                    _dt.datetime.fromtimestamp(cutoff_ms / 1000, tz=_dt.timezone.utc)).commit()
+                tbl = self._iceberg().load_table((db, table))
+            p = self._tables[(db, table)] = self._read(tbl)
+            p.maintained_s = now_s
+            self._note_keys(db)
+            for meta in self._store.list(copies_prefix(db, table)):
+                if meta.key.endswith(".parquet") and self._path(meta.key) not in p.referenced \
+                        and now_s - meta.last_modified_s >= SNAPSHOT_RETENTION_S:
+                    self._store.delete(meta.key)
+                    deleted.append(meta.key)
+        return deleted
+
+
+def _data_files(tbl, snapshot) -> dict[str, Any]:
+    """File path → DataFile of every live data file of ``snapshot``."""
+    return {entry.data_file.file_path: entry.data_file for manifest in snapshot.manifests(tbl.io)
+            for entry in manifest.fetch_manifest_entry(tbl.io, discard_deleted=True)}
 
 
 def _offsets(state: CatalogState, table: str) -> dict[str, dict[str, list[int]]]:
@@ -357,8 +444,14 @@ class IcebergPublication:
         if self._thread is not None:
             self._thread.join(30)
 
-    def run_once(self) -> int:
-        """One round over every database; returns the snapshots committed. Never raises for one database."""
+    def published_keys(self, db: str) -> frozenset | None:
+        """Object keys of ``db`` an Iceberg snapshot not expired references (lifecycle/hooks.py
+        ``published_keys``); None until the first round read the database's tables. Any thread."""
+        return self._publisher.published_keys(db)
+
+    def run_once(self, now_s: float) -> int:
+        """One round over every database (publication, then maintenance when due); returns the
+        snapshots committed. Never raises for one database. ``now_s``: the loop's clock."""
         committed = 0
         for name, pc in sorted(self._catalogs().items()):
             if self._stopped.is_set():
@@ -367,6 +460,7 @@ class IcebergPublication:
                 continue
             try:
                 committed += self._publisher.publish(pc.state, lambda table, pc=pc: self._owns_table(pc, table))
+                self._publisher.maintain(name, now_s)
                 self._failures.pop(name, None)
             except Exception as e:  # noqa: BLE001 - one database's failure never stops the others
                 if self._failures.get(name) != str(e):
@@ -376,8 +470,10 @@ class IcebergPublication:
         return committed
 
     def _run(self) -> None:
+        import time
+
         while not self._stopped.wait(self._interval_s):
-            self.run_once()
+            self.run_once(time.time())
 
 
 def owns_table(pc, table: str) -> bool:

@@ -548,16 +548,21 @@ class LifecycleWorker:
         return len(flushed) if actions else 0
 
     def cleanup(self, now: float, min_age_s: float) -> list:
-        """Deletes Parquet files no retained transaction references (never in-flight ones). A fenced
+        """Deletes Parquet files no retained transaction references (never in-flight ones, nor files an
+        Iceberg snapshot not expired references: `LifecycleHooks.published_keys`). A fenced
         database is never cleaned up; one whose next revision another writer committed (checked right
         before deleting, catalog/cleanup.py) loses nothing and is fenced."""
         deleted = []
         for db_name, pc in list(self.preserved.items()):
             if self.fenced_revision(db_name) is not None:
                 continue
+            published = self.hooks.published_keys(db_name)
+            if published is None:
+                continue  # which files the Iceberg snapshots reference is not known yet
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
-            # compaction of persisted files) still read stay until those chunks are released
-            in_flight = self._in_use_keys()
+            # compaction of persisted files) still read stay until those chunks are released, files an
+            # Iceberg snapshot references until it expires
+            in_flight = self._in_use_keys() | published
             crash_point(CrashPoint.CLEANUP_BEFORE_DELETE)
             if self._pooled(pc):
                 deleted += self._cleanup_pooled(db_name, pc, in_flight, now, min_age_s)

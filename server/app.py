@@ -204,10 +204,12 @@ class IoxServer:
             memory_pressure=self.memory_guard.pressure,
             frozen=lambda: self.freeze.frozen,
             on_partitions_lost=(lambda name, partitions: self.pool.lose(name, partitions)) if pooled else None,
-            on_catalog_refreshed=(lambda name, state: self.pool.take_state(name, state)) if pooled else None)
+            on_catalog_refreshed=(lambda name, state: self.pool.take_state(name, state)) if pooled else None,
+            published_keys=lambda name: frozenset() if self.iceberg is None else self.iceberg.published_keys(name))
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.pause_file, hooks, cache=self.parquet_cache,
                                          prune_delay_s=cfg.prune_delay_s, metrics=self.router.metrics.operation)
+        self.iceberg = publication_for(cfg.iceberg_catalog, data_dir, self.store, lambda: dict(self.lifecycle.preserved))
         self.fence = FenceControl(self.catalog, self.lifecycle, self.ingestor)
         self.pool = None if cfg.pool_member is None else PoolControl(
             cfg.pool_member, catalog=self.catalog, write_buffer=self.write_buffer, lifecycle=self.lifecycle,
@@ -217,7 +219,6 @@ class IoxServer:
         self.verifier = VerifyControl(self.spark, self.catalog, self.tail, self.ingestor.table_view_sql_of,
                                       self.read_barrier, self.write_buffer, self.pool)
         self.lifecycle.start()
-        self.iceberg = publication_for(cfg.iceberg_catalog, data_dir, self.store, lambda: dict(self.lifecycle.preserved))
         if self.iceberg is not None:
             self.iceberg.start()
         self.freeze.start(self.consumer)

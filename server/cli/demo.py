@@ -35,6 +35,30 @@ _QUERIES = [
 ]
 
 
+def _show_iceberg(server, client, data_dir: str) -> None:
+    """Persists the demo database and reads the Apache Iceberg table it is published to, as a user
+    of pyiceberg would (lifecycle/iceberg_publication.py)."""
+    from iox_spark.lifecycle.iceberg_publication import CATALOG_NAME, catalog_properties
+
+    if server.iceberg is None:
+        return
+    client.persist("demo")
+    revision = server.lifecycle.preserved["demo"].revision
+    deadline = time.monotonic() + 60
+    while (server.iceberg.publisher.published_revision("demo") or -1) < revision:
+        if time.monotonic() > deadline:
+            print("== the Iceberg publication did not catch up within 60 s (see the log)", flush=True)
+            return
+        time.sleep(0.1)
+    from pyiceberg.catalog import load_catalog
+
+    props = catalog_properties(server.config.iceberg_catalog, data_dir, server.store)
+    tbl = load_catalog(CATALOG_NAME, **props).load_table(("demo", "cpu"))
+    rows = tbl.scan(selected_fields=("host", "usage_user", "time_ns")).to_arrow().num_rows
+    print(f"\n== persisted; published as Apache Iceberg: pyiceberg reads {rows} rows of demo.cpu from "
+          f"load_catalog({CATALOG_NAME!r}, type='sql', uri={props['uri']!r})", flush=True)
+
+
 def run_demo(data_dir: str | None, grpc_port: int, keep_running: bool) -> int:
     import logging
 
@@ -68,6 +92,7 @@ def run_demo(data_dir: str | None, grpc_port: int, keep_running: bool) -> int:
             for title, sql in _QUERIES:
                 print(f"\n-- {title}\n   {sql}", flush=True)
                 print_table(client.query("demo", sql), "table")
+            _show_iceberg(server, client, data_dir)
         if keep_running:
             print(f"\n== serving on 127.0.0.1:{port}; Spark Connect: "
                   f"sc://localhost:{DEFAULT_SPARK_CONNECT_PORT}/;token={server.spark_connect_token}"

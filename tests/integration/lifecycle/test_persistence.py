@@ -24,6 +24,7 @@ from tests.waiting import wait_for
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.timestamps import T0
 from tests.rows import write_applied
+from tests.iceberg_tables import duckdb_rows, published_revisions, pyiceberg_rows, server_table, wait_published
 
 Q = "SELECT host, count(*) AS n, sum(v) AS s, max(w) AS w FROM cpu GROUP BY host ORDER BY host"
 Q2 = "SELECT host, count(*) AS n, sum(v) AS s FROM cpu GROUP BY host ORDER BY host"
@@ -645,7 +646,14 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     assert all(store.exists(k) for k in old)
     for ch in srv.catalog.take_retired(time.time() + 1):
         release_chunk_data(srv.spark, ch)
-    assert sorted(srv.lifecycle.cleanup(time.time() + 10_000, 900.0)) == sorted(old)
+    # and while an Iceberg snapshot not expired references them: the first persist's snapshot names
+    # its file (the later ones a merged copy: the three files meet in time)
+    wait_published(srv, db)
+    first = srv.lifecycle.cleanup(time.time() + 10_000, 900.0)
+    kept = set(old) - set(first)
+    assert len(kept) == 1 and kept <= srv.iceberg.published_keys(db)
+    srv.iceberg.run_once(time.time() + 10_000)  # expires the snapshots older than the retention
+    assert sorted(first + srv.lifecycle.cleanup(time.time() + 10_000, 900.0)) == sorted(old)
     assert c.query(db, Q).to_pylist() == expect
     if merge == "spark":
         return  # the commit a restart reads is the same for both merges: one restart suffices
@@ -653,6 +661,56 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     try:
         assert r2.client.query(db, Q).to_pylist() == expect
         assert [f["key"] for f in _partitions(r2.client, db)["2023-11-14"]["files"]] == [r["added_file"]]
+    finally:
+        manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
+
+
+def test_every_persist_is_published_to_iceberg_and_read_the_same_by_pyiceberg_and_duckdb(manual, backend):
+    """On the default Iceberg catalog (lifecycle/iceberg_publication.py): after writes, an overwrite
+    across persists, a delete, a compaction of the files, a restart and more writes, pyiceberg and
+    DuckDB read exactly the rows our SQL answers; one snapshot per catalog transaction that changed
+    the files, each naming its revision, in order, none twice (also across the restart)."""
+    cols = ("host", "v", "w", "time_ns")
+    c, db = manual.client, f"ice_{uuid.uuid4().hex[:8]}"
+
+    def ours(client):
+        return sorted((tuple(r[k] for k in cols) for r in
+                       client.query(db, "SELECT host, v, w, time_ns FROM cpu").to_pylist()), key=repr)
+
+    def published(server):
+        revision = wait_published(server, db)
+        tbl = server_table(server, db, "cpu")
+        revisions = published_revisions(tbl)
+        assert revisions == sorted(set(revisions)) and revisions[-1] == revision, revisions
+        return tbl, revisions
+
+    write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
+    c.persist(db)
+    write_applied(c, db, [f"cpu,host=h0 v=1000 {T0}", f"cpu,host=h3 v=5 {T0 + 100}"])  # overwrites h0 at T0
+    c.persist(db)
+    c.wait_applied(db, c.delete(db, T0 + 1, T0 + 2, "", "cpu"), timeout_s=90)  # removes h1 at T0+1
+    write_applied(c, db, [f"cpu,host=h2 w=99i {T0 + 2}"])  # overwrites w only
+    c.persist(db)
+    expect = ours(c)
+    assert len(expect) == 30 and ("h0", 1000.0, 0, T0) in expect and not [r for r in expect if r[3] == T0 + 1]
+    tbl, revisions = published(manual.server)
+    assert len(revisions) >= 3  # each persist; the delete's record may be a transaction of its own
+    assert pyiceberg_rows(tbl, cols) == expect == duckdb_rows(tbl, cols, backend["s3_endpoint"])
+    r = c.compact(db, "cpu", "2023-11-14", persisted=True)
+    assert r["compacted"] is True
+    tbl, after = published(manual.server)
+    assert after[:len(revisions)] == revisions and len(after) == len(revisions) + 1
+    assert pyiceberg_rows(tbl, cols) == expect == duckdb_rows(tbl, cols, backend["s3_endpoint"])
+    files = [t.file.file_path for t in tbl.scan().plan_files()]
+    assert len(files) == 1 and files[0].endswith("/" + r["added_file"])  # our file, where it is: no copy
+    r2 = manual.restart()
+    try:
+        write_applied(r2.client, db, [f"cpu,host=h4 v=4 {T0 + 200}"])
+        r2.client.persist(db)
+        expect = ours(r2.client)
+        tbl, again = published(r2.server)
+        assert again[:len(after)] == after and len(again) == len(after) + 1  # nothing published twice
+        assert pyiceberg_rows(tbl, cols) == expect == duckdb_rows(tbl, cols, backend["s3_endpoint"])
     finally:
         manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
 
@@ -793,6 +851,7 @@ def test_cleanup_deletes_orphans_only(manual):
     orphan = f"{db}/data/cpu/2023-11-14/{uuid.uuid4()}.parquet"
     store.put(orphan, b"not referenced by any transaction")
     kept = [f["key"] for f in _partitions(c, db)["2023-11-14"]["files"]]
+    wait_published(manual.server, db)  # until then the cleanup leaves the database alone
     deleted = manual.server.lifecycle.cleanup(time.time() + 10_000, 900.0)
     assert orphan in deleted
     assert not store.exists(orphan)

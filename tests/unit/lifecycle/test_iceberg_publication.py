@@ -32,6 +32,8 @@ DB, TABLE = "telemetry", "cpu"
 DAY = 86_400 * 10**9
 COLUMNS = (("host", "tag", "string"), ("usage", "field", "float"), ("time", "time", "time"))
 HOSTS = ("a", "b", "c")
+#: the publication loop's clock in the tests that do not age anything
+NOW = 2_000_000_000.0
 
 
 def _oracle(files: dict, deletes: list) -> set:
@@ -220,7 +222,7 @@ def test_duckdb_reads_what_pyiceberg_reads_and_snapshots_carry_the_revision(tmp_
     props = catalog_properties("sqlite", str(tmp_path), store)
     publication = IcebergPublication(IcebergPublisher(props, store), lambda: {DB: pc}, owns_table)
     # the first publication of a database starts at its newest revision: one snapshot
-    assert publication.run_once() == 1
+    assert publication.run_once(NOW) == 1
     con = duckdb()
     from pyiceberg.catalog import load_catalog
 
@@ -241,15 +243,15 @@ def test_duckdb_reads_what_pyiceberg_reads_and_snapshots_carry_the_revision(tmp_
     r_c = pc.commit([SetTableSchema(TABLE, cols), AddParquet(key=c_key, table=TABLE, partition_key="d", row_count=1,
                                                             size_bytes=1, min_time_ns=50, max_time_ns=50, min_seq=9,
                                                             max_seq=9, schema=cols)], 4.0)
-    assert publication.run_once() == 1
+    assert publication.run_once(NOW) == 1
     tbl = load_catalog("iox", **props).load_table((DB, TABLE))
     rows = con.execute(f"SELECT host, idle, time_ns FROM iceberg_scan('{tbl.metadata_location}') ORDER BY time_ns").fetchall()
     assert rows == [("a", None, 10), ("a", None, 30), ("c", 7, 50)]
     assert [s.summary.additional_properties[REVISION_PROPERTY] for s in tbl.snapshots()] == [str(r_del), str(r_c)]
     assert r_b < r_del < r_c
     # nothing new: nothing committed, also by a publisher that starts again
-    assert publication.run_once() == 0
-    assert IcebergPublication(IcebergPublisher(props, store), lambda: {DB: pc}, owns_table).run_once() == 0
+    assert publication.run_once(NOW) == 0
+    assert IcebergPublication(IcebergPublisher(props, store), lambda: {DB: pc}, owns_table).run_once(NOW) == 0
 
 
 def test_a_fenced_catalog_publishes_nothing_and_off_is_no_publication(tmp_path):
@@ -268,7 +270,48 @@ def test_a_fenced_catalog_publishes_nothing_and_off_is_no_publication(tmp_path):
         pc.commit([], 3.0)
     props = catalog_properties("sqlite", str(tmp_path), store)
     publication = IcebergPublication(IcebergPublisher(props, store), lambda: {DB: pc}, owns_table)
-    assert publication.run_once() == 0
+    assert publication.run_once(NOW) == 0
     from pyiceberg.catalog import load_catalog
 
     assert load_catalog("iox", **props).list_namespaces() == []
+
+
+def test_old_snapshots_expire_and_only_then_their_files_are_free_for_cleanup(tmp_path, monkeypatch):
+    """A compaction replaces two meeting files (published as one merged copy) by our merged file:
+    the replaced snapshot keeps them referenced (published_keys, which the cleanup keeps) until it
+    expires; then the copy no snapshot references is deleted, and only the current file stays kept."""
+    import datetime as dt
+
+    from iox_spark.lifecycle import iceberg_publication
+
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    pc, _ = PreservedCatalog.create_or_load(store, DB, 1.0)
+    a, b = _files({f"{DB}/data/{TABLE}/d/a.parquet": [("a", 1.0, 10, 1), ("a", 2.0, 20, 2)],
+                   f"{DB}/data/{TABLE}/d/b.parquet": [("a", 5.0, 20, 3)]}, store)  # an overwrite at 20
+    pc.commit([SetTableSchema(TABLE, COLUMNS), a, b], 1.0)
+    props = catalog_properties("sqlite", str(tmp_path), store)
+    publisher = IcebergPublisher(props, store)
+    publication = IcebergPublication(publisher, lambda: {DB: pc}, owns_table)
+    assert publisher.published_keys(DB) is None  # not read yet: the cleanup waits
+    now = dt.datetime.now(dt.timezone.utc).timestamp()
+    assert publication.run_once(now) == 1
+    (copy,) = publisher.published_keys(DB)
+    assert copy.startswith(f"{DB}/iceberg/{TABLE}/data/")  # the two files meet: one merged copy
+    from pyiceberg.catalog import load_catalog
+
+    tbl = load_catalog("iox", **props).load_table((DB, TABLE))
+    assert sorted(tbl.scan().to_arrow().to_pylist(), key=lambda r: r["time_ns"]) == [
+        {"host": "a", "usage": 1.0, "time_ns": 10, "_iox_seq": 1}, {"host": "a", "usage": 5.0, "time_ns": 20, "_iox_seq": 3}]
+    (c,) = _files({f"{DB}/data/{TABLE}/d/c.parquet": [("a", 1.0, 10, 1), ("a", 5.0, 20, 3)]}, store)
+    pc.commit([RemoveParquet(a.key), RemoveParquet(b.key), c], 2.0)
+    assert publication.run_once(now + 1) == 1
+    assert publisher.published_keys(DB) == {copy, c.key}  # the replaced snapshot still references the copy
+    # maintenance is due every MAINTENANCE_INTERVAL_S; snapshots expire after SNAPSHOT_RETENTION_S
+    assert publication.run_once(now + 2) == 0 and store.exists(copy)
+    later = now + iceberg_publication.SNAPSHOT_RETENTION_S + iceberg_publication.MAINTENANCE_INTERVAL_S + 5
+    assert publication.run_once(later) == 0
+    assert publisher.published_keys(DB) == {c.key}
+    assert not store.exists(copy)
+    tbl = load_catalog("iox", **props).load_table((DB, TABLE))
+    assert len(tbl.snapshots()) == 1
+    assert duckdb().execute(f"SELECT count(*) FROM iceberg_scan('{tbl.metadata_location}')").fetchone() == (2,)
