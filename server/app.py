@@ -238,7 +238,7 @@ class IoxServer:
         self.manual = ManualActions(self.catalog, self.write_buffer, self.ingestor.wait_applied, self.lifecycle,
                                     cfg.partitions)
         self.status_document = StatusDocument(self.catalog, self.lifecycle, self.freeze, self.replay,
-                                              self.visibility.watermarks, self.store, cfg.pool_member)
+                                              self.visibility.watermarks, self.store, cfg.pool_member, self.iceberg)
         TransactionRepair(self.ingestor, self.write_buffer, self._stopped).start()
         self.router.overload_check = WriteBackpressure(self.memory_guard, self.lifecycle, self.catalog,
                                                        self.rules).refusal

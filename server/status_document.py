@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from iox_spark.catalog.catalog import Catalog, Database
     from iox_spark.catalog.object_store import ObjectStore
+    from iox_spark.lifecycle.iceberg_publication import IcebergPublication
     from iox_spark.lifecycle.worker import LifecycleWorker
     from iox_spark.server.consume.watermarks import PartitionWatermarks
     from iox_spark.server.freeze_admin import FreezeControl
@@ -39,11 +40,12 @@ class StatusDocument:
     """`catalog`: the in-memory catalog; `lifecycle`: the lifecycle worker (its preserved catalogs and
     fences); `freeze`: the FreezeControl; `replay`: the ReplayWatch; `watermarks(db)`: the
     PartitionWatermarks of a database (asks Kafka); `store`: the object store (the pool's member
-    records); `pool_member`: this member's name, None outside a pool."""
+    records); `pool_member`: this member's name, None outside a pool; `iceberg`: the Iceberg
+    publication, None when off."""
 
     def __init__(self, catalog: Catalog, lifecycle: LifecycleWorker, freeze: FreezeControl, replay: ReplayWatch,
                  watermarks: Callable[[Database], list[PartitionWatermarks]], store: ObjectStore,
-                 pool_member: str | None):
+                 pool_member: str | None, iceberg: IcebergPublication | None = None):
         self._catalog = catalog
         self._lifecycle = lifecycle
         self._freeze = freeze
@@ -51,6 +53,7 @@ class StatusDocument:
         self._watermarks = watermarks
         self._store = store
         self._pool_member = pool_member
+        self._iceberg = iceberg
 
     def build(self, database: str = "", pool_members: bool = False) -> management_pb2.GetStatusResponse:
         """`iox status`: the databases (`database` only when given); with `pool_members` on a pool
@@ -101,6 +104,11 @@ class StatusDocument:
                 d.owners.add(partition=kp, owner=o.owner, epoch=o.epoch)
         if snap.owned_partitions is not None:
             d.owned_partitions.extend(sorted(snap.owned_partitions))
+        if self._iceberg is not None:
+            published = self._iceberg.publisher.published_revision(db.name)
+            if published is not None:
+                d.iceberg_published_revision = published
+            d.iceberg_error = self._iceberg.failures().get(db.name, "")
         fenced_revision = self._lifecycle.fenced_revision(db.name) if self._lifecycle else None
         if fenced_revision is not None:
             d.fenced = True

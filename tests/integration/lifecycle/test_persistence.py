@@ -682,6 +682,9 @@ def test_every_persist_is_published_to_iceberg_and_read_the_same_by_pyiceberg_an
         tbl = server_table(server, db, "cpu")
         revisions = published_revisions(tbl)
         assert revisions == sorted(set(revisions)) and revisions[-1] == revision, revisions
+        with IoxClient(f"127.0.0.1:{server.grpc_port}") as client:  # `iox status` says so
+            st = client.status(db)["databases"][0]
+        assert (st["iceberg_published_revision"], st["iceberg_error"]) == (revision, "")
         return tbl, revisions
 
     write_applied(c, db, [f"cpu,host=h{i % 3} v={i},w={i}i {T0 + i}" for i in range(30)])
