@@ -321,11 +321,12 @@ class IcebergPublisher:
         self._tables[(db, table)] = after
         self._note_keys(db)
 
-    def maintain(self, db: str, now_s: float) -> list[str]:
+    def maintain(self, db: str, now_s: float, owns_table: Callable[[str], bool] = lambda _t: True) -> list[str]:
         """For each Iceberg table of ``db`` not maintained in the last ``MAINTENANCE_INTERVAL_S``:
         expires the snapshots older than ``SNAPSHOT_RETENTION_S`` (never the current one) and deletes
         the copies no snapshot left references, written at least ``SNAPSHOT_RETENTION_S`` ago (one a
-        crash left before its commit is written again when needed). Returns the deleted keys.
+        crash left before its commit is written again when needed). Only the tables ``owns_table``
+        answers True for: another owner maintains the others. Returns the deleted keys.
         ``now_s``: the caller's clock, seconds since the epoch."""
         import datetime as _dt
 
@@ -333,7 +334,7 @@ class IcebergPublisher:
 
         deleted: list[str] = []
         for (d, table), p in sorted(self._tables.items()):
-            if d != db or now_s - p.maintained_s < MAINTENANCE_INTERVAL_S:
+            if d != db or now_s - p.maintained_s < MAINTENANCE_INTERVAL_S or not owns_table(table):
                 continue
             tbl = p.table
             cutoff_ms = int((now_s - SNAPSHOT_RETENTION_S) * 1000)
@@ -459,8 +460,9 @@ class IcebergPublication:
             if pc.fenced:
                 continue
             try:
-                committed += self._publisher.publish(pc.state, lambda table, pc=pc: self._owns_table(pc, table))
-                self._publisher.maintain(name, now_s)
+                owns = lambda table, pc=pc: self._owns_table(pc, table)  # noqa: E731
+                committed += self._publisher.publish(pc.state, owns)
+                self._publisher.maintain(name, now_s, owns)
                 self._failures.pop(name, None)
             except Exception as e:  # noqa: BLE001 - one database's failure never stops the others
                 if self._failures.get(name) != str(e):

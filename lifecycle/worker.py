@@ -556,14 +556,15 @@ class LifecycleWorker:
         for db_name, pc in list(self.preserved.items()):
             if self.fenced_revision(db_name) is not None:
                 continue
-            published = self.hooks.published_keys(db_name)
-            if published is None:
-                continue  # which files the Iceberg snapshots reference is not known yet
             # before reading the state: see catalog/cleanup.py; files that retired chunks (replaced by a
             # compaction of persisted files) still read stay until those chunks are released, files an
             # Iceberg snapshot references until it expires
-            in_flight = self._in_use_keys() | published
+            in_flight = self._in_use_keys()
             crash_point(CrashPoint.CLEANUP_BEFORE_DELETE)
+            published = self.hooks.published_keys(db_name)
+            if published is None:
+                continue  # which files the Iceberg snapshots reference is not known yet
+            in_flight |= published
             if self._pooled(pc):
                 deleted += self._cleanup_pooled(db_name, pc, in_flight, now, min_age_s)
                 continue
