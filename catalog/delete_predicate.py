@@ -48,6 +48,7 @@ __all__ = [
     "render_predicate",
     "to_json",
     "from_json",
+    "literal_kind",
 ]
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -564,3 +565,15 @@ def from_json(data) -> list[Term]:
             raise _err(f"stored term #{i} is invalid: {problem}")
         out.append(Term(column, op, value, kind))
     return out
+
+
+def literal_kind(value) -> str:
+    """The literal kind (one of KINDS) of a recorded predicate value: the preserved catalog keeps
+    (column, op, value), and a JSON value's type tells its kind."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    return "string"

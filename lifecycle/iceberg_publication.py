@@ -374,6 +374,7 @@ def _write_copy(store: ObjectStore, state: CatalogState, table: str, pf: Publish
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from iox_spark.catalog.delete_predicate import literal_kind
     from iox_spark.chunk_store.arrow_merge import ArrowDelete, apply_deletes, deduplicate
 
     columns = state.table_schemas.get(table, ())
@@ -385,7 +386,7 @@ def _write_copy(store: ObjectStore, state: CatalogState, table: str, pf: Publish
         t = pq.read_table(store.arrow_path(src.key), filesystem=fs)
         if src.key in deletes:
             t = apply_deletes(t, [ArrowDelete(d.start_ns, d.stop_ns_exclusive, d.seq,
-                                              tuple((c, op, v, _kind(v)) for c, op, v in d.predicate))
+                                              tuple((c, op, v, literal_kind(v)) for c, op, v in d.predicate))
                                   for d in deletes[src.key]], col_types)
         parts.append(t)
     merged = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
@@ -398,16 +399,6 @@ def _write_copy(store: ObjectStore, state: CatalogState, table: str, pf: Publish
     out_fs, path = store.arrow_prepare_write(pf.key)
     pq.write_table(merged, path, filesystem=out_fs)
     store.arrow_finish_write([pf.key])
-
-
-def _kind(value) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    return "string"
 
 
 class IcebergPublication:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from iox_spark.catalog.delete_predicate import literal_kind
 from iox_spark.catalog.errors import CatalogError, InvalidKey
 from iox_spark.catalog.object_store import ObjectStore
 from iox_spark.catalog.preserved_catalog import CatalogState, ColumnSpec, read_state
@@ -87,18 +88,6 @@ class ReadPlan:
     def value_columns(self) -> list[tuple[str, str]]:
         """(name, type) of tags then fields: the chunk layout an executor conforms every file to."""
         return [(t, "string") for t in self.tags()] + self.fields()
-
-
-def literal_kind(value) -> str:
-    """The literal kind (catalog/delete_predicate.py) of a recorded predicate value: the catalog
-    keeps (column, op, value), and a JSON value's type tells its kind."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    return "string"
 
 
 def load_snapshot(store: ObjectStore, database: str, revision: int | None) -> CatalogState:

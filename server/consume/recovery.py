@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from iox_spark.catalog.catalog import Catalog, LostWriteRange, PoisonedMessage
 from iox_spark.catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from iox_spark.catalog.chunk import Chunk
+from iox_spark.catalog.delete_predicate import literal_kind
 from iox_spark.catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
 from iox_spark.catalog.schema import Column
 from iox_spark.catalog.seq_layout import current_seq_origin, next_seq_origin
@@ -198,16 +199,6 @@ def list_catalog_databases(store) -> list[str]:
         if len(parts) >= 3 and parts[1] == "catalog":
             names.add(parts[0])
     return sorted(names)
-
-
-def _literal_kind(v) -> str:
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "float"
-    return "string"
 
 
 def day_number(partition_key: str) -> int:
@@ -423,7 +414,7 @@ def add_recorded_delete(db, dp) -> None:
     from iox_spark.catalog.sharding import partition_for
 
     db.deletes.add(Delete(table=dp.table, start_ns=dp.start_ns, stop_ns_exclusive=dp.stop_ns_exclusive,
-                          predicate=tuple((c, op, v, _literal_kind(v)) for c, op, v in dp.predicate),
+                          predicate=tuple((c, op, v, literal_kind(v)) for c, op, v in dp.predicate),
                           seq=dp.seq, kafka_partition=partition_for(dp.table, db.kafka_partitions)), recorded=True)
 
 
