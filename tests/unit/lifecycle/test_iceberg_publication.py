@@ -4,7 +4,9 @@ catalog in a local object store: a hypothesis state machine persists files, reco
 compacts, prunes and restarts the publisher, publishing now and then (so one publication may have
 to follow several revisions), and checks after each publication and at the end that the Iceberg table holds exactly the
 rows a plain-Python oracle computes from the acknowledged files and deletes, and that every
-revision is published at most once, in order.
+revision is published at most once, in order. A longer run than CI's:
+``IOX_ICEBERG_EXAMPLES=400 IOX_ICEBERG_STEPS=30 .venv/bin/python -m pytest
+tests/unit/lifecycle/test_iceberg_publication.py -k Publication`` (about 7 minutes).
 """
 from __future__ import annotations
 
@@ -190,8 +192,9 @@ class IcebergMachine(RuleBasedStateMachine):
 
 
 TestIcebergPublication = IcebergMachine.TestCase
-TestIcebergPublication.settings = settings(max_examples=12, stateful_step_count=14, deadline=None,
-                                           suppress_health_check=[HealthCheck.too_slow])
+TestIcebergPublication.settings = settings(max_examples=int(os.environ.get("IOX_ICEBERG_EXAMPLES", "12")),
+                                           stateful_step_count=int(os.environ.get("IOX_ICEBERG_STEPS", "14")),
+                                           deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _files(rows_by_key: dict, store: LocalObjectStore) -> list:
