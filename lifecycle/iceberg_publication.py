@@ -255,46 +255,52 @@ class IcebergPublisher:
             if set(paths) == set(p.files if p is not None else ()):
                 continue
             try:
-                self._commit(state, table, p, paths)
+                committed += self._commit(state, table, p, paths)
             except IcebergPublicationFailed:
                 raise
             except Exception as e:
                 raise IcebergPublicationFailed(db, table, state.revision, f"{type(e).__name__}: {e}") from e
-            committed += 1
         return committed
 
-    def _commit(self, state: CatalogState, table: str, p: _Published | None, wanted: dict[str, PublishedFile]) -> None:
+    def _commit(self, state: CatalogState, table: str, p: _Published | None, wanted: dict[str, PublishedFile]) -> int:
+        """Commits one snapshot bringing ``table``'s Iceberg table to ``wanted``; 1 when it committed,
+        0 when the table (created or changed by another writer meanwhile) needs nothing."""
         import pyarrow.parquet as pq
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         db = state.db
-        current = p.files if p is not None else {}
-        added = [path for path in wanted if path not in current]
-        removed = [path for path in current if path not in wanted]
         fs, _base = self._store.arrow_fs()
-        for path in added:
-            if wanted[path].is_copy:
-                _write_copy(self._store, state, table, wanted[path])
-        schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in added]
         if p is None:
-            if not added:
-                return
+            if not wanted:
+                return 0
+            first = next(iter(wanted.values()))
+            if first.is_copy:
+                _write_copy(self._store, state, table, first)
             cat = self._iceberg()
             cat.create_namespace_if_not_exists(db)
             location = f"{self._store.url}/{iceberg_prefix(db, table)}".rstrip("/")
             if isinstance(self._store, LocalObjectStore):
                 location = "file://" + os.path.join(self._store.root_dir, iceberg_prefix(db, table)).rstrip("/")
             try:
-                tbl = cat.create_table((db, table), schema=schemas[0], location=location,
-                                       properties={"format-version": "2"})
-            except Exception as e:  # noqa: BLE001 - a crash after creating it, before its first snapshot
+                tbl = cat.create_table((db, table), location=location, properties={"format-version": "2"},
+                                       schema=pq.read_schema(self._store.arrow_path(first.key), filesystem=fs))
+            except Exception as e:  # noqa: BLE001 - created since this publisher read the namespace: by
+                # another writer sharing the catalog, or by this one before a crash
                 if type(e).__name__ != "TableAlreadyExistsError":
                     raise
                 tbl = cat.load_table((db, table))
             p = self._tables[(db, table)] = self._read(tbl)
+            self._note_keys(db)
             if p.revision >= state.revision or set(p.files) == set(wanted):
-                return
+                return 0
+        current = p.files
+        added = [path for path in wanted if path not in current]
+        removed = [path for path in current if path not in wanted]
+        for path in added:
+            if wanted[path].is_copy:
+                _write_copy(self._store, state, table, wanted[path])
+        schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in added]
         props = {REVISION_PROPERTY: str(state.revision), TRANSACTION_PROPERTY: state.transaction_uuid,
                  OFFSETS_PROPERTY: json.dumps(_offsets(state, table), sort_keys=True)}
         crash_point(CrashPoint.ICEBERG_BEFORE_COMMIT)
@@ -320,6 +326,7 @@ class IcebergPublisher:
         after.maintained_s = p.maintained_s
         self._tables[(db, table)] = after
         self._note_keys(db)
+        return 1
 
     def maintain(self, db: str, now_s: float, owns_table: Callable[[str], bool] = lambda _t: True) -> list[str]:
         """For each Iceberg table of ``db`` not maintained in the last ``MAINTENANCE_INTERVAL_S``:

@@ -318,3 +318,25 @@ def test_old_snapshots_expire_and_only_then_their_files_are_free_for_cleanup(tmp
     tbl = load_catalog("iox", **props).load_table((DB, TABLE))
     assert len(tbl.snapshots()) == 1
     assert duckdb().execute(f"SELECT count(*) FROM iceberg_scan('{tbl.metadata_location}')").fetchone() == (2,)
+
+
+def test_a_table_another_writer_created_since_the_start_gets_only_what_it_lacks(tmp_path):
+    """Two publishers on one catalog (an ingester pool's members sharing it): the table the first
+    one found missing at its start was created and published by the other since; the first one's
+    next publication adds only the file the table lacks (no row twice)."""
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    pc, _ = PreservedCatalog.create_or_load(store, DB, 1.0)
+    a, b = _files({f"{DB}/data/{TABLE}/d/a.parquet": [("a", 1.0, 10, 1)],
+                   f"{DB}/data/{TABLE}/d/b.parquet": [("b", 2.0, 20, 2)]}, store)
+    pc.commit([SetTableSchema(TABLE, COLUMNS)], 1.0)
+    props = catalog_properties("sqlite", str(tmp_path), store)
+    first, other = IcebergPublisher(props, store), IcebergPublisher(props, store)
+    assert first.publish(pc.state) == 0  # read the namespace: no table yet
+    pc.commit([a], 2.0)
+    assert other.publish(pc.state) == 1  # creates the table with `a`
+    pc.commit([b], 3.0)
+    assert first.publish(pc.state) == 1
+    from pyiceberg.catalog import load_catalog
+
+    tbl = load_catalog("iox", **props).load_table((DB, TABLE))
+    assert sorted(r["host"] for r in tbl.scan().to_arrow().to_pylist()) == ["a", "b"]
