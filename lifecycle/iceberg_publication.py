@@ -279,9 +279,7 @@ class IcebergPublisher:
                 _write_copy(self._store, state, table, first)
             cat = self._iceberg()
             cat.create_namespace_if_not_exists(db)
-            location = f"{self._store.url}/{iceberg_prefix(db, table)}".rstrip("/")
-            if isinstance(self._store, LocalObjectStore):
-                location = "file://" + os.path.join(self._store.root_dir, iceberg_prefix(db, table)).rstrip("/")
+            location = self._path(iceberg_prefix(db, table)).rstrip("/")
             try:
                 tbl = cat.create_table((db, table), location=location, properties={"format-version": "2"},
                                        schema=pq.read_schema(self._store.arrow_path(first.key), filesystem=fs))
