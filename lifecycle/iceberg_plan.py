@@ -6,13 +6,15 @@ deletes applied (a delete takes the rows of the files it applies to written befo
 ``_iox_seq < seq``, catalog/preserved_catalog.py ``AddDeletePredicate``), and one row per
 (tags, ``time_ns``), each field its last non-null value in ``_iox_seq`` order, as the table views
 deduplicate (chunk_store/arrow_merge.py). A persisted file is deduplicated in itself, and files of
-one partition whose time ranges do not meet cannot hold the same (tags, time), so such a file with no
+one partition whose time ranges do not meet cannot hold the same (tags, time), nor can files that share
+no key (the caller's ``shares_keys`` answers that from the files' contents), so such a file with no
 delete applying to it is published as it is: Iceberg references our Parquet file, nothing is copied.
 Only files that need a merge are rewritten: each group of files of one partition whose time ranges
-meet (transitively), and each file a delete applies to, becomes one *copy* holding the merged,
-deleted rows, under ``<db>/iceberg/<table>/data/<partition>/`` with a name that is a hash of its
-sources and deletes. The same state always gives the same copies under the same keys, so writing a
-copy again is harmless and a publication can be repeated after a crash.
+meet and that may share a key (transitively), and each file a delete applies to, becomes one *copy*
+holding the merged, deleted rows, under ``<db>/iceberg/<table>/data/<partition>/`` with a name that
+is a hash of its sources and deletes. The same state always gives the same copies under the same
+keys (``shares_keys`` is a function of the files' immutable contents), so writing a copy again is
+harmless and a publication can be repeated after a crash.
 
 Pure logic on catalog values: no I/O, no clock, no Spark. Called on the driver by
 lifecycle/iceberg_publication.py.
@@ -22,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 from iox_spark.catalog.object_store import encode_key_segment
 from iox_spark.catalog.preserved_catalog import AddDeletePredicate, AddParquet, CatalogState
 
-__all__ = ["PublishedFile", "published_files", "changed_tables", "iceberg_prefix", "copies_prefix"]
+__all__ = ["PublishedFile", "SharesKeys", "published_files", "changed_tables", "iceberg_prefix", "copies_prefix"]
 
 
 def iceberg_prefix(db: str, table: str) -> str:
@@ -71,10 +74,19 @@ def changed_tables(before: CatalogState | None, after: CatalogState) -> set[str]
     return out
 
 
-def published_files(state: CatalogState, table: str, files: list[AddParquet] | None = None) -> dict[str, PublishedFile]:
+#: (a file, the earlier files of its partition whose time ranges meet it) → the keys of those that
+#: may hold a (tags, time) key it holds; answering "may" for a file that shares none is safe (a copy
+#: more), leaving out one that shares a key is not
+SharesKeys = Callable[[AddParquet, list[AddParquet]], set[str]]
+
+
+def published_files(state: CatalogState, table: str, files: list[AddParquet] | None = None,
+                    shares_keys: SharesKeys | None = None) -> dict[str, PublishedFile]:
     """Key → :class:`PublishedFile` of every data file the Iceberg table of ``table`` references at
     ``state`` (empty when the table has no persisted file). ``files``: the table's files of
-    ``state`` when the caller has them (else found in ``state.files``)."""
+    ``state`` when the caller has them (else found in ``state.files``). ``shares_keys``: which files
+    whose time ranges meet may share a key (`SharesKeys`, asked with files in ``(min_seq, key)``
+    order, each about the earlier ones); None: every one may."""
     if files is None:
         files = [f for f in state.files.values() if f.table == table]
     deletes: dict[str, list[AddDeletePredicate]] = {}
@@ -88,7 +100,7 @@ def published_files(state: CatalogState, table: str, files: list[AddParquet] | N
         by_partition.setdefault(f.partition_key, []).append(f)
     out: dict[str, PublishedFile] = {}
     for pkey, group in by_partition.items():
-        for component in _meeting_time_ranges(group):
+        for component in _merged_groups(group, shares_keys):
             applying = tuple((f.key, tuple(deletes[f.key])) for f in component if deletes.get(f.key))
             sources = tuple(sorted(component, key=lambda f: (f.min_seq, f.key)))
             if len(sources) == 1 and not applying:
@@ -96,6 +108,34 @@ def published_files(state: CatalogState, table: str, files: list[AddParquet] | N
             else:
                 key = _copy_key(state.db, table, pkey, sources, applying)
             out[key] = PublishedFile(key=key, partition_key=pkey, sources=sources, deletes=applying)
+    return out
+
+
+def _merged_groups(files: list[AddParquet], shares_keys: SharesKeys | None) -> list[list[AddParquet]]:
+    """The files grouped so that two files whose time ranges meet and that may share a key (also
+    through others) are in one group."""
+    out: list[list[AddParquet]] = []
+    for group in _meeting_time_ranges(files):
+        if len(group) == 1 or shares_keys is None:
+            out.append(group)
+            continue
+        ordered = sorted(group, key=lambda f: (f.min_seq, f.key))
+        parent = {f.key: f.key for f in ordered}
+
+        def root(k: str) -> str:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        for i, f in enumerate(ordered):
+            meeting = [g for g in ordered[:i] if g.min_time_ns <= f.max_time_ns and f.min_time_ns <= g.max_time_ns]
+            for k in shares_keys(f, meeting) if meeting else ():
+                parent[root(k)] = root(f.key)
+        by_root: dict[str, list[AddParquet]] = {}
+        for f in group:
+            by_root.setdefault(root(f.key), []).append(f)
+        out.extend(by_root.values())
     return out
 
 

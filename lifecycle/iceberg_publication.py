@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from iox_spark.catalog.crash_points import CrashPoint, crash_point
-from iox_spark.catalog.object_store import LocalObjectStore, ObjectStore, S3ObjectStore
+from iox_spark.catalog.object_store import LocalObjectStore, ObjectStore, S3ObjectStore, encode_key_segment
 from iox_spark.catalog.preserved_catalog import CatalogState, read_next_state, read_state
 from iox_spark.lifecycle.errors import IcebergPublicationFailed
+from iox_spark.lifecycle.iceberg_keys import KeyOverlap
 from iox_spark.lifecycle.iceberg_plan import PublishedFile, changed_tables, iceberg_prefix, published_files
 
 __all__ = ["CATALOG_NAME", "ICEBERG_OFF", "ICEBERG_SQLITE", "PUBLISH_INTERVAL_S", "REVISION_PROPERTY", "catalog_properties",
@@ -130,6 +131,8 @@ class IcebergPublisher:
         #: database → object keys a snapshot not expired references (read by the cleanup's thread)
         self._published_keys: dict[str, frozenset] = {}
         self._keys_lock = threading.Lock()
+        #: which files may share a (tags, time) key, so that only those are merged into copies
+        self._overlap = KeyOverlap(store)
 
     def published_keys(self, db: str) -> frozenset | None:
         """Object keys of ``db``'s files a snapshot not expired references; None before this
@@ -171,6 +174,7 @@ class IcebergPublisher:
             committed += self._publish_revision(current, owns_table, changed)
             self._revision[db] = revision
             self._state[db] = prev = current
+        self._overlap.forget_except(encode_key_segment(db) + "/", state.files)
         return committed
 
     # -- internals -----------------------------------------------------------------------------
@@ -250,7 +254,9 @@ class IcebergPublisher:
             p = self._tables.get((db, table))
             if p is not None and p.revision >= state.revision:
                 continue
-            wanted = published_files(state, table, by_table.get(table, []))
+            tags = tuple(name for name, role, _t in state.table_schemas.get(table, ()) if role == "tag")
+            wanted = published_files(state, table, by_table.get(table, []),
+                                     lambda f, earlier, tags=tags: self._overlap.shares_keys(f, earlier, tags))
             paths = {self._path(k): f for k, f in wanted.items()}
             if set(paths) == set(p.files if p is not None else ()):
                 continue

@@ -58,3 +58,25 @@ def test_changed_tables_are_those_of_added_removed_and_deleted_files():
                                                applies_to=("a",))], 4)
     assert changed_tables(later, deleted) == {"cpu"}
     assert changed_tables(deleted, deleted.copy()) == set()
+
+
+def test_files_that_meet_in_time_but_share_no_key_are_referenced_where_they_are():
+    s = _state(_file("a", "cpu", "d1", 0, 10, 1), _file("b", "cpu", "d1", 5, 20, 2), _file("c", "cpu", "d1", 15, 30, 3),
+               _file("d", "cpu", "d1", 25, 40, 4))
+    asked = []
+
+    def shares(f, earlier):  # no two files hold a common key
+        asked.append((f.key, sorted(g.key for g in earlier)))
+        return set()
+
+    got = published_files(s, "cpu", shares_keys=shares)
+    # each file is asked about the earlier files (min_seq order) whose own time ranges meet it
+    assert asked == [("b", ["a"]), ("c", ["b"]), ("d", ["c"])]
+    assert set(got) == {"a", "b", "c", "d"} and not any(f.is_copy for f in got.values())
+    got = published_files(s, "cpu", shares_keys=lambda f, earlier: {"a"} if f.key == "b" else set())
+    (copy,) = [f for f in got.values() if f.is_copy]
+    assert [f.key for f in copy.sources] == ["a", "b"] and {"c", "d"} <= set(got)
+    # sharing is transitive: d shares with c, c with b
+    got = published_files(s, "cpu", shares_keys=lambda f, earlier: {g.key for g in earlier if f.key in "cd"})
+    (copy,) = [f for f in got.values() if f.is_copy]
+    assert [f.key for f in copy.sources] == ["b", "c", "d"] and "a" in got

@@ -91,7 +91,7 @@ class IcebergMachine(RuleBasedStateMachine):
                           max_time_ns=max(r["time_ns"] for r in rows), min_seq=min(r["_iox_seq"] for r in rows),
                           max_seq=max(r["_iox_seq"] for r in rows), schema=COLUMNS)
 
-    @rule(day=st.integers(0, 1), points=st.lists(st.tuples(st.sampled_from(HOSTS), st.integers(0, 6),
+    @rule(day=st.integers(0, 1), points=st.lists(st.tuples(st.sampled_from(HOSTS + (None,)), st.integers(0, 6),
                                                            st.none() | st.floats(0, 100, allow_nan=False)),
                                                  min_size=1, max_size=6))
     def persist(self, day, points):
