@@ -704,12 +704,17 @@ class LifecycleWorker:
         return True
 
     def delete_unpinned_files(self) -> list:
-        """Deletes the pruned Parquet files no running query can read any more; a failed delete is
-        logged (cleanup deletes the file later: it is unreferenced)."""
+        """Deletes the pruned Parquet files no running query can read any more and no Iceberg
+        snapshot not expired references (`LifecycleHooks.published_keys`; also while that is not
+        known yet): those stay for the cleanup, which deletes them once unreferenced (they are
+        not in the catalog any more); so does a file whose delete failed (logged)."""
         deleted = []
+        published: dict = {}
         for key in self.catalog.query_pins.take_unpinned():
             if isinstance(key, CachedCopy):  # a local copy (chunk_store/parquet_cache.py), not an object
                 self._guarded("removing a local Parquet copy", self.parquet_cache.remove, key)
+                continue
+            if self._published_by_iceberg(key, published):
                 continue
             try:
                 self.store.delete(key)
@@ -717,6 +722,17 @@ class LifecycleWorker:
             except Exception as e:
                 log.warning("deleting the pruned file %s failed (cleanup retries): %s", key, e)
         return deleted
+
+    def _published_by_iceberg(self, key: str, published: dict) -> bool:
+        """Whether an Iceberg snapshot not expired may reference ``key`` (a database's file; True
+        while the publication has not read that database). ``published``: the call's cache."""
+        for name in list(self.preserved):
+            if table_of_parquet_key(name, key) is None:
+                continue
+            if name not in published:
+                published[name] = self.hooks.published_keys(name)
+            return published[name] is None or key in published[name]
+        return False
 
     def _set_backpressure(self, engaged: bool) -> None:
         import os

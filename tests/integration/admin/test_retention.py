@@ -1,8 +1,8 @@
 """Retention: a database's period hides older rows at once, refuses older writes, and after the
 prune delay drops their day partitions and Parquet files (through preserved-catalog transactions,
-sparing files a running query may read); set through gRPC, the CLI and the InfluxDB v2 buckets
-API (influxdb-client's BucketsApi). Reuses the session server (its prune delay is changed for one
-test and restored)."""
+sparing files a running query may read or an Iceberg snapshot not expired references); set through
+gRPC, the CLI and the InfluxDB v2 buckets API (influxdb-client's BucketsApi). Reuses the session
+server (its prune delay is changed for one test and restored)."""
 from __future__ import annotations
 
 import http.client
@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.iceberg_tables import pyiceberg_rows, server_table, wait_published
 from tests.waiting import wait_for
 
 DAY_NS = 86_400 * 10**9
@@ -84,6 +85,7 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
 
     # a query that planned (and pinned) before the prune, held after planning until the prune is done
     import iox_spark.server.query.engine as engine
+    from iox_spark.chunk_store.chunk_data import release_chunk_data
 
     pins, real_to_arrow = iox_server.catalog.query_pins, engine.arrow_batches
     planned, release, answer = threading.Event(), threading.Event(), []
@@ -112,7 +114,19 @@ def _hidden_at_once_then_pruned(client, db, iox_server, now, files, old_files, r
         release.set()
         running.join(60)
     assert [t.to_pylist() for t in answer] == [[{"n": 1}]]  # it completed, with the rows of its plan
-    wait_for(lambda: not any(store.exists(f) for f in old_files), 30, "the pruned files deleted once unpinned")
+    # unpinned, the pruned files stay only while an Iceberg snapshot not expired references them:
+    # the current one (the prune's) does not, and an Iceberg reader sees the recent row only
+    wait_published(iox_server, db)
+    assert pyiceberg_rows(server_table(iox_server, db, "cpu"), ("v",)) == [(4.0,)]
+    assert set(old_files) <= iox_server.iceberg.published_keys(db)
+    iox_server.lifecycle.delete_unpinned_files()
+    assert all(store.exists(f) for f in files)
+    iox_server.iceberg.run_once(time.time() + 10_000)  # expires the snapshots older than the retention
+    assert not set(old_files) & iox_server.iceberg.published_keys(db)
+    for chunk in iox_server.catalog.take_retired(time.time() + 1):  # as the lifecycle does after a grace
+        release_chunk_data(iox_server.spark, chunk)
+    iox_server.lifecycle.cleanup(time.time() + 10_000, 900.0)
+    assert not any(store.exists(f) for f in old_files)
     assert all(store.exists(f) for f in files if f not in old_files)
     assert client.query(db, "SELECT v FROM cpu").to_pylist() == [{"v": 4.0}]
     # the preserved catalog: the files removed, and a database checkpoint that replays nothing of

@@ -647,7 +647,7 @@ def test_compacting_persisted_files_keeps_answers_deletes_and_restart(manual, me
     for ch in srv.catalog.take_retired(time.time() + 1):
         release_chunk_data(srv.spark, ch)
     # and while an Iceberg snapshot not expired references them: the first persist's snapshot names
-    # its file (the later ones a merged copy: the three files meet in time)
+    # its file (the later ones a merged copy: the files share keys, and the delete applies to them)
     wait_published(srv, db)
     first = [k for k in srv.lifecycle.cleanup(time.time() + 10_000, 900.0) if k.startswith(f"{db}/")]
     kept = set(old) - set(first)
