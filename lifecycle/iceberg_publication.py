@@ -449,7 +449,14 @@ class IcebergPublication:
 
     def published_keys(self, db: str) -> frozenset | None:
         """Object keys of ``db`` an Iceberg snapshot not expired references (lifecycle/hooks.py
-        ``published_keys``); None until the first round read the database's tables. Any thread."""
+        ``published_keys``); None (the cleanup leaves the database alone) until the publication
+        reached the catalog's newest revision: the files of the revisions it has still to publish
+        are read then, though the catalog may no longer reference them. Any thread."""
+        pc = self._catalogs().get(db)
+        if pc is not None and not pc.fenced:
+            revision = self._publisher.published_revision(db)
+            if revision is None or revision < pc.state.revision:
+                return None
         return self._publisher.published_keys(db)
 
     def run_once(self, now_s: float) -> int:

@@ -308,7 +308,11 @@ def test_old_snapshots_expire_and_only_then_their_files_are_free_for_cleanup(tmp
         {"host": "a", "usage": 1.0, "time_ns": 10, "_iox_seq": 1}, {"host": "a", "usage": 5.0, "time_ns": 20, "_iox_seq": 3}]
     (c,) = _files({f"{DB}/data/{TABLE}/d/c.parquet": [("a", 1.0, 10, 1), ("a", 5.0, 20, 3)]}, store)
     pc.commit([RemoveParquet(a.key), RemoveParquet(b.key), c], 2.0)
+    # until the publication reached this revision, the cleanup waits: the revisions it has still to
+    # publish may name files the catalog no longer references
+    assert publication.published_keys(DB) is None
     assert publication.run_once(now + 1) == 1
+    assert publication.published_keys(DB) == publisher.published_keys(DB)
     assert publisher.published_keys(DB) == {copy, c.key}  # the replaced snapshot still references the copy
     # maintenance is due every MAINTENANCE_INTERVAL_S; snapshots expire after SNAPSHOT_RETENTION_S
     assert publication.run_once(now + 2) == 0 and store.exists(copy)
