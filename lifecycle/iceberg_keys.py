@@ -52,22 +52,24 @@ class KeyOverlap:
         """The keys of the files of ``earlier`` that may hold a (tags, time) key ``f`` holds."""
         tags = tuple(sorted(tags))
         out: set[str] = set()
-        rows = None  # f's (series, time) per row, read at most once per call
+        mine = None  # f's (series, time) per row when read in this call: read at most once
         for g in earlier:
             pair = (f.key, g.key)
             known = self._pairs.get(pair)
             if known is None:
-                common = np.intersect1d(self._series_of(f.key, tags), self._series_of(g.key, tags),
-                                        assume_unique=True)
+                f_series, f_rows = self._series_of(f.key, tags)
+                mine = f_rows if f_rows is not None else mine
+                g_series, theirs = self._series_of(g.key, tags)
+                common = np.intersect1d(f_series, g_series, assume_unique=True)
                 lo, hi = max(f.min_time_ns, g.min_time_ns), min(f.max_time_ns, g.max_time_ns)
                 if not len(common) or lo > hi:
                     known = False
                 else:
-                    if rows is None:
-                        rows = _read_rows(self._store, f.key, tags)
-                    mine = _keys_within(rows, common, lo, hi)
-                    theirs = _keys_within(_read_rows(self._store, g.key, tags), common, lo, hi)
-                    known = _intersect(mine, theirs)
+                    if mine is None:
+                        mine = _read_rows(self._store, f.key, tags)
+                    if theirs is None:
+                        theirs = _read_rows(self._store, g.key, tags)
+                    known = _intersect(_keys_within(mine, common, lo, hi), _keys_within(theirs, common, lo, hi))
                 self._pairs[pair] = known
             if known:
                 out.add(g.key)
@@ -84,18 +86,20 @@ class KeyOverlap:
         for k in [k for k in self._series if gone(k[0])]:
             self._held_bytes -= self._series.pop(k).nbytes
 
-    def _series_of(self, key: str, tags: tuple[str, ...]) -> np.ndarray:
+    def _series_of(self, key: str, tags: tuple[str, ...]) -> tuple[np.ndarray, tuple | None]:
+        """(the file's sorted series hashes, its `_read_rows` when they had to be read, else None)."""
         cached = self._series.get((key, tags))
         if cached is not None:
             self._series.move_to_end((key, tags))
-            return cached
-        series = np.unique(_read_rows(self._store, key, tags)[0])
+            return cached, None
+        rows = _read_rows(self._store, key, tags)
+        series = np.unique(rows[0])
         self._series[(key, tags)] = series
         self._held_bytes += series.nbytes
         while self._held_bytes > self._cache_bytes and len(self._series) > 1:
             _k, old = self._series.popitem(last=False)
             self._held_bytes -= old.nbytes
-        return series
+        return series, rows
 
 
 def _read_rows(store: ObjectStore, key: str, tags: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
