@@ -15,6 +15,12 @@ __all__ = ["IoxClient", "NotAPoolMember", "DEFAULT_ADDR", "owned_partitions_stat
 
 DEFAULT_ADDR = "localhost:8082"
 _MAX = 256 * 1024 * 1024
+#: How long the channel waits before reconnecting to a server it could not reach, at first and at
+#: most, in milliseconds. gRPC's defaults (1 s, growing 1.6x up to 120 s) leave a client that waits
+#: for a restarting server (``wait_ready``, ``query(after=...)``) idle for seconds after the server
+#: serves again; a reconnect attempt costs the server one refused or accepted TCP connection.
+RECONNECT_BACKOFF_INITIAL_MS = 100
+RECONNECT_BACKOFF_MAX_MS = 1_000
 _ROLES = {"tag": write_pb2.ColumnRole.TAG, "field": write_pb2.ColumnRole.FIELD, "time": write_pb2.ColumnRole.TIME}
 
 
@@ -54,8 +60,11 @@ class IoxClient:
     def __init__(self, addr: str = DEFAULT_ADDR, token: str | None = None):
         self.addr = addr
         self._token = token
-        self._raw_channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", _MAX),
-                                                                 ("grpc.max_send_message_length", _MAX)])
+        self._raw_channel = grpc.insecure_channel(addr, options=[
+            ("grpc.max_receive_message_length", _MAX), ("grpc.max_send_message_length", _MAX),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)])
         self.channel = (grpc.intercept_channel(self._raw_channel, _TokenMetadata(token)) if token
                         else self._raw_channel)
         self.write_stub = write_pb2_grpc.WriteServiceStub(self.channel)
