@@ -187,7 +187,9 @@ class IoxServer:
             self.acked_marks.directory, holds_file, throttle_file=self.memory_guard.throttle_file,
             freeze_file=self.freeze.path)
         self.memory_guard.start()
-        self.consumer.start(rec.start_offsets)
+        # the replay's ends were confirmed exactly: its first micro-batch reads up to them at once
+        self.consumer.start(rec.start_offsets, {t: {kp: until + 1 for kp, until in parts.items()}
+                                                for t, parts in rec.replay_until.items()})
         if self.replay.planned:
             threading.Thread(target=self.replay.log_progress, args=(self._stopped,), name="replay-progress",
                              daemon=True).start()

@@ -76,13 +76,17 @@ class WriteBufferConsumer:
         self.restarts = 0
         self.last_error: str | None = None
 
-    def start(self, start_offsets: dict) -> None:
-        """start_offsets: {topic: {kafka partition (int): first offset to read}}."""
-        self._start_query(start_offsets)
+    def start(self, start_offsets: dict, known_ends: dict | None = None) -> None:
+        """start_offsets: {topic: {kafka partition (int): first offset to read}}; known_ends: {topic:
+        {kafka partition: true end (last offset + 1)}} confirmed at start (the replay's ends, read
+        exactly before the server took writes): the first micro-batch reads up to them at once
+        instead of up to a watermark that may stop short of a last batch of several messages. Only
+        the first query gets them: a query started later (the watchdog, an epoch reset) asks Kafka."""
+        self._start_query(start_offsets, known_ends or {})
         self._watchdog = threading.Thread(target=self._watch, name="consumer-watchdog", daemon=True)
         self._watchdog.start()
 
-    def _start_query(self, start_offsets: dict) -> None:
+    def _start_query(self, start_offsets: dict, known_ends: dict | None = None) -> None:
         """Starts a query of a new generation. Called with `Ingestor.batch_lock` held (or before
         any query ran): no batch of an earlier query is applying."""
         import json
@@ -101,6 +105,8 @@ class WriteBufferConsumer:
             "holds_file": self.holds_file,
             "throttle_file": self.throttle_file,
             "freeze_file": self.freeze_file,
+            "known_ends": json.dumps({t: {str(p): e for p, e in parts.items()}
+                                      for t, parts in (known_ends or {}).items()}),
         }
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():

@@ -326,6 +326,13 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         self._topic_list: dict[str, int] | None = None  # the last answer of `_topics`
         self._topics_asked_at = 0.0
         self._seen_marks: dict[tuple[str, int], int | None] = {}  # (topic, partition) -> its ack mark at the last trigger
+        # ends confirmed exactly by the server before this query (option `known_ends`): true ends
+        # already, so neither read again past the watermark nor probed for a stale one at once
+        started = time.monotonic()
+        for topic, parts in json.loads(options.get("known_ends", "{}") or "{}").items():
+            for p, end in parts.items():
+                self._true_end[(topic, int(p))] = int(end)
+                self._stale_probed_at[(topic, int(p))] = started
 
     # -- driver-side (streaming source worker) ---------------------------------
     def _clients(self):
@@ -629,7 +636,8 @@ def _batch(pa, cols: dict):
 
 
 class IoxKafkaDataSource(DataSource):
-    """Options: bootstrap (required), topic_prefix, start_offsets (JSON), max_messages_per_partition, pause_file,
+    """Options: bootstrap (required), topic_prefix, start_offsets (JSON), known_ends (JSON: {topic:
+    {partition: true end}} the server confirmed exactly before the query started), max_messages_per_partition, pause_file,
     acked_marks_dir, holds_file, freeze_file."""
 
     @classmethod

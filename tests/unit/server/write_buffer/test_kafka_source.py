@@ -290,6 +290,41 @@ def test_a_true_end_is_read_by_a_consumer_made_for_that_read_and_closed_after_it
     assert r._probe.calls == []
 
 
+def test_ends_the_server_confirmed_at_start_are_read_to_at_once_without_a_probe(monkeypatch):
+    """`known_ends` (the replay's ends, confirmed exactly before the query started): the first
+    trigger reads up to them although the watermark stops short of a last batch of several messages,
+    without reading that batch again; later writes past them are still found as usual."""
+    import json
+
+    log = {0: [Msg(0, i) for i in range(5)], 1: []}
+    made = []
+
+    def end_reader():
+        made.append(RecordingConsumer(log))
+        return made[-1]
+
+    r = IoxKafkaStreamReader({"bootstrap": "fake:9092", "known_ends": json.dumps({TOPIC: {"0": 5}})})
+    r._probe, r._admin = RecordingConsumer({}), object()
+    r._end_reader = end_reader
+    hw = {0: 3, 1: 0}
+    r._latest_of = lambda topic, partitions: {p: hw[p] for p in partitions}
+    clock = [100.0]
+    monkeypatch.setattr(kafka_source.time, "monotonic", lambda: clock[0])
+    assert r._ends_of(TOPIC, 2) == {0: 5, 1: 0}
+    assert made == []  # no last batch read: the end is known
+    # a write after the start: the watermark moves past the known end and is followed
+    log[0] += [Msg(0, 5), Msg(0, 6)]
+    hw[0] = 6
+    clock[0] += 1.0
+    r._polls = kafka_source.EndPolls()
+    assert r._ends_of(TOPIC, 2)[0] == 6
+    # without the option, the same first trigger stops at the watermark (the rest comes later)
+    plain = IoxKafkaStreamReader({"bootstrap": "fake:9092"})
+    plain._probe, plain._admin = RecordingConsumer({}), object()
+    plain._latest_of = lambda topic, partitions: {p: 3 for p in partitions}
+    assert plain._ends_of(TOPIC, 1) == {0: 3}
+
+
 def test_the_end_reader_waits_long_enough_to_list_a_long_partition(monkeypatch):
     seen = {}
     monkeypatch.setattr(kafka_source, "reader_consumer", lambda bootstrap, **extra: seen.update(extra) or object())
