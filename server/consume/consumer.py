@@ -22,6 +22,7 @@ the lock after a new query started applies nothing.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shutil
@@ -82,31 +83,27 @@ class WriteBufferConsumer:
         exactly before the server took writes): the first micro-batch reads up to them at once
         instead of up to a watermark that may stop short of a last batch of several messages. Only
         the first query gets them: a query started later (the watchdog, an epoch reset) asks Kafka."""
-        self._start_query(start_offsets, known_ends or {})
+        self._start_query(start_offsets, known_ends)
         self._watchdog = threading.Thread(target=self._watch, name="consumer-watchdog", daemon=True)
         self._watchdog.start()
 
     def _start_query(self, start_offsets: dict, known_ends: dict | None = None) -> None:
         """Starts a query of a new generation. Called with `Ingestor.batch_lock` held (or before
         any query ran): no batch of an earlier query is applying."""
-        import json
-
         self.ingestor.stream_generation += 1
         apply = functools.partial(self.ingestor.apply_batch, generation=self.ingestor.stream_generation)
 
         ckpt = os.path.join(self.scratch_dir, f"stream-{uuid.uuid4().hex}")
         opts = {
             "bootstrap": self.bootstrap,
-            "start_offsets": json.dumps({t: {str(p): o for p, o in parts.items()}
-                                         for t, parts in start_offsets.items()}),
+            "start_offsets": _per_partition_json(start_offsets),
             "max_messages_per_partition": str(self.max_messages_per_partition),
             "pause_file": self.pause_file,
             "acked_marks_dir": self.acked_marks_dir,
             "holds_file": self.holds_file,
             "throttle_file": self.throttle_file,
             "freeze_file": self.freeze_file,
-            "known_ends": json.dumps({t: {str(p): e for p, e in parts.items()}
-                                      for t, parts in (known_ends or {}).items()}),
+            "known_ends": _per_partition_json(known_ends or {}),
         }
         reader = self.spark.readStream.format(SOURCE_NAME)
         for k, v in opts.items():
@@ -201,3 +198,9 @@ class WriteBufferConsumer:
                 log.exception("stopping the stream")
         self.ingestor.stream_generation += 1  # a batch that outlived the stop and has not begun: nothing
         shutil.rmtree(self.scratch_dir, ignore_errors=True)
+
+
+def _per_partition_json(offsets: dict) -> str:
+    """{topic: {kafka partition (int): offset}} as the streaming source's options take it (JSON,
+    partitions as strings)."""
+    return json.dumps({t: {str(p): o for p, o in parts.items()} for t, parts in offsets.items()})

@@ -329,7 +329,7 @@ class IoxKafkaStreamReader(DataSourceStreamReader):
         # ends confirmed exactly by the server before this query (option `known_ends`): true ends
         # already, so neither read again past the watermark nor probed for a stale one at once
         started = time.monotonic()
-        for topic, parts in json.loads(options.get("known_ends", "{}") or "{}").items():
+        for topic, parts in json.loads(options.get("known_ends", "{}")).items():
             for p, end in parts.items():
                 self._true_end[(topic, int(p))] = int(end)
                 self._stale_probed_at[(topic, int(p))] = started
