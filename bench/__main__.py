@@ -11,7 +11,7 @@ parse -> [broker + baseline warm-up topic; baseline Spark and server A start
 together, the server at CPU priority nice 19 until the baseline is up; the
 baseline warms up while server A finishes starting] e2e (+files) -> restart
 (SIGKILL A, start B on the same data directory) -> write -> latency -> query
-(+persist, memory/point) -> overload. Sub-phase times go to phase_seconds as
+(+persist, memory/point) -> overload -> downsample. Sub-phase times go to phase_seconds as
 "<scenario>.<part>".
 Server A shortens the late-arrive window so the lifecycle persists during the
 end-to-end run; server B persists only when asked (by row threshold never), so
@@ -32,7 +32,7 @@ import traceback
 from bench import harness
 from bench.harness import Row
 
-SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload", "pool", "pool_refresh"]
+SCENARIOS = ["parse", "e2e", "restart", "write", "latency", "query", "overload", "downsample", "pool", "pool_refresh"]
 #: scenarios that start their own processes (no shared server)
 SELF_CONTAINED = ("parse", "pool", "pool_refresh")
 #: scenarios whose baseline runs in the separate baseline Spark application
@@ -44,13 +44,13 @@ SIZES = {
                   e2e_persist_row_threshold=100_000, e2e_cold_s=5, files_persists=3, e2e_paced_tries=1, restart_points=100_000, lat_s=5,
                   probe_interval_s=0.2, query_points=200_000, overload_s=3, overload_memory_limit="", driver_memory="4g",
                   worker_memory="4g", visibility_points_per_s=0, pool_points=300_000, pool_refresh_files=2_000,
-                  pool_refresh_deletes=200),
+                  pool_refresh_deletes=200, downsample_points=200_000),
     "full": dict(parse_lines=1_000_000, repeat=5, query_repeat=9, settle_quiet_s=5.0, clients=4, write_s=20, write_batches_per_table=20, e2e_s=60,
                  e2e_batches_per_table=20, settle_s=180, sink_timeout_s=900,
                  e2e_persist_row_threshold=1_000_000, e2e_cold_s=30, files_persists=120, e2e_paced_tries=2, restart_points=2_000_000, lat_s=30,
                  probe_interval_s=0.2, query_points=10_000_000, overload_s=30, overload_memory_limit="", driver_memory="6g",
                  worker_memory="5g", visibility_points_per_s=0, pool_points=2_400_000, pool_refresh_files=10_000,
-                 pool_refresh_deletes=1_000),
+                 pool_refresh_deletes=1_000, downsample_points=2_000_000),
 }
 #: visibility_points_per_s: the visibility load; 0 = half the end-to-end figure of the same run
 #: (a value is for experiments with --only, e.g. --set visibility_points_per_s=260000)
@@ -201,12 +201,12 @@ def _watched_processes(ctx: Context) -> dict:
 
 
 def _run_scenario(name: str, ctx: Context) -> list[Row]:
-    from bench.scenarios import (end_to_end, latency, overload, parse_throughput, pool, pool_refresh, query_latency,
-                                 restart, write_throughput)
+    from bench.scenarios import (downsample, end_to_end, latency, overload, parse_throughput, pool, pool_refresh,
+                                 query_latency, restart, write_throughput)
 
     mod = {"parse": parse_throughput, "e2e": end_to_end, "restart": restart, "write": write_throughput,
            "latency": latency, "query": query_latency, "overload": overload, "pool": pool,
-           "pool_refresh": pool_refresh}[name]
+           "pool_refresh": pool_refresh, "downsample": downsample}[name]
     return mod.run(ctx)
 
 

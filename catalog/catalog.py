@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from iox_spark.catalog.chunk import Chunk
 from iox_spark.catalog.database_snapshot import DatabaseSnapshot, snapshot_of
 from iox_spark.catalog.delete_mailbox import DeleteMailbox
+from iox_spark.catalog.downsampling import Changes, Progress, changed_spans
 from iox_spark.catalog.persistence_windows import DEFAULT_LATE_ARRIVE_WINDOW_S, PersistenceWindows
 from iox_spark.catalog.query_pins import QueryPins
 from iox_spark.catalog.preserved_catalog import AcceptedPoisonEntry, LostWritesEntry, RecordDatabaseCheckpoint
@@ -32,6 +33,7 @@ from iox_spark.catalog.schema import SchemaRegistry, TableSchema
 from iox_spark.catalog.transactions import TxnLog
 from iox_spark.catalog.errors import CatalogError
 from iox_spark.catalog.sharding import partition_for
+from iox_spark.catalog.seq_layout import seq_base
 
 __all__ = ["Catalog", "Database", "TablePartition", "DatabaseNotFoundError", "LostWriteRange", "PoisonedMessage",
            "HELD", "RETRYING", "ACCEPTED", "FENCED", "FROZEN", "NOT_OWNED", "merge_lost_writes", "PERSISTING",
@@ -495,6 +497,32 @@ class Database:
     def table_deletes(self, table: str) -> list:
         """The deletes that apply to ``table``: its own, and database-wide ones via its Kafka partition."""
         return self.deletes.for_table(table, partition_for(table, self.kafka_partitions))
+
+    @_locked
+    def downsample_changes(self, table: str, progress: Progress | None) -> Changes:
+        """What a downsampler of `table` must emit again since `progress` (catalog/downsampling.py),
+        read at one instant: the persistence windows, Parquet files and deletes of the table at or
+        after it, and the offsets applied now (a reader that sees an offset as applied sees its rows
+        and deletes: server/consume/ingest.py)."""
+        applied_next = {kp: hi + 1 for kp, hi in self.applied_hi_inclusive.items() if hi >= 0}
+        kp = partition_for(table, self.kafka_partitions)
+        parts = list(self.partitions.get(table, {}).values())
+        summaries = [s for p in parts if p.windows is not None for s in p.windows.summaries()]
+        files = [f for p in parts for f in p.files]
+        lo = min([f.min_time_ns for f in files] + [s.min_time_ns for s in summaries], default=None)
+        hi = max([f.max_time_ns for f in files] + [s.max_time_ns for s in summaries], default=None)
+        deletes = [(d.seq, d.start_ns, d.stop_ns_exclusive) for d in self.deletes.for_table(table, kp)]
+        if progress is None or (progress.epoch, progress.seq_origin) != (self.epoch, self.seq_origin):
+            _rows, dels = changed_spans((), (), deletes, 0, 0)
+            return Changes(True, (), dels, applied_next, self.epoch, self.seq_origin, lo, hi)
+        since = progress.next_offsets.get(kp, 0)
+        # a window without an offset of the table's partition cannot be placed: taken as changed
+        rows, dels = changed_spans(
+            [(s.offsets[kp].offset_hi_inclusive if kp in s.offsets else since, s.min_time_ns, s.max_time_ns)
+             for s in summaries],
+            [(f.max_seq, f.min_time_ns, f.max_time_ns) for f in files],
+            deletes, since, seq_base(self.seq_origin, since))
+        return Changes(False, rows, dels, applied_next, self.epoch, self.seq_origin, lo, hi)
 
     @_locked
     def snapshot(self) -> DatabaseSnapshot:

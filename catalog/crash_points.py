@@ -64,6 +64,8 @@ class CrashPoint(enum.StrEnum):
     TXN_AFTER_DECISION = "txn_after_decision"
     #: an Iceberg publication wrote its copies; the Iceberg snapshot is not committed
     ICEBERG_BEFORE_COMMIT = "iceberg_before_commit"
+    #: a downsampler's round emitted its windows (Kafka acknowledged them); its progress is not recorded
+    DOWNSAMPLE_BEFORE_PROGRESS = "downsample_before_progress"
 
 
 class UnknownCrashPoint(CatalogError):

@@ -54,6 +54,7 @@ from iox_spark.server.clean_stop import drain_and_persist
 from iox_spark.server.manual_actions import ManualActions
 from iox_spark.lifecycle.iceberg_publication import publication_for
 from iox_spark.server.verify_admin import VerifyControl
+from iox_spark.server.downsampling import Downsamplers
 from iox_spark.server.write_buffer.freeze import cap_replay_until
 from iox_spark.server.startup import (ack_fanout, advertised, fresh_file, memory_guard_for, open_spark, open_write_buffer,
                                       parquet_cache_for, process_tree_bytes, recover_databases, resumption_committer,
@@ -82,7 +83,7 @@ class IoxServer:
         self.broker = self.broker_truncation = self.spark = self.write_buffer = self.consumer = None
         self.grpc = self.grpc_port = self._health = self.authenticator = self.started_at = None
         self.lifecycle = self.tail = self.pool = self.replay = self.kafka_ends = self.losses = self.poison = None
-        self.iceberg = None
+        self.iceberg = self.downsamplers = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._signals = StopSignals(self.reload_tokens)
@@ -239,8 +240,12 @@ class IoxServer:
                                           self.fence.refuse_when_fenced)
         self.manual = ManualActions(self.catalog, self.write_buffer, self.ingestor.wait_applied, self.lifecycle,
                                     cfg.partitions)
+        self.downsamplers = Downsamplers(self.catalog, self.store, self.queries, self.read_barrier, self.router,
+                                         self.write_buffer, self.rules.late_arrive_window_s,
+                                         pool_member=cfg.pool_member is not None)
         self.status_document = StatusDocument(self.catalog, self.lifecycle, self.freeze, self.replay,
-                                              self.visibility.watermarks, self.store, cfg.pool_member, self.iceberg)
+                                              self.visibility.watermarks, self.store, cfg.pool_member, self.iceberg,
+                                              self.downsamplers.list)
         TransactionRepair(self.ingestor, self.write_buffer, self._stopped).start()
         self.router.overload_check = WriteBackpressure(self.memory_guard, self.lifecycle, self.catalog,
                                                        self.rules).refusal
@@ -250,7 +255,8 @@ class IoxServer:
             status=self.status_document.build, persist=self.manual.persist, compact=self.manual.compact,
             retry_poisoned=self.poison.retry, accept_poisoned=self.poison.accept, accept_lost_writes=self.losses.accept,
             set_retention=self.retention.set, freeze=self.freeze.freeze, unfreeze=self.freeze.unfreeze,
-            claim_partitions=claims_of(self.pool, cfg.role), verify=self.verifier.verify)
+            claim_partitions=claims_of(self.pool, cfg.role), verify=self.verifier.verify,
+            downsamplers=self.downsamplers)
         self.grpc, self._health, self.grpc_port = serve_grpc(cfg, self.api, self.authenticator)
         if self.pool is not None:  # where the other members ask this one for its unpersisted rows
             self.pool.publish_address(cfg.pool_address or advertised(cfg.bind_host, self.grpc_port))
@@ -262,6 +268,8 @@ class IoxServer:
                              on_restarted=lambda nb: setattr(self, "broker", nb)).start()
         for name in ("",) + SERVICE_NAMES:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if cfg.role != "ingester":  # an ingester answers no query: a downsampler's rounds need them
+            self.downsamplers.start()
         self.started_at = time.time()
         log.info("iox serving gRPC on port %s (started in %.1fs)", self.grpc_port, time.monotonic() - t0)
 
@@ -296,7 +304,7 @@ class IoxServer:
             if self.broker is not None and self.broker.in_memory and \
                     self.lifecycle is not None and self.consumer is not None:
                 drain_and_persist(self.catalog, self.write_buffer, self.lifecycle, self.replay)
-            self._stop_parts(("iceberg", "stop"), ("lifecycle", "stop"), ("broker_truncation", "close"), ("memory_guard", "stop"),
+            self._stop_parts(("downsamplers", "stop"), ("iceberg", "stop"), ("lifecycle", "stop"), ("broker_truncation", "close"), ("memory_guard", "stop"),
                              ("freeze", "stop"), ("pool", "close"), ("tail", "stop"), ("consumer", "stop"),
                              ("write_buffer", "close"), ("ack_log", "close"))
             if self.spark is not None and getattr(self, "_owns_spark", False):

@@ -48,6 +48,8 @@ __all__ = [
     "WriteTokenNotVisible",
     "WriteTokenOfOtherDatabase",
     "WriteTokenOfOtherIncarnation",
+    "DownsamplerNotFound",
+    "DownsamplerExists",
 ]
 
 
@@ -527,3 +529,20 @@ class OlderThanRetention(InvalidArgument):
         where = f"line {line}" if line is not None else f"table {table!r} row {row}"
         super().__init__(f"{where}: point at time {time_ns} is older than the retention of database {database!r} "
                          f"({retention}: nothing older than {reader_lo_ns} is kept); nothing written")
+
+
+class DownsamplerNotFound(ServerError):
+    """No downsampler of that name (NOT_FOUND)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no downsampler {name!r} (a downsampler is named <destination database>.<destination table>)")
+
+
+class DownsamplerExists(ServerError):
+    """The destination table has a downsampler already (ALREADY_EXISTS): one destination table, one downsampler."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"downsampler {name!r} exists: its destination table has a downsampler already "
+                         "(drop it first, or write into another table)")

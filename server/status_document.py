@@ -45,7 +45,8 @@ class StatusDocument:
 
     def __init__(self, catalog: Catalog, lifecycle: LifecycleWorker, freeze: FreezeControl, replay: ReplayWatch,
                  watermarks: Callable[[Database], list[PartitionWatermarks]], store: ObjectStore,
-                 pool_member: str | None, iceberg: IcebergPublication | None = None):
+                 pool_member: str | None, iceberg: IcebergPublication | None = None,
+                 downsamplers: Callable[[str], list] | None = None):
         self._catalog = catalog
         self._lifecycle = lifecycle
         self._freeze = freeze
@@ -54,6 +55,8 @@ class StatusDocument:
         self._store = store
         self._pool_member = pool_member
         self._iceberg = iceberg
+        #: DownsamplerStatus of the downsamplers (of a database, when given): server/downsampling.py
+        self._downsamplers = downsamplers
 
     def build(self, database: str = "", pool_members: bool = False) -> management_pb2.GetStatusResponse:
         """`iox status`: the databases (`database` only when given); with `pool_members` on a pool
@@ -79,6 +82,8 @@ class StatusDocument:
         now = time.time()
         for db in dbs:
             self._fill(resp.databases.add(), db, db.snapshot(), marks[db.name], now)
+        if self._downsamplers is not None:
+            resp.downsamplers.extend(self._downsamplers(database))
         return resp
 
     def _fill(self, d, db, snap, marks, now: float) -> None:

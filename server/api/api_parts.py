@@ -45,7 +45,8 @@ class ApiParts:
     `accept_lost_writes(database)` (server/lost_writes_admin.py), `set_retention(database,
     period_s)` (server/retention_admin.py), `freeze(reason)` and `unfreeze()`
     (server/freeze_admin.py), `claim_partitions(database, partitions)` (server/pool/membership.py) and
-    `verify(database, table, max_differences, here_only)` (server/verify_admin.py)."""
+    `verify(database, table, max_differences, here_only)` (server/verify_admin.py); `downsamplers`
+    (server/downsampling.py Downsamplers: create, list, drop)."""
 
     catalog: Catalog
     router: object
@@ -62,3 +63,4 @@ class ApiParts:
     unfreeze: Callable
     claim_partitions: Callable
     verify: Callable
+    downsamplers: object = None

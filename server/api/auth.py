@@ -73,6 +73,9 @@ RPC_PERMISSIONS = {
     "/iox.management.ManagementService/Unfreeze": ADMIN,
     "/iox.management.ManagementService/ClaimPartitions": ADMIN,
     "/iox.management.ManagementService/Verify": ADMIN,
+    "/iox.management.ManagementService/CreateDownsampler": ADMIN,
+    "/iox.management.ManagementService/ListDownsamplers": QUERY,
+    "/iox.management.ManagementService/DropDownsampler": ADMIN,
     "/arrow.flight.protocol.FlightService/DoGet": QUERY,
     "/arrow.flight.protocol.FlightService/GetFlightInfo": QUERY,
     "/arrow.flight.protocol.FlightService/GetSchema": QUERY,
@@ -86,6 +89,7 @@ RPC_PERMISSIONS = {
 SERVER_WIDE = frozenset({"/iox.management.ManagementService/Freeze", "/iox.management.ManagementService/Unfreeze"})
 #: RPCs that, without a database, list the databases: they answer only the token's (`TokenScope.allows`)
 LISTINGS = frozenset({"/iox.management.ManagementService/ListDatabases", "/iox.management.ManagementService/GetStatus",
+                      "/iox.management.ManagementService/ListDownsamplers",
                       "/arrow.flight.protocol.FlightService/ListActions"})
 #: services that stay open (no token): health checks and reflection
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",

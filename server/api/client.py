@@ -274,6 +274,26 @@ class IoxClient:
                                         timeout=timeout_s)
         return as_dict(r)
 
+    def create_downsampler(self, database: str, table: str, every: str, aggregates: str, into: str,
+                           group_by_tags: str = "all", start: str = "", timeout_s: float = 60.0) -> dict:
+        """Creates a downsampler of `database`.`table` into `into` ("DST" or "DST.TABLE"); returns its
+        status ({name, state, progress, ...}: `iox downsample list`)."""
+        req = management_pb2.CreateDownsamplerRequest(database=database, table=table, every=every,
+                                                      aggregates=aggregates, group_by_tags=group_by_tags,
+                                                      into=into, start=start)
+        return as_dict(self.mgmt_stub.CreateDownsampler(req, timeout=timeout_s))
+
+    def list_downsamplers(self, database: str = "", timeout_s: float = 30.0) -> list:
+        """Every downsampler (whose source or destination is `database`, when given), as dicts."""
+        resp = self.mgmt_stub.ListDownsamplers(management_pb2.ListDownsamplersRequest(database=database),
+                                               timeout=timeout_s)
+        return [as_dict(d) for d in resp.downsamplers]
+
+    def drop_downsampler(self, name: str, timeout_s: float = 60.0) -> dict:
+        """Drops downsampler `name` ("<destination database>.<destination table>"); returns its last status."""
+        req = management_pb2.DropDownsamplerRequest(database=name.partition(".")[0], name=name)
+        return as_dict(self.mgmt_stub.DropDownsampler(req, timeout=timeout_s))
+
     def applied(self, database: str) -> dict:
         """{kafka partition: applied_hi_inclusive}."""
         out = {}

@@ -37,6 +37,7 @@ from iox_spark.server.errors import (ColumnAgreementUnavailable, NothingToAccept
                            OwnershipMoving,
                            PoisonedMessageNotFound, StreamRestartTimedOut)
 from iox_spark.server.errors import NotServed, QueryTimedOut, ReplayNotCaughtUp, WriteTokenNotVisible, WriteTokenOfOtherIncarnation
+from iox_spark.server.errors import DownsamplerExists, DownsamplerNotFound
 from iox_spark.server.api.api_parts import ApiParts
 from iox_spark.server.api.auth import PermissionDenied, current_scope
 from iox_spark.server.write.router import ArrowTableWrite
@@ -99,8 +100,10 @@ def _abort(context, err: Exception):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
     if isinstance(err, (QueryRefused, PermissionDenied)):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
-    if isinstance(err, DatabaseNotFound):
+    if isinstance(err, (DatabaseNotFound, DownsamplerNotFound)):
         context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+    if isinstance(err, DownsamplerExists):
+        context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
     if isinstance(err, (CatchUpTimedOut, WriteTokenNotVisible, QueryTimedOut)):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
     if isinstance(err, WriteTokenOfOtherIncarnation):
@@ -236,6 +239,7 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
             resp.databases.extend(kept)
             for name in [n for n in resp.freeze.offsets if not scope.allows("query", n)]:
                 del resp.freeze.offsets[name]
+            _keep_allowed(resp.downsamplers, scope)
         return resp
 
     def Persist(self, request, context):
@@ -305,10 +309,51 @@ class _ManagementService(management_pb2_grpc.ManagementServiceServicer):
         except Exception as e:
             _abort(context, e)
 
+    def CreateDownsampler(self, request, context):
+        scope = current_scope()
+        try:
+            if scope is not None:  # it writes into its destination: the token must administer both
+                dest = (request.into or "").partition(".")[0]
+                if dest:
+                    scope.check("admin", dest)
+            return self.parts.downsamplers.create(request.database, request.table, request.every,
+                                                  request.aggregates, request.group_by_tags, request.into,
+                                                  request.start)
+        except Exception as e:
+            _abort(context, e)
+
+    def ListDownsamplers(self, request, context):
+        try:
+            found = self.parts.downsamplers.list(request.database)
+        except Exception as e:
+            _abort(context, e)
+        resp = management_pb2.ListDownsamplersResponse(downsamplers=found)
+        scope = current_scope()
+        if scope is not None:
+            _keep_allowed(resp.downsamplers, scope)
+        return resp
+
+    def DropDownsampler(self, request, context):
+        try:
+            if request.name.partition(".")[0] != request.database:
+                raise InvalidArgument(f"downsampler {request.name!r} is not of database {request.database!r} "
+                                      "(a downsampler is named <destination database>.<destination table>)")
+            return self.parts.downsamplers.drop(request.name)
+        except Exception as e:
+            _abort(context, e)
+
     def ListDatabases(self, request, context):
         scope = current_scope()  # a listing: the token's databases only
         return management_pb2.ListDatabasesResponse(names=[d.name for d in self.parts.catalog.databases()
                                                           if scope is None or scope.allows("query", d.name)])
+
+
+def _keep_allowed(downsamplers, scope) -> None:
+    """Removes from a repeated DownsamplerStatus those whose source or destination the token may not query."""
+    kept = [d for d in downsamplers if scope.allows("query", d.source_database)
+            and scope.allows("query", d.destination_database)]
+    del downsamplers[:]
+    downsamplers.extend(kept)
 
 
 def _optional(request, name: str):

@@ -1,5 +1,5 @@
 """The `iox` command line: serve, broker, write, sql, status, persist, compact, delete, poison,
-accept-lost-writes, retention, verify, spark-connect-url, demo.
+accept-lost-writes, retention, downsample, verify, spark-connect-url, demo.
 
 Every `serve` option can also be set by an `IOX_<OPTION>` environment variable
 (e.g. `--grpc-port` <- IOX_GRPC_PORT); the command line wins.
@@ -270,6 +270,28 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--db", required=True)
     rt.add_argument("--period", required=True, type=_duration_s,
                     help="e.g. 30d, 12h, 90m, 3600s (or a number of seconds); 0 removes the retention")
+
+    ds = sub.add_parser("downsample", help="continuous downsampling: aggregates of a table over event-time windows, "
+                                           "kept up to date in another table (late points and deletes included)")
+    ds_sub = ds.add_subparsers(dest="ds_cmd", required=True)
+    dc = ds_sub.add_parser("create", help="create a downsampler: it emits every window of the source's history "
+                                          "(from --start), then each window a write or a delete changes")
+    _add_addr(dc)
+    dc.add_argument("--db", required=True, help="the source database")
+    dc.add_argument("--table", required=True, help="the source table")
+    dc.add_argument("--every", required=True, help="the window: whole seconds (10s, 1m, 1h, 1d)")
+    dc.add_argument("--agg", required=True, help='"mean(usage),max(usage),count(usage)": mean, min, max, sum, count, '
+                                                 "first, last (output fields mean_usage, ...)")
+    dc.add_argument("--group-by-tags", default="all", help='"all" (default: every tag of the source table) or "host,region"')
+    dc.add_argument("--into", required=True, help="DST or DST.TABLE (default table: <table>_<every>)")
+    dc.add_argument("--start", default="", help="the first window: RFC3339, integer nanoseconds or a duration before "
+                                                 "now (30d); default: the whole history")
+    dl = ds_sub.add_parser("list", help="every downsampler: its state, progress, lag and watermark")
+    _add_addr(dl)
+    dl.add_argument("--db", default="", help="only those of this database (as source or destination)")
+    dd = ds_sub.add_parser("drop", help="drop a downsampler (what it emitted stays)")
+    _add_addr(dd)
+    dd.add_argument("name", help="<destination database>.<destination table>")
 
     ve = sub.add_parser("verify", help="the server checks what queries answer against its write buffer (every "
                                        "message Kafka still holds); exits 1 on any difference")
@@ -673,6 +695,16 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "retention":
         print(json.dumps(_client_call(lambda: client.set_retention(a.db, a.period)), indent=2))
+        return 0
+    if a.cmd == "downsample":
+        if a.ds_cmd == "create":
+            call = lambda: client.create_downsampler(a.db, a.table, a.every, a.agg, a.into, a.group_by_tags,  # noqa: E731
+                                                     a.start)
+        elif a.ds_cmd == "list":
+            call = lambda: {"downsamplers": client.list_downsamplers(a.db)}  # noqa: E731
+        else:
+            call = lambda: client.drop_downsampler(a.name)  # noqa: E731
+        print(json.dumps(_client_call(call), indent=2))
         return 0
     if a.cmd == "claim":
         try:

@@ -179,7 +179,8 @@ def drive_to(point, client, database: str, requests: list, pts: list, tables: tu
     elif point in (P.COMPACT_PERSISTED_AFTER_PARQUET, P.COMPACT_PERSISTED_AFTER_COMMIT):
         client.persist(database, timeout_s=timeout_s)  # a file more each time: two make a compaction
         client.compact(database, table, partition_key, timeout_s=timeout_s, persisted=True)
-    elif point in (P.CONSUME_BEFORE_APPLIED, P.REPLAY_BATCH):
+    elif point in (P.CONSUME_BEFORE_APPLIED, P.REPLAY_BATCH, P.DOWNSAMPLE_BEFORE_PROGRESS):
+        # downsample_before_progress: the next round of a downsampler of the database emits the write
         client.wait_applied(database, req.token, timeout_s=min(timeout_s, 15.0))
     return req
 

@@ -13,6 +13,12 @@ Points with the same table, tag set and time merge, each field taking its last v
 write-buffer order; a delete removes the matching rows written before it, never later ones.
 After each restart `iox verify` must agree as well.
 
+Continuous downsampling is checked the same way: at its first check with rows of table `m`, an example
+creates a downsampler of `m` (DOWNSAMPLER: every 4 s, per host, aggregates of the request id `r`, which
+a later request's write of the same key overwrites) into a database of its own, and from then on every
+check also compares that table with a plain-Python aggregation of the fold (late points, deletes,
+overwrites and restarts included; the crash point downsample_before_progress is among those driven).
+
 Its CI share is a few examples of a few steps. A longer run:
 ``IOX_MODEL_EXAMPLES=50 IOX_MODEL_STEPS=40 .venv/bin/python -m pytest tests/crash/test_model.py -s``
 (``IOX_MODEL_SEED`` picks another seed; the default is fixed so CI runs the same cases;
@@ -40,7 +46,7 @@ from iox_spark.catalog.crash_points import DELAY_ENV, CrashPoint, DelayPoint
 from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
 from tests.crash.model import (DRIVEN_POINTS, Request, answers, bursts, check_requests, deletes, describe,
                                drive_to, fold, new_request, points, read_log, recorded, send)
-from tests.timestamps import T0
+from tests.timestamps import T0, S
 from tests.waiting import wait_for
 
 PARTITION_KEY = "2023-11-14"
@@ -65,6 +71,8 @@ BROKER = os.environ.get("IOX_MODEL_BROKER", "session")
 EXAMPLES = int(os.environ.get("IOX_MODEL_EXAMPLES", "2"))
 STEPS = int(os.environ.get("IOX_MODEL_STEPS", "14"))
 SEED = int(os.environ.get("IOX_MODEL_SEED", "20261128"))
+#: the downsampler each example creates: (source table, every, aggregates, group-by tags)
+DOWNSAMPLER = ("m", 4, "mean(r),max(r),min(r),count(r)", "host")
 
 class _Servers:
     """The one data directory of the whole run and the server currently running on it."""
@@ -157,6 +165,8 @@ class WriteBufferModel(RuleBasedStateMachine):
         self.requests: list[Request] = []
         self.trace: list = []  # what the example did, for the failure message
         self.failed = False  # a rule failed: teardown checks nothing more
+        #: the example's downsampler ("<database>.<table>") once created
+        self.downsampler: str | None = None
         _count("examples")
 
     # -- the server ----------------------------------------------------------------------
@@ -384,6 +394,7 @@ class WriteBufferModel(RuleBasedStateMachine):
             diff = sorted((k, got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k))
             raise AssertionError(f"database {self.db} {when}: (key, got, want) {diff}\nafter:\n" +
                                  "\n".join(self.trace))
+        self._check_downsampler(client, want, ends, when)
         if when != "now":  # after every restart, and at the end: the server's own check agrees
             report = client.verify(self.db, timeout_s=300)
             assert report["ok"], f"iox verify of {self.db} {when}: {report}\nafter:\n" + "\n".join(self.trace)
@@ -391,13 +402,52 @@ class WriteBufferModel(RuleBasedStateMachine):
             _count("verified")
         self.trace.append(f"checked {when}: {len(want)} rows")
 
+    def _check_downsampler(self, client, want: dict, ends: dict, when: str) -> None:
+        """Creates the example's downsampler once table `m` has rows; then its table must equal the
+        aggregation of the fold, once it emitted everything up to the write buffer's `ends`."""
+        table, every_s, aggs, tags = DOWNSAMPLER
+        dest = f"{self.db}_ds"
+        if self.downsampler is None:
+            if not any(k[0] == table for k in want):
+                return
+            self.downsampler = client.create_downsampler(self.db, table, f"{every_s}s", aggs, f"{dest}.{table}_ds",
+                                                         group_by_tags=tags)["name"]
+            self.trace.append(f"downsampler {self.downsampler} created")
+            _count("downsamplers created")
+
+        def emitted():
+            found = [d for d in client.list_downsamplers(self.db) if d["name"] == self.downsampler]
+            assert found, f"downsampler {self.downsampler} is gone {when}"
+            progress = {p["partition"]: p["next_offset"] for p in found[0]["progress"]}
+            if any(progress.get(kp, 0) < end for kp, end in ends.items()):
+                return False
+            st = client.status(dest)["databases"] if dest in {d["name"] for d in client.status()["databases"]} else []
+            return all(p["applied_hi_inclusive"] >= p["high_watermark"] - 1 for d in st for p in d["write_buffer"])
+
+        wait_for(emitted, 120, f"downsampler {self.downsampler} to emit up to {ends}", poll_s=0.5)
+        groups: dict = {}
+        for (t, host, sec), fields in want.items():
+            if t == table and "r" in fields:
+                groups.setdefault((host, (T0 + sec * S) - (T0 + sec * S) % (every_s * S)), []).append(fields["r"])
+        expect = {k: (sum(v) / len(v), max(v), min(v), len(v)) for k, v in groups.items()}
+        rows = client.query(dest, f"SELECT * FROM {table}_ds").to_pylist() \
+            if dest in {d["name"] for d in client.status()["databases"]} else []
+        got = {(r["host"], r["time_ns"]): (r["mean_r"], r["max_r"], r["min_r"], r["count_r"]) for r in rows}
+        if got != expect:
+            diff = sorted((k, got.get(k), expect.get(k)) for k in set(got) | set(expect) if got.get(k) != expect.get(k))
+            raise AssertionError(f"downsampler {self.downsampler} {when}: (key, got, want) {diff}\nafter:\n" +
+                                 "\n".join(self.trace))
+        _count("downsampler checks")
+
     def teardown(self):
         try:
             if not self.failed:
                 self._client()
                 self._check("at the end")
+            if self.downsampler is not None and not self.failed and _SERVERS.alive():
+                _SERVERS.server.client.drop_downsampler(self.downsampler)
         finally:
-            _count("steps", sum(1 for s in self.trace if not s.startswith(("checked", "("))))
+            _count("steps", sum(1 for s in self.trace if not s.startswith(("checked", "(", "downsampler"))))
 
 
 def _persist_quietly(client, db: str) -> None:

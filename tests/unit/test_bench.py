@@ -68,7 +68,8 @@ def test_quick_sizes_are_not_larger_than_full():
     assert SIZES["full"]["query_points"] == 10_000_000
     assert SIZES["full"]["restart_points"] == 2_000_000
     assert SIZES["full"]["e2e_s"] >= 60
-    assert set(SCENARIOS) == {"parse", "e2e", "restart", "write", "latency", "query", "overload", "pool", "pool_refresh"}
+    assert set(SCENARIOS) == {"parse", "e2e", "restart", "write", "latency", "query", "overload", "pool", "pool_refresh",
+                              "downsample"}
     assert SIZES["full"]["pool_refresh_files"] == 10_000 and SIZES["full"]["pool_refresh_deletes"] == 1_000
 
 

@@ -51,6 +51,7 @@ LAYERS = [
     "iox_spark.server.pool.membership",  # ingester pool membership: claims, losses, the other members' files
     "iox_spark.server.verify_admin",  # `iox verify`: which partitions a server checks, the pool's owners the rest
     "iox_spark.server.query_service",  # a user's SQL: the read barrier, the pool's rows, the engine
+    "iox_spark.server.downsampling",  # continuous downsampling: the downsamplers' rounds and records
     "iox_spark.server.manual_actions",  # `iox persist` / `iox compact` on what was written before them
     "iox_spark.server.status_document",  # what `iox status` answers
     "iox_spark.server.clean_stop",    # the in-memory broker's clean stop: drain, persist, a complete checkpoint

@@ -1,0 +1,176 @@
+"""Continuous downsampling on the session server: a downsampler emits every window of its source's
+history (persisted and in memory) first, then each window a write, a late point or a delete
+changes; its output is compared, exactly, with a plain-Python aggregation of what was written. Created,
+listed and dropped through gRPC and the CLI; bad definitions are refused whole."""
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+
+import grpc
+import pytest
+
+from iox_spark.catalog.downsampling import record_key
+from iox_spark.server.cli.main import main as cli_main
+from tests.timestamps import T0
+from tests.waiting import wait_for
+
+S = 10**9
+EVERY_S = 10
+
+
+def _caught_up(client, name: str, src: str, dest: str, acked: dict | None = None) -> bool:
+    """The downsampler emitted every offset of `acked` ({kp: offset} acknowledged by the source) and
+    everything its source applied, and the destination applied what it wrote."""
+    found = [d for d in client.list_downsamplers() if d["name"] == name]
+    if not found or found[0]["last_error"] or found[0]["state"] != "running":
+        return False
+    progress = {p["partition"]: p["next_offset"] for p in found[0]["progress"]}
+    applied = {kp: hi for kp, hi in client.applied(src).items() if hi >= 0}
+    for kp, off in (acked or {}).items():
+        applied[int(kp)] = max(applied.get(int(kp), -1), off)
+    if any(progress.get(kp, 0) < hi + 1 for kp, hi in applied.items()):
+        return False
+    dbs = client.status(dest)["databases"] if dest in _databases(client) else []
+    return all(p["applied_hi_inclusive"] >= p["high_watermark"] - 1 for d in dbs for p in d["write_buffer"])
+
+
+def _databases(client) -> set:
+    return {d["name"] for d in client.status()["databases"]}
+
+
+def _want(points: dict) -> dict:
+    """{(host, window start): (mean, max, count)} of {(host, t): usage}."""
+    groups: dict = {}
+    for (host, t), v in points.items():
+        groups.setdefault((host, t - t % (EVERY_S * S)), []).append(v)
+    return {k: (sum(vs) / len(vs), max(vs), len(vs)) for k, vs in groups.items()}
+
+
+def _got(client, dest: str, table: str) -> dict:
+    if dest not in _databases(client):
+        return {}
+    rows = client.query(dest, f"SELECT * FROM {table}").to_pylist()
+    return {(r["host"], r["time_ns"]): (r["mean_usage"], r["max_usage"], r["count_usage"]) for r in rows}
+
+
+def _acked(acked: dict, token: dict) -> None:
+    for kp, off in token.items():
+        acked[int(kp)] = max(acked.get(int(kp), -1), off)
+
+
+def _write(client, db: str, points: dict, new: dict, acked: dict) -> None:
+    _acked(acked, client.write(db, "\n".join(f"cpu,host={h} usage={v} {t}" for (h, t), v in new.items())))
+    points.update(new)
+
+
+def _settle(client, name: str, src: str, dest: str, points: dict, acked: dict) -> None:
+    wait_for(lambda: _caught_up(client, name, src, dest, acked), 60, f"downsampler {name} to catch up")
+    assert _got(client, dest, "cpu_10s") == _want(points)
+
+
+def test_backfill_then_writes_late_points_and_deletes_are_emitted_exactly(client, db, iox_server):
+    dest = f"{db}_ds"
+    name = f"{dest}.cpu_10s"
+    points: dict = {}
+    acked: dict = {}
+    # history: persisted, then more in memory, in three windows
+    _write(client, db, points, {("a", T0 + s * S): float(s) for s in range(0, 25, 2)}, acked)
+    client.persist(db)
+    _write(client, db, points, {("b", T0 + s * S): float(10 * s) for s in range(1, 25, 3)}, acked)
+    created = client.create_downsampler(db, "cpu", "10s", "mean(usage),max(usage),count(usage)", dest,
+                                        group_by_tags="host")
+    assert created["name"] == name and created["state"] == "backfilling" and created["every_ns"] == EVERY_S * S
+    assert created["group_by_tags"] == ["host"] and created["aggregates"] == ["mean(usage)", "max(usage)",
+                                                                              "count(usage)"]
+    _settle(client, name, db, dest, points, acked)
+    # a point of a new window, then a late one into the first window, overwriting one and adding one
+    _write(client, db, points, {("a", T0 + 41 * S): 7.5}, acked)
+    _write(client, db, points, {("a", T0 + 2 * S): 100.0, ("c", T0 + 3 * S): 1.0}, acked)
+    _settle(client, name, db, dest, points, acked)
+    # a delete of host b in the second window: its window is emitted again; an emptied window goes
+    _acked(acked, client.delete(db, T0 + 10 * S, T0 + 20 * S, "host='b'", table="cpu"))
+    points = {k: v for k, v in points.items() if not (k[0] == "b" and T0 + 10 * S <= k[1] < T0 + 20 * S)}
+    _acked(acked, client.delete(db, T0 + 40 * S, T0 + 50 * S, "", table="cpu"))
+    points = {k: v for k, v in points.items() if not T0 + 40 * S <= k[1] < T0 + 50 * S}
+    _settle(client, name, db, dest, points, acked)
+    # persisted and compacted source rows change nothing
+    client.persist(db)
+    _write(client, db, points, {("b", T0 + 5 * S): 3.0}, acked)
+    _settle(client, name, db, dest, points, acked)
+
+    status = client.status(db)["downsamplers"]
+    assert [d["name"] for d in status] == [name] and status[0]["lag_messages"] == 0
+    assert status[0]["watermark_ns"] <= max(t for _h, t in points)
+    dropped = client.drop_downsampler(name)
+    assert dropped["name"] == name
+    assert name not in [d["name"] for d in client.list_downsamplers()]
+    assert not iox_server.store.exists(record_key(name))
+
+
+def test_every_tag_by_default_and_first_last_sum_min(client, db):
+    dest = f"{db}_all"
+    client.write(db, "\n".join([f"m,host=a,dc=x v=1i,s=\"p\" {T0}", f"m,host=a,dc=x v=5i,s=\"q\" {T0 + 2 * S}",
+                                f"m,host=a,dc=y v=2i {T0 + S}", f"m,host=b v=4i {T0 + 61 * S}"]))
+    client.create_downsampler(db, "m", "1m", "sum(v),min(v),first(s),last(s),count(s)", f"{dest}.m1")
+    name = f"{dest}.m1"
+
+    def done():
+        ok = _caught_up(client, name, db, dest)
+        return ok and dest in _databases(client) and \
+            len(client.query(dest, "SELECT * FROM m1").to_pylist()) == 3
+
+    wait_for(done, 60, "the downsampler's first round")
+    rows = sorted(client.query(dest, "SELECT * FROM m1").to_pylist(), key=lambda r: (r["time_ns"], r["dc"] or ""))
+    t0w = T0 - T0 % (60 * S)
+    got = [(r["host"], r["dc"], r["time_ns"], r["sum_v"], r["min_v"], r["first_s"], r["last_s"], r["count_s"])
+           for r in rows]
+    assert got == [("a", "x", t0w, 6, 1, "p", "q", 2), ("a", "y", t0w, 2, 2, None, None, 0),
+                   ("b", None, t0w + 60 * S, 4, 4, None, None, 0)]
+    client.drop_downsampler(name)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(every="0s"), "every"),
+    (dict(every="1.5x"), "every"),
+    (dict(aggregates="median(usage)"), "median"),
+    (dict(aggregates="mean(host)"), "not a field"),
+    (dict(aggregates="mean(nope)"), "not a field"),
+    (dict(aggregates="count(usage),count(usage)"), "twice"),
+    (dict(group_by_tags="nope"), "not a tag"),
+    (dict(into=""), "--into"),
+    (dict(into="bad name"), "destination database"),
+    (dict(start="yesterday"), "start"),
+    (dict(table="nope"), "does not exist"),
+])
+def test_bad_definitions_are_refused_whole(client, db, kw, says):
+    client.write(db, f"cpu,host=a usage=1 {T0}")
+    args = dict(database=db, table="cpu", every="10s", aggregates="mean(usage)", into=f"{db}_x", group_by_tags="all")
+    args.update(kw)
+    with pytest.raises(grpc.RpcError) as e:
+        client.create_downsampler(**args)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in e.value.details(), e.value.details()
+    assert all(d["source_database"] != db for d in client.list_downsamplers())
+
+
+def test_cli_creates_lists_and_drops_and_names_a_missing_one(client, db, iox_server, capsys):
+    client.write(db, f"cpu,host=a usage=1 {T0}")
+    addr = f"127.0.0.1:{iox_server.grpc_port}"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["downsample", "create", "--addr", addr, "--db", db, "--table", "cpu", "--every", "1h",
+                         "--agg", "max(usage)", "--into", f"{db}_h"]) == 0
+    assert json.loads(out.getvalue())["name"] == f"{db}_h.cpu_1h"
+    with pytest.raises(grpc.RpcError) as e:
+        client.create_downsampler(db, "cpu", "1h", "max(usage)", f"{db}_h")
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["downsample", "list", "--addr", addr, "--db", db]) == 0
+    assert [d["name"] for d in json.loads(out.getvalue())["downsamplers"]] == [f"{db}_h.cpu_1h"]
+    with redirect_stdout(io.StringIO()):
+        assert cli_main(["downsample", "drop", "--addr", addr, f"{db}_h.cpu_1h"]) == 0
+    with pytest.raises(SystemExit) as ex:
+        cli_main(["downsample", "drop", "--addr", addr, f"{db}_h.cpu_1h"])
+    assert ex.value.code == 1 and "NOT_FOUND" in capsys.readouterr().err
