@@ -180,9 +180,9 @@ class Downsamplers:
             if self._stop.is_set():
                 return
             try:
-                self._round(run)
+                if self._round(run):
+                    run.last_round_at = time.time()
                 run.last_error = ""
-                run.last_round_at = time.time()
             except Exception as e:  # one failing downsampler never stops the others
                 msg = f"{type(e).__name__}: {e}"
                 if msg != run.last_error:
@@ -190,17 +190,18 @@ class Downsamplers:
                                 exc_info=not isinstance(e, (InvalidArgument, ReplayNotCaughtUp)))
                 run.last_error = msg
 
-    def _round(self, run: _Running) -> None:
+    def _round(self, run: _Running) -> bool:
+        """One round of `run`; False when it waited (no source database yet, its replay running)."""
         spec = run.spec
         db = self._catalog.peek_database(spec.source_db)
         if db is None:
             run.state = "waiting for its source database"
-            return
+            return False
         try:
             self._barrier.pass_through(spec.source_db, "", False, _REPLAY_WAIT_S)
         except ReplayNotCaughtUp:
             run.state = "waiting for the source's replay to catch up"
-            return
+            return False
         ch = db.downsample_changes(spec.table, run.progress)
         run.state = "backfilling" if run.progress is None else "running"
         if ch.max_time_ns is not None:
@@ -218,16 +219,17 @@ class Downsamplers:
             ranges = window_ranges(row_spans, spec.every_ns, spec.start_ns)
             for piece in query_slices(ranges, spec.every_ns * WINDOWS_PER_QUERY):
                 run.windows_emitted += self._emit(spec, columns, piece)
-        crash_point(CrashPoint.DOWNSAMPLE_BEFORE_PROGRESS)
+            crash_point(CrashPoint.DOWNSAMPLE_BEFORE_PROGRESS)
         with self._lock:
             if run.dropped:
-                return
+                return False
             if done != run.progress:
                 self._store.put(record_key(spec.name), encode_record(spec, done))
                 run.progress = done
             run.state = "running"
             applied = db.applied_offsets()
             run.lag_messages = sum(max(0, hi + 1 - done.next_offsets.get(kp, 0)) for kp, hi in applied.items())
+        return True
 
     def _delete_outputs(self, spec: DownsamplerSpec, lo: int, hi_exclusive: int) -> None:
         """Deletes the destination's points of windows [lo, hi_exclusive) (before they are emitted again)."""

@@ -268,15 +268,15 @@ class Router:
             batches = []
             used = 0
             for b in reader:
+                # Arrow reads a stream without checking it: offsets or dictionary indices out of
+                # range would crash the compute functions below (and text that is not UTF-8, in a
+                # value or a dictionary, would be stored, then fail whoever reads it)
+                b.validate(full=True)
                 used += expanded_nbytes(b)
                 if used > budget:
                     raise DecompressedRequestTooLarge(limit, "Arrow IPC")
                 batches.append(b)
-            table = pa.Table.from_batches(batches, schema=reader.schema)
-            # Arrow reads a stream without checking its strings: text that is not UTF-8 (in a value
-            # or a dictionary) would be stored, then fail whoever reads it
-            table.validate(full=True)
-            return table, used
+            return pa.Table.from_batches(batches, schema=reader.schema), used
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError,
                 pa.ArrowKeyError, OSError, UnicodeDecodeError, _BadMessage) as e:  # a name that is not UTF-8
             raise InvalidArgument(f"table {t.table!r}: arrow_ipc is not a readable Arrow IPC stream: {e}") from None
