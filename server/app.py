@@ -300,11 +300,12 @@ class IoxServer:
             if self.grpc is not None:
                 self.grpc.stop(grace=5).wait(10)
             # the router last of the APIs: no_sync writes handed to the producer, Kafka acknowledges them first
-            self._stop_parts(("one_port", "stop"), ("http", "stop"), ("router", "close"))
+            # downsamplers before the router: a round's writes need it
+            self._stop_parts(("downsamplers", "stop"), ("one_port", "stop"), ("http", "stop"), ("router", "close"))
             if self.broker is not None and self.broker.in_memory and \
                     self.lifecycle is not None and self.consumer is not None:
                 drain_and_persist(self.catalog, self.write_buffer, self.lifecycle, self.replay)
-            self._stop_parts(("downsamplers", "stop"), ("iceberg", "stop"), ("lifecycle", "stop"), ("broker_truncation", "close"), ("memory_guard", "stop"),
+            self._stop_parts(("iceberg", "stop"), ("lifecycle", "stop"), ("broker_truncation", "close"), ("memory_guard", "stop"),
                              ("freeze", "stop"), ("pool", "close"), ("tail", "stop"), ("consumer", "stop"),
                              ("write_buffer", "close"), ("ack_log", "close"))
             if self.spark is not None and getattr(self, "_owns_spark", False):
