@@ -268,10 +268,10 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def aggregate_sql(spec: DownsamplerSpec, tags: list, ranges: list | None) -> str:
+def aggregate_sql(spec: DownsamplerSpec, tags: list, ranges: list) -> str:
     """The SQL (the server's dialect, over the source database) of the windows in `ranges` ([(lo,
-    hi_exclusive)]; None: every window from the start): one row per (tags, window) with `_window_ns`
-    and one column per aggregate, named as its destination field."""
+    hi_exclusive)]): one row per (tags, window) with `_window_ns` and one column per aggregate,
+    named as its destination field."""
     w = f"({_q('time_ns')} - pmod({_q('time_ns')}, {spec.every_ns}))"
     sel = [_q(t) for t in tags] + [f"{w} AS `_window_ns`"]
     for a in spec.aggregates:
@@ -281,12 +281,8 @@ def aggregate_sql(spec: DownsamplerSpec, tags: list, ranges: list | None) -> str
                 "first": f"min_by({f}, CASE WHEN {f} IS NOT NULL THEN {_q('time_ns')} END)",
                 "last": f"max_by({f}, CASE WHEN {f} IS NOT NULL THEN {_q('time_ns')} END)"}[a.fn]
         sel.append(f"{expr} AS {_q(a.output)}")
-    first = window_start(spec.start_ns, spec.every_ns)
     t = _q("time_ns")
-    if ranges is None:
-        where = f"{t} >= {first}"
-    else:
-        where = " OR ".join(f"({t} >= {lo} AND {t} < {hi})" for lo, hi in ranges)
+    where = " OR ".join(f"({t} >= {lo} AND {t} < {hi})" for lo, hi in ranges)
     group = ", ".join([_q(x) for x in tags] + [w])
     return f"SELECT {', '.join(sel)} FROM {_q(spec.table)} WHERE {where} GROUP BY {group}"
 

@@ -33,6 +33,7 @@ from iox_spark.catalog.downsampling import (KEY_PREFIX, DownsamplerSpec, Invalid
                                             parse_group_by, record_key, window_ranges, window_start)
 from iox_spark.catalog.errors import AlreadyExists, ObjectNotFound
 from iox_spark.catalog.retention import InvalidDuration, format_duration_s, parse_duration_s
+from iox_spark.catalog.schema import Column, ColumnTypeConflict
 from iox_spark.iox import management_pb2
 from iox_spark.server.errors import (DatabaseNotFound, DownsamplerExists, DownsamplerNotFound, InvalidArgument,
                                      NotServed, ReplayNotCaughtUp)
@@ -336,11 +337,10 @@ def _check_destination(catalog: Catalog, spec: DownsamplerSpec, wanted: list) ->
     schema = None if dest is None else dest.schemas.get(spec.dest_table)
     if schema is None:
         return
-    have = {c.name: (c.role, c.type) for c in schema.columns}
-    for name, role, typ in wanted:
-        if name in have and have[name] != (role, typ):
-            raise InvalidArgument(f"destination table {spec.dest_table!r} has column {name!r} as a "
-                                  f"{have[name][1]} {have[name][0]}; the downsampler writes a {typ} {role}")
+    try:
+        schema.check([Column(name, role, typ) for name, role, typ in wanted])
+    except ColumnTypeConflict as e:
+        raise InvalidArgument(f"the downsampler cannot write its destination: {e}") from None
 
 
 def _escape(text: str, chars: str) -> str:

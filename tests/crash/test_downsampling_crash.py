@@ -8,6 +8,7 @@ import uuid
 
 from iox_spark.catalog.crash_points import CrashPoint
 from tests.crash.harness import ServerProcess
+from tests.downsamplers import databases, downsampler, emitted_through
 from tests.timestamps import S, T0
 from tests.waiting import wait_for
 
@@ -22,16 +23,10 @@ def _want(points: dict) -> dict:
 
 
 def _emitted(client, name: str, src: str, dest: str, points: dict) -> bool:
-    found = [d for d in client.list_downsamplers() if d["name"] == name]
-    if not found:
-        return False
-    progress = {p["partition"]: p["next_offset"] for p in found[0]["progress"]}
-    if not progress or any(progress.get(kp, 0) < hi + 1 for kp, hi in client.applied(src).items() if hi >= 0):
-        return False
-    if dest not in {d["name"] for d in client.status()["databases"]}:
-        return False
-    dbs = client.status(dest)["databases"]
-    if not all(p["applied_hi_inclusive"] >= p["high_watermark"] - 1 for d in dbs for p in d["write_buffer"]):
+    through = {kp: hi + 1 for kp, hi in client.applied(src).items() if hi >= 0}
+    d = downsampler(client, name)
+    if d is None or not d["progress"] or dest not in databases(client) \
+            or not emitted_through(client, name, dest, through):
         return False
     rows = client.query(dest, "SELECT * FROM cpu_5s").to_pylist()
     return {(r["host"], r["time_ns"]): (r["sum_v"], r["count_v"]) for r in rows} == _want(points)

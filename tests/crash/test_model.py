@@ -46,6 +46,7 @@ from iox_spark.catalog.crash_points import DELAY_ENV, CrashPoint, DelayPoint
 from tests.crash.harness import ServerProcess, broker_record, stop_embedded_broker
 from tests.crash.model import (DRIVEN_POINTS, Request, answers, bursts, check_requests, deletes, describe,
                                drive_to, fold, new_request, points, read_log, recorded, send)
+from tests.downsamplers import databases, downsampler, emitted_through
 from tests.timestamps import T0, S
 from tests.waiting import wait_for
 
@@ -420,13 +421,8 @@ class WriteBufferModel(RuleBasedStateMachine):
             _count("downsamplers created")
 
         def emitted():
-            found = [d for d in client.list_downsamplers(self.db) if d["name"] == self.downsampler]
-            assert found, f"downsampler {self.downsampler} is gone {when}"
-            progress = {p["partition"]: p["next_offset"] for p in found[0]["progress"]}
-            if any(progress.get(kp, 0) < end for kp, end in ends.items()):
-                return False
-            st = client.status(dest)["databases"] if dest in {d["name"] for d in client.status()["databases"]} else []
-            return all(p["applied_hi_inclusive"] >= p["high_watermark"] - 1 for d in st for p in d["write_buffer"])
+            assert downsampler(client, self.downsampler) is not None, f"downsampler {self.downsampler} is gone {when}"
+            return emitted_through(client, self.downsampler, dest, ends)
 
         wait_for(emitted, 120, f"downsampler {self.downsampler} to emit up to {ends}", poll_s=0.5)
         groups: dict = {}
@@ -434,8 +430,7 @@ class WriteBufferModel(RuleBasedStateMachine):
             if t == table and "r" in fields:
                 groups.setdefault((host, (T0 + sec * S) - (T0 + sec * S) % (every_s * S)), []).append(fields["r"])
         expect = {k: (sum(v) / len(v), max(v), min(v), len(v)) for k, v in groups.items()}
-        rows = client.query(dest, f"SELECT * FROM {table}_ds").to_pylist() \
-            if dest in {d["name"] for d in client.status()["databases"]} else []
+        rows = client.query(dest, f"SELECT * FROM {table}_ds").to_pylist() if dest in databases(client) else []
         got = {(r["host"], r["time_ns"]): (r["mean_r"], r["max_r"], r["min_r"], r["count_r"]) for r in rows}
         if got != expect:
             diff = sorted((k, got.get(k), expect.get(k)) for k in set(got) | set(expect) if got.get(k) != expect.get(k))

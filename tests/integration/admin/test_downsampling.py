@@ -13,6 +13,7 @@ import pytest
 
 from iox_spark.catalog.downsampling import record_key
 from iox_spark.server.cli.main import main as cli_main
+from tests.downsamplers import databases, downsampler, emitted_through
 from tests.timestamps import T0
 from tests.waiting import wait_for
 
@@ -23,21 +24,13 @@ EVERY_S = 10
 def _caught_up(client, name: str, src: str, dest: str, acked: dict | None = None) -> bool:
     """The downsampler emitted every offset of `acked` ({kp: offset} acknowledged by the source) and
     everything its source applied, and the destination applied what it wrote."""
-    found = [d for d in client.list_downsamplers() if d["name"] == name]
-    if not found or found[0]["last_error"] or found[0]["state"] != "running":
+    found = downsampler(client, name)
+    if found is None or found["last_error"] or found["state"] != "running":
         return False
-    progress = {p["partition"]: p["next_offset"] for p in found[0]["progress"]}
     applied = {kp: hi for kp, hi in client.applied(src).items() if hi >= 0}
     for kp, off in (acked or {}).items():
         applied[int(kp)] = max(applied.get(int(kp), -1), off)
-    if any(progress.get(kp, 0) < hi + 1 for kp, hi in applied.items()):
-        return False
-    dbs = client.status(dest)["databases"] if dest in _databases(client) else []
-    return all(p["applied_hi_inclusive"] >= p["high_watermark"] - 1 for d in dbs for p in d["write_buffer"])
-
-
-def _databases(client) -> set:
-    return {d["name"] for d in client.status()["databases"]}
+    return emitted_through(client, name, dest, {kp: hi + 1 for kp, hi in applied.items()})
 
 
 def _want(points: dict) -> dict:
@@ -49,7 +42,7 @@ def _want(points: dict) -> dict:
 
 
 def _got(client, dest: str, table: str) -> dict:
-    if dest not in _databases(client):
+    if dest not in databases(client):
         return {}
     rows = client.query(dest, f"SELECT * FROM {table}").to_pylist()
     return {(r["host"], r["time_ns"]): (r["mean_usage"], r["max_usage"], r["count_usage"]) for r in rows}
@@ -118,7 +111,7 @@ def test_every_tag_by_default_and_first_last_sum_min(client, db):
 
     def done():
         ok = _caught_up(client, name, db, dest)
-        return ok and dest in _databases(client) and \
+        return ok and dest in databases(client) and \
             len(client.query(dest, "SELECT * FROM m1").to_pylist()) == 3
 
     wait_for(done, 60, "the downsampler's first round")
@@ -174,3 +167,13 @@ def test_cli_creates_lists_and_drops_and_names_a_missing_one(client, db, iox_ser
     with pytest.raises(SystemExit) as ex:
         cli_main(["downsample", "drop", "--addr", addr, f"{db}_h.cpu_1h"])
     assert ex.value.code == 1 and "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_a_destination_table_with_a_column_of_another_type_is_refused(client, db):
+    client.write(db, f"cpu,host=a usage=1 {T0}")
+    client.write(f"{db}_d", f'cpu_1m,host=a mean_usage="text" {T0}')
+    with pytest.raises(grpc.RpcError) as e:
+        client.create_downsampler(db, "cpu", "1m", "mean(usage)", f"{db}_d")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "mean_usage" in e.value.details(), \
+        e.value.details()
+    assert all(d["source_database"] != db for d in client.list_downsamplers())
