@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["NS_PER_DAY", "partition_key_of_day", "day_numbers", "day_partitions"]
+__all__ = ["NS_PER_DAY", "partition_key_of_day", "day_number_of_key", "day_numbers", "day_partitions"]
 
 NS_PER_DAY = 86_400 * 1_000_000_000
 
@@ -18,6 +18,14 @@ def partition_key_of_day(day_number: int) -> str:
     import datetime
 
     return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
+
+
+def day_number_of_key(partition_key: str) -> int:
+    """The day number (days since 1970-01-01) of a partition key: the inverse of
+    :func:`partition_key_of_day`. Raises ValueError for a key that is not an ISO date."""
+    import datetime
+
+    return (datetime.date.fromisoformat(partition_key) - datetime.date(1970, 1, 1)).days
 
 
 def day_numbers(time_ns: pa.Array) -> pa.Array:

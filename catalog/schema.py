@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from iox_spark.catalog.errors import CatalogError
 
 __all__ = ["Column", "TableSchema", "SchemaRegistry", "ColumnTypeConflict", "ColumnLimitExceeded", "SPARK_TYPES",
-           "TIME_NS_COLUMN", "SEQ_COLUMN", "RESERVED_COLUMNS"]
+           "TIME_NS_COLUMN", "SEQ_COLUMN", "DAY_COLUMN", "RESERVED_COLUMNS"]
 
 #: Spark SQL type of each column type as stored in chunks.
 #: uinteger is DECIMAL(20,0): Spark has no unsigned 64-bit integer, and this keeps every value exact.
@@ -26,8 +26,11 @@ SPARK_TYPES = {
 TIME_NS_COLUMN = "time_ns"
 #: Write-buffer order of a row within its table (see server/consume/ingest.py seq_base).
 SEQ_COLUMN = "_iox_seq"
+#: The UTC day of a row's partition (a DATE), in the Iceberg tables only (lifecycle/iceberg_publication.py):
+#: their identity partition column, held in Iceberg's metadata, not in our Parquet files.
+DAY_COLUMN = "_iox_day"
 #: Names a user cannot use for a tag or field.
-RESERVED_COLUMNS = frozenset({TIME_NS_COLUMN, SEQ_COLUMN})
+RESERVED_COLUMNS = frozenset({TIME_NS_COLUMN, SEQ_COLUMN, DAY_COLUMN})
 
 
 class ColumnTypeConflict(CatalogError):

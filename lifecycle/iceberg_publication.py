@@ -4,6 +4,10 @@ One Iceberg namespace per database and one Iceberg table per table, in an Iceber
 through pyiceberg (a SQL catalog, by default on SQLite in the data directory, or a REST catalog).
 The Iceberg table's data files are our persisted Parquet files, referenced where they are (no copy),
 except where a merge is needed (lifecycle/iceberg_plan.py: deletes, files whose time ranges meet).
+It is partitioned by day like our catalog: the identity of a DATE column ``_iox_day`` (catalog/schema.py
+``DAY_COLUMN``), whose value each data file carries in Iceberg's manifests (the day of its partition
+key), not in its rows; a table published unpartitioned by an earlier version is partitioned by its
+next snapshot, which references all its files again.
 Its metadata and those copies live in the object store under ``<db>/iceberg/<table>/``.
 
 Invariant kept here: every revision of a database's preserved catalog that changes what a table's
@@ -35,7 +39,9 @@ from typing import Any, Callable
 
 from iox_spark.catalog.crash_points import CrashPoint, crash_point
 from iox_spark.catalog.object_store import LocalObjectStore, ObjectStore, S3ObjectStore, encode_key_segment
+from iox_spark.catalog.partition_keys import day_number_of_key
 from iox_spark.catalog.preserved_catalog import CatalogState, read_next_state, read_state
+from iox_spark.catalog.schema import DAY_COLUMN
 from iox_spark.lifecycle.errors import IcebergPublicationFailed
 from iox_spark.lifecycle.iceberg_keys import KeyOverlap
 from iox_spark.lifecycle.iceberg_plan import PublishedFile, changed_tables, iceberg_prefix, published_files
@@ -273,7 +279,6 @@ class IcebergPublisher:
         0 when the table (created or changed by another writer meanwhile) needs nothing."""
         import pyarrow.parquet as pq
         from pyiceberg.exceptions import CommitFailedException
-        from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         db = state.db
         fs, _base = self._store.arrow_fs()
@@ -309,17 +314,24 @@ class IcebergPublisher:
                  OFFSETS_PROPERTY: json.dumps(_offsets(state, table), sort_keys=True)}
         crash_point(CrashPoint.ICEBERG_BEFORE_COMMIT)
         tbl = p.table
+        by_day = _partitioned_by_day(tbl.metadata)
+        if not by_day:  # a new table, or one an earlier version published unpartitioned: this snapshot
+            # adds the day partitioning and references every file again under it (no data is copied)
+            removed, added = list(current), list(wanted)
+            schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in added]
         try:
             with tbl.transaction() as tx:
                 for schema in schemas:
                     with tx.update_schema() as update:
                         update.union_by_name(schema)
+                if not by_day:
+                    _partition_by_day(tx)
                 tx.set_properties(**{_NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
                 with tx.update_snapshot(snapshot_properties=props).overwrite() as files:
                     for path in removed:
                         files.delete_data_file(current[path])
                     for path in added:
-                        files.append_data_file(parquet_file_to_data_file(tbl.io, tx.table_metadata, path))
+                        files.append_data_file(_data_file(tbl.io, tx.table_metadata, path, wanted[path].partition_key))
         except CommitFailedException as e:
             # another writer committed first: read the table again; the next round goes on from it
             self._tables[(db, table)] = self._read(self._iceberg().load_table((db, table)))
@@ -365,6 +377,57 @@ class IcebergPublisher:
                     self._store.delete(meta.key)
                     deleted.append(meta.key)
         return deleted
+
+
+def _partitioned_by_day(metadata) -> bool:
+    """Whether a table's current partition spec is the identity of ``DAY_COLUMN`` (_partition_by_day)."""
+    from pyiceberg.transforms import IdentityTransform
+
+    names = {f.field_id: f.name for f in metadata.schema().fields}
+    fields = metadata.spec().fields
+    return (len(fields) == 1 and names.get(fields[0].source_id) == DAY_COLUMN
+            and isinstance(fields[0].transform, IdentityTransform))
+
+
+def _partition_by_day(tx) -> None:
+    """Within ``tx``: adds ``DAY_COLUMN`` (a DATE: the UTC day of our partition, the same for every row of
+    a file) and makes it the partition spec's one field, by identity. Iceberg keeps an identity
+    partition's value in its manifests, so the column need not be in the data files: readers
+    (pyiceberg, DuckDB, Spark) fill it from there and prune files by it."""
+    from pyiceberg.types import DateType
+
+    if DAY_COLUMN not in {f.name for f in tx.table_metadata.schema().fields}:
+        with tx.update_schema() as update:
+            update.add_column(DAY_COLUMN, DateType(), doc="the UTC day of the row's partition")
+    with tx.update_spec() as spec:
+        for f in tx.table_metadata.spec().fields:
+            spec.remove_field(f.name)
+        spec.add_identity(DAY_COLUMN)
+
+
+def _data_file(io, metadata, path: str, partition_key: str):
+    """The pyiceberg DataFile of our Parquet file at ``path`` (its column statistics, under ``metadata``'s
+    field ids) in the day partition of ``partition_key``: pyiceberg's ``parquet_file_to_data_file``,
+    with the partition value given, as the file has no ``DAY_COLUMN`` to infer it from."""
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import (_check_pyarrow_schema_compatible, compute_statistics_plan,
+                                      data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping)
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    input_file = io.new_input(path)
+    with input_file.open() as stream:
+        parquet_metadata = pq.read_metadata(stream)
+    schema = metadata.schema()
+    _check_pyarrow_schema_compatible(schema, parquet_metadata.schema.to_arrow_schema(),
+                                     format_version=metadata.format_version)
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=parquet_metadata, stats_columns=compute_statistics_plan(schema, metadata.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema))
+    return DataFile.from_args(
+        content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
+        partition=Record(day_number_of_key(partition_key)), file_size_in_bytes=len(input_file), sort_order_id=None,
+        spec_id=metadata.default_spec_id, equality_ids=None, key_metadata=None, **statistics.to_serialized_dict())
 
 
 def _data_files(tbl, snapshot) -> dict[str, Any]:

@@ -111,6 +111,11 @@ def test_type_conflict_across_requests_is_rejected_whole(client, db, iox_server)
     for lp, col in ((f"{m},v=x w=1 {T0 + 2}\n", "'v'"), (f"{m} t=1 {T0 + 3}\n", "'t'")):
         err = _rpc_error(client.write, db, lp)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and col in err.details() and "tag" in err.details()
+    # the reserved names (time_ns, _iox_seq, and _iox_day: the Iceberg tables' day), as a tag or a field
+    for lp, col in ((f"{m},_iox_day=x v=1i {T0 + 2}\n", "'_iox_day'"), (f"{m} _iox_day=1i {T0 + 2}\n", "'_iox_day'"),
+                    (f"{m} _iox_seq=1i {T0 + 2}\n", "'_iox_seq'"), (f"{m},time_ns=x v=1i {T0 + 2}\n", "'time_ns'")):
+        err = _rpc_error(client.write, db, lp)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and col in err.details() and "reserved" in err.details()
     # nothing of them reached Kafka or the schema: the next write lands right after the first
     t2 = client.write(db, f"{m},t=a v=2i {T0 + 4}\n")
     assert t2 == {p: off + 1 for p, off in t1.items()}
@@ -328,6 +333,8 @@ _ARROW_BAD = [
     ("sensor", _arrow_case({"time_ns": [1.0], "t": _T}, {"time_ns": "field", "t": "time"}), ["'time_ns'", "reserved"]),
     ("sensor", _arrow_case({"_iox_seq": [1.0], "t": _T}, {"_iox_seq": "field", "t": "time"}),
      ["'_iox_seq'", "reserved"]),
+    ("sensor", _arrow_case({"_iox_day": ["x"], "v": [1.0], "t": _T}, {"_iox_day": "tag", "v": "field", "t": "time"}),
+     ["'_iox_day'", "reserved"]),
     ("sensor", _arrow_case({"v": [float("nan")], "t": _T}, {"v": "field", "t": "time"}), ["'v'", "NaN"]),
     ("sensor", _arrow_case({"h": [""], "v": [1.0], "t": _T}, {"h": "tag", "v": "field", "t": "time"}),
      ["'h'", "empty"]),

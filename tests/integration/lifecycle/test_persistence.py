@@ -7,6 +7,7 @@ its own, with small lifecycle thresholds where the test needs the policy to act.
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from iox_spark.catalog.object_store import object_store_from_url
+from iox_spark.catalog.partition_keys import NS_PER_DAY, partition_key_of_day
 from iox_spark.server.runtime.broker import start_broker
 from iox_spark.server.api.client import IoxClient
 from tests.conftest import make_config
@@ -709,12 +711,23 @@ def test_every_persist_is_published_to_iceberg_and_read_the_same_by_pyiceberg_an
     assert len(files) == 1 and files[0].endswith("/" + r["added_file"])  # our file, where it is: no copy
     r2 = manual.restart()
     try:
-        write_applied(r2.client, db, [f"cpu,host=h4 v=4 {T0 + 200}"])
+        write_applied(r2.client, db, [f"cpu,host=h4 v=4 {T0 + 200}", f"cpu,host=h5 v=5 {T0 + NS_PER_DAY}"])
         r2.client.persist(db)
         expect = ours(r2.client)
         tbl, again = published(r2.server)
-        assert again[:len(after)] == after and len(again) == len(after) + 1  # nothing published twice
+        # nothing published twice; one snapshot for each day's persist (a transaction each)
+        assert again[:len(after)] == after and len(again) == len(after) + 2
         assert pyiceberg_rows(tbl, cols) == expect == duckdb_rows(tbl, cols, backend["s3_endpoint"])
+        # partitioned by day like our catalog: each row's `_iox_day` is its UTC day, each data file is
+        # in its partition's day, and a reader filtering on a day reads that day's files only
+        days = sorted((tuple(r[:3]) + (r[3], dt.datetime.fromtimestamp(r[3] // 10**9, dt.timezone.utc).date())
+                       for r in expect), key=repr)
+        assert pyiceberg_rows(tbl, cols + ("_iox_day",)) == days == duckdb_rows(tbl, cols + ("_iox_day",),
+                                                                                 backend["s3_endpoint"])
+        assert sorted(t.file.partition[0] for t in tbl.scan().plan_files()) == \
+            [T0 // NS_PER_DAY] * 2 + [T0 // NS_PER_DAY + 1]  # the compacted file and h4's, and h5's
+        (second,) = tbl.scan(row_filter=f"_iox_day = '{partition_key_of_day(T0 // NS_PER_DAY + 1)}'").plan_files()
+        assert second.file.record_count == 1
     finally:
         manual.server, manual.client, manual.cfg = r2.server, r2.client, r2.cfg
 

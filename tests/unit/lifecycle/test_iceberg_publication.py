@@ -11,6 +11,7 @@ tests/unit/lifecycle/test_iceberg_publication.py -k Publication --timeout=0`` (a
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from iox_spark.catalog.object_store import LocalObjectStore
+from iox_spark.catalog.partition_keys import partition_key_of_day
 from iox_spark.catalog.preserved_catalog import (AddDeletePredicate, AddParquet, PreservedCatalog,
                                                  PreservedCatalogConfig, RemoveParquet, SetTableSchema)
 from iox_spark.lifecycle.iceberg_plan import published_files
@@ -32,6 +34,8 @@ from iox_spark.lifecycle.iceberg_publication import (REVISION_PROPERTY, IcebergP
                                                      catalog_properties, owns_table)
 
 DB, TABLE = "telemetry", "cpu"
+#: the partition key of day 0 (1970-01-01), where the tests' rows with small times are
+D0 = partition_key_of_day(0)
 DAY = 86_400 * 10**9
 COLUMNS = (("host", "tag", "string"), ("usage", "field", "float"), ("time", "time", "time"))
 HOSTS = ("a", "b", "c")
@@ -87,7 +91,7 @@ class IcebergMachine(RuleBasedStateMachine):
         pq.write_table(t, path, filesystem=fs)
         self.store.arrow_finish_write([key])
         self.model_files[key] = rows
-        return AddParquet(key=key, table=TABLE, partition_key=f"day{day}", row_count=len(rows),
+        return AddParquet(key=key, table=TABLE, partition_key=partition_key_of_day(day), row_count=len(rows),
                           size_bytes=1, min_time_ns=min(r["time_ns"] for r in rows),
                           max_time_ns=max(r["time_ns"] for r in rows), min_seq=min(r["_iox_seq"] for r in rows),
                           max_seq=max(r["_iox_seq"] for r in rows), schema=COLUMNS)
@@ -190,6 +194,18 @@ class IcebergMachine(RuleBasedStateMachine):
                       (e.data_file for m in tbl.current_snapshot().manifests(tbl.io)
                        for e in m.fetch_manifest_entry(tbl.io, discard_deleted=True))}
         assert ours <= referenced, "a file needing no merge was not referenced where it is"
+        # partitioned by day: each file's partition is the day of its rows, and a reader filtering on
+        # that day plans only that day's files and reads exactly that day's rows
+        spec = [(f.name, str(f.transform)) for f in tbl.spec().fields]
+        assert spec == [("_iox_day", "identity")], spec
+        for day in (0, 1):
+            tasks = list(tbl.scan(row_filter=f"_iox_day = '{partition_key_of_day(day)}'").plan_files())
+            assert all(t.file.partition[0] == day for t in tasks)
+            got_day = tbl.scan(row_filter=f"_iox_day = '{partition_key_of_day(day)}'",
+                               selected_fields=("host", "usage", "time_ns", "_iox_day")).to_arrow().to_pylist()
+            assert all(str(r["_iox_day"]) == partition_key_of_day(day) for r in got_day)
+            assert sorted(((r["host"], r["usage"], r["time_ns"]) for r in got_day), key=repr) == sorted(
+                (r for r in _oracle(self.model_files, self.model_deletes) if r[2] // DAY == day), key=repr)
 
 
 TestIcebergPublication = IcebergMachine.TestCase
@@ -208,7 +224,7 @@ def _files(rows_by_key: dict, store: LocalObjectStore) -> list:
         fs, path = store.arrow_prepare_write(key)
         pq.write_table(t, path, filesystem=fs)
         store.arrow_finish_write([key])
-        out.append(AddParquet(key=key, table=TABLE, partition_key="d", row_count=len(rows), size_bytes=1,
+        out.append(AddParquet(key=key, table=TABLE, partition_key=D0, row_count=len(rows), size_bytes=1,
                               min_time_ns=min(r[2] for r in rows), max_time_ns=max(r[2] for r in rows),
                               min_seq=min(r[3] for r in rows), max_seq=max(r[3] for r in rows), schema=COLUMNS))
     return out
@@ -244,7 +260,7 @@ def test_duckdb_reads_what_pyiceberg_reads_and_snapshots_carry_the_revision(tmp_
     pq.write_table(t, path, filesystem=fs)
     store.arrow_finish_write([c_key])
     cols = COLUMNS + (("idle", "field", "integer"),)
-    r_c = pc.commit([SetTableSchema(TABLE, cols), AddParquet(key=c_key, table=TABLE, partition_key="d", row_count=1,
+    r_c = pc.commit([SetTableSchema(TABLE, cols), AddParquet(key=c_key, table=TABLE, partition_key=D0, row_count=1,
                                                             size_bytes=1, min_time_ns=50, max_time_ns=50, min_seq=9,
                                                             max_seq=9, schema=cols)], 4.0)
     assert publication.run_once(NOW) == 1
@@ -288,6 +304,8 @@ def test_old_snapshots_expire_and_only_then_their_files_are_free_for_cleanup(tmp
 
     from iox_spark.lifecycle import iceberg_publication
 
+    EPOCH = dt.date(1970, 1, 1)
+
     store = LocalObjectStore(str(tmp_path / "objects"))
     pc, _ = PreservedCatalog.create_or_load(store, DB, 1.0)
     a, b = _files({f"{DB}/data/{TABLE}/d/a.parquet": [("a", 1.0, 10, 1), ("a", 2.0, 20, 2)],
@@ -305,7 +323,8 @@ def test_old_snapshots_expire_and_only_then_their_files_are_free_for_cleanup(tmp
 
     tbl = load_catalog("iox", **props).load_table((DB, TABLE))
     assert sorted(tbl.scan().to_arrow().to_pylist(), key=lambda r: r["time_ns"]) == [
-        {"host": "a", "usage": 1.0, "time_ns": 10, "_iox_seq": 1}, {"host": "a", "usage": 5.0, "time_ns": 20, "_iox_seq": 3}]
+        {"host": "a", "usage": 1.0, "time_ns": 10, "_iox_seq": 1, "_iox_day": EPOCH},
+        {"host": "a", "usage": 5.0, "time_ns": 20, "_iox_seq": 3, "_iox_day": EPOCH}]
     (c,) = _files({f"{DB}/data/{TABLE}/d/c.parquet": [("a", 1.0, 10, 1), ("a", 5.0, 20, 3)]}, store)
     pc.commit([RemoveParquet(a.key), RemoveParquet(b.key), c], 2.0)
     # until the publication reached this revision, the cleanup waits: the revisions it has still to
@@ -345,3 +364,46 @@ def test_a_table_another_writer_created_since_the_start_gets_only_what_it_lacks(
 
     tbl = load_catalog("iox", **props).load_table((DB, TABLE))
     assert sorted(r["host"] for r in tbl.scan().to_arrow().to_pylist()) == ["a", "b"]
+
+
+def test_a_table_published_unpartitioned_is_partitioned_by_its_next_snapshot(tmp_path):
+    """A table an earlier version published without partitions (its files referenced under the
+    unpartitioned spec): the next revision's snapshot adds the day partitioning and references every
+    file again under it, in one snapshot; pyiceberg and DuckDB read each row once, with its day."""
+    import datetime as dt
+
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    pc, _ = PreservedCatalog.create_or_load(store, DB, 1.0)
+    (a,) = _files({f"{DB}/data/{TABLE}/d/a.parquet": [("a", 1.0, 10, 1)]}, store)
+    r_a = pc.commit([SetTableSchema(TABLE, COLUMNS), a], 1.0)
+    props = catalog_properties("sqlite", str(tmp_path), store)
+    cat = load_catalog("iox", **props)
+    cat.create_namespace(DB)
+    path = f"file://{store.root_dir}/{a.key}"
+    tbl = cat.create_table((DB, TABLE), schema=pq.read_schema(store.arrow_path(a.key)),
+                           location=f"file://{store.root_dir}/{DB}/iceberg/{TABLE}", properties={"format-version": "2"})
+    with tbl.transaction() as tx:
+        tx.set_properties(**{"schema.name-mapping.default": tx.table_metadata.schema().name_mapping.model_dump_json()})
+        with tx.update_snapshot(snapshot_properties={REVISION_PROPERTY: str(r_a)}).overwrite() as files:
+            files.append_data_file(parquet_file_to_data_file(tbl.io, tx.table_metadata, path))
+    # the next persist, a day later
+    (b,) = _files({f"{DB}/data/{TABLE}/d1/b.parquet": [("b", 2.0, DAY + 5, 2)]}, store)
+    b = dataclasses.replace(b, partition_key=partition_key_of_day(1))
+    r_b = pc.commit([b], 2.0)
+    assert IcebergPublisher(props, store).publish(pc.state) == 1
+    tbl = cat.load_table((DB, TABLE))
+    assert [(f.name, str(f.transform)) for f in tbl.spec().fields] == [("_iox_day", "identity")]
+    assert [s.summary.additional_properties[REVISION_PROPERTY] for s in tbl.snapshots()] == [str(r_a), str(r_b)]
+    assert sorted((t.file.file_path.rsplit("/", 1)[1], t.file.partition[0]) for t in tbl.scan().plan_files()) == \
+        [("a.parquet", 0), ("b.parquet", 1)]
+    expected = [("a", 1.0, 10, dt.date(1970, 1, 1)), ("b", 2.0, DAY + 5, dt.date(1970, 1, 2))]
+    assert sorted(tuple(r.values()) for r in
+                  tbl.scan(selected_fields=("host", "usage", "time_ns", "_iox_day")).to_arrow().to_pylist()) == expected
+    con = duckdb()
+    assert con.execute(f"SELECT host, usage, time_ns, _iox_day FROM iceberg_scan('{tbl.metadata_location}') "
+                       "ORDER BY time_ns").fetchall() == expected
+    assert con.execute(f"SELECT host FROM iceberg_scan('{tbl.metadata_location}') "
+                       "WHERE _iox_day = DATE '1970-01-02'").fetchall() == [("b",)]
