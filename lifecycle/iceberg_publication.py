@@ -46,7 +46,7 @@ from iox_spark.lifecycle.errors import IcebergPublicationFailed
 from iox_spark.lifecycle.iceberg_keys import KeyOverlap
 from iox_spark.lifecycle.iceberg_plan import PublishedFile, changed_tables, iceberg_prefix, published_files
 
-__all__ = ["CATALOG_NAME", "ICEBERG_OFF", "ICEBERG_SQLITE", "PUBLISH_INTERVAL_S", "REVISION_PROPERTY", "catalog_properties",
+__all__ = ["CATALOG_NAME", "ICEBERG_OFF", "ICEBERG_SQLITE", "POOL_NEEDS_SHARED_CATALOG", "POOL_SQLITE_DIR", "PUBLISH_INTERVAL_S", "REVISION_PROPERTY", "catalog_properties",
            "IcebergPublisher", "IcebergPublication", "owns_table", "publication_for"]
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,14 @@ ICEBERG_OFF = "off"
 ICEBERG_SQLITE = "sqlite"
 #: the default catalog's file in the data directory
 SQLITE_FILE = "iceberg-catalog.db"
+#: where the default catalog's file is for the members of an ingester pool: in the object-store
+#: directory they share, so that every member publishes to (and every reader finds) one catalog
+POOL_SQLITE_DIR = "iox~iceberg"
+#: why an ingester pool on S3 cannot keep the default catalog
+POOL_NEEDS_SHARED_CATALOG = (
+    "the members of an ingester pool publish to one Iceberg catalog; the default (a SQLite file) is shared "
+    "only through a local object-store directory: give every member the same --iceberg-catalog, a SQLAlchemy "
+    "URI (postgresql://...) or an http(s):// REST catalog, or off")
 #: the Iceberg catalog's name: a SQL catalog keeps the tables of each name apart, so a reader loads
 #: it under this name (``pyiceberg.catalog.load_catalog("iox", type="sql", uri=...)``)
 CATALOG_NAME = "iox"
@@ -75,17 +83,24 @@ OFFSETS_PROPERTY = "iox.kafka-offsets"
 _NAME_MAPPING = "schema.name-mapping.default"
 
 
-def catalog_properties(spec: str, data_dir: str, store: ObjectStore) -> dict[str, str] | None:
+def catalog_properties(spec: str, data_dir: str, store: ObjectStore, *, pool: bool = False) -> dict[str, str] | None:
     """pyiceberg ``load_catalog`` properties for ``--iceberg-catalog`` ``spec``; None when ``off``.
 
-    ``sqlite`` (the default): a SQL catalog in ``<data_dir>/iceberg-catalog.db``; ``http(s)://...``:
-    a REST catalog; any other URI (``sqlite:///path``, ``postgresql://...``): a SQL catalog on that
-    SQLAlchemy URI. The object store's S3 endpoint and credentials are the catalog's file IO's.
+    ``sqlite`` (the default): a SQL catalog in ``<data_dir>/iceberg-catalog.db``, or for a member of
+    an ingester pool (``pool``) in ``<object-store>/iox~iceberg/iceberg-catalog.db``, the directory
+    the pool's members share (on S3 there is no shared file: ServerConfig refuses that
+    combination, and so does this function); ``http(s)://...``: a REST catalog; any other URI
+    (``sqlite:///path``, ``postgresql://...``): a SQL catalog on that SQLAlchemy URI. The object
+    store's S3 endpoint and credentials are the catalog's file IO's.
     """
     if spec == ICEBERG_OFF:
         return None
     if spec == ICEBERG_SQLITE:
-        props = {"type": "sql", "uri": f"sqlite:///{os.path.join(os.path.abspath(data_dir), SQLITE_FILE)}"}
+        if pool and not isinstance(store, LocalObjectStore):
+            raise ValueError(POOL_NEEDS_SHARED_CATALOG)
+        directory = os.path.join(store.root_dir, POOL_SQLITE_DIR) if pool else os.path.abspath(data_dir)
+        os.makedirs(directory, exist_ok=True)
+        props = {"type": "sql", "uri": f"sqlite:///{os.path.join(directory, SQLITE_FILE)}"}
     elif spec.startswith(("http://", "https://")):
         props = {"type": "rest", "uri": spec}
     elif "://" in spec:
@@ -562,9 +577,10 @@ def owns_table(pc, table: str) -> bool:
 
 
 def publication_for(spec: str, data_dir: str, store: ObjectStore,
-                    catalogs: Callable[[], dict]) -> IcebergPublication | None:
-    """The publication ``--iceberg-catalog spec`` asks for (not started), None when ``off``."""
-    props = catalog_properties(spec, data_dir, store)
+                    catalogs: Callable[[], dict], *, pool: bool = False) -> IcebergPublication | None:
+    """The publication ``--iceberg-catalog spec`` asks for (not started), None when ``off``; ``pool``:
+    the server is a member of an ingester pool (catalog_properties)."""
+    props = catalog_properties(spec, data_dir, store, pool=pool)
     if props is None:
         return None
     return IcebergPublication(IcebergPublisher(props, store), catalogs, owns_table)

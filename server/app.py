@@ -215,7 +215,8 @@ class IoxServer:
         self.lifecycle = LifecycleWorker(self.spark, self.catalog, self.rules, self.store, rec.preserved,
                                          self.pause_file, hooks, cache=self.parquet_cache,
                                          prune_delay_s=cfg.prune_delay_s, metrics=self.router.metrics.operation)
-        self.iceberg = publication_for(cfg.iceberg_catalog, data_dir, self.store, lambda: dict(self.lifecycle.preserved))
+        self.iceberg = publication_for(cfg.iceberg_catalog, data_dir, self.store, lambda: dict(self.lifecycle.preserved),
+                                       pool=pooled)
         self.fence = FenceControl(self.catalog, self.lifecycle, self.ingestor)
         self.pool = None if cfg.pool_member is None else PoolControl(
             cfg.pool_member, catalog=self.catalog, write_buffer=self.write_buffer, lifecycle=self.lifecycle,

@@ -338,6 +338,11 @@ class ServerConfig:
             raise InvalidConfig("iceberg_catalog", self.iceberg_catalog,
                                 "must be off, sqlite, an http(s):// REST catalog URI or a SQLAlchemy URI "
                                 "(sqlite:///path, postgresql://...)")
+        if self.pool_member is not None and self.iceberg_catalog == DEFAULT_ICEBERG_CATALOG \
+                and self.object_store_url.startswith("s3://"):
+            from iox_spark.lifecycle.iceberg_publication import POOL_NEEDS_SHARED_CATALOG
+
+            raise InvalidConfig("iceberg_catalog", self.iceberg_catalog, POOL_NEEDS_SHARED_CATALOG)
         if not object_store_reachable(self.spark_master, self.object_store_url, self.object_store_shared):
             raise InvalidConfig("object_store", self.object_store_url,
                                 f"a local directory is not reachable from the executors of Spark master "

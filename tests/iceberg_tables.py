@@ -86,5 +86,6 @@ def server_table(server, db: str, table: str):
 
     from iox_spark.lifecycle.iceberg_publication import catalog_properties
 
-    props = catalog_properties(server.config.iceberg_catalog, server.config.abs_data_dir, server.store)
+    props = catalog_properties(server.config.iceberg_catalog, server.config.abs_data_dir, server.store,
+                               pool=server.config.pool_member is not None)
     return load_catalog(CATALOG_NAME, **props).load_table((db, table))

@@ -52,7 +52,8 @@ def _show_iceberg(server, client, data_dir: str) -> None:
         time.sleep(0.1)
     from pyiceberg.catalog import load_catalog
 
-    props = catalog_properties(server.config.iceberg_catalog, data_dir, server.store)
+    props = catalog_properties(server.config.iceberg_catalog, data_dir, server.store,
+                               pool=server.config.pool_member is not None)
     tbl = load_catalog(CATALOG_NAME, **props).load_table(("demo", "cpu"))
     rows = tbl.scan(selected_fields=("host", "usage_user", "time_ns")).to_arrow().num_rows
     print(f"\n== persisted; published as Apache Iceberg: pyiceberg reads {rows} rows of demo.cpu from "

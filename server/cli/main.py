@@ -124,8 +124,8 @@ SERVE_OPTIONS = [
      "--pool-member"),
     ("--iceberg-catalog", str, DEFAULT_ICEBERG_CATALOG,
      "where every persist is published as Apache Iceberg tables (one namespace per database): sqlite (a SQL "
-     "catalog in <data-dir>/iceberg-catalog.db), an http(s):// REST catalog URI, a SQLAlchemy URI "
-     "(postgresql://...), or off"),
+     "catalog in <data-dir>/iceberg-catalog.db; in a pool, one file in the shared object-store directory), an "
+     "http(s):// REST catalog URI, a SQLAlchemy URI (postgresql://...), or off"),
     ("--broker-port", int, 0, "port of the embedded broker when it is started (0 = any free port)"),
     ("--broker-storage", _broker_storage, DEFAULT_BROKER_STORAGE,
      "storage of the embedded broker: durable (the default: acknowledged writes on disk under "

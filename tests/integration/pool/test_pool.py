@@ -25,6 +25,7 @@ from iox_spark.catalog.preserved_catalog import AddParquet
 from iox_spark.catalog.sharding import partition_for
 from iox_spark.server.runtime.broker import free_port, start_broker
 from tests.conftest import make_config, start_server
+from tests.iceberg_tables import server_table
 from tests.crash.harness import IOX
 from tests.integration.s3_fixture import moto_s3  # noqa: F401  (fixture)
 from tests.waiting import wait_for
@@ -66,8 +67,9 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
     db = f"pool_{uuid.uuid4().hex[:8]}"
     root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
     # no persist unless asked; the fence probe reads the others' commits every 2 s
+    # one Iceberg catalog for the pool (on S3 the default, a SQLite file per member, is refused)
     base = make_config(root + "-a", broker.bootstrap, http_port=0, **s3_store,
-                       pool_member="ingester-a",
+                       pool_member="ingester-a", iceberg_catalog=f"sqlite:///{root}-iceberg.db",
                        lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
                                   "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
     a, ca = start_server(base)
@@ -141,6 +143,11 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         for client in (ca, cb):  # every acknowledged row, exactly once
             for kp in range(PARTITIONS):
                 assert table_values_and_times(client, db, TABLES[kp]) == written[TABLES[kp]], kp
+        # both members publish their tables to the pool's one Iceberg catalog: every acknowledged row,
+        # once (b's snapshots of partition 1's table follow a's in the same Iceberg table)
+        for kp in range(PARTITIONS):
+            wait_for(lambda: _iceberg_values_and_times(b, db, TABLES[kp]) == sorted(written[TABLES[kp]]), 60,
+                     f"the Iceberg table of {TABLES[kp]}")
         # the members' files and catalog are in S3
         bucket = s3_store["object_store"][len("s3://"):].split("/")[0]
         keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_store["s3_endpoint"], region_name="us-east-1")
@@ -163,6 +170,17 @@ def test_two_members_split_the_partitions_and_hand_one_over(own_broker, session_
         b.stop()
 
 
+def _iceberg_values_and_times(server, db: str, table: str):
+    """[(v, time in ns)] of the table's Iceberg table, sorted; None while it does not exist."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        tbl = server_table(server, db, table)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    return sorted((r["v"], r["time_ns"]) for r in tbl.scan(selected_fields=("v", "time_ns")).to_arrow().to_pylist())
+
+
 def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp, s3_store):
     """A member that joins a pool whose one member owns every partition gets half of them from the
     assigner, one at a time and no faster than the rebalancing interval; every acknowledged row is
@@ -174,6 +192,7 @@ def test_the_assigner_spreads_the_partitions_to_a_member_that_joins(session_tmp,
     root = os.path.join(session_tmp, f"pool-{uuid.uuid4().hex[:6]}")
     port_b = free_port()
     base = make_config(root + "-a", own_broker.bootstrap, http_port=0, **s3_store, pool_member="ingester-a",
+                       iceberg_catalog="off",
                        lifecycle={"worker_backoff_ms": 200, "persist_row_threshold": 10_000_000,
                                   "persist_age_threshold_s": 3600.0, "late_arrive_window_s": 3600.0})
     a = b = ca = cb = assigner = None

@@ -237,6 +237,28 @@ def test_a_role_other_than_all_needs_a_pool_member():
         ServerConfig(pool_member="m", role="router")
 
 
+def test_a_pool_on_s3_names_its_one_iceberg_catalog(tmp_path):
+    """The default catalog is a SQLite file: a pool's members share it through a local object-store
+    directory (lifecycle/iceberg_publication.py), not through S3, where each member would publish
+    to a file of its own; there the start is refused, naming the option."""
+    from iox_spark.catalog.object_store import LocalObjectStore
+    from iox_spark.lifecycle.iceberg_publication import catalog_properties
+
+    with pytest.raises(InvalidConfig, match="publish to one Iceberg catalog") as ei:
+        ServerConfig(pool_member="m", object_store="s3://bucket/prefix")
+    assert ei.value.field == "iceberg_catalog"
+    for ok in ("off", "postgresql://db/iceberg", "https://catalog.example/api"):
+        assert ServerConfig(pool_member="m", object_store="s3://bucket/prefix", iceberg_catalog=ok)
+    assert ServerConfig(object_store="s3://bucket/prefix").iceberg_catalog == "sqlite"  # one server: its own
+    # on a local object store, every member's default catalog is the one file in that directory
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    a = catalog_properties("sqlite", str(tmp_path / "a"), store, pool=True)
+    b = catalog_properties("sqlite", str(tmp_path / "b"), store, pool=True)
+    assert a == b and a["uri"] == f"sqlite:///{tmp_path}/objects/iox~iceberg/iceberg-catalog.db"
+    assert catalog_properties("sqlite", str(tmp_path / "a"), store)["uri"] == \
+        f"sqlite:///{tmp_path}/a/iceberg-catalog.db"
+
+
 @pytest.mark.parametrize("retention", [-1.0, float("nan")])
 def test_the_broker_keeps_persisted_messages_zero_or_more_seconds(retention, capsys):
     with pytest.raises(InvalidConfig) as ei:
