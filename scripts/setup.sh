@@ -29,7 +29,7 @@ fi
 
 # reinstall only when what the install depends on changed
 stamp=".venv/.iox-installed-$(cat pyproject.toml setup.py proto/build_stubs.py proto/iox/*.proto server/write/_lpfast.c | sha1sum | cut -c1-16)"
-if [ ! -f "$stamp" ] || [ ! -f iox/__init__.py ]; then
+if [ ! -f "$stamp" ] || [ ! -f iox_spark/iox/__init__.py ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[test]"
   rm -f .venv/.iox-installed-*
