@@ -407,8 +407,9 @@ def _partitioned_by_day(metadata) -> bool:
 def _partition_by_day(tx) -> None:
     """Within ``tx``: adds ``DAY_COLUMN`` (a DATE: the UTC day of our partition, the same for every row of
     a file) and makes it the partition spec's one field, by identity. Iceberg keeps an identity
-    partition's value in its manifests, so the column need not be in the data files: readers
-    (pyiceberg, DuckDB, Spark) fill it from there and prune files by it."""
+    partition's value in its manifests, so the column need not be in the data files: readers fill it
+    from there, as the Iceberg spec's column projection rules ask (pyiceberg and DuckDB are tested),
+    and prune files by it."""
     from pyiceberg.types import DateType
 
     if DAY_COLUMN not in {f.name for f in tx.table_metadata.schema().fields}:
