@@ -25,6 +25,7 @@ from iox_spark.catalog.catalog import Catalog, LostWriteRange, PoisonedMessage
 from iox_spark.catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
 from iox_spark.catalog.chunk import Chunk
 from iox_spark.catalog.delete_predicate import literal_kind
+from iox_spark.catalog.partition_keys import day_number_of_key
 from iox_spark.catalog.preserved_catalog import PreservedCatalog, PreservedCatalogConfig, RecordLostWrites
 from iox_spark.catalog.schema import Column
 from iox_spark.catalog.seq_layout import current_seq_origin, next_seq_origin
@@ -35,8 +36,7 @@ from iox_spark.server.errors import ServerError
 from iox_spark.server.write_buffer.tail_loss import TAIL_LOSS_GRACE_S, settled_bounds
 
 __all__ = ["recover", "RecoveryResult", "TopicMismatch", "LostWrites", "list_catalog_databases", "keep_mask_fn",
-           "lost_offsets", "truncated_tail", "replay_progress", "register_persisted_file", "add_recorded_delete",
-           "day_number"]
+           "lost_offsets", "truncated_tail", "replay_progress", "register_persisted_file", "add_recorded_delete"]
 
 log = logging.getLogger(__name__)
 
@@ -201,12 +201,6 @@ def list_catalog_databases(store) -> list[str]:
     return sorted(names)
 
 
-def day_number(partition_key: str) -> int:
-    import datetime
-
-    return (datetime.date.fromisoformat(partition_key) - datetime.date(1970, 1, 1)).days
-
-
 def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             transactions_until_checkpoint: int, databases: list[str], write_buffer,
             skip_lost_writes: bool = False, cache=None,
@@ -281,7 +275,7 @@ def recover(spark, catalog: Catalog, store, kafka_partitions: int, now: float,
             planner.register_partition_checkpoint(PartitionCheckpoint(
                 table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
                 offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()}))
-            filters.setdefault(table, {})[day_number(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
+            filters.setdefault(table, {})[day_number_of_key(pkey)] = (ck.flush_timestamp_ns, dict(ck.sequencer_numbers))
         if dbck is not None:
             planner.register_database_checkpoint(DatabaseCheckpoint(
                 {kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in dbck.sequencer_numbers.items()}))

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING
 
 from iox_spark.catalog.catalog import below_holds
 from iox_spark.catalog.checkpoint import DatabaseCheckpoint, PartitionCheckpoint, ReplayPlanner, UnpersistedOffsets
+from iox_spark.catalog.partition_keys import day_number_of_key
 from iox_spark.catalog.preserved_catalog import RecordDatabaseCheckpoint
 from iox_spark.catalog.schema import Column
 from iox_spark.catalog.seq_layout import current_seq_origin
 from iox_spark.catalog.sharding import partition_for, topic_for
 from iox_spark.iox import management_pb2
 
-from iox_spark.server.consume.recovery import add_recorded_delete, day_number, register_persisted_file
+from iox_spark.server.consume.recovery import add_recorded_delete, register_persisted_file
 from iox_spark.server.errors import InvalidArgument, StreamRestartTimedOut
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ class PoolControl:
                 table=table, partition_key=pkey, flush_timestamp_ns=ck.flush_timestamp_ns,
                 offsets={kp: UnpersistedOffsets(lo, hi) for kp, (lo, hi) in ck.sequencer_numbers.items()
                          if kp in kps}))
-            self._ingestor.add_row_filter(db.name, table, day_number(pkey), ck.flush_timestamp_ns,
+            self._ingestor.add_row_filter(db.name, table, day_number_of_key(pkey), ck.flush_timestamp_ns,
                                           {kp: v for kp, v in ck.sequencer_numbers.items() if kp in kps})
         if dbck is not None and dbck.epoch == db.epoch:
             planner.register_database_checkpoint(DatabaseCheckpoint(
