@@ -46,5 +46,7 @@ def test_a_kill_before_the_iceberg_commit_is_published_once_by_the_next_start(da
         assert len(ours) == len(w.acked) + len(w.unacked & {r[1] for r in ours})
         assert pyiceberg_rows(tbl, COLUMNS) == ours
         assert duckdb_rows(tbl, COLUMNS) == ours
+        # partitioned by day, also when the kill came between the table's creation and its first snapshot
+        assert [(f.name, str(f.transform)) for f in tbl.spec().fields] == [("_iox_day", "identity")]
     finally:
         s2.kill()
