@@ -148,6 +148,9 @@ class IoxServer:
         # once the replay caught up, no replayed row can be in a persisted file: the row filters go
         self.replay = ReplayWatch(self.catalog, replay_until, rec.replay_from,
                                   on_caught_up=lambda: self.ingestor.drop_row_filters())
+        for topic, until in replay_until.items():  # types of Kafka-only tables, before any write
+            load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
+                                rec.start_offsets.get(topic, {}), until)
         # which Kafka partitions are held at a poisoned message (server/write_buffer/poison.py): none at start
         holds_file = fresh_file(os.path.join(scratch, "poison-holds.json"))
         self.ingestor = Ingestor(self.spark, self.catalog, cfg.partitions, rec.row_filters, cfg.txn_timeout_s,
@@ -188,12 +191,6 @@ class IoxServer:
         # the replay's ends were confirmed exactly: its first micro-batch reads up to them at once
         self.consumer.start(rec.start_offsets, {t: {kp: until + 1 for kp, until in parts.items()}
                                                 for t, parts in rec.replay_until.items()})
-        # the types of Kafka-only tables, before any write is taken (the router serves below), read
-        # while the stream starts: both merge each table's messages in offset order (a table's
-        # messages are on one Kafka partition), so the types are the same whichever merges first
-        for topic, until in replay_until.items():
-            load_replay_schemas(bootstrap, self.catalog.database(database_of_topic(topic)),
-                                rec.start_offsets.get(topic, {}), until)
         if self.replay.planned:
             threading.Thread(target=self.replay.log_progress, args=(self._stopped,), name="replay-progress",
                              daemon=True).start()

@@ -1,10 +1,8 @@
 """Column types of the writes replay will apply, known before the server takes writes.
 
 When it runs: once, in `IoxServer.start`, after `recover` planned the replay and
-before the router serves its first request, while the write-buffer stream starts
-(both merge a table's messages in offset order, so the types are the same whichever
-merges a message first); it stops when every Kafka partition's replay range was read
-(or fails the start when Kafka stalls).
+before the router serves its first request; it stops when every Kafka partition's
+replay range was read (or fails the start when Kafka stalls).
 
 Invariant: when the server starts taking writes, every table's schema holds the
 column types of every write Kafka holds in the replay range, not only of what is
