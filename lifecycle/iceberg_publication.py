@@ -319,21 +319,21 @@ class IcebergPublisher:
             if p.revision >= state.revision or set(p.files) == set(wanted):
                 return 0
         current = p.files
-        added = [path for path in wanted if path not in current]
-        removed = [path for path in current if path not in wanted]
-        for path in added:
+        new = [path for path in wanted if path not in current]
+        for path in new:
             if wanted[path].is_copy:
                 _write_copy(self._store, state, table, wanted[path])
-        schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in added]
+        # the columns of the files the table does not reference yet (the others' are in its schema)
+        schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in new]
+        tbl = p.table
+        # a new table, or one an earlier version published unpartitioned: this snapshot adds the day
+        # partitioning and references every file again under it (no data is copied)
+        by_day = _partitioned_by_day(tbl.metadata)
+        added = new if by_day else list(wanted)
+        removed = [path for path in current if path not in wanted] if by_day else list(current)
         props = {REVISION_PROPERTY: str(state.revision), TRANSACTION_PROPERTY: state.transaction_uuid,
                  OFFSETS_PROPERTY: json.dumps(_offsets(state, table), sort_keys=True)}
         crash_point(CrashPoint.ICEBERG_BEFORE_COMMIT)
-        tbl = p.table
-        by_day = _partitioned_by_day(tbl.metadata)
-        if not by_day:  # a new table, or one an earlier version published unpartitioned: this snapshot
-            # adds the day partitioning and references every file again under it (no data is copied)
-            removed, added = list(current), list(wanted)
-            schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in added]
         try:
             with tbl.transaction() as tx:
                 for schema in schemas:
