@@ -7,7 +7,9 @@ except where a merge is needed (lifecycle/iceberg_plan.py: deletes, files whose 
 It is partitioned by day like our catalog: the identity of a DATE column ``_iox_day`` (catalog/schema.py
 ``DAY_COLUMN``), whose value each data file carries in Iceberg's manifests (the day of its partition
 key), not in its rows; a table published unpartitioned by an earlier version is partitioned by its
-next snapshot, which references all its files again.
+next snapshot, which references all its files again. Its schema is the files' columns but our write
+order ``_iox_seq`` (``_visible``: the published files need no deduplication by readers); a table
+published with it by an earlier version drops it from its schema in its next snapshot.
 Its metadata and those copies live in the object store under ``<db>/iceberg/<table>/``.
 
 Invariant kept here: every revision of a database's preserved catalog that changes what a table's
@@ -41,7 +43,7 @@ from iox_spark.catalog.crash_points import CrashPoint, crash_point
 from iox_spark.catalog.object_store import LocalObjectStore, ObjectStore, S3ObjectStore, encode_key_segment
 from iox_spark.catalog.partition_keys import day_number_of_key
 from iox_spark.catalog.preserved_catalog import CatalogState, read_next_state, read_state
-from iox_spark.catalog.schema import DAY_COLUMN
+from iox_spark.catalog.schema import DAY_COLUMN, SEQ_COLUMN
 from iox_spark.lifecycle.errors import IcebergPublicationFailed
 from iox_spark.lifecycle.iceberg_keys import KeyOverlap
 from iox_spark.lifecycle.iceberg_plan import PublishedFile, changed_tables, iceberg_prefix, published_files
@@ -308,6 +310,8 @@ class IcebergPublisher:
             location = self._path(iceberg_prefix(db, table)).rstrip("/")
             try:
                 tbl = cat.create_table((db, table), location=location, properties={"format-version": "2"},
+                                       # with the write order, which its first snapshot drops: the
+                                       # column keeps a field id, that the name mapping gives it
                                        schema=pq.read_schema(self._store.arrow_path(first.key), filesystem=fs))
             except Exception as e:  # noqa: BLE001 - created since this publisher read the namespace: by
                 # another writer sharing the catalog, or by this one before a crash
@@ -324,7 +328,7 @@ class IcebergPublisher:
             if wanted[path].is_copy:
                 _write_copy(self._store, state, table, wanted[path])
         # the columns of the files the table does not reference yet (the others' are in its schema)
-        schemas = [pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs) for path in new]
+        schemas = [_visible(pq.read_schema(self._store.arrow_path(wanted[path].key), filesystem=fs)) for path in new]
         tbl = p.table
         # a new table, or one an earlier version published unpartitioned: this snapshot adds the day
         # partitioning and references every file again under it (no data is copied)
@@ -339,9 +343,13 @@ class IcebergPublisher:
                 for schema in schemas:
                     with tx.update_schema() as update:
                         update.union_by_name(schema)
+                if SEQ_COLUMN in {f.name for f in tx.table_metadata.schema().fields}:
+                    # a new table, or one an earlier version published showing the write order
+                    with tx.update_schema() as update:
+                        update.delete_column(SEQ_COLUMN)
                 if not by_day:
                     _partition_by_day(tx)
-                tx.set_properties(**{_NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
+                tx.set_properties(**{_NAME_MAPPING: _name_mapping(tx.table_metadata)})
                 with tx.update_snapshot(snapshot_properties=props).overwrite() as files:
                     for path in removed:
                         files.delete_data_file(current[path])
@@ -421,25 +429,64 @@ def _partition_by_day(tx) -> None:
         spec.add_identity(DAY_COLUMN)
 
 
+def _visible(arrow_schema):
+    """The columns of one of our Parquet files that its Iceberg table shows: all but ``SEQ_COLUMN`` (our
+    write order, used by our deduplication and deletes, which the published files already applied:
+    lifecycle/iceberg_plan.py)."""
+    i = arrow_schema.get_field_index(SEQ_COLUMN)
+    return arrow_schema if i < 0 else arrow_schema.remove(i)
+
+
+def _name_mapping(metadata) -> str:
+    """The table's name mapping (JSON), by which readers give our files' columns (which carry no field
+    ids) their field ids: the current schema's, and ``SEQ_COLUMN`` under the field id it had before the
+    schema dropped it (a field id is never given again), so that a reader that maps every column of a
+    file (pyiceberg does) finds it, and reads it as the dropped column it is: not at all."""
+    from pyiceberg.table.name_mapping import MappedField, NameMapping
+
+    fields = list(metadata.schema().name_mapping.root)  # a copy: the schema caches its mapping
+    seq_ids = [f.field_id for s in metadata.schemas for f in s.fields if f.name == SEQ_COLUMN]
+    if seq_ids and SEQ_COLUMN not in {f.name for f in metadata.schema().fields}:
+        fields.append(MappedField(field_id=seq_ids[-1], names=[SEQ_COLUMN]))
+    return NameMapping(fields).model_dump_json()
+
+
+#: the field id ``SEQ_COLUMN``'s statistics are collected under while a data file is described (no
+#: field of the table has it: Iceberg field ids are positive), then dropped
+_HIDDEN_FIELD_ID = -1
+
+
 def _data_file(io, metadata, path: str, partition_key: str):
     """The pyiceberg DataFile of our Parquet file at ``path`` (its column statistics, under ``metadata``'s
     field ids) in the day partition of ``partition_key``: pyiceberg's ``parquet_file_to_data_file``,
-    with the partition value given, as the file has no ``DAY_COLUMN`` to infer it from."""
+    with the partition value given, as the file has no ``DAY_COLUMN`` to infer it from, and with no
+    statistics of ``SEQ_COLUMN``, which the table does not show (``_visible``)."""
     import pyarrow.parquet as pq
-    from pyiceberg.io.pyarrow import (_check_pyarrow_schema_compatible, compute_statistics_plan,
+    from pyiceberg.io.pyarrow import (MetricModeTypes, MetricsMode, StatisticsCollector,
+                                      _check_pyarrow_schema_compatible, compute_statistics_plan,
                                       data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping)
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.typedef import Record
+    from pyiceberg.types import LongType
 
     input_file = io.new_input(path)
     with input_file.open() as stream:
         parquet_metadata = pq.read_metadata(stream)
     schema = metadata.schema()
-    _check_pyarrow_schema_compatible(schema, parquet_metadata.schema.to_arrow_schema(),
-                                     format_version=metadata.format_version)
+    file_schema = parquet_metadata.schema.to_arrow_schema()
+    _check_pyarrow_schema_compatible(schema, _visible(file_schema), format_version=metadata.format_version)
+    stats_columns = compute_statistics_plan(schema, metadata.properties)
+    mapping = parquet_path_to_id_mapping(schema)
+    if SEQ_COLUMN in file_schema.names:
+        mapping[SEQ_COLUMN] = _HIDDEN_FIELD_ID
+        stats_columns[_HIDDEN_FIELD_ID] = StatisticsCollector(
+            field_id=_HIDDEN_FIELD_ID, iceberg_type=LongType(), mode=MetricsMode(MetricModeTypes.NONE),
+            column_name=SEQ_COLUMN)
     statistics = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=parquet_metadata, stats_columns=compute_statistics_plan(schema, metadata.properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema))
+        parquet_metadata=parquet_metadata, stats_columns=stats_columns, parquet_column_mapping=mapping)
+    for counts in (statistics.column_sizes, statistics.value_counts, statistics.null_value_counts,
+                   statistics.nan_value_counts, statistics.column_aggregates):
+        counts.pop(_HIDDEN_FIELD_ID, None)
     return DataFile.from_args(
         content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
         partition=Record(day_number_of_key(partition_key)), file_size_in_bytes=len(input_file), sort_order_id=None,

@@ -726,6 +726,8 @@ def test_every_persist_is_published_to_iceberg_and_read_the_same_by_pyiceberg_an
                                                                                  backend["s3_endpoint"])
         assert sorted(t.file.partition[0] for t in tbl.scan().plan_files()) == \
             [T0 // NS_PER_DAY] * 2 + [T0 // NS_PER_DAY + 1]  # the compacted file and h4's, and h5's
+        # the columns readers see: the table's and the day, not our write order (`_iox_seq`)
+        assert sorted(f.name for f in tbl.schema().fields) == sorted(cols + ("_iox_day",))
         (second,) = tbl.scan(row_filter=f"_iox_day = '{partition_key_of_day(T0 // NS_PER_DAY + 1)}'").plan_files()
         assert second.file.record_count == 1
     finally:

@@ -198,6 +198,8 @@ class IcebergMachine(RuleBasedStateMachine):
         # that day plans only that day's files and reads exactly that day's rows
         spec = [(f.name, str(f.transform)) for f in tbl.spec().fields]
         assert spec == [("_iox_day", "identity")], spec
+        # our write order is not shown: the table's columns are the files' others and the day
+        assert [f.name for f in tbl.schema().fields] == ["host", "usage", "time_ns", "_iox_day"]
         for day in (0, 1):
             tasks = list(tbl.scan(row_filter=f"_iox_day = '{partition_key_of_day(day)}'").plan_files())
             assert all(t.file.partition[0] == day for t in tasks)
@@ -267,6 +269,10 @@ def test_duckdb_reads_what_pyiceberg_reads_and_snapshots_carry_the_revision(tmp_
     tbl = load_catalog("iox", **props).load_table((DB, TABLE))
     rows = con.execute(f"SELECT host, idle, time_ns FROM iceberg_scan('{tbl.metadata_location}') ORDER BY time_ns").fetchall()
     assert rows == [("a", None, 10), ("a", None, 30), ("c", 7, 50)]
+    # every column a reader sees: the files' columns but our write order, and the day
+    rel = con.execute(f"SELECT * FROM iceberg_scan('{tbl.metadata_location}') ORDER BY time_ns")
+    assert [d[0] for d in rel.description] == ["host", "usage", "time_ns", "_iox_day", "idle"]
+    assert len(rel.fetchall()) == 3
     assert [s.summary.additional_properties[REVISION_PROPERTY] for s in tbl.snapshots()] == [str(r_del), str(r_c)]
     assert r_b < r_del < r_c
     # nothing new: nothing committed, also by a publisher that starts again
@@ -323,8 +329,8 @@ def test_old_snapshots_expire_and_only_then_their_files_are_free_for_cleanup(tmp
 
     tbl = load_catalog("iox", **props).load_table((DB, TABLE))
     assert sorted(tbl.scan().to_arrow().to_pylist(), key=lambda r: r["time_ns"]) == [
-        {"host": "a", "usage": 1.0, "time_ns": 10, "_iox_seq": 1, "_iox_day": EPOCH},
-        {"host": "a", "usage": 5.0, "time_ns": 20, "_iox_seq": 3, "_iox_day": EPOCH}]
+        {"host": "a", "usage": 1.0, "time_ns": 10, "_iox_day": EPOCH},
+        {"host": "a", "usage": 5.0, "time_ns": 20, "_iox_day": EPOCH}]
     (c,) = _files({f"{DB}/data/{TABLE}/d/c.parquet": [("a", 1.0, 10, 1), ("a", 5.0, 20, 3)]}, store)
     pc.commit([RemoveParquet(a.key), RemoveParquet(b.key), c], 2.0)
     # until the publication reached this revision, the cleanup waits: the revisions it has still to
@@ -367,9 +373,10 @@ def test_a_table_another_writer_created_since_the_start_gets_only_what_it_lacks(
 
 
 def test_a_table_published_unpartitioned_is_partitioned_by_its_next_snapshot(tmp_path):
-    """A table an earlier version published without partitions (its files referenced under the
-    unpartitioned spec): the next revision's snapshot adds the day partitioning and references every
-    file again under it, in one snapshot; pyiceberg and DuckDB read each row once, with its day."""
+    """A table an earlier version published without partitions and with our write order as a column
+    (its files referenced under the unpartitioned spec): the next revision's snapshot adds the day
+    partitioning, drops the write order from the schema and references every file again, in one
+    snapshot; pyiceberg and DuckDB read each row once, with its day and without the write order."""
     import datetime as dt
 
     from pyiceberg.catalog import load_catalog
@@ -400,10 +407,10 @@ def test_a_table_published_unpartitioned_is_partitioned_by_its_next_snapshot(tmp
     assert sorted((t.file.file_path.rsplit("/", 1)[1], t.file.partition[0]) for t in tbl.scan().plan_files()) == \
         [("a.parquet", 0), ("b.parquet", 1)]
     expected = [("a", 1.0, 10, dt.date(1970, 1, 1)), ("b", 2.0, DAY + 5, dt.date(1970, 1, 2))]
-    assert sorted(tuple(r.values()) for r in
-                  tbl.scan(selected_fields=("host", "usage", "time_ns", "_iox_day")).to_arrow().to_pylist()) == expected
+    assert [f.name for f in tbl.schema().fields] == ["host", "usage", "time_ns", "_iox_day"]
+    assert sorted(tuple(r.values()) for r in tbl.scan().to_arrow().to_pylist()) == expected
     con = duckdb()
-    assert con.execute(f"SELECT host, usage, time_ns, _iox_day FROM iceberg_scan('{tbl.metadata_location}') "
+    assert con.execute(f"SELECT * FROM iceberg_scan('{tbl.metadata_location}') "
                        "ORDER BY time_ns").fetchall() == expected
     assert con.execute(f"SELECT host FROM iceberg_scan('{tbl.metadata_location}') "
                        "WHERE _iox_day = DATE '1970-01-02'").fetchall() == [("b",)]
