@@ -1,6 +1,7 @@
 """SIGKILL between a catalog commit and its Iceberg snapshot (crash point iceberg_before_commit):
 the snapshot is not there, and the next start publishes it, once; pyiceberg and DuckDB then read
-exactly the rows our SQL answers. Real `iox serve` processes on the default Iceberg catalog."""
+exactly the rows our SQL answers, in the columns the table has and its day (not our write order).
+Real `iox serve` processes on the default Iceberg catalog."""
 from __future__ import annotations
 
 import uuid
@@ -26,7 +27,9 @@ def test_a_kill_before_the_iceberg_commit_is_published_once_by_the_next_start(da
     assert s1.proc.returncode == -9, s1.tail()  # died at the crash point: a persist committed, Iceberg did not
     store = LocalObjectStore(os.path.join(data_dir, "objects"))
     committed = read_state(store, w.db).revision
-    assert committed not in published_revisions(iceberg_table(data_dir, w.db, w.table))
+    created = iceberg_table(data_dir, w.db, w.table)  # created, with the files' columns, then the kill
+    assert committed not in published_revisions(created)
+    assert "_iox_seq" in {f.name for f in created.schema().fields}
     s2 = ServerProcess(data_dir, extra=LIFECYCLE).wait_ready()
     try:
         w.write_batch(s2.client)
@@ -48,5 +51,7 @@ def test_a_kill_before_the_iceberg_commit_is_published_once_by_the_next_start(da
         assert duckdb_rows(tbl, COLUMNS) == ours
         # partitioned by day, also when the kill came between the table's creation and its first snapshot
         assert [(f.name, str(f.transform)) for f in tbl.spec().fields] == [("_iox_day", "identity")]
+        # and without the write order, which the table's first snapshot dropped from its schema
+        assert sorted(f.name for f in tbl.schema().fields) == sorted(COLUMNS + ("_iox_day",))
     finally:
         s2.kill()
