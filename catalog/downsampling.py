@@ -13,7 +13,8 @@ Invariants kept here (the runner, server/downsampling.py, relies on them):
   yet emitted. Every row or delete applied at or after it lies in a persistence window, a Parquet
   file or a delete whose write-buffer position is at or after it (`changed_spans`), so the windows
   those cover are a superset of the windows that changed; a change of write-buffer epoch (seq
-  origin) makes the next round emit every window again.
+  origin) makes the next round emit every window again, and so does one of the destination's (its
+  write buffer may have lost what was emitted: `resume_from`).
 - The record of a downsampler (spec and progress) is versioned (`RECORD_FORMAT`); another version
   raises FormatVersionMismatch.
 
@@ -30,7 +31,7 @@ from iox_spark.catalog.errors import CatalogError, FormatVersionMismatch
 __all__ = ["AGGREGATE_FUNCTIONS", "RECORD_FORMAT", "KEY_PREFIX", "MAX_RANGES", "InvalidDownsampler", "Aggregate",
            "DownsamplerSpec", "Progress", "parse_aggregates", "parse_group_by", "output_columns", "window_start",
            "window_ranges", "aggregate_sql", "record_key", "encode_record", "decode_record", "changed_spans",
-           "Changes"]
+           "Changes", "resume_from"]
 
 #: aggregate functions a downsampler computes; mean, min, max and sum need a numeric field
 AGGREGATE_FUNCTIONS = ("mean", "min", "max", "sum", "count", "first", "last")
@@ -125,21 +126,39 @@ class Progress:
     """Where a downsampler stands in its source database: every row and delete applied below
     `next_offsets` ({kp: first offset not emitted}) of write-buffer epoch `epoch` (seq origin
     `seq_origin`) is emitted. None (no progress) = nothing emitted yet: the next round emits every
-    window from the start (the backfill)."""
+    window from the start (the backfill). `dest_epoch`: (write-buffer epoch, topic id) of the
+    destination database when Kafka acknowledged the writes that emitted them (None: no destination
+    yet, or a record written before it was kept); see `resume_from`."""
 
     epoch: int
     seq_origin: int
     next_offsets: dict = field(default_factory=dict)
+    dest_epoch: tuple | None = None
 
     def to_json(self) -> dict:
         return {"epoch": self.epoch, "seq_origin": self.seq_origin,
-                "next_offsets": {str(k): v for k, v in sorted(self.next_offsets.items())}}
+                "next_offsets": {str(k): v for k, v in sorted(self.next_offsets.items())},
+                "dest_epoch": None if self.dest_epoch is None else list(self.dest_epoch)}
 
     @classmethod
     def from_json(cls, d: dict | None) -> "Progress | None":
         if d is None:
             return None
-        return cls(int(d["epoch"]), int(d["seq_origin"]), {int(k): int(v) for k, v in d["next_offsets"].items()})
+        dest = d.get("dest_epoch")  # absent from records of earlier versions
+        return cls(int(d["epoch"]), int(d["seq_origin"]), {int(k): int(v) for k, v in d["next_offsets"].items()},
+                   None if dest is None else (int(dest[0]), dest[1]))
+
+
+def resume_from(progress: Progress | None, dest_epoch: tuple | None) -> Progress | None:
+    """The progress a round continues from, given the destination's (write-buffer epoch, topic id)
+    now: None (every window emitted again) when the destination is in another epoch than the one
+    the progress was recorded in, or no longer exists (`dest_epoch` None). A database continues in a
+    new epoch when its topic was found reset or its broker lost the tail (and the loss was
+    accepted): the writes that emitted the windows may be among those lost. A progress that does
+    not name the destination's epoch (recorded before it was kept): `progress` as it is."""
+    if progress is None or progress.dest_epoch is None:
+        return progress
+    return progress if dest_epoch is not None and tuple(progress.dest_epoch) == tuple(dest_epoch) else None
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,17 @@ start), so the destination's last-write-wins dedup overwrites, never duplicates.
 touched is first deleted in the destination (a delete removes only rows before it in the
 destination's write buffer, so the window's new point, written after it, stays). A round waits for
 the source's replay to catch up: a window emitted from half-replayed rows could otherwise stay.
+The progress names the destination's write-buffer epoch its writes were acknowledged in: a
+destination found in another one (or gone) may have lost them, and the next round emits every window
+again (`resume_from`). A round emits no window that starts before what the destination's retention
+keeps (the write path would refuse its point, and every round after it would fail the same way).
 One failing downsampler never stops the others (its error is in `iox status`; the next round tries again).
 
 Runs on the driver. Not available on an ingester pool member (its tables' rows are spread over members).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -30,9 +35,10 @@ from iox_spark.catalog.crash_points import CrashPoint, crash_point
 from iox_spark.catalog.delete_predicate import InvalidDelete, parse_time
 from iox_spark.catalog.downsampling import (KEY_PREFIX, DownsamplerSpec, InvalidDownsampler, Progress, aggregate_sql,
                                             decode_record, encode_record, output_columns, parse_aggregates,
-                                            parse_group_by, record_key, window_ranges, window_start)
+                                            parse_group_by, record_key, resume_from, window_ranges,
+                                            window_start)
 from iox_spark.catalog.errors import AlreadyExists, ObjectNotFound
-from iox_spark.catalog.retention import InvalidDuration, format_duration_s, parse_duration_s
+from iox_spark.catalog.retention import InvalidDuration, format_duration_s, parse_duration_s, reader_lo_ns
 from iox_spark.catalog.schema import Column, ColumnTypeConflict
 from iox_spark.iox import management_pb2
 from iox_spark.server.errors import (DatabaseNotFound, DownsamplerExists, DownsamplerNotFound, InvalidArgument,
@@ -54,6 +60,9 @@ WINDOWS_PER_QUERY = 1000
 _WRITE_MAX_BYTES = 4 << 20
 #: how long a round waits for its source's replay before it tries again at the next one
 _REPLAY_WAIT_S = 0.5
+#: a round emits no window that starts before what the destination's retention keeps this much later
+#: (such a point is hidden there, and the write path refuses a write holding one whole)
+_RETENTION_MARGIN_S = 60.0
 
 
 class _Running:
@@ -203,11 +212,16 @@ class Downsamplers:
         except ReplayNotCaughtUp:
             run.state = "waiting for the source's replay to catch up"
             return False
-        ch = db.downsample_changes(spec.table, run.progress)
-        run.state = "backfilling" if run.progress is None else "running"
+        dest_epoch = _epoch_of(self._catalog.peek_database(spec.dest_db))
+        since = resume_from(run.progress, dest_epoch)
+        if since is None and run.progress is not None:
+            log.warning("downsampler %s: its destination %s continues in a new write-buffer epoch (%s, was %s): "
+                        "every window is emitted again", spec.name, spec.dest_db, dest_epoch,
+                        run.progress.dest_epoch)
+        ch = db.downsample_changes(spec.table, since)
+        run.state = "backfilling" if since is None else "running"
         if ch.max_time_ns is not None:
             run.watermark_ns = window_start(ch.max_time_ns - self._late_ns, spec.every_ns)
-        done = ch.progress()
         if ch.full and ch.max_time_ns is not None:
             row_spans = ((ch.min_time_ns, ch.max_time_ns),) + ch.delete_spans
         else:
@@ -217,10 +231,13 @@ class Downsamplers:
             columns = output_columns(spec, {c.name: (c.role, c.type) for c in schema.columns})
             for lo, hi in window_ranges(ch.delete_spans, spec.every_ns, spec.start_ns):
                 self._delete_outputs(spec, lo, hi)
-            ranges = window_ranges(row_spans, spec.every_ns, spec.start_ns)
+            ranges = window_ranges(row_spans, spec.every_ns, self._first_kept_window_ns(spec))
             for piece in query_slices(ranges, spec.every_ns * WINDOWS_PER_QUERY):
                 run.windows_emitted += self._emit(spec, columns, piece)
             crash_point(CrashPoint.DOWNSAMPLE_BEFORE_PROGRESS)
+        if dest_epoch is None:  # this round's writes may have created the destination
+            dest_epoch = _epoch_of(self._catalog.peek_database(spec.dest_db))
+        done = dataclasses.replace(ch.progress(), dest_epoch=dest_epoch)
         with self._lock:
             if run.dropped:
                 return False
@@ -231,6 +248,17 @@ class Downsamplers:
             applied = db.applied_offsets()
             run.lag_messages = sum(max(0, hi + 1 - done.next_offsets.get(kp, 0)) for kp, hi in applied.items())
         return True
+
+    def _first_kept_window_ns(self, spec: DownsamplerSpec) -> int:
+        """Where a round's windows start: at `spec.start_ns`, or at the first window that starts
+        within what the destination's retention keeps `_RETENTION_MARGIN_S` from now, when that is
+        later. An older window's point would be hidden in the destination, and the write path
+        refuses a write that holds one whole: emitting it would fail every round."""
+        dest = self._catalog.peek_database(spec.dest_db)
+        lo = None if dest is None else reader_lo_ns(dest.retention_period_s, time.time() + _RETENTION_MARGIN_S)
+        if lo is None:
+            return spec.start_ns
+        return max(spec.start_ns, window_start(lo - 1, spec.every_ns) + spec.every_ns)
 
     def _delete_outputs(self, spec: DownsamplerSpec, lo: int, hi_exclusive: int) -> None:
         """Deletes the destination's points of windows [lo, hi_exclusive) (before they are emitted again)."""
@@ -329,6 +357,14 @@ def spec_of_request(database: str, table: str, every: str, aggregates: str, grou
     except InvalidDownsampler as e:
         raise InvalidArgument(str(e)) from None
     return spec
+
+
+def _epoch_of(db) -> tuple | None:
+    """(write-buffer epoch, topic id) of database `db` (None: no database)."""
+    if db is None:
+        return None
+    _topic, topic_id, epoch = db.incarnation()
+    return epoch, topic_id
 
 
 def _check_destination(catalog: Catalog, spec: DownsamplerSpec, wanted: list) -> None:

@@ -4,8 +4,12 @@ changes; its output is compared, exactly, with a plain-Python aggregation of wha
 listed and dropped through gRPC and the CLI; bad definitions are refused whole."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
+import time
+import uuid
 from contextlib import redirect_stdout
 
 import grpc
@@ -13,6 +17,8 @@ import pytest
 
 from iox_spark.catalog.downsampling import record_key
 from iox_spark.server.cli.main import main as cli_main
+from iox_spark.server.runtime.broker import start_broker
+from tests.conftest import make_config, start_server
 from tests.downsamplers import databases, downsampler, emitted_through
 from tests.timestamps import T0
 from tests.waiting import wait_for
@@ -42,7 +48,8 @@ def _want(points: dict) -> dict:
 
 
 def _got(client, dest: str, table: str) -> dict:
-    if dest not in databases(client):
+    if dest not in databases(client) or \
+            table not in {t["name"] for d in client.status(dest)["databases"] for t in d["tables"]}:
         return {}
     rows = client.query(dest, f"SELECT * FROM {table}").to_pylist()
     return {(r["host"], r["time_ns"]): (r["mean_usage"], r["max_usage"], r["count_usage"]) for r in rows}
@@ -122,6 +129,81 @@ def test_every_tag_by_default_and_first_last_sum_min(client, db):
     assert got == [("a", "x", t0w, 6, 1, "p", "q", 2), ("a", "y", t0w, 2, 2, None, None, 0),
                    ("b", None, t0w + 60 * S, 4, 4, None, None, 0)]
     client.drop_downsampler(name)
+
+
+def test_windows_older_than_the_destinations_retention_are_not_emitted_and_never_stall_it(client, db):
+    """A destination with a shorter retention than the source's history: the windows that start
+    before what it keeps are left out (their points would be hidden there, and a write holding one
+    is refused whole), and every later window is emitted, late points included."""
+    every = 2 * 3600 * S
+    dest = f"{db}_ret"
+    name = f"{dest}.cpu_2h"
+    now = time.time_ns()
+    old = now - now % every - every  # the window before the current one: 2-4 h ago
+    # the destination keeps from 10 minutes after that window's start on: the window itself
+    # starts before its retention, its second half is within it, the current window is all in it
+    period_s = (now - old) // S - 600
+    client.set_retention(dest, period_s)
+    points = {("a", old + 1200 * S): 1.0, ("a", old + 1300 * S): 3.0, ("a", old + every + S): 5.0}
+    acked: dict = {}
+    _write(client, db, {}, points, acked)
+    client.create_downsampler(db, "cpu", "2h", "mean(usage),max(usage),count(usage)", dest, group_by_tags="host")
+
+    def settled(want: dict) -> bool:
+        return _caught_up(client, name, db, dest, acked) and _got(client, dest, "cpu_2h") == want
+
+    wait_for(lambda: settled({("a", old + every): (5.0, 5.0, 1)}), 60, f"downsampler {name} to emit the current window")
+    # a late point in the old window and one in the current window: the latter is emitted, the former
+    # changes nothing there, and no round fails
+    _write(client, db, {}, {("a", old + 1400 * S): 7.0, ("a", old + every + 2 * S): 9.0}, acked)
+    wait_for(lambda: settled({("a", old + every): (7.0, 9.0, 2)}), 60, f"downsampler {name} to emit the late points")
+    assert downsampler(client, name)["last_error"] == ""
+    client.drop_downsampler(name)
+
+
+def test_a_destination_that_lost_the_emitted_writes_gets_every_window_again(session_tmp):
+    """The destination's topic is lost with the downsampler's writes in it (unpersisted), after the
+    downsampler recorded its progress; the server starts with --skip-lost-writes and the destination
+    continues in a new write-buffer epoch: the downsampler emits every window again, so the
+    destination holds them all (its progress alone would say they were emitted)."""
+    from confluent_kafka.admin import AdminClient
+
+    broker = start_broker()
+    cfg = make_config(os.path.join(session_tmp, f"dsl-{uuid.uuid4().hex[:6]}"), broker.bootstrap, partitions=1,
+                      lifecycle={"worker_backoff_ms": 3_600_000})  # nothing persisted by the lifecycle
+    src = f"dl_{uuid.uuid4().hex[:6]}"
+    dest, name = f"{src}_ds", f"{src}_ds.cpu_10s"
+    points = {(h, T0 + s * S): float(s) for h in ("a", "b") for s in range(0, 30, 3)}
+    acked: dict = {}
+    try:
+        srv, c = start_server(cfg)
+        try:
+            _write(c, src, {}, points, acked)
+            c.create_downsampler(src, "cpu", "10s", "mean(usage),max(usage),count(usage)", dest,
+                                 group_by_tags="host")
+            _settle(c, name, src, dest, points, acked)
+            epoch = c.status(dest)["databases"][0]["epoch"]
+        finally:
+            c.close()
+            srv.stop()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_topics([f"iox.{dest}"])[f"iox.{dest}"].result(timeout=30)
+        srv, c = start_server(dataclasses.replace(cfg, grpc_port=0, skip_lost_writes=True))
+        try:
+            st = c.status(dest)["databases"][0]
+            assert st["epoch"] > epoch and st["lost_writes"], st  # the emitted writes are gone
+
+            def emitted_again() -> bool:  # the progress alone was caught up before the start already
+                return _caught_up(c, name, src, dest, acked) and _got(c, dest, "cpu_10s") == _want(points)
+
+            wait_for(emitted_again, 60, f"downsampler {name} to emit every window again")
+            _write(c, src, points, {("a", T0 + 4 * S): 40.0}, acked)
+            wait_for(emitted_again, 60, f"downsampler {name} to emit the late point")
+        finally:
+            c.close()
+            srv.stop()
+    finally:
+        broker.stop()
 
 
 @pytest.mark.parametrize("kw, says", [

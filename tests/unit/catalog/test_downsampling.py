@@ -2,6 +2,7 @@
 record, the windows a change touches, and what a source database says changed since a progress."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,8 @@ from iox_spark.catalog.chunk import Chunk
 from iox_spark.catalog.delete_mailbox import Delete
 from iox_spark.catalog.downsampling import (Aggregate, DownsamplerSpec, InvalidDownsampler, Progress, aggregate_sql,
                                             changed_spans, decode_record, encode_record, output_columns,
-                                            parse_aggregates, parse_group_by, window_ranges, window_start)
+                                            parse_aggregates, parse_group_by, resume_from, window_ranges,
+                                            window_start)
 from iox_spark.catalog.errors import FormatVersionMismatch
 from iox_spark.catalog.seq_layout import seq_base
 from iox_spark.catalog.sharding import partition_for
@@ -102,6 +104,23 @@ def test_a_record_round_trips_and_another_format_is_refused():
     bad = encode_record(spec, p).replace(b'"format": 1', b'"format": 2')
     with pytest.raises(FormatVersionMismatch):
         decode_record(bad, "iox~downsamplers/dst.cpu_1m.json")
+    with_dest = Progress(2, 1 << 40, {0: 5}, dest_epoch=(3, "tid"))
+    assert decode_record(encode_record(spec, with_dest), "k") == (spec, with_dest)
+    # a record of an earlier version names no destination epoch
+    old = b'{"format": 1, "progress": {"epoch": 2, "next_offsets": {"0": 5}, "seq_origin": 7}, "spec": ' + \
+        json.dumps(spec.to_json()).encode() + b'}'
+    assert decode_record(old, "k") == (spec, Progress(2, 7, {0: 5}))
+
+
+def test_a_destination_in_another_write_buffer_epoch_or_gone_makes_every_window_emitted_again():
+    p = Progress(0, 0, {0: 5}, dest_epoch=(1, "t1"))
+    assert resume_from(p, (1, "t1")) is p
+    assert resume_from(p, (2, "t1")) is None  # its broker lost the tail, the loss accepted
+    assert resume_from(p, (1, "t2")) is None  # its topic deleted and created again
+    assert resume_from(p, None) is None  # the destination database is gone
+    unknown = Progress(0, 0, {0: 5})  # recorded before the destination's epoch was kept
+    assert resume_from(unknown, (4, "t")) is unknown and resume_from(unknown, None) is unknown
+    assert resume_from(None, (1, "t1")) is None
 
 
 def test_changed_spans_take_what_is_at_or_after_the_progress():
