@@ -167,11 +167,14 @@ class IcebergPublisher:
         """The revision of ``db`` every table was brought up to, None before the first publication."""
         return self._revision.get(db)
 
-    def publish(self, state: CatalogState, owns_table: Callable[[str], bool] = lambda _t: True) -> int:
+    def publish(self, state: CatalogState, owns_table: Callable[[str], bool] = lambda _t: True,
+                stopping: Callable[[], bool] = lambda: False) -> int:
         """Publishes every revision of ``state.db`` from the last one published up to ``state`` (the
         newest state of the database's catalog), one snapshot per table a revision changes; returns
         the snapshots committed. ``owns_table``: whether this server publishes a table (a pool member
-        publishes its partitions' tables). Raises IcebergPublicationFailed (the cause chained); what
+        publishes its partitions' tables). ``stopping``: asked before each table's snapshot; once it
+        says True, the call returns (the server is stopping) and the next publisher goes on from the
+        tables committed, as after a kill. Raises IcebergPublicationFailed (the cause chained); what
         was committed before it stays, and the next call goes on from there."""
         db = state.db
         last = self._revision.get(db)
@@ -194,7 +197,10 @@ class IcebergPublisher:
             changed = changed_tables(before, current)
             if before is None:  # every table this publisher knows, also one whose files all went
                 changed |= {t for (d, t) in self._tables if d == db}
-            committed += self._publish_revision(current, owns_table, changed)
+            n, whole = self._publish_revision(current, owns_table, changed, stopping)
+            committed += n
+            if not whole:
+                return committed
             self._revision[db] = revision
             self._state[db] = prev = current
         self._overlap.forget_except(encode_key_segment(db) + "/", state.files)
@@ -261,11 +267,13 @@ class IcebergPublisher:
             return "file://" + os.path.join(self._store.root_dir, key)
         return f"{self._store.url}/{key}"
 
-    def _publish_revision(self, state: CatalogState, owns_table: Callable[[str], bool], changed: set[str]) -> int:
-        """Publishes ``state`` to the Iceberg tables of the tables in ``changed`` (changed_tables)."""
+    def _publish_revision(self, state: CatalogState, owns_table: Callable[[str], bool], changed: set[str],
+                          stopping: Callable[[], bool]) -> tuple[int, bool]:
+        """Publishes ``state`` to the Iceberg tables of the tables in ``changed`` (changed_tables):
+        (snapshots committed, whether every table was brought up to it: False once ``stopping``)."""
         db = state.db
         if not changed:
-            return 0
+            return 0, True
         by_table: dict[str, list] = {}
         for f in state.files.values():
             if f.table in changed:
@@ -274,6 +282,8 @@ class IcebergPublisher:
         for table in sorted(changed):
             if not owns_table(table):
                 continue
+            if stopping():
+                return committed, False
             p = self._tables.get((db, table))
             if p is not None and p.revision >= state.revision:
                 continue
@@ -289,7 +299,7 @@ class IcebergPublisher:
                 raise
             except Exception as e:
                 raise IcebergPublicationFailed(db, table, state.revision, f"{type(e).__name__}: {e}") from e
-        return committed
+        return committed, True
 
     def _commit(self, state: CatalogState, table: str, p: _Published | None, wanted: dict[str, PublishedFile]) -> int:
         """Commits one snapshot bringing ``table``'s Iceberg table to ``wanted``; 1 when it committed,
@@ -569,6 +579,9 @@ class IcebergPublication:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops the loop: a round in progress returns before its next table's snapshot (the next
+        start goes on from the tables committed, as after a kill), so a backlog does not hold the
+        server's stop."""
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(30)
@@ -596,7 +609,9 @@ class IcebergPublication:
                 continue
             try:
                 owns = lambda table, pc=pc: self._owns_table(pc, table)  # noqa: E731
-                committed += self._publisher.publish(pc.state, owns)
+                committed += self._publisher.publish(pc.state, owns, self._stopped.is_set)
+                if self._stopped.is_set():
+                    break
                 self._publisher.maintain(name, now_s, owns)
                 self._failures.pop(name, None)
             except Exception as e:  # noqa: BLE001 - one database's failure never stops the others

@@ -414,3 +414,35 @@ def test_a_table_published_unpartitioned_is_partitioned_by_its_next_snapshot(tmp
                        "ORDER BY time_ns").fetchall() == expected
     assert con.execute(f"SELECT host FROM iceberg_scan('{tbl.metadata_location}') "
                        "WHERE _iox_day = DATE '1970-01-02'").fetchall() == [("b",)]
+
+
+def test_a_stopping_publisher_returns_between_tables_and_the_next_one_commits_only_the_rest(tmp_path):
+    """One revision changes two tables; the server stops after the first one's snapshot: the call
+    returns at once, the revision counts as not published (the cleanup leaves the database alone),
+    and the next publisher (after a restart) commits the other table only, each row once."""
+    from pyiceberg.catalog import load_catalog
+
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    pc, _ = PreservedCatalog.create_or_load(store, DB, 1.0)
+    (a,) = _files({f"{DB}/data/{TABLE}/d/a.parquet": [("a", 1.0, 10, 1)]}, store)
+    (m,) = _files({f"{DB}/data/mem/d/m.parquet": [("m", 2.0, 20, 2)]}, store)
+    m = dataclasses.replace(m, table="mem")
+    revision = pc.commit([SetTableSchema(TABLE, COLUMNS), SetTableSchema("mem", COLUMNS), a, m], 1.0)
+    props = catalog_properties("sqlite", str(tmp_path), store)
+    first = IcebergPublisher(props, store)
+    asked: list = []
+
+    def stopping() -> bool:  # the stop comes once one table is committed
+        asked.append(1)
+        return len(asked) > 1
+
+    assert first.publish(pc.state, stopping=stopping) == 1
+    assert first.published_revision(DB) != revision
+    cat = load_catalog("iox", **props)
+    assert [t[1] for t in cat.list_tables(DB)] == ["cpu"]
+    second = IcebergPublisher(props, store)
+    assert second.publish(pc.state) == 1 and second.published_revision(DB) == revision
+    assert sorted(t[1] for t in cat.list_tables(DB)) == ["cpu", "mem"]
+    for table, host in ((TABLE, "a"), ("mem", "m")):
+        assert [r["host"] for r in cat.load_table((DB, table)).scan().to_arrow().to_pylist()] == [host]
+    assert second.publish(pc.state) == 0
