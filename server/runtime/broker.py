@@ -172,31 +172,48 @@ _given_lock = threading.Lock()
 
 
 def free_port() -> int:
-    """A port free on 127.0.0.1 now, never one this process was given before: callers often ask for
-    several before binding any, and the system may hand one free port out twice in a row."""
+    """A port free on 127.0.0.1 now, chosen below the system's ephemeral range when there is room
+    (`_below_ephemeral_range`): a socket bound to port 0 (Spark's, Py4J's, another server's) or a
+    client socket's local port is never given one there, so none takes it between this check and
+    the caller's bind, which may come seconds later (a server's Spark starts first). Never one this
+    process was given before: callers often ask for several before binding any."""
+    import random
+
+    lo, hi = _below_ephemeral_range(0)
     with _given_lock:
         for _ in range(1000):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _given_ports:
-                _given_ports.add(port)
-                return port
+            port = random.randrange(lo, hi)
+            if port in _given_ports:
+                continue
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _given_ports.add(port)
+            return port
     raise RuntimeError("no free port on 127.0.0.1 that this process was not given before")
 
 
-def _pair_range() -> tuple[int, int]:
-    """Where the store's ports are chosen (p and p + _GRPC_PORT_OFFSET): below the system's ephemeral range
-    (`net.ipv4.ip_local_port_range`) when there is room, so that no client socket's local port takes
-    one between the check and the store's bind; ports 20000-55000 otherwise."""
+def _below_ephemeral_range(span: int) -> tuple[int, int]:
+    """[lo, hi) of the ports p with p and p + span below the system's ephemeral range
+    (`net.ipv4.ip_local_port_range`), from _PAIR_FLOOR on, when at least 1,000 are; ports
+    20000-55000 otherwise."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, _high = (int(x) for x in f.read().split())
     except (OSError, ValueError):
         low = 32768
-    if low - _GRPC_PORT_OFFSET - _PAIR_FLOOR >= 1000:
-        return _PAIR_FLOOR, low - _GRPC_PORT_OFFSET
+    if low - span - _PAIR_FLOOR >= 1000:
+        return _PAIR_FLOOR, low - span
     return 20000, 55000
+
+
+def _pair_range() -> tuple[int, int]:
+    """Where the store's ports are chosen (p and p + _GRPC_PORT_OFFSET): below the system's ephemeral range
+    when there is room, so that no client socket's local port takes one between the check and the
+    store's bind."""
+    return _below_ephemeral_range(_GRPC_PORT_OFFSET)
 
 
 def _free_port_pair(taken: set) -> int:

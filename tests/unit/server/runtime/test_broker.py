@@ -122,17 +122,16 @@ def test_a_recorded_pid_that_names_another_process_now_is_never_signalled(tmp_pa
 
 
 def test_free_port_never_hands_one_port_out_twice(monkeypatch):
-    """Callers ask for several ports before binding any; the system may answer one twice in a row."""
-    import socket
+    """Callers ask for several ports before binding any; the same port may be drawn twice in a row,
+    and one that is bound already is skipped."""
+    import random
 
     from iox_spark.server.runtime import broker
 
-    answers = iter([4001, 4001, 4002, 4001, 4003])
+    draws = iter([14001, 14001, 14002, 14001, 14999, 14003])
+    bound = {14999}
 
     class _Sock:
-        def __init__(self):
-            self.port = next(answers)
-
         def __enter__(self):
             return self
 
@@ -140,14 +139,29 @@ def test_free_port_never_hands_one_port_out_twice(monkeypatch):
             return False
 
         def bind(self, addr):
-            pass
-
-        def getsockname(self):
-            return ("127.0.0.1", self.port)
+            if addr[1] in bound:
+                raise OSError("Address already in use")
 
     monkeypatch.setattr(broker, "_given_ports", set())
-    monkeypatch.setattr(socket, "socket", _Sock)
-    assert [broker.free_port() for _ in range(3)] == [4001, 4002, 4003]
+    monkeypatch.setattr(broker.socket, "socket", _Sock)
+    monkeypatch.setattr(random, "randrange", lambda lo, hi: next(draws))
+    assert [broker.free_port() for _ in range(3)] == [14001, 14002, 14003]
+
+
+def test_free_ports_are_chosen_below_the_ephemeral_range():
+    """A socket bound to port 0 (Spark's accumulator server, say) or a client socket's local port
+    comes from the ephemeral range: a port chosen there could be taken before the server that was
+    given it binds it, seconds later."""
+    from iox_spark.server.runtime import broker
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = [broker.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    if low >= 11000:  # room below it (Linux's default range starts at 32768)
+        assert all(10000 <= p < low for p in ports), ports
+    else:
+        assert all(20000 <= p < 55000 for p in ports), ports
 
 
 def test_the_stores_ports_are_chosen_below_the_ephemeral_range():
