@@ -158,7 +158,7 @@ def resume_from(progress: Progress | None, dest_epoch: tuple | None) -> Progress
     not name the destination's epoch (recorded before it was kept): `progress` as it is."""
     if progress is None or progress.dest_epoch is None:
         return progress
-    return progress if dest_epoch is not None and tuple(progress.dest_epoch) == tuple(dest_epoch) else None
+    return progress if progress.dest_epoch == dest_epoch else None
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,8 @@ class Downsamplers:
         except ReplayNotCaughtUp:
             run.state = "waiting for the source's replay to catch up"
             return False
-        dest_epoch = _epoch_of(self._catalog.peek_database(spec.dest_db))
+        dest = self._catalog.peek_database(spec.dest_db)
+        dest_epoch = _epoch_of(dest)
         since = resume_from(run.progress, dest_epoch)
         if since is None and run.progress is not None:
             log.warning("downsampler %s: its destination %s continues in a new write-buffer epoch (%s, was %s): "
@@ -231,7 +232,7 @@ class Downsamplers:
             columns = output_columns(spec, {c.name: (c.role, c.type) for c in schema.columns})
             for lo, hi in window_ranges(ch.delete_spans, spec.every_ns, spec.start_ns):
                 self._delete_outputs(spec, lo, hi)
-            ranges = window_ranges(row_spans, spec.every_ns, self._first_kept_window_ns(spec))
+            ranges = window_ranges(row_spans, spec.every_ns, _first_kept_window_ns(spec, dest))
             for piece in query_slices(ranges, spec.every_ns * WINDOWS_PER_QUERY):
                 run.windows_emitted += self._emit(spec, columns, piece)
             crash_point(CrashPoint.DOWNSAMPLE_BEFORE_PROGRESS)
@@ -248,17 +249,6 @@ class Downsamplers:
             applied = db.applied_offsets()
             run.lag_messages = sum(max(0, hi + 1 - done.next_offsets.get(kp, 0)) for kp, hi in applied.items())
         return True
-
-    def _first_kept_window_ns(self, spec: DownsamplerSpec) -> int:
-        """Where a round's windows start: at `spec.start_ns`, or at the first window that starts
-        within what the destination's retention keeps `_RETENTION_MARGIN_S` from now, when that is
-        later. An older window's point would be hidden in the destination, and the write path
-        refuses a write that holds one whole: emitting it would fail every round."""
-        dest = self._catalog.peek_database(spec.dest_db)
-        lo = None if dest is None else reader_lo_ns(dest.retention_period_s, time.time() + _RETENTION_MARGIN_S)
-        if lo is None:
-            return spec.start_ns
-        return max(spec.start_ns, window_start(lo - 1, spec.every_ns) + spec.every_ns)
 
     def _delete_outputs(self, spec: DownsamplerSpec, lo: int, hi_exclusive: int) -> None:
         """Deletes the destination's points of windows [lo, hi_exclusive) (before they are emitted again)."""
@@ -357,6 +347,18 @@ def spec_of_request(database: str, table: str, every: str, aggregates: str, grou
     except InvalidDownsampler as e:
         raise InvalidArgument(str(e)) from None
     return spec
+
+
+def _first_kept_window_ns(spec: DownsamplerSpec, dest) -> int:
+    """Where a round's windows start: at `spec.start_ns`, or at the first window that starts within
+    what the destination's retention keeps `_RETENTION_MARGIN_S` from now, when that is later
+    (`dest`: the destination database, None before it exists). An older window's point would be
+    hidden in the destination, and the write path refuses a write that holds one whole: emitting it
+    would fail every round."""
+    lo = None if dest is None else reader_lo_ns(dest.retention_period_s, time.time() + _RETENTION_MARGIN_S)
+    if lo is None:
+        return spec.start_ns
+    return max(spec.start_ns, window_start(lo - 1, spec.every_ns) + spec.every_ns)
 
 
 def _epoch_of(db) -> tuple | None:

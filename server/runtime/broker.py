@@ -44,6 +44,7 @@ and its broker then failed an allocation and exited (2026-11-25, two runs).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -177,22 +178,12 @@ def free_port() -> int:
     client socket's local port is never given one there, so none takes it between this check and
     the caller's bind, which may come seconds later (a server's Spark starts first). Never one this
     process was given before: callers often ask for several before binding any."""
-    import random
-
-    lo, hi = _below_ephemeral_range(0)
     with _given_lock:
-        for _ in range(1000):
-            port = random.randrange(lo, hi)
-            if port in _given_ports:
-                continue
-            try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _given_ports.add(port)
-            return port
-    raise RuntimeError("no free port on 127.0.0.1 that this process was not given before")
+        port = _random_free_port(0, _given_ports, 1000)
+        if port is None:
+            raise RuntimeError("no free port on 127.0.0.1 that this process was not given before")
+        _given_ports.add(port)
+        return port
 
 
 def _below_ephemeral_range(span: int) -> tuple[int, int]:
@@ -216,23 +207,33 @@ def _pair_range() -> tuple[int, int]:
     return _below_ephemeral_range(_GRPC_PORT_OFFSET)
 
 
-def _free_port_pair(taken: set) -> int:
-    """A port p with p and p + _GRPC_PORT_OFFSET free, neither in `taken`."""
+def _random_free_port(span: int, excluded: set, tries: int) -> int | None:
+    """A port p drawn at random from `_below_ephemeral_range(span)` with p and p + span both free on
+    127.0.0.1 now (each bound once) and neither in `excluded`; None after `tries` draws."""
     import random
 
-    lo, hi = _pair_range()
-    for _ in range(500):
+    lo, hi = _below_ephemeral_range(span)
+    for _ in range(tries):
         p = random.randrange(lo, hi)
-        if p in taken or p + _GRPC_PORT_OFFSET in taken:
+        ports = sorted({p, p + span})
+        if any(q in excluded for q in ports):
             continue
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + _GRPC_PORT_OFFSET))
+            with contextlib.ExitStack() as held:
+                for q in ports:
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", q))
         except OSError:
             continue
         return p
-    raise RuntimeError("no free pair of ports for the embedded broker's store")
+    return None
+
+
+def _free_port_pair(taken: set) -> int:
+    """A port p with p and p + _GRPC_PORT_OFFSET free, neither in `taken`."""
+    p = _random_free_port(_GRPC_PORT_OFFSET, taken, 500)
+    if p is None:
+        raise RuntimeError("no free pair of ports for the embedded broker's store")
+    return p
 
 
 def _reachable(port: int, timeout_s: float = 0.5) -> bool:
